@@ -1,0 +1,126 @@
+"""Exact batch arithmetic: tokens per update = S x b x D x A.
+
+S = data.seq_len, b = batch.micro_batch_size (sequences per worker per forward/backward),
+D = cluster.num_workers, A = batch.grad_accum_steps.
+
+Decomposition rule: the number of sequences per update N = tokens_per_update / S must be a
+whole number and split evenly over the D workers. When A is not given, b is the *largest*
+micro-batch not above the given maximum that divides the per-worker share N / D exactly, and
+A = (N / D) / b: the fewest accumulation steps that fit in memory. When A is given, b = N / (D A)
+must be a whole number not above the maximum. Nothing is ever rounded silently: an infeasible
+request raises with the nearest feasible tokens_per_update below and above.
+
+Pure Python: no Ray, DeepSpeed or MLflow here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from orchestrator.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One exact decomposition of a global batch."""
+
+    seq_len: int
+    """S, tokens per packed sequence."""
+    micro_batch_size: int
+    """b, sequences per worker per forward/backward."""
+    num_workers: int
+    """D, data-parallel workers."""
+    grad_accum_steps: int
+    """A, micro-batches each worker accumulates per optimizer update."""
+
+    @property
+    def sequences_per_update(self) -> int:
+        return self.micro_batch_size * self.num_workers * self.grad_accum_steps
+
+    @property
+    def tokens_per_update(self) -> int:
+        return self.seq_len * self.sequences_per_update
+
+    @property
+    def micro_batches_per_update(self) -> int:
+        """D x A: every one of them is a 'small batch' for the gradient noise scale."""
+        return self.num_workers * self.grad_accum_steps
+
+    def steps_for_tokens(self, tokens: int) -> int:
+        """Whole optimizer updates that fit in `tokens` (rounded down)."""
+        return tokens // self.tokens_per_update
+
+    def tokens_for_steps(self, steps: int) -> int:
+        return steps * self.tokens_per_update
+
+
+def _feasible_neighbours(target: int, unit: int, allowed_max: Optional[int]) -> tuple[Optional[int], Optional[int]]:
+    """Nearest multiples of `unit` strictly below and above `target` (capped at allowed_max)."""
+    below = (target - 1) // unit * unit
+    above = (target // unit + 1) * unit
+    if allowed_max is not None:
+        below = min(below, allowed_max)
+        above = above if above <= allowed_max else None
+    return (below if below and below > 0 else None), above
+
+
+def _suggest(target: int, unit: int, allowed_max: Optional[int] = None) -> str:
+    below, above = _feasible_neighbours(target, unit, allowed_max)
+    options = [f"{v:,}" for v in (below, above) if v is not None]
+    return "nearest feasible batch.tokens_per_update: " + (" or ".join(options) if options else "none")
+
+
+def solve(
+    seq_len: int,
+    tokens_per_update: int,
+    max_micro_batch_size: int,
+    num_workers: int,
+    grad_accum_steps: Optional[int] = None,
+) -> BatchPlan:
+    """The exact S x b x D x A decomposition, or a ConfigError saying what would be valid."""
+    for key, value in (
+        ("data.seq_len", seq_len),
+        ("batch.tokens_per_update", tokens_per_update),
+        ("batch.micro_batch_size", max_micro_batch_size),
+        ("cluster.num_workers", num_workers),
+    ):
+        if value < 1:
+            raise ConfigError(key, f"got {value}; must be a positive integer")
+    if grad_accum_steps is not None and grad_accum_steps < 1:
+        raise ConfigError("batch.grad_accum_steps", f"got {grad_accum_steps}; must be a positive integer or omitted")
+
+    sequences_unit = seq_len * num_workers  # one sequence on every worker
+    if grad_accum_steps is None:
+        if tokens_per_update % sequences_unit:
+            raise ConfigError(
+                "batch.tokens_per_update",
+                f"got {tokens_per_update:,}; not a multiple of data.seq_len x cluster.num_workers = "
+                f"{seq_len} x {num_workers} = {sequences_unit:,}; {_suggest(tokens_per_update, sequences_unit)}",
+            )
+        per_worker = tokens_per_update // sequences_unit
+        micro = max(b for b in range(1, min(max_micro_batch_size, per_worker) + 1) if per_worker % b == 0)
+        return BatchPlan(seq_len, micro, num_workers, per_worker // micro)
+
+    accum_unit = sequences_unit * grad_accum_steps
+    largest = accum_unit * max_micro_batch_size
+    if tokens_per_update % accum_unit or tokens_per_update > largest:
+        raise ConfigError(
+            "batch.tokens_per_update",
+            f"got {tokens_per_update:,}; with batch.grad_accum_steps={grad_accum_steps} it must be "
+            f"data.seq_len x cluster.num_workers x grad_accum_steps x b = {accum_unit:,} x b with "
+            f"b <= batch.micro_batch_size={max_micro_batch_size}; {_suggest(tokens_per_update, accum_unit, largest)}",
+        )
+    return BatchPlan(seq_len, tokens_per_update // accum_unit, num_workers, grad_accum_steps)
+
+
+def total_steps(plan: BatchPlan, total_tokens: int) -> int:
+    """Optimizer updates in a token budget; whole updates only, at least one."""
+    steps = plan.steps_for_tokens(total_tokens)
+    if steps < 1:
+        raise ConfigError(
+            "train.total_tokens",
+            f"got {total_tokens:,}; smaller than one update of {plan.tokens_per_update:,} tokens "
+            f"(batch.tokens_per_update); use at least {plan.tokens_per_update:,}",
+        )
+    return steps

@@ -1,0 +1,435 @@
+"""The one typed configuration schema, its loader and its validation.
+
+Loading order (later wins): schema defaults <- YAML file (which may build on another YAML
+through a top-level `extends: other.yaml`, resolved relative to the file) <- dotlist overrides
+(`optim.lr=3e-4`). Every error is a ConfigError naming the key, the value and what is valid.
+
+Pure: imports no Ray, DeepSpeed or MLflow.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
+
+from orchestrator import batching, schedules
+from orchestrator.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    name: str = "gpt"
+    """Workload: `gpt` (decoder-only transformer) or `linreg` (noise scale known in closed form)."""
+    n_layers: int = 2
+    """Transformer blocks."""
+    n_heads: int = 4
+    """Attention heads; must divide d_model."""
+    d_model: int = 128
+    """Residual stream width."""
+    mlp_ratio: int = 4
+    """MLP hidden width as a multiple of d_model."""
+    max_seq_len: int = 256
+    """Positions the model can embed; data.seq_len may not exceed it."""
+    vocab_size: int = 257
+    """Vocabulary size; the byte tokenizer needs 257 (256 bytes + EOS)."""
+    dim: int = 16
+    """linreg only: input dimension d."""
+    noise_std: float = 1.0
+    """linreg only: label noise sigma."""
+    w_star_norm: float = 1.0
+    """linreg only: norm of the true weight vector w*."""
+
+
+@dataclass
+class SourceConfig:
+    name: str = MISSING
+    """Name used in logs and in `data/share/<name>`."""
+    kind: str = "files"
+    """`code`, `prose`, `arithmetic` (built in, no download) or `files` (a user corpus)."""
+    path: Optional[str] = None
+    """files only: a directory, file or glob of .txt, .jsonl or .parquet files."""
+    weight: float = 1.0
+    """Share of each update's tokens drawn from this source (weights are normalised)."""
+    text_field: str = "text"
+    """jsonl/parquet only: the field holding the document text."""
+
+
+def _default_sources() -> List[SourceConfig]:
+    return [
+        SourceConfig(name="code", kind="code", weight=0.45),
+        SourceConfig(name="prose", kind="prose", weight=0.45),
+        SourceConfig(name="arithmetic", kind="arithmetic", weight=0.10),
+    ]
+
+
+@dataclass
+class DataConfig:
+    seq_len: int = 128
+    """S: tokens per packed sequence."""
+    sources: List[SourceConfig] = field(default_factory=_default_sources)
+    """The mixture: name, kind, location and weight of each source."""
+    eval_fraction: float = 0.05
+    """Share of each source's documents held out for evaluation (split by whole documents)."""
+    max_documents_per_source: int = 4000
+    """Cap on documents read per source (the built-in sources are large); 0 = no cap."""
+    shard_dir: Optional[str] = None
+    """Token shards written by `orchestrator prepare`; used instead of tokenizing on start."""
+
+
+@dataclass
+class BatchConfig:
+    tokens_per_update: int = 4096
+    """Global tokens per optimizer update (S x b x D x A)."""
+    micro_batch_size: int = 8
+    """b: the largest number of sequences per worker per forward/backward that fits in memory."""
+    grad_accum_steps: Optional[int] = None
+    """A: derived (fewest steps that fit) when omitted, checked when given."""
+
+
+@dataclass
+class ClusterConfig:
+    num_workers: int = 1
+    """D: data-parallel Ray Train workers."""
+    address: Optional[str] = None
+    """Ray address to join; None starts a local Ray on 127.0.0.1."""
+    cpus_per_worker: float = 1.0
+    """CPUs Ray reserves per worker (fractions allowed); torch threads follow it."""
+    use_gpu: bool = False
+    """One GPU per worker."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Peak learning rate (0 freezes the weights, for measurement runs)."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay (not applied to norms and biases)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables it."""
+
+
+@dataclass
+class ScheduleConfig:
+    warmup_tokens: int = 0
+    """Linear warmup length in tokens."""
+    decay: str = "cosine"
+    """After warmup: cosine, linear, wsd (warmup-stable-decay) or constant."""
+    min_lr_ratio: float = 0.1
+    """Floor of the decay as a fraction of optim.lr."""
+    wsd_decay_share: float = 0.2
+    """wsd only: final share of the budget over which the LR decays."""
+
+
+@dataclass
+class TrainConfig:
+    total_tokens: int = 262144
+    """Token budget of a run; rounded down to whole updates."""
+    seed: int = 0
+    """Seed of model init and data order."""
+    report_every_tokens: int = 8192
+    """Cadence of metrics to Ray Train and MLflow (at least one update)."""
+    eval_every_tokens: int = 65536
+    """Cadence of held-out evaluation; the last update is always evaluated."""
+    eval_tokens: int = 16384
+    """Held-out tokens per evaluation."""
+    checkpoint_every_tokens: int = 65536
+    """Cadence of checkpoints; 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """Newest checkpoints kept by Ray Train."""
+    run_name: Optional[str] = None
+    """Name of the run; re-running with the same name resumes it."""
+    storage_path: str = "runs"
+    """Ray Train storage (checkpoints, results), relative to the working directory."""
+    max_failures: int = 1
+    """Restarts of a failed worker group, each from the latest checkpoint."""
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = 2
+    """ZeRO stage 0..3."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16 (fp16 needs a GPU)."""
+    extra: Dict[str, Any] = field(default_factory=dict)
+    """Raw DeepSpeed config merged last (e.g. {zero_optimization: {overlap_comm: true}})."""
+
+
+@dataclass
+class TrackingConfig:
+    uri: str = "sqlite:///mlflow.db"
+    """MLflow tracking URI; the default is a SQLite file in the working directory."""
+    experiment: str = "orchestrator"
+    """MLflow experiment name."""
+    flush_every_s: float = 5.0
+    """Seconds between batched, asynchronous MLflow writes."""
+    max_buffered_points: int = 100000
+    """Points held while the tracking server is unreachable; past this the run fails."""
+    system_metrics: Optional[bool] = None
+    """MLflow system metrics (CPU, memory, GPU); None = on when training on GPU."""
+
+
+@dataclass
+class GNSConfig:
+    enabled: bool = True
+    """Measure the gradient noise scale B_simple during training."""
+    ema_decay: float = 0.95
+    """EMA decay applied separately to |G|^2 and tr(Sigma) estimates."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    gns: GNSConfig = field(default_factory=GNSConfig)
+
+
+# ---------------------------------------------------------------- loading
+
+# Resolvers a config may use. OmegaConf ships `oc.env`, `oc.select`, ... ; we register no
+# `eval` (or any code-running) resolver, and reject any resolver outside this list.
+ALLOWED_RESOLVERS = ("oc.env", "oc.select", "oc.decode", "oc.create", "oc.dict.keys", "oc.dict.values")
+_RESOLVER_RE = re.compile(r"\$\{([\w.]+):")
+_SECRET_RE = re.compile(r"\$\{oc\.env:")
+REDACTED = "***"
+
+
+def schema_keys(schema: Any = Config, prefix: str = "") -> List[str]:
+    """Every leaf key of the schema as a dotted path (lists of sources count as one key)."""
+    keys = []
+    for f in fields(schema):
+        name = f"{prefix}{f.name}"
+        default = f.default_factory() if f.default_factory is not field().default_factory else f.default  # type: ignore[misc]
+        if is_dataclass(default):
+            keys += schema_keys(type(default), name + ".")
+        else:
+            keys.append(name)
+    return keys
+
+
+def _did_you_mean(key: str) -> str:
+    close = difflib.get_close_matches(key, schema_keys(), n=1, cutoff=0.6)
+    if not close:
+        section = key.split(".")[0]
+        close = [k for k in schema_keys() if k.startswith(section + ".")][:1]
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _read_yaml(path: Path, seen: tuple = ()) -> DictConfig:
+    """Read one YAML file and, first, the file it `extends`."""
+    if not path.is_file():
+        raise ConfigError("CONFIG", f"config file {str(path)!r} not found")
+    if path.resolve() in seen:
+        raise ConfigError("extends", f"{path} extends itself (cycle through {', '.join(map(str, seen))})")
+    text = path.read_text()
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError("CONFIG", f"YAML syntax error in {path}{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("CONFIG", f"{path} must hold a mapping of config sections, got {type(raw).__name__}")
+    for match in _RESOLVER_RE.finditer(text):
+        if match.group(1) not in ALLOWED_RESOLVERS:
+            raise ConfigError("CONFIG", f"{path} uses resolver ${{{match.group(1)}:...}}; allowed: {', '.join(ALLOWED_RESOLVERS)}")
+    parent = raw.pop("extends", None)
+    layers = []
+    if parent is not None:
+        layers.append(_read_yaml((path.parent / str(parent)), seen + (path.resolve(),)))
+    layers.append(OmegaConf.create(raw))
+    return OmegaConf.merge(*layers) if len(layers) > 1 else layers[0]
+
+
+def parse_overrides(overrides: List[str]) -> DictConfig:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(item, "an override must look like key=value (e.g. optim.lr=3e-4)")
+        match = _RESOLVER_RE.search(item)
+        if match and match.group(1) not in ALLOWED_RESOLVERS:
+            raise ConfigError(item.split("=")[0], f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as exc:
+        raise ConfigError("override", str(exc).splitlines()[0]) from None
+
+
+def _omegaconf_error(exc: OmegaConfBaseException) -> ConfigError:
+    key = getattr(exc, "full_key", None) or ""
+    first = str(exc).splitlines()[0]
+    if isinstance(exc, ConfigKeyError):
+        return ConfigError(key, f"unknown key{_did_you_mean(key)}")
+    if isinstance(exc, ValidationError):
+        return ConfigError(key, f"{first}")
+    if isinstance(exc, InterpolationResolutionError):
+        return ConfigError(key, f"cannot resolve: {first}")
+    return ConfigError(key, first)
+
+
+def load(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None, validate_config: bool = True) -> Config:
+    """Schema defaults <- YAML (with `extends`) <- dotlist overrides, validated."""
+    layers = [OmegaConf.structured(Config)]
+    if path is not None:
+        layers.append(_read_yaml(Path(path)))
+    if overrides:
+        layers.append(parse_overrides(overrides))
+    try:
+        merged = OmegaConf.merge(*layers)
+        secret_keys = sorted(_interpolated_secret_keys(merged))
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        raise _omegaconf_error(exc) from None
+    # Which keys came from the environment: redacted wherever the config is logged or printed.
+    object.__setattr__(cfg, "_secret_keys", tuple(secret_keys))
+    if validate_config:
+        validate(cfg)
+    return cfg
+
+
+def _interpolated_secret_keys(node: Any, prefix: str = "") -> List[str]:
+    keys = []
+    items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node)
+    for key, _ in items:
+        full = f"{prefix}{key}"
+        child = node._get_node(key)
+        if OmegaConf.is_config(child):
+            keys += _interpolated_secret_keys(child, full + ".")
+        elif OmegaConf.is_interpolation(node, key) and _SECRET_RE.search(str(child._value())):
+            keys.append(full)
+    return keys
+
+
+def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
+    """Plain nested dict of the config; values read from the environment are redacted."""
+    data = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    if redact:
+        for key in getattr(cfg, "_secret_keys", ()):
+            node = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            node[int(leaf) if isinstance(node, list) else leaf] = REDACTED
+    return data  # type: ignore[return-value]
+
+
+def flatten(data: Any, prefix: str = "") -> Dict[str, Any]:
+    """{"optim": {"lr": 1}} -> {"optim.lr": 1}; list items get their index."""
+    out: Dict[str, Any] = {}
+    items = data.items() if isinstance(data, dict) else enumerate(data)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list)) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+
+
+# ---------------------------------------------------------------- validation
+
+MODEL_NAMES = ("gpt", "linreg")
+SOURCE_KINDS = ("code", "prose", "arithmetic", "files")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(key, f"got {value}; must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _choice(key: str, value: str, valid: tuple) -> None:
+    if value not in valid:
+        raise ConfigError(key, f"got {value!r}; valid: {', '.join(valid)}")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks the types alone cannot express. Raises ConfigError."""
+    m, d, t = cfg.model, cfg.data, cfg.train
+    _choice("model.name", m.name, MODEL_NAMES)
+    for key in ("n_layers", "n_heads", "d_model", "mlp_ratio", "max_seq_len", "vocab_size", "dim"):
+        _positive(f"model.{key}", getattr(m, key))
+    if m.d_model % m.n_heads:
+        raise ConfigError("model.n_heads", f"got {m.n_heads}; must divide model.d_model={m.d_model}")
+    _positive("model.noise_std", m.noise_std, allow_zero=True)
+    _positive("model.w_star_norm", m.w_star_norm, allow_zero=True)
+    _positive("data.seq_len", d.seq_len)
+    if m.name == "gpt" and d.seq_len > m.max_seq_len:
+        raise ConfigError("data.seq_len", f"got {d.seq_len}; beyond model.max_seq_len={m.max_seq_len} positions; use <= {m.max_seq_len} or raise model.max_seq_len")
+    if m.name == "gpt" and m.vocab_size < 257:
+        raise ConfigError("model.vocab_size", f"got {m.vocab_size}; the byte tokenizer needs >= 257")
+    if not d.sources:
+        raise ConfigError("data.sources", "empty; name at least one source")
+    for i, src in enumerate(d.sources):
+        _choice(f"data.sources.{i}.kind", src.kind, SOURCE_KINDS)
+        _positive(f"data.sources.{i}.weight", src.weight)
+        if src.kind == "files" and not src.path:
+            raise ConfigError(f"data.sources.{i}.path", "missing; a `files` source needs a directory, file or glob")
+    if not 0 < d.eval_fraction < 1:
+        raise ConfigError("data.eval_fraction", f"got {d.eval_fraction}; must be strictly between 0 and 1")
+    _positive("data.max_documents_per_source", d.max_documents_per_source, allow_zero=True)
+    _positive("cluster.num_workers", cfg.cluster.num_workers)
+    _positive("cluster.cpus_per_worker", cfg.cluster.cpus_per_worker)
+    _positive("optim.lr", cfg.optim.lr, allow_zero=True)
+    _positive("optim.weight_decay", cfg.optim.weight_decay, allow_zero=True)
+    _positive("optim.grad_clip", cfg.optim.grad_clip, allow_zero=True)
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg.optim, key) < 1:
+            raise ConfigError(f"optim.{key}", f"got {getattr(cfg.optim, key)}; must be in [0, 1)")
+    s = cfg.schedule
+    _choice("schedule.decay", s.decay, schedules.DECAYS)
+    _positive("schedule.warmup_tokens", s.warmup_tokens, allow_zero=True)
+    if not 0 <= s.min_lr_ratio <= 1:
+        raise ConfigError("schedule.min_lr_ratio", f"got {s.min_lr_ratio}; must be in [0, 1]")
+    if not 0 < s.wsd_decay_share <= 1:
+        raise ConfigError("schedule.wsd_decay_share", f"got {s.wsd_decay_share}; must be in (0, 1]")
+    for key in ("total_tokens", "report_every_tokens", "eval_every_tokens", "eval_tokens", "keep_checkpoints"):
+        _positive(f"train.{key}", getattr(t, key))
+    _positive("train.checkpoint_every_tokens", t.checkpoint_every_tokens, allow_zero=True)
+    _positive("train.max_failures", t.max_failures, allow_zero=True)
+    if s.warmup_tokens > t.total_tokens:
+        raise ConfigError("schedule.warmup_tokens", f"got {s.warmup_tokens:,}; longer than the budget train.total_tokens={t.total_tokens:,}")
+    ds = cfg.deepspeed
+    if ds.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError("deepspeed.zero_stage", f"got {ds.zero_stage}; valid: 0, 1, 2, 3")
+    _choice("deepspeed.precision", ds.precision, PRECISIONS)
+    if ds.precision == "fp16" and not cfg.cluster.use_gpu:
+        raise ConfigError("deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16")
+    _positive("tracking.flush_every_s", cfg.tracking.flush_every_s)
+    _positive("tracking.max_buffered_points", cfg.tracking.max_buffered_points)
+    if not 0 <= cfg.gns.ema_decay < 1:
+        raise ConfigError("gns.ema_decay", f"got {cfg.gns.ema_decay}; must be in [0, 1)")
+    plan = batch_plan(cfg)
+    batching.total_steps(plan, t.total_tokens)
+
+
+def batch_plan(cfg: Config) -> batching.BatchPlan:
+    return batching.solve(
+        cfg.data.seq_len,
+        cfg.batch.tokens_per_update,
+        cfg.batch.micro_batch_size,
+        cfg.cluster.num_workers,
+        cfg.batch.grad_accum_steps,
+    )

@@ -1,0 +1,64 @@
+"""The one place that turns the typed config into a DeepSpeed config dict (pure, no imports of
+DeepSpeed). The user's `deepspeed.extra` is merged last, and the batch invariant is asserted
+after the merge so no override can silently change what an update means.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict
+
+from orchestrator.batching import BatchPlan
+from orchestrator.config import Config
+from orchestrator.errors import ConfigError
+
+
+def _deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def build(cfg: Config, plan: BatchPlan) -> Dict[str, Any]:
+    """DeepSpeed config for one worker of the run described by `cfg` and `plan`."""
+    ds: Dict[str, Any] = {
+        "train_batch_size": plan.sequences_per_update,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.grad_accum_steps,
+        # The trainer sets the LR itself from schedules.lr_at(tokens), so no DeepSpeed scheduler.
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": cfg.optim.lr,
+                "betas": [cfg.optim.beta1, cfg.optim.beta2],
+                "eps": cfg.optim.eps,
+                "weight_decay": cfg.optim.weight_decay,
+            },
+        },
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
+        "steps_per_print": 10**9,  # progress is ours; keep DeepSpeed's log quiet
+        "wall_clock_breakdown": False,
+    }
+    if cfg.deepspeed.precision == "bf16":
+        ds["bf16"] = {"enabled": True}
+    elif cfg.deepspeed.precision == "fp16":
+        ds["fp16"] = {"enabled": True, "initial_scale_power": 16}
+    if not cfg.cluster.use_gpu:
+        # CPU: DeepSpeed's fused CUDA Adam does not exist; use torch's AdamW implementation.
+        ds["zero_force_ds_cpu_optimizer"] = False
+    ds = _deep_merge(ds, cfg.deepspeed.extra)
+
+    micro = ds["train_micro_batch_size_per_gpu"]
+    accum = ds["gradient_accumulation_steps"]
+    if ds["train_batch_size"] != micro * accum * plan.num_workers or ds["train_batch_size"] != plan.sequences_per_update:
+        raise ConfigError(
+            "deepspeed.extra",
+            f"changes the batch: train_batch_size={ds['train_batch_size']} must equal micro {micro} x accumulation "
+            f"{accum} x workers {plan.num_workers} = {plan.sequences_per_update}; set batch sizes through batch.*",
+        )
+    return ds

@@ -1,0 +1,12 @@
+"""Errors the command line maps to exit codes (DESIGN.md section 3)."""
+
+
+class ConfigError(ValueError):
+    """Bad configuration or bad arguments: exit code 2, one line on stderr, no traceback.
+
+    The message names the key, the value and what would be valid.
+    """
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)

@@ -1,0 +1,51 @@
+"""Learning rate as a function of tokens seen (pure).
+
+Schedules are defined in tokens, not steps, so trials at different batch sizes share one
+schedule shape and can be compared at equal tokens. The trainer evaluates the schedule at the
+tokens seen *after* the update it is about to apply, so the first update already has a
+non-zero learning rate and the last one lands exactly on the end of the budget.
+
+    warmup : lr rises linearly from 0 to `peak` over `warmup_tokens`
+    then   : cosine | linear | wsd | constant down to `min_lr_ratio x peak`
+             (wsd = warmup, stable at the peak, then a linear decay over the final
+             `wsd_decay_share` of the budget)
+"""
+
+from __future__ import annotations
+
+import math
+
+DECAYS = ("cosine", "linear", "wsd", "constant")
+
+
+def lr_at(
+    tokens: float,
+    *,
+    peak: float,
+    total_tokens: int,
+    warmup_tokens: int = 0,
+    decay: str = "cosine",
+    min_lr_ratio: float = 0.1,
+    wsd_decay_share: float = 0.2,
+) -> float:
+    """Learning rate after `tokens` tokens of a run with budget `total_tokens`."""
+    if decay not in DECAYS:
+        raise ValueError(f"unknown decay {decay!r}; valid: {', '.join(DECAYS)}")
+    if warmup_tokens > 0 and tokens < warmup_tokens:
+        return peak * max(tokens, 0.0) / warmup_tokens
+    floor = peak * min_lr_ratio
+    if decay == "constant":
+        return peak
+    if decay == "wsd":
+        decay_start = max(warmup_tokens, total_tokens * (1.0 - wsd_decay_share))
+    else:
+        decay_start = warmup_tokens
+    span = total_tokens - decay_start
+    if tokens <= decay_start or span <= 0:
+        return peak
+    progress = min((tokens - decay_start) / span, 1.0)
+    if decay == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:  # linear, and the decay phase of wsd
+        shape = 1.0 - progress
+    return floor + (peak - floor) * shape

@@ -1,0 +1,1 @@
+"""What runs inside each Ray Train worker: data, model, train loop."""
