@@ -228,10 +228,10 @@ def schema_keys(schema: Any = Config, prefix: str = "") -> List[str]:
 
 def _did_you_mean(key: str) -> str:
     close = difflib.get_close_matches(key, schema_keys(), n=1, cutoff=0.6)
-    if not close:
-        section = key.split(".")[0]
-        close = [k for k in schema_keys() if k.startswith(section + ".")][:1]
-    return f"; did you mean {close[0]}?" if close else ""
+    if close:
+        return f"; did you mean {close[0]}?"
+    sections = [f.name for f in fields(Config)]
+    return f"; valid sections: {', '.join(sections)}"
 
 
 def _read_yaml(path: Path, seen: tuple = ()) -> DictConfig:
@@ -260,17 +260,36 @@ def _read_yaml(path: Path, seen: tuple = ()) -> DictConfig:
     return OmegaConf.merge(*layers) if len(layers) > 1 else layers[0]
 
 
-def parse_overrides(overrides: List[str]) -> DictConfig:
+def parse_overrides(overrides: List[str]) -> List[tuple]:
+    """key=value strings -> [(key, value)], values parsed as YAML like OmegaConf's dotlist."""
+    parsed = []
     for item in overrides:
-        if "=" not in item or item.startswith("="):
+        key, sep, _ = item.partition("=")
+        if not sep or not key:
             raise ConfigError(item, "an override must look like key=value (e.g. optim.lr=3e-4)")
         match = _RESOLVER_RE.search(item)
         if match and match.group(1) not in ALLOWED_RESOLVERS:
-            raise ConfigError(item.split("=")[0], f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}")
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as exc:
-        raise ConfigError("override", str(exc).splitlines()[0]) from None
+            raise ConfigError(key, f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}")
+        try:
+            # resolve=False keeps `${oc.env:...}` as written, so it can be redacted later.
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(key, str(exc).splitlines()[0]) from None
+        for part in key.split("."):
+            value = value[part]
+        parsed.append((key, value))
+    return parsed
+
+
+def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
+    """OmegaConf.update understands list indices (data.sources.0.weight=2) and keeps types."""
+    for key, value in overrides:
+        try:
+            OmegaConf.update(merged, key, value, merge=False)
+        except (OmegaConfBaseException, TypeError, IndexError) as exc:
+            if isinstance(exc, OmegaConfBaseException) and not isinstance(exc, ConfigKeyError):
+                raise
+            raise ConfigError(key, f"unknown key{_did_you_mean(key)}") from None
 
 
 def _omegaconf_error(exc: OmegaConfBaseException) -> ConfigError:
@@ -290,10 +309,10 @@ def load(path: Optional[str | Path] = None, overrides: Optional[List[str]] = Non
     layers = [OmegaConf.structured(Config)]
     if path is not None:
         layers.append(_read_yaml(Path(path)))
-    if overrides:
-        layers.append(parse_overrides(overrides))
+    parsed = parse_overrides(overrides or [])
     try:
         merged = OmegaConf.merge(*layers)
+        _apply_overrides(merged, parsed)
         secret_keys = sorted(_interpolated_secret_keys(merged))
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
@@ -409,6 +428,8 @@ def validate(cfg: Config) -> None:
         _positive(f"train.{key}", getattr(t, key))
     _positive("train.checkpoint_every_tokens", t.checkpoint_every_tokens, allow_zero=True)
     _positive("train.max_failures", t.max_failures, allow_zero=True)
+    plan = batch_plan(cfg)
+    batching.total_steps(plan, t.total_tokens)
     if s.warmup_tokens > t.total_tokens:
         raise ConfigError("schedule.warmup_tokens", f"got {s.warmup_tokens:,}; longer than the budget train.total_tokens={t.total_tokens:,}")
     ds = cfg.deepspeed
@@ -421,8 +442,6 @@ def validate(cfg: Config) -> None:
     _positive("tracking.max_buffered_points", cfg.tracking.max_buffered_points)
     if not 0 <= cfg.gns.ema_decay < 1:
         raise ConfigError("gns.ema_decay", f"got {cfg.gns.ema_decay}; must be in [0, 1)")
-    plan = batch_plan(cfg)
-    batching.total_steps(plan, t.total_tokens)
 
 
 def batch_plan(cfg: Config) -> batching.BatchPlan:

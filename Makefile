@@ -1,0 +1,35 @@
+# The two commands of the README: `make demo` (a real sweep on the embedded defaults) and
+# `make test`. Each creates or reuses .venv and installs what changed; a no-op takes seconds.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CPU build by default (it lies on the CI machine's disk). GPU users: see README "GPU install".
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PIP := $(BIN)/python -m pip -q --disable-pip-version-check
+
+.PHONY: demo test setup test-services clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(PIP) install -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/orchestrator sweep conf/sweep/demo.yaml
+
+# System services the integration tests use (PostgreSQL for the MLflow server test, Chromium
+# for the UI check); Debian packages, installed once.
+test-services:
+	@bash tests/setup_services.sh
+
+test: $(STAMP) test-services
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .cache runs mlflow.db mlartifacts reports

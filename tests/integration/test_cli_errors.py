@@ -1,0 +1,94 @@
+"""Bad input through the real command line: exit code 2, one line naming the key, no traceback."""
+
+import json
+
+import pytest
+
+from tests.conftest import TINY, run_cli
+
+CASES = [
+    # (extra args, text the message must contain)
+    (["optim.lrr=1"], "optim.lr"),                       # unknown key, with a did-you-mean
+    (["bogus.key=1"], "bogus.key"),                      # unknown section
+    (["optim.lr=abc"], "optim.lr"),                      # wrong type
+    (["train.total_tokens=lots"], "train.total_tokens"),
+    (["optim.lr=-0.1"], "optim.lr"),                     # negative lr (0 is allowed)
+    (["data.seq_len=0"], "data.seq_len"),                # non-positive sizes
+    (["batch.micro_batch_size=0"], "batch.micro_batch_size"),
+    (["cluster.num_workers=-2"], "cluster.num_workers"),
+    (["batch.tokens_per_update=0"], "batch.tokens_per_update"),
+    (["batch.grad_accum_steps=0"], "batch.grad_accum_steps"),
+    (["schedule.warmup_tokens=999999999"], "schedule.warmup_tokens"),  # warmup beyond budget
+    (["train.total_tokens=100", "schedule.warmup_tokens=0"], "train.total_tokens"),  # budget < 1 update
+    (["batch.tokens_per_update=4000"], "batch.tokens_per_update"),     # no exact decomposition
+    (["batch.grad_accum_steps=3"], "batch.tokens_per_update"),
+    (["deepspeed.zero_stage=4"], "deepspeed.zero_stage"),
+    (["deepspeed.zero_stage=-1"], "deepspeed.zero_stage"),
+    (["deepspeed.precision=fp16"], "deepspeed.precision"),             # fp16 on CPU
+    (["deepspeed.precision=fp8"], "deepspeed.precision"),
+    (["schedule.decay=step"], "schedule.decay"),
+    (["schedule.min_lr_ratio=2"], "schedule.min_lr_ratio"),
+    (["data.seq_len=512"], "data.seq_len"),                            # beyond the model's positions
+    (["model.n_heads=3"], "model.n_heads"),
+    (["model.name=bert"], "model.name"),
+    (["data.sources.0.kind=web"], "data.sources.0.kind"),
+    (["data.eval_fraction=1.5"], "data.eval_fraction"),
+    (["optim.beta2=1.0"], "optim.beta2"),
+    (["not-an-override"], "not-an-override"),
+]
+
+
+def assert_one_clean_line(code, stderr, must_contain):
+    assert code == 2, stderr
+    lines = [l for l in stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    assert must_contain in lines[0]
+
+
+@pytest.mark.parametrize("extra,key", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_override(extra, key):
+    code, out, err = run_cli("plan", TINY, *extra)
+    assert_one_clean_line(code, err, key)
+    assert out == ""
+
+
+def test_missing_config_file(tmp_path):
+    code, _, err = run_cli("plan", tmp_path / "nope.yaml")
+    assert_one_clean_line(code, err, "nope.yaml")
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  n_layers: 2\n  d_model: [128\n")
+    code, _, err = run_cli("plan", bad)
+    assert_one_clean_line(code, err, "line")
+
+
+def test_unknown_key_in_yaml(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim:\n  learning_rate: 0.1\n")
+    code, _, err = run_cli("plan", bad)
+    assert_one_clean_line(code, err, "optim.learning_rate")
+
+
+def test_unknown_flag():
+    code, _, err = run_cli("plan", TINY, "--jsn")
+    assert code == 2 and "--jsn" in err and "Traceback" not in err
+
+
+def test_plan_json_contract():
+    code, out, err = run_cli("plan", TINY, "data.seq_len=4096", "model.max_seq_len=4096", "batch.micro_batch_size=4",
+                             "cluster.num_workers=128", "batch.tokens_per_update=16777216",
+                             "train.total_tokens=167772160", "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    for key in ("seq_len", "micro_batch_size", "num_workers", "grad_accum_steps", "tokens_per_update",
+                "total_tokens", "total_steps", "warmup_steps"):
+        assert key in info
+    assert info["grad_accum_steps"] == 8 and info["total_steps"] == 10
+
+
+def test_lr_zero_is_allowed():
+    code, out, err = run_cli("plan", TINY, "optim.lr=0")
+    assert code == 0, err

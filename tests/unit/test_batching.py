@@ -1,0 +1,79 @@
+"""Exact S x b x D x A arithmetic: every accepted input multiplies out, every rejected input
+really has no decomposition (checked by brute force)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator import batching
+from orchestrator.errors import ConfigError
+
+sizes = st.integers(min_value=1, max_value=64)
+
+
+def brute_force(seq_len, tokens, max_b, workers, accum=None):
+    """All (b, A) with S*b*D*A == tokens, b <= max_b (and A fixed when given)."""
+    found = []
+    for b in range(1, max_b + 1):
+        for a in ([accum] if accum else range(1, tokens // (seq_len * workers * b) + 1)):
+            if seq_len * b * workers * a == tokens:
+                found.append((b, a))
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(seq_len=sizes, max_b=sizes, workers=sizes, seqs=st.integers(1, 512), accum=st.none() | st.integers(1, 16))
+def test_accepted_inputs_multiply_out_and_rejected_have_no_split(seq_len, max_b, workers, seqs, accum):
+    tokens = seq_len * seqs
+    options = brute_force(seq_len, tokens, max_b, workers, accum)
+    try:
+        plan = batching.solve(seq_len, tokens, max_b, workers, accum)
+    except ConfigError as exc:
+        assert options == [], f"rejected but {options} would work"
+        assert exc.key == "batch.tokens_per_update"
+        return
+    assert plan.seq_len * plan.micro_batch_size * plan.num_workers * plan.grad_accum_steps == tokens
+    assert plan.tokens_per_update == tokens
+    assert plan.micro_batch_size <= max_b
+    # The documented rule: the largest feasible micro-batch (fewest accumulation steps).
+    assert plan.micro_batch_size == max(b for b, _ in options)
+    if accum is not None:
+        assert plan.grad_accum_steps == accum
+
+
+@settings(max_examples=200, deadline=None)
+@given(seq_len=sizes, workers=sizes, tokens=st.integers(1, 100_000))
+def test_error_names_nearest_feasible_neighbours(seq_len, workers, tokens):
+    unit = seq_len * workers
+    if tokens % unit == 0:
+        return
+    with pytest.raises(ConfigError) as info:
+        batching.solve(seq_len, tokens, 8, workers)
+    below, above = tokens // unit * unit, (tokens // unit + 1) * unit
+    assert f"{above:,}" in str(info.value)
+    if below:
+        assert f"{below:,}" in str(info.value)
+        assert brute_force(seq_len, below, below // unit, workers)  # really feasible
+    assert brute_force(seq_len, above, above // unit, workers)
+
+
+def test_design_example():
+    plan = batching.solve(4096, 16_777_216, 4, 128)
+    assert (plan.micro_batch_size, plan.grad_accum_steps) == (4, 8)
+
+
+def test_given_accumulation_that_does_not_fit_in_memory_is_rejected():
+    with pytest.raises(ConfigError, match="b <= batch.micro_batch_size=2"):
+        batching.solve(128, 128 * 16, 2, 1, grad_accum_steps=2)  # would need b=8
+
+
+@settings(max_examples=200, deadline=None)
+@given(seq_len=sizes, seqs=st.integers(1, 64), workers=st.integers(1, 4), budget=st.integers(1, 10**7))
+def test_total_steps_whole_updates_only(seq_len, seqs, workers, budget):
+    plan = batching.BatchPlan(seq_len, seqs, workers, 1)
+    if budget < plan.tokens_per_update:
+        with pytest.raises(ConfigError, match="train.total_tokens"):
+            batching.total_steps(plan, budget)
+        return
+    steps = batching.total_steps(plan, budget)
+    assert plan.tokens_for_steps(steps) <= budget < plan.tokens_for_steps(steps + 1)
