@@ -324,6 +324,14 @@ def load(path: Optional[str | Path] = None, overrides: Optional[List[str]] = Non
     return cfg
 
 
+def from_dict(data: Dict[str, Any]) -> Config:
+    """A resolved config dict (as shipped to Ray workers) back into the typed schema."""
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data))  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        raise _omegaconf_error(exc) from None
+
+
 def _interpolated_secret_keys(node: Any, prefix: str = "") -> List[str]:
     keys = []
     items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node)
@@ -338,7 +346,8 @@ def _interpolated_secret_keys(node: Any, prefix: str = "") -> List[str]:
 
 
 def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
-    """Plain nested dict of the config; values read from the environment are redacted."""
+    """Plain nested dict of the config; values read from the environment are redacted
+    (redact=False only for what is shipped to the run's own workers)."""
     data = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     if redact:
         for key in getattr(cfg, "_secret_keys", ()):

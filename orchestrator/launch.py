@@ -1,0 +1,174 @@
+"""One run = one Ray Train TorchTrainer of D DeepSpeed workers (`orchestrator train`).
+
+The driver validates everything that can be validated before Ray starts (exit 2, and no MLflow
+run is created for bad input), opens or re-opens the MLflow run, and hands the workers the
+resolved config. Re-running the same command with the same `train.run_name` resumes: Ray Train
+finds the run's checkpoints under `train.storage_path/<run_name>` and the MLflow run id is
+kept beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from orchestrator import batching, ds_config, plan as planning, tracking
+from orchestrator.config import Config, batch_plan, flatten, to_dict, to_yaml
+from orchestrator.errors import ConfigError
+
+RUN_RECORD = "orchestrator_run.json"
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need the data or the environment; ConfigError (exit 2) before Ray starts."""
+    plan = batch_plan(cfg)
+    if cfg.model.name == "gpt":
+        from workloads import data
+
+        data.check_corpus(cfg, plan.tokens_per_update)
+    if cfg.cluster.use_gpu:
+        import torch
+
+        if not torch.cuda.is_available() and not cfg.cluster.address:
+            raise ConfigError("cluster.use_gpu", "true, but this torch build sees no CUDA device; use cluster.use_gpu=false or install the CUDA build (README)")
+
+
+def ray_init(address: Optional[str] = None) -> None:
+    """Join a cluster, or start a local Ray bound to 127.0.0.1 with no dashboard."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"env_vars": tracking.env_for_workers()} if address else None
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+    else:
+        ray.init(dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", log_to_driver=True,
+                 configure_logging=True, logging_level="WARNING")
+
+
+def run_params(cfg: Config) -> Dict[str, Any]:
+    """MLflow params: the whole resolved config flattened (secrets redacted) plus derived values."""
+    plan = batch_plan(cfg)
+    params = flatten(to_dict(cfg))
+    params["batch.grad_accum_steps"] = plan.grad_accum_steps
+    params["batch.micro_batch_size"] = plan.micro_batch_size
+    params["train.total_steps"] = batching.total_steps(plan, cfg.train.total_tokens)
+    params["train.total_tokens_rounded"] = planning.rounded_budget(cfg)
+    return params
+
+
+def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> str:
+    """Create the MLflow run of a training run with its params and set-up artifacts."""
+    uri = cfg.tracking.uri
+    run_id = tracking.create_run(uri, cfg.tracking.experiment, name, tags)
+    tracking.log_params(uri, run_id, run_params(cfg))
+    tracking.log_text(uri, run_id, to_yaml(cfg), "config.yaml")
+    tracking.log_dict(uri, run_id, ds_config.build(cfg, batch_plan(cfg)), "deepspeed.json")
+    tracking.log_text(uri, run_id, planning.format_table(planning.describe(cfg)), "plan.txt")
+    return run_id
+
+
+def worker_config(cfg: Config) -> Dict[str, Any]:
+    """What travels to the workers: the resolved config, secrets included (never logged)."""
+    return to_dict(cfg, redact=False)
+
+
+def build_trainer(cfg: Config, run_id: str, storage: Path, name: str, callbacks: List[Any] = ()):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from workloads.train_loop import train_worker
+
+    plan = batch_plan(cfg)
+    payload = {"config": worker_config(cfg), "run_id": run_id, "fault_marker": str(storage / name / ".fault_injected")}
+    return TorchTrainer(
+        train_worker,
+        train_loop_config=payload,
+        scaling_config=ScalingConfig(num_workers=plan.num_workers, use_gpu=cfg.cluster.use_gpu,
+                                     resources_per_worker={"CPU": cfg.cluster.cpus_per_worker}),
+        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(storage),
+            failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+            callbacks=list(callbacks),
+        ),
+    )
+
+
+def finish(cfg: Config, run_id: str, result_metrics: Optional[Dict[str, Any]], error: Optional[BaseException]) -> str:
+    """Close the MLflow run: status, failure reason, loss plot. Returns the status."""
+    uri = cfg.tracking.uri
+    status, reason = "FINISHED", None
+    if error is not None:
+        status, reason = "FAILED", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    elif result_metrics and result_metrics.get("diverged"):
+        status, reason = "FAILED", f"non-finite loss at {int(result_metrics.get('tokens', 0)):,} tokens"
+    if reason:
+        tracking.set_tags(uri, run_id, {tracking.FAILURE_TAG: reason[:5000]})
+    try:
+        from orchestrator import plots
+
+        curves = {k: tracking.metric_history(uri, run_id, k) for k in ("train/loss", "eval/loss")}
+        if curves["train/loss"]:
+            tracking.log_figure(uri, run_id, plots.loss_vs_tokens(curves, title=cfg.train.run_name or ""), "loss_vs_tokens.png")
+    finally:
+        tracking.finish_run(uri, run_id, status)
+    return reason or status
+
+
+def resolve_paths(cfg: Config) -> None:
+    """Absolute paths for everything workers read or write: Ray workers have their own cwd."""
+    for src in cfg.data.sources:
+        if src.path and "://" not in src.path:
+            src.path = str(Path(src.path).expanduser().resolve())
+    if cfg.data.shard_dir:
+        cfg.data.shard_dir = str(Path(cfg.data.shard_dir).resolve())
+    cfg.train.storage_path = str(Path(cfg.train.storage_path).resolve())
+    cfg.tracking.uri = tracking.resolve_uri(cfg.tracking.uri)
+    # The token cache (workloads/data.py) is shared by the driver's preflight and all workers.
+    os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
+
+
+def train(cfg: Config) -> int:
+    resolve_paths(cfg)
+    preflight(cfg)
+    name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    storage = Path(cfg.train.storage_path).resolve()
+    record = storage / name / RUN_RECORD
+    if record.exists():
+        run_id = json.loads(record.read_text())["mlflow_run_id"]
+        print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {record.parent}")
+    else:
+        run_id = open_run(cfg, name)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment}))
+        print(f"run {name!r}: MLflow run {run_id}, checkpoints in {record.parent}")
+    print(planning.format_table(planning.describe(cfg)), flush=True)
+
+    ray_init(cfg.cluster.address)
+    error, metrics = None, None
+    try:
+        result = build_trainer(cfg, run_id, storage, name).fit()
+        metrics = result.metrics
+        error = result.error
+    except Exception as exc:  # TrainingFailedError and friends: the run failed, not the input
+        error = exc
+    outcome = finish(cfg, run_id, metrics, error)
+    link = tracking.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
+    if outcome != "FINISHED":
+        print(f"run {name!r} failed: {outcome}\nMLflow run {run_id}: open with `{tracking.ui_command(cfg.tracking.uri)}`, then {link}")
+        return 1
+    final = f"final eval loss {metrics['eval_loss']:.4f}, " if metrics and "eval_loss" in metrics else ""
+    print(f"run {name!r} finished: {final}MLflow run {run_id}\n"
+          f"open it with `{tracking.ui_command(cfg.tracking.uri)}`, then {link}")
+    return 0
+
+
+if os.environ.get("RAY_TRAIN_V2_ENABLED") is None:
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # the Train V2 API (the default in ray >= 2.50)

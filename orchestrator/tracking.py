@@ -1,0 +1,316 @@
+"""The only module that talks to MLflow.
+
+Runs: one per `orchestrator train`; for a sweep one parent run and one child run per trial
+(tag `mlflow.parentRunId`). The x axis of every training curve is tokens: `step` = tokens seen.
+
+`MetricLogger` batches points and sends them from a background thread (`log_batch`), so
+tracking costs the training loop almost nothing; points that cannot be sent (tracking server
+down) stay buffered up to a bound and are retried. A resume watermark (the last step MLflow
+already holds, per metric) drops the points a resumed run replays, so each step appears once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+PARENT_TAG = "mlflow.parentRunId"
+TRIAL_TAG = "orchestrator.trial_id"
+SWEEP_TAG = "orchestrator.sweep"
+FAILURE_TAG = "orchestrator.failure_reason"
+MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
+MAX_PARAMS = 100  # ... and on params per call
+SYSTEM_METRICS_INTERVAL_S = 10
+
+
+class TrackingError(RuntimeError):
+    """Tracking cannot keep its promise (e.g. the buffer bound was passed): the run must fail."""
+
+
+def resolve_uri(uri: str) -> str:
+    """Make a relative SQLite/file store absolute: Ray workers do not share the driver's cwd."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    if "://" not in uri:
+        return str(Path(uri).resolve())
+    return uri
+
+
+def is_local(uri: str) -> bool:
+    return uri.startswith(("sqlite:", "file:", "/"))
+
+
+def client(uri: str) -> MlflowClient:
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(uri: str, name: str) -> str:
+    """Experiment id, creating it (artifacts beside a local store) when missing."""
+    c = client(uri)
+    found = c.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if uri.startswith("sqlite:"):
+        location = Path(uri.split("sqlite:///")[-1]).resolve().parent.joinpath("mlartifacts").as_uri()
+    try:
+        return c.create_experiment(name, artifact_location=location)
+    except Exception:  # another process created it first
+        found = c.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def create_run(uri: str, experiment: str, name: str, tags: Optional[Dict[str, str]] = None) -> str:
+    exp_id = ensure_experiment(uri, experiment)
+    return client(uri).create_run(exp_id, run_name=name, tags=tags or {}).info.run_id
+
+
+def find_run(uri: str, experiment: str, tags: Dict[str, str]) -> Optional[str]:
+    """The run carrying all these tags (e.g. a trial's run, found again after --resume)."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = c.search_runs([exp.experiment_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"])
+    return runs[0].info.run_id if runs else None
+
+
+def log_params(uri: str, run_id: str, params: Dict[str, Any]) -> None:
+    """Params once per run; a resumed run re-logging identical values is skipped."""
+    c = client(uri)
+    existing = c.get_run(run_id).data.params
+    todo = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k not in existing]
+    for i in range(0, len(todo), MAX_PARAMS):
+        c.log_batch(run_id, params=todo[i:i + MAX_PARAMS])
+
+
+def set_tags(uri: str, run_id: str, tags: Dict[str, str]) -> None:
+    client(uri).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def finish_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
+    client(uri).set_terminated(run_id, status=status)
+
+
+def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
+    client(uri).log_text(run_id, text, artifact_file)
+
+
+def log_dict(uri: str, run_id: str, data: Dict[str, Any], artifact_file: str) -> None:
+    client(uri).log_dict(run_id, data, artifact_file)
+
+
+def log_file(uri: str, run_id: str, path: str | Path, artifact_path: Optional[str] = None) -> None:
+    client(uri).log_artifact(run_id, str(path), artifact_path)
+
+
+def log_figure(uri: str, run_id: str, figure: Any, artifact_file: str) -> None:
+    client(uri).log_figure(run_id, figure, artifact_file)
+
+
+# ---------------------------------------------------------------- reading back
+
+
+def metric_history(uri: str, run_id: str, key: str) -> List[Tuple[int, float]]:
+    """[(step, value)] sorted by step."""
+    return sorted((m.step, m.value) for m in client(uri).get_metric_history(run_id, key))
+
+
+def last_steps(uri: str, run_id: str) -> Dict[str, int]:
+    """Per metric, the last step MLflow holds: the resume watermark."""
+    c = client(uri)
+    keys = c.get_run(run_id).data.metrics.keys()
+    return {k: max(m.step for m in c.get_metric_history(run_id, k)) for k in keys}
+
+
+def get_run(uri: str, run_id: str):
+    return client(uri).get_run(run_id)
+
+
+def child_runs(uri: str, parent_run_id: str) -> list:
+    c = client(uri)
+    exp_id = c.get_run(parent_run_id).info.experiment_id
+    return c.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'", max_results=10000)
+
+
+def find_sweep_run(uri: str, experiment: str, sweep_name: str) -> Optional[str]:
+    """The newest parent run of a sweep, by its name tag."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_name}' and tags.`orchestrator.role` = 'sweep'",
+                         max_results=1, order_by=["attributes.start_time DESC"])
+    return runs[0].info.run_id if runs else None
+
+
+def ui_link(uri: str, experiment: str, port: int = 5000, run_id: Optional[str] = None) -> str:
+    """A link that opens MLflow's model-training view (3.x opens the GenAI view otherwise)."""
+    exp = client(uri).get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else "0"
+    base = f"http://127.0.0.1:{port}/#/experiments/{exp_id}"
+    if run_id:
+        base += f"/runs/{run_id}"
+    return base + "?workflowType=machine_learning"
+
+
+def ui_command(uri: str, port: int = 5000) -> str:
+    return f"orchestrator ui tracking.uri={uri} --port {port}"
+
+
+def serve_ui(cfg: Any, host: str = "127.0.0.1", port: int = 5000) -> int:
+    """`mlflow ui` over the configured store, bound to 127.0.0.1 unless asked otherwise."""
+    uri = resolve_uri(cfg.tracking.uri)
+    ensure_experiment(uri, cfg.tracking.experiment)
+    print(f"MLflow UI on http://{host}:{port} over {uri}")
+    print(f"runs of experiment {cfg.tracking.experiment!r}: {ui_link(uri, cfg.tracking.experiment, port)}", flush=True)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    if uri.startswith("sqlite:"):
+        cmd += ["--default-artifact-root", Path(uri.split("sqlite:///")[-1]).parent.joinpath("mlartifacts").as_uri()]
+    return subprocess.call(cmd)
+
+
+# ---------------------------------------------------------------- system metrics
+
+
+def start_system_metrics(uri: str, run_id: str):
+    """MLflow's own CPU / memory / GPU sampler, writing into this run; returns it (call .finish())."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, resume_logging=True, tracking_uri=uri)
+    monitor.start()
+    return monitor
+
+
+# ---------------------------------------------------------------- batched async logging
+
+
+class MetricLogger:
+    """Buffers metric points and sends them in batches from a background thread.
+
+    - `log()` never blocks on the network; non-finite values are never sent.
+    - Points at or below the per-metric watermark (what MLflow already holds) are dropped, so
+      a run that resumes from a checkpoint and replays steps logs each step once.
+    - When the store is unreachable, points wait in the buffer and are retried; past
+      `max_buffered_points` the next `log()` raises TrackingError. Nothing is dropped silently.
+    """
+
+    def __init__(self, uri: str, run_id: str, flush_every_s: float = 5.0, max_buffered_points: int = 100_000,
+                 watermarks: Optional[Dict[str, int]] = None):
+        self.uri, self.run_id = uri, run_id
+        self.flush_every_s = flush_every_s
+        self.max_buffered_points = max_buffered_points
+        self._client = client(uri)
+        self._watermarks: Dict[str, int] = dict(watermarks or {})
+        self._pending: List[Metric] = []
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self.last_error: Optional[str] = None
+        self.sent_points = 0
+        self._thread = threading.Thread(target=self._loop, name="mlflow-logger", daemon=True)
+        self._thread.start()
+
+    # -- producer side
+
+    def log(self, metrics: Dict[str, float], step: int) -> None:
+        timestamp = int(time.time() * 1000)
+        with self._lock:
+            if len(self._pending) >= self.max_buffered_points:
+                raise TrackingError(
+                    f"MLflow at {self.uri} unreachable and {len(self._pending):,} points buffered "
+                    f"(tracking.max_buffered_points={self.max_buffered_points:,}); last error: {self.last_error}")
+            for key, value in metrics.items():
+                if value is None or not math.isfinite(value) or step <= self._watermarks.get(key, -1):
+                    continue
+                self._pending.append(Metric(key, float(value), timestamp, int(step)))
+                self._watermarks[key] = int(step)
+
+    @property
+    def watermarks(self) -> Dict[str, int]:
+        """Per metric, the last step accepted (sent or buffered)."""
+        with self._lock:
+            return dict(self._watermarks)
+
+    @property
+    def buffered(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def pending_state(self) -> List[Tuple[str, float, int, int]]:
+        """Unsent points, for a checkpoint's client state (so a crash cannot lose them)."""
+        with self._lock:
+            return [(m.key, m.value, m.timestamp, m.step) for m in self._pending]
+
+    def restore_pending(self, points: Iterable[Tuple[str, float, int, int]], sent_watermarks: Dict[str, int]) -> None:
+        """Re-queue a checkpoint's unsent points that MLflow does not already hold."""
+        with self._lock:
+            for key, value, timestamp, step in points:
+                if step > sent_watermarks.get(key, -1):
+                    self._pending.append(Metric(key, value, timestamp, step))
+
+    # -- sending
+
+    def _send_some(self) -> bool:
+        """Send up to one batch; True when something was sent."""
+        with self._send_lock:
+            with self._lock:
+                batch = self._pending[:MAX_BATCH]
+            if not batch:
+                return False
+            try:
+                self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
+            except Exception as exc:  # server down, SQLite busy, ...: keep the points, retry later
+                self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                return False
+            with self._lock:
+                del self._pending[:len(batch)]
+            self.sent_points += len(batch)
+            self.last_error = None
+            return True
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.flush_every_s)
+            self._wake.clear()
+            while self._send_some():
+                pass
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Send everything now; True when the buffer is empty, False if the store stayed down."""
+        deadline = time.monotonic() + timeout_s
+        while self.buffered:
+            if not self._send_some():
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        return True
+
+    def close(self, timeout_s: float = 300.0) -> None:
+        """Flush (waiting up to timeout_s for an unreachable store) and stop the thread."""
+        ok = self.flush(timeout_s)
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+        if not ok:
+            raise TrackingError(f"could not send {self.buffered:,} points to MLflow at {self.uri}: {self.last_error}")
+
+
+def env_for_workers() -> Dict[str, str]:
+    """Environment that tracking needs in Ray workers (credentials travel as env, never params)."""
+    keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+            "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
+    return {k: os.environ[k] for k in keys if k in os.environ}

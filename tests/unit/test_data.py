@@ -1,0 +1,395 @@
+"""workloads/data.py: tokenizer, sources, token cache, split, packing, mixture, decomposition."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections import Counter
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.batching import BatchPlan
+from orchestrator.config import Config, SourceConfig
+from orchestrator.errors import ConfigError
+from workloads import data as D
+
+FIELDS = ("inputs", "targets", "positions", "doc_ids", "loss_mask", "source_ids")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_cache(tmp_path_factory):
+    """One token cache for the module: caches are keyed by source config, so sharing is safe."""
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("token-cache")
+        mp.setenv("ORCHESTRATOR_CACHE_DIR", str(path))
+        yield path
+
+
+def make_cfg(*sources: SourceConfig, seq_len: int = 16, max_docs: int = 300, seed: int = 0, eval_fraction: float = 0.1) -> Config:
+    cfg = Config()
+    cfg.data.seq_len, cfg.data.max_documents_per_source, cfg.data.eval_fraction = seq_len, max_docs, eval_fraction
+    cfg.train.seed = seed
+    if sources:
+        cfg.data.sources = list(sources)
+    return cfg
+
+
+def files_source(path: Path | str, **kw) -> SourceConfig:
+    return SourceConfig(name="user", kind="files", path=str(path), **kw)
+
+
+def same(a: D.Batch, b: D.Batch) -> bool:
+    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
+
+
+def cat(batches: list[D.Batch]) -> D.Batch:
+    return D.Batch(**{f: torch.cat([getattr(b, f) for b in batches]) for f in FIELDS})
+
+
+def doc_bytes(data: D.SourceTokens, i: int) -> bytes:
+    return data.document(i).astype(np.uint8).tobytes()
+
+
+# ---------------------------------------------------------------- tokenizer and sources
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.text())
+def test_encode_decode_round_trip_and_eos(a: str, b: str):
+    tokens = D.encode(a)
+    assert tokens.dtype == np.uint16 and (tokens < 256).all()  # text never yields EOS
+    assert D.decode(tokens) == a
+    joined = np.concatenate([tokens, [D.EOS], D.encode(b), [D.EOS]])
+    assert D.decode(joined) == a + b
+    assert D.decode(torch.as_tensor(joined.astype(np.int64))) == a + b
+
+
+def test_decode_rejects_ids_outside_the_vocabulary():
+    with pytest.raises(ValueError):
+        D.decode([D.VOCAB_SIZE])
+
+
+def test_builtin_sources_are_bounded_deterministic_and_correct():
+    code = list(islice(D.iter_documents(SourceConfig(name="c", kind="code")), 400))
+    prose = list(D.iter_documents(SourceConfig(name="p", kind="prose")))
+    arith = list(D.iter_documents(SourceConfig(name="a", kind="arithmetic")))
+    assert max(map(len, code)) <= D.CODE_DOC_BYTES and all(code)
+    assert 200 <= len(prose) and max(map(len, prose)) <= D.PROSE_DOC_BYTES
+    assert len(arith) == D.ARITHMETIC_DOCS and arith == list(D.iter_documents(SourceConfig(name="b", kind="arithmetic")))
+    for line in b"".join(arith[:50]).decode().splitlines():
+        a, op, b, c = re.fullmatch(r"(\d+)([+*-])(\d+)=(-?\d+)", line).groups()
+        assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] == int(c)
+
+
+def test_code_chunks_reassemble_the_files():
+    """Chunking happens at line boundaries and loses nothing: big files come back whole."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    big = root / "typing.py"  # > 16 KiB in every supported Python
+    docs = list(D._pack_pieces(big.read_bytes().splitlines(keepends=True), D.CODE_DOC_BYTES))
+    assert len(docs) > 1 and b"".join(docs) == big.read_bytes()
+    assert all(d.endswith(b"\n") for d in docs[:-1])
+
+
+def test_files_source_reads_txt_jsonl_and_parquet(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "txt" / "sub").mkdir(parents=True)
+    (tmp_path / "txt" / "a.txt").write_text("first doc\n")
+    (tmp_path / "txt" / "sub" / "b.txt").write_text("second doc, héllo\n")
+    (tmp_path / "txt" / "empty.txt").write_text("")
+    (tmp_path / "txt" / "notes.md").write_text("ignored")
+    rows = [{"text": "one", "id": 1}, {"text": "two ✓", "id": 2}, {"body": "x", "text": "three"}]
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    pq.write_table(pa.table({"content": ["p0", None, "p2", "p3", "p4"]}), tmp_path / "d.parquet", row_group_size=2)
+
+    assert [d.decode() for d in D.iter_documents(files_source(tmp_path / "txt"))] == ["first doc\n", "second doc, héllo\n"]
+    assert [d.decode() for d in D.iter_documents(files_source(tmp_path / "c.jsonl"))] == ["one", "two ✓", "three"]
+    assert [d.decode() for d in D.iter_documents(files_source(tmp_path / "d.parquet", text_field="content"))] == ["p0", "p2", "p3", "p4"]
+    assert len(list(D.iter_documents(files_source(tmp_path / "**" / "*.txt")))) == 2
+
+    cfg = make_cfg(files_source(tmp_path / "c.jsonl"))
+    data = D.load_source(cfg, 0)
+    assert [D.decode(data.document(i)) for i in range(data.num_documents)] == ["one", "two ✓", "three"]
+    cfg.data.max_documents_per_source = 2
+    assert D.load_source(cfg, 0).num_documents == 2
+
+
+def test_files_source_errors_name_the_key(tmp_path: Path):
+    (tmp_path / "c.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
+    with pytest.raises(ConfigError, match=r"data\.sources\.0\.text_field.*'text'"):
+        list(D.iter_documents(files_source(tmp_path / "c.jsonl")))
+    with pytest.raises(ConfigError, match=r"data\.sources\.0\.path.*nope"):
+        D.resolve_files(files_source(tmp_path / "nope"), "data.sources.0")
+    with pytest.raises(ConfigError, match=r"data\.sources\.0\.path"):
+        D.resolve_files(files_source(tmp_path / "*.txt"), "data.sources.0")
+
+
+# ---------------------------------------------------------------- packing
+
+
+def check_window_invariants(batch: D.Batch, S: int) -> None:
+    x, y, pos, doc, mask = batch.inputs, batch.targets, batch.positions, batch.doc_ids, batch.loss_mask
+    assert x.shape == y.shape == pos.shape == doc.shape == mask.shape == (len(batch.source_ids), S)
+    assert x.dtype == y.dtype == pos.dtype == doc.dtype == torch.int64 and mask.dtype == torch.float32
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    assert (doc[:, 0] == 0).all() and (pos[:, 0] == 0).all()
+    step = doc[:, 1:] - doc[:, :-1]
+    assert ((step == 0) | (step == 1)).all()
+    boundary = step == 1
+    assert torch.equal(pos[:, 1:] == 0, boundary)  # positions restart exactly where a document starts
+    assert (pos[:, 1:][~boundary] == pos[:, :-1][~boundary] + 1).all()
+    assert torch.equal(mask[:, :-1] == 0, boundary)  # the EOS -> next document position is not loss-bearing
+    assert torch.equal(mask == 0, x == D.EOS)
+
+
+@pytest.mark.parametrize("seq_len", [7, 16])
+def test_windows_match_a_brute_force_stream(seq_len: int):
+    cfg = make_cfg(seq_len=seq_len, max_docs=40)
+    ds = D.TokenDataset(cfg)
+    for i, packed in enumerate(ds.sources):
+        data = D.load_source(cfg, i)
+        stream, doc_of, pos_in = [], [], []
+        for n, d in enumerate(packed.doc_order):
+            toks = list(data.document(d)) + [D.EOS]
+            stream += toks
+            doc_of += [n] * len(toks)
+            pos_in += range(len(toks))
+        S = seq_len
+        assert packed.num_sequences == (len(stream) - 1) // S
+        js = list(range(packed.num_sequences))
+        batch = ds.sequence_batch(i, js)
+        check_window_invariants(batch, S)
+        for j in js:
+            w = slice(j * S, j * S + S)
+            assert batch.inputs[j].tolist() == stream[w]
+            assert batch.targets[j].tolist() == stream[j * S + 1 : j * S + S + 1]
+            assert batch.doc_ids[j].tolist() == [doc_of[p] - doc_of[j * S] for p in range(w.start, w.stop)]
+            expected_pos = [p - w.start if doc_of[p] == doc_of[w.start] else pos_in[p] for p in range(w.start, w.stop)]
+            assert batch.positions[j].tolist() == expected_pos
+            assert batch.loss_mask[j].tolist() == [float(doc_of[p] == doc_of[p + 1]) for p in range(w.start, w.stop)]
+
+
+@pytest.mark.parametrize("seq_len, expected", [(4, 3), (5, 3), (15, 1), (16, 0)])
+def test_a_window_needs_seq_len_plus_one_tokens(tmp_path: Path, seq_len: int, expected: int):
+    (tmp_path / "a.txt").write_text("abcdefghijklmno")  # 15 bytes + EOS = 16 tokens in the stream
+    ds = D.TokenDataset(make_cfg(files_source(tmp_path), seq_len=seq_len, eval_fraction=1e-9))
+    assert ds.sources[0].num_sequences == expected
+    if expected:
+        last = ds.sequence_batch(0, [expected - 1])
+        assert last.targets[0, -1].item() == (D.EOS if 15 % seq_len == 0 else ord("abcdefghijklmno"[expected * seq_len]))
+    else:
+        with pytest.raises(ConfigError, match=r"data\.sources\.0: .*fewer than one sequence"):
+            ds.update_batch(0, 1)
+
+
+def test_windows_hold_whole_train_documents_in_some_order():
+    """Order-free check: split the concatenated windows at EOS and find the train documents."""
+    cfg = make_cfg(seq_len=16, max_docs=60)
+    ds, ev = D.TokenDataset(cfg), D.TokenDataset(cfg, "eval")
+    for i, packed in enumerate(ds.sources):
+        data = D.load_source(cfg, i)
+        stream = ds.sequence_batch(i, range(packed.num_sequences)).inputs.reshape(-1).tolist()
+        complete, current = [], []
+        for t in stream:
+            if t == D.EOS:
+                complete.append(bytes(current))
+                current = []
+            else:
+                current.append(t)
+        train_docs = Counter(doc_bytes(data, d) for d in set(range(data.num_documents)) - set(ev.sources[i].doc_order.tolist()))
+        assert not Counter(complete) - train_docs  # every complete document is a train document
+        assert sum(train_docs.values()) - len(complete) <= 1  # only the tail may be cut off
+
+
+def test_train_and_eval_documents_are_disjoint_and_eval_is_not_empty():
+    cfg = Config()
+    train, ev = D.TokenDataset(cfg), D.TokenDataset(cfg, "eval")
+    for i, (tr, he) in enumerate(zip(train.sources, ev.sources)):
+        data = D.load_source(cfg, i)
+        assert len(he.doc_order) > 0 and he.num_sequences > 0
+        assert sorted(np.concatenate([tr.doc_order, he.doc_order]).tolist()) == list(range(data.num_documents))
+        train_hashes = {hashlib.sha256(doc_bytes(data, d)).digest() for d in tr.doc_order}
+        eval_hashes = {hashlib.sha256(doc_bytes(data, d)).digest() for d in he.doc_order}
+        assert not train_hashes & eval_hashes
+        share = len(he.doc_order) / data.num_documents
+        assert abs(share - cfg.data.eval_fraction) < 4 * np.sqrt(0.05 * 0.95 / data.num_documents) + 0.01
+
+
+# ---------------------------------------------------------------- mixture and determinism
+
+
+def test_default_mixture_shares_within_one_point():
+    cfg = Config()
+    ds = D.TokenDataset(cfg)
+    for u in (0, 1, 7):
+        batch = ds.update_batch(u, 64)
+        check_window_invariants(batch, cfg.data.seq_len)
+        slot_share = np.bincount(batch.source_ids.numpy(), minlength=3) / 64
+        real_share = D.source_token_shares(batch, ds.names)
+        for k, src in enumerate(cfg.data.sources):
+            assert abs(slot_share[k] - src.weight) <= 0.01
+            assert abs(real_share[src.name] - src.weight) <= 0.01
+    for n in range(64, 1025):
+        counts = D.allocate([0.45, 0.45, 0.10], n)
+        assert counts.sum() == n and np.abs(counts / n - [0.45, 0.45, 0.10]).max() <= 0.01
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.01, 10.0), min_size=1, max_size=6), st.integers(1, 5000))
+def test_allocation_is_largest_remainder(weights: list[float], total: int):
+    counts = D.allocate(weights, total)
+    quota = np.asarray(weights) / np.sum(weights) * total
+    assert counts.sum() == total and (counts >= 0).all()
+    assert (np.abs(counts - quota) < 1 + 1e-9).all()
+
+
+def test_update_counters_are_arithmetic_and_cover_each_epoch_once():
+    cfg = make_cfg(seq_len=16, max_docs=30)
+    ds = D.TokenDataset(cfg)
+    counts = D.allocate(ds.weights, 10)
+    slots = [ds.update_slots(u, 10) for u in range(40)]
+    for s, packed in enumerate(ds.sources):
+        counters = np.concatenate([c[src == s] for src, c in slots])
+        assert sorted(counters.tolist()) == list(range(40 * counts[s]))  # no gap, no repeat
+        first_epoch = packed.sequence_index(np.arange(packed.num_sequences))
+        assert sorted(first_epoch.tolist()) == list(range(packed.num_sequences))
+        second = packed.sequence_index(np.arange(packed.num_sequences, 2 * packed.num_sequences))
+        assert sorted(second.tolist()) == sorted(first_epoch.tolist()) and not np.array_equal(second, first_epoch)
+    fresh = D.TokenDataset(cfg)  # no history: update 33 is computed, not replayed
+    assert same(fresh.update_batch(33, 10), ds.update_batch(33, 10))
+    check_window_invariants(fresh.update_batch(10**6, 10), 16)  # many epochs later
+
+
+def test_same_seed_same_batches_other_seed_or_update_differs():
+    a, b = D.TokenDataset(make_cfg(seed=3)), D.TokenDataset(make_cfg(seed=3))
+    c = D.TokenDataset(make_cfg(seed=4))
+    assert same(a.update_batch(2, 12), b.update_batch(2, 12))
+    assert not torch.equal(a.update_batch(2, 12).inputs, c.update_batch(2, 12).inputs)
+    assert not torch.equal(a.update_batch(2, 12).inputs, a.update_batch(3, 12).inputs)
+
+
+SPLITS_4 = [(4, 1, 1), (2, 1, 2), (1, 1, 4), (2, 2, 1), (1, 2, 2)]
+SPLITS_16 = [(16, 1, 1), (4, 2, 2), (2, 4, 2), (1, 2, 8), (8, 2, 1), (1, 16, 1)]
+
+
+@pytest.mark.parametrize("splits", [SPLITS_4, SPLITS_16])
+def test_every_split_sees_the_same_sequences_in_the_same_slots(splits):
+    S = 8
+    ds = D.TokenDataset(make_cfg(seq_len=S))
+    n = splits[0][0] * splits[0][1] * splits[0][2]
+    for u in range(3):
+        full = ds.update_batch(u, n)
+        for b, d, a in splits:
+            plan = BatchPlan(S, b, d, a)
+            assert plan.tokens_per_update == n * S
+            parts = [ds.micro_batch(u, plan, rank, step) for step in range(a) for rank in range(d)]
+            assert same(cat(parts), full)
+            rows = sorted(map(tuple, torch.cat([p.inputs for p in parts]).tolist()))
+            assert rows == sorted(map(tuple, full.inputs.tolist()))
+
+
+def test_micro_batch_builds_only_its_own_sequences(monkeypatch):
+    ds = D.TokenDataset(make_cfg(seq_len=8))
+    built = []
+    original = D.PackedSource.windows
+    monkeypatch.setattr(D.PackedSource, "windows", lambda self, seqs: built.append(len(seqs)) or original(self, seqs))
+    ds.micro_batch(5, BatchPlan(8, 2, 4, 8), rank=3, accum_step=6)
+    assert sum(built) == 2
+    with pytest.raises(ValueError):
+        ds.micro_batch(0, BatchPlan(8, 2, 4, 8), rank=4, accum_step=0)
+
+
+def test_micro_batches_differ_in_real_tokens():
+    cfg = Config()
+    ds = D.TokenDataset(cfg)
+    plan = BatchPlan(cfg.data.seq_len, 8, 1, cfg.batch.tokens_per_update // (8 * cfg.data.seq_len))
+    for u in range(3):
+        real = [ds.micro_batch(u, plan, 0, a).real_tokens for a in range(plan.grad_accum_steps)]
+        assert len(set(real)) >= 2 and sum(real) == ds.update_batch(u, plan.sequences_per_update).real_tokens
+    assert 0.9 < D.packing_efficiency(ds.update_batch(0, 32)) < 1.0
+
+
+def test_eval_batches_are_fixed_and_come_from_held_out_documents():
+    a = D.TokenDataset(make_cfg(seed=0), "eval").eval_batches(40 * 16, 6)
+    b = D.TokenDataset(make_cfg(seed=9), "eval").eval_batches(40 * 16, 6)
+    assert [len(x.source_ids) for x in a] == [6] * 6 + [4]
+    assert all(same(x, y) for x, y in zip(a, b))
+    for x in a:
+        check_window_invariants(x, 16)
+    counts = np.bincount(torch.cat([x.source_ids for x in a]).numpy(), minlength=3)
+    assert counts.tolist() == D.allocate([0.45, 0.45, 0.10], 40).tolist()
+    with pytest.raises(ValueError):
+        D.TokenDataset(make_cfg()).eval_batches(64, 4)
+
+
+# ---------------------------------------------------------------- cache, shards and corpus checks
+
+
+def test_concurrent_builders_share_one_complete_cache(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path))
+    cfg = make_cfg(SourceConfig(name="arith", kind="arithmetic"), max_docs=500)
+    results = [None] * 6
+
+    def build(k: int) -> None:
+        results[k] = D.load_source(cfg, 0)
+
+    threads = [threading.Thread(target=build, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(os.listdir(tmp_path)) == 1  # one final folder, no temp folders left behind
+    assert all(np.array_equal(r.tokens, results[0].tokens) and np.array_equal(r.offsets, results[0].offsets) for r in results)
+    assert results[0].num_documents == 500 and isinstance(results[0].tokens, np.memmap)
+
+
+def test_prepared_shards_give_identical_batches(tmp_path: Path, monkeypatch):
+    cfg = make_cfg(seq_len=16, max_docs=50)
+    before = D.TokenDataset(cfg).update_batch(4, 16)
+    assert D.prepare_shards(cfg, tmp_path / "shards") == 3
+    assert sorted(os.listdir(tmp_path / "shards")) == ["arithmetic", "code", "prose"]
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "unused-cache"))
+    cfg.data.shard_dir = str(tmp_path / "shards")
+    assert same(D.TokenDataset(cfg).update_batch(4, 16), before)
+    assert not (tmp_path / "unused-cache").exists()
+    cfg.data.max_documents_per_source = 51  # shards no longer match the config
+    with pytest.raises(ConfigError, match=r"data\.shard_dir"):
+        D.TokenDataset(cfg)
+
+
+def test_check_corpus_passes_and_fails_with_one_clear_line(tmp_path: Path):
+    D.check_corpus(make_cfg(), tokens_per_update=64 * 16)
+    with pytest.raises(ConfigError, match=r"^data\.sources\.0\.path: got '.*missing'") as err:
+        D.check_corpus(make_cfg(files_source(tmp_path / "missing")), 64)
+    assert err.value.key == "data.sources.0.path" and "\n" not in str(err.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"data\.sources\.0\.path"):
+        D.check_corpus(make_cfg(files_source(tmp_path / "empty")), 64)
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "a.txt").write_text("")
+    with pytest.raises(ConfigError, match=r"data\.sources\.0\.path.*no documents"):
+        D.check_corpus(make_cfg(files_source(tmp_path / "blank")), 64)
+    (tmp_path / "small").mkdir()
+    for k in range(40):
+        (tmp_path / "small" / f"{k}.txt").write_text(f"document number {k}, a little text\n")
+    cfg = make_cfg(files_source(tmp_path / "small"), eval_fraction=0.2)
+    train_tokens = D.TokenDataset(cfg).sources[0].num_tokens
+    D.check_corpus(cfg, tokens_per_update=train_tokens)
+    with pytest.raises(ConfigError, match=rf"holds {train_tokens:,} tokens; one update needs {train_tokens + 1:,}"):
+        D.check_corpus(cfg, tokens_per_update=train_tokens + 1)
+    tiny = make_cfg(files_source(tmp_path / "small"), SourceConfig(name="arith", kind="arithmetic"), seq_len=256, eval_fraction=0.2)
+    tiny.data.max_documents_per_source = 2
+    with pytest.raises(ConfigError, match=r"data\.sources\.\d: source .* fewer than one sequence"):
+        D.check_corpus(tiny, tokens_per_update=256)

@@ -1,0 +1,481 @@
+"""The data pipeline inside each training worker: sources -> byte tokens -> packed sequences.
+
+Every source is tokenized once into a memory-mapped token file (plus document offsets), so
+training never holds a corpus in RAM. Documents are split into train/eval by a hash of their
+index, laid out in a seeded order and cut into windows of S+1 tokens. An update's sequences
+are a pure function of (seed, data config, update index, sequences per update): that is what
+lets every b x D x A split of an update see exactly the same tokens (DESIGN.md 4.1).
+
+Pure Python + numpy + torch (pyarrow only for parquet, imported lazily).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import sysconfig
+import uuid
+from array import array
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from orchestrator.batching import BatchPlan
+from orchestrator.config import Config, SourceConfig
+from orchestrator.errors import ConfigError
+
+EOS = 256
+VOCAB_SIZE = 257
+TOKENIZER = "bytes-v1"  # part of every cache key: change it whenever tokenization changes
+CODE_DOC_BYTES = 16 * 1024
+PROSE_DOC_BYTES = 2 * 1024
+ARITHMETIC_DOCS = 4000
+ARITHMETIC_SEED = 1234  # the corpus is fixed; train.seed only changes its order
+EVAL_SEED = 0  # eval must not depend on train.seed: every run is scored on the same tokens
+FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+def encode(text: str) -> np.ndarray:
+    """UTF-8 bytes as uint16 token ids (0..255); text never produces EOS."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+
+
+def decode(tokens: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+    """Token ids back to text; EOS separates documents and is not text, so it is dropped."""
+    ids = np.asarray(tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= VOCAB_SIZE):
+        raise ValueError(f"token ids must lie in [0, {VOCAB_SIZE})")
+    return ids[ids != EOS].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- sources: documents as bytes
+
+
+def _pack_pieces(pieces: Sequence[bytes], limit: int) -> Iterator[bytes]:
+    """Group consecutive pieces (lines, paragraphs) into documents of at most `limit` bytes."""
+    chunk: List[bytes] = []
+    size = 0
+    for piece in pieces:
+        if size and size + len(piece) > limit:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+        while len(piece) > limit:  # a single huge piece (a minified line, say) is sliced
+            yield piece[:limit]
+            piece = piece[limit:]
+        chunk.append(piece)
+        size += len(piece)
+    if size:
+        yield b"".join(chunk)
+
+
+def _code_documents() -> Iterator[bytes]:
+    """The standard library's own .py files (not site-packages: that differs per install)."""
+    root, paths = sysconfig.get_paths()["stdlib"], []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in ("site-packages", "dist-packages", "__pycache__")]
+        paths += [os.path.relpath(os.path.join(folder, f), root) for f in files if f.endswith(".py")]
+    for rel in sorted(paths):
+        yield from _pack_pieces(Path(root, rel).read_bytes().splitlines(keepends=True), CODE_DOC_BYTES)
+
+
+def _prose_documents() -> Iterator[bytes]:
+    """The language reference shipped with every Python, in documents of whole paragraphs."""
+    from pydoc_data.topics import topics
+
+    for name in sorted(topics):
+        paragraphs = [(p + "\n\n").encode("utf-8") for p in topics[name].strip().split("\n\n")]
+        yield from _pack_pieces(paragraphs, PROSE_DOC_BYTES)
+
+
+def _arithmetic_documents() -> Iterator[bytes]:
+    """Fixed synthetic sums, differences and products: a learnable signal for tiny models."""
+    rng = np.random.default_rng(ARITHMETIC_SEED)
+    for _ in range(ARITHMETIC_DOCS):
+        lines = []
+        for _ in range(int(rng.integers(4, 40))):
+            a, b = (int(rng.integers(0, 10 ** int(rng.integers(1, 5)))) for _ in range(2))
+            op = "+-*"[int(rng.integers(0, 3))]
+            lines.append(f"{a}{op}{b}={a + b if op == '+' else a - b if op == '-' else a * b}\n")
+        yield "".join(lines).encode("utf-8")
+
+
+def resolve_files(src: SourceConfig, key: str) -> List[Path]:
+    """The files of a `files` source, sorted; ConfigError if the path names nothing usable."""
+    path = src.path or ""
+    if any(c in path for c in "*?["):
+        files = [Path(p) for p in glob.glob(path, recursive=True)]
+    elif os.path.exists(path):
+        files = list(Path(path).rglob("*")) if os.path.isdir(path) else [Path(path)]
+    else:
+        raise ConfigError(f"{key}.path", f"got {path!r}; no such file or directory")
+    files = sorted(p.resolve() for p in files if p.is_file() and p.suffix in FILE_SUFFIXES)
+    if not files:
+        raise ConfigError(f"{key}.path", f"got {path!r}; it holds no {', '.join(FILE_SUFFIXES)} files")
+    return files
+
+
+def _jsonl_texts(path: Path, field: str, key: str) -> Iterator[str]:
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                text = json.loads(line)[field] if line.strip() else ""
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"{key}.text_field", f"got {field!r}; {path}:{n} is not a JSON object with that field") from None
+            yield text
+
+
+def _parquet_texts(path: Path, field: str, key: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    if field not in parquet.schema_arrow.names:
+        raise ConfigError(f"{key}.text_field", f"got {field!r}; not a column of {path}")
+    for group in range(parquet.num_row_groups):  # one row group in memory at a time
+        yield from (text or "" for text in parquet.read_row_group(group, columns=[field]).column(0).to_pylist())
+
+
+def _files_documents(src: SourceConfig, key: str) -> Iterator[bytes]:
+    """Stream a user corpus: a file, line or row group at a time, never a whole corpus in RAM."""
+    for path in resolve_files(src, key):
+        if path.suffix == ".txt":
+            yield path.read_bytes()
+            continue
+        for text in (_jsonl_texts if path.suffix == ".jsonl" else _parquet_texts)(path, src.text_field, key):
+            if not isinstance(text, str):
+                raise ConfigError(f"{key}.text_field", f"got {src.text_field!r}; {path} holds a {type(text).__name__} there, not text")
+            yield text.encode("utf-8")
+
+
+def iter_documents(src: SourceConfig, key: str = "data.sources.0") -> Iterator[bytes]:
+    """Every non-empty document of a source in a fixed order (an empty one would be a bare EOS)."""
+    builtin = {"code": _code_documents, "prose": _prose_documents, "arithmetic": _arithmetic_documents}
+    return (d for d in (builtin[src.kind]() if src.kind in builtin else _files_documents(src, key)) if d)
+
+
+# ---------------------------------------------------------------- token cache and shards
+
+
+@dataclass
+class SourceTokens:
+    """One tokenized source: a uint16 memmap of all tokens and int64 document offsets."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    """num_documents + 1 offsets into `tokens`."""
+    canonical: np.ndarray
+    """Per document, the index of its first exact copy (itself if unique): the split key."""
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.offsets) - 1
+
+    def document(self, i: int) -> np.ndarray:
+        return np.asarray(self.tokens[self.offsets[i] : self.offsets[i + 1]])
+
+
+def _hash64(data: bytes | str) -> int:
+    return int.from_bytes(hashlib.blake2b(data.encode() if isinstance(data, str) else data, digest_size=8).digest(), "little")
+
+
+def _short_hash(data: object) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _config_hash(src: SourceConfig, cap: int) -> str:
+    """What the tokens depend on (not the source's name or weight); shards are checked against it."""
+    return _short_hash([src.kind, src.path, src.text_field, cap, TOKENIZER])
+
+
+def _folder_name(src: SourceConfig) -> str:
+    return re.sub(r"[^\w.-]", "_", src.name)
+
+
+def _cache_dir(src: SourceConfig, cap: int, key: str) -> Path:
+    """The cache key adds what the inputs are today (Python version, file sizes and mtimes)."""
+    if src.kind == "files":
+        inputs = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in resolve_files(src, key)]
+    else:
+        inputs = [sys.version, sysconfig.get_paths()["stdlib"]]
+    root = Path(os.environ.get("ORCHESTRATOR_CACHE_DIR") or Path.cwd() / ".cache" / "tokens")
+    return root / f"{_folder_name(src)}-{_short_hash([_config_hash(src, cap), inputs])}"
+
+
+def _meta_hash(folder: Path) -> Optional[str]:
+    meta = folder / "meta.json"
+    return json.loads(meta.read_text())["config_hash"] if meta.exists() else None
+
+
+def _build(src: SourceConfig, key: str, cap: int, final: Path) -> None:
+    """Tokenize into a private temp folder, then rename it into place.
+
+    Several workers may build the same cache at once: the first rename wins and the others
+    drop their copy, so a reader only ever sees a complete folder (meta.json is written last).
+    """
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        offsets, digests, docs = array("q", [0]), array("Q"), iter_documents(src, key)
+        with open(tmp / "tokens.bin", "wb") as f:
+            for doc in islice(docs, cap) if cap else docs:
+                f.write(np.frombuffer(doc, dtype=np.uint8).astype(np.uint16).tobytes())
+                offsets.append(offsets[-1] + len(doc))
+                digests.append(_hash64(doc))
+        _, first, inverse = np.unique(np.asarray(digests, np.uint64), return_index=True, return_inverse=True)
+        np.save(tmp / "offsets.npy", np.asarray(offsets, np.int64))
+        np.save(tmp / "canonical.npy", first[inverse.reshape(-1)].astype(np.int64))
+        (tmp / "meta.json").write_text(json.dumps({"name": src.name, "config_hash": _config_hash(src, cap)}))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if _meta_hash(final) is None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load(folder: Path) -> SourceTokens:
+    offsets = np.load(folder / "offsets.npy")
+    n = int(offsets[-1])
+    tokens = np.memmap(folder / "tokens.bin", dtype=np.uint16, mode="r", shape=(n,)) if n else np.zeros(0, np.uint16)
+    return SourceTokens(tokens, offsets, np.load(folder / "canonical.npy"))
+
+
+def load_source(cfg: Config, index: int) -> SourceTokens:
+    """Source `index`'s tokens: from data.shard_dir if set, else the cache (built on first use)."""
+    src, cap, key = cfg.data.sources[index], cfg.data.max_documents_per_source, f"data.sources.{index}"
+    if cfg.data.shard_dir:
+        folder = Path(cfg.data.shard_dir) / _folder_name(src)
+        found = _meta_hash(folder)
+        if found != _config_hash(src, cap):
+            why = "no shards" if found is None else "shards of a different source config"
+            raise ConfigError("data.shard_dir", f"got {cfg.data.shard_dir!r}: {why} for source {src.name!r}; run prepare_shards again")
+        return _load(folder)
+    folder = _cache_dir(src, cap, key)
+    if _meta_hash(folder) is None:
+        _build(src, key, cap, folder)
+    return _load(folder)
+
+
+def prepare_shards(cfg: Config, out_dir: str | Path) -> int:
+    """Tokenize every source into out_dir/<name>, ready for `data.shard_dir=out_dir`."""
+    for i, src in enumerate(cfg.data.sources):
+        final, cap = Path(out_dir) / _folder_name(src), cfg.data.max_documents_per_source
+        if _meta_hash(final) != _config_hash(src, cap):
+            shutil.rmtree(final, ignore_errors=True)  # stale shards of an older config
+            _build(src, f"data.sources.{i}", cap, final)
+    return len(cfg.data.sources)
+
+
+# ---------------------------------------------------------------- split and packing
+
+
+def _rng(*parts: int | str) -> np.random.Generator:
+    """A generator keyed by named parts, e.g. (seed, source name, "epoch", 3)."""
+    return np.random.default_rng([_hash64(p) if isinstance(p, str) else int(p) % 2**64 for p in parts])
+
+
+def heldout_mask(name: str, doc_keys: np.ndarray, fraction: float) -> np.ndarray:
+    """True for held-out documents: splitmix64(hash(name) ^ index) / 2^64 < fraction.
+
+    Keyed by document index, where exact copies share their first copy's index: a document can
+    never sit in train and eval at once. Vectorised: a million documents cost milliseconds.
+    """
+    x = np.asarray(doc_keys, dtype=np.uint64) ^ np.uint64(_hash64(name))
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction
+
+
+class PackedSource:
+    """One source's split as a virtual stream of documents, each followed by EOS.
+
+    Only the document order and its cumulative lengths are kept (int64, small); a window is
+    gathered from the memmap with searchsorted, never by materialising the stream.
+    """
+
+    def __init__(self, data: SourceTokens, docs: np.ndarray, seq_len: int, seed: int, name: str, key: str):
+        self.tokens, self.seq_len, self.seed, self.name, self.key = data.tokens, seq_len, seed, name, key
+        self.doc_order = docs[_rng(seed, name, "order").permutation(len(docs))]
+        self.starts = data.offsets[:-1][self.doc_order].astype(np.int64)
+        self.lens = np.diff(data.offsets)[self.doc_order].astype(np.int64)
+        self.cum = np.concatenate([[0], np.cumsum(self.lens + 1)]).astype(np.int64)
+        self.num_tokens = int(self.cum[-1])
+        self.num_sequences = max(0, (self.num_tokens - 1) // seq_len)
+        self._perms: Dict[int, np.ndarray] = {}
+
+    def sequence_index(self, counters: np.ndarray) -> np.ndarray:
+        """Counter c -> sequence: epoch c // n uses its own seeded permutation of all n sequences."""
+        n = self.num_sequences
+        if n == 0:
+            raise ConfigError(self.key, f"source {self.name!r} has {self.num_tokens} tokens in this split, fewer than one sequence (data.seq_len + 1 = {self.seq_len + 1})")
+        out, epochs = np.empty(len(counters), np.int64), counters // n
+        for epoch in map(int, np.unique(epochs)):
+            if epoch not in self._perms:  # keep only neighbours: a permutation costs 8 bytes a sequence
+                self._perms = {e: p for e, p in self._perms.items() if abs(e - epoch) <= 1}
+                self._perms[epoch] = _rng(self.seed, self.name, "epoch", epoch).permutation(n)
+            out[epochs == epoch] = self._perms[epoch][counters[epochs == epoch] % n]
+        return out
+
+    def windows(self, seqs: np.ndarray) -> Dict[str, np.ndarray]:
+        """Sequence j = stream[j*S : j*S + S + 1], with per-position document bookkeeping."""
+        S = self.seq_len
+        p = np.asarray(seqs, np.int64)[:, None] * S + np.arange(S + 1)
+        k = np.searchsorted(self.cum, p, side="right") - 1  # document (in stream order) at each position
+        off = p - self.cum[k]
+        eos = off == self.lens[k]
+        tokens = np.where(eos, EOS, self.tokens[np.where(eos, 0, self.starts[k] + off)]).astype(np.int64)
+        first = np.maximum(self.cum[k[:, :S]], p[:, :1])  # a document cut by the window starts at 0
+        return {
+            "inputs": tokens[:, :S],
+            "targets": tokens[:, 1:],
+            "positions": p[:, :S] - first,
+            "doc_ids": k[:, :S] - k[:, :1],
+            "loss_mask": (~eos[:, :S]).astype(np.float32),  # an EOS input would predict the next document
+        }
+
+
+# ---------------------------------------------------------------- batches and the mixture
+
+
+@dataclass
+class Batch:
+    """Sequences of a micro-batch (or update): tensors [b, S], except source_ids [b]."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    positions: torch.Tensor
+    doc_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    source_ids: torch.Tensor
+
+    @property
+    def real_tokens(self) -> int:
+        """Loss-bearing tokens: what the token-weighted loss divides by (DESIGN.md 4.2)."""
+        return int(self.loss_mask.sum().item())
+
+
+def packing_efficiency(batch: Batch) -> float:
+    return batch.real_tokens / max(batch.loss_mask.numel(), 1)
+
+
+def source_token_shares(batch: Batch, names: Sequence[str]) -> Dict[str, float]:
+    """Share of the batch's loss-bearing tokens that came from each source."""
+    per_seq = batch.loss_mask.sum(dim=1)
+    total = max(float(per_seq.sum()), 1.0)
+    return {name: float(per_seq[batch.source_ids == i].sum()) / total for i, name in enumerate(names)}
+
+
+def allocate(weights: Sequence[float], total: int) -> np.ndarray:
+    """Largest-remainder split of `total` sequences by weight (ties go to the earlier source)."""
+    quota = np.asarray(weights, np.float64) / np.sum(weights) * total
+    counts = np.floor(quota).astype(np.int64)
+    counts[np.argsort(counts - quota, kind="stable")[: total - int(counts.sum())]] += 1
+    return counts
+
+
+def _interleave(ids: np.ndarray, counts: np.ndarray, first: np.ndarray, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
+    """counts[i] sequences of source ids[i] (counters first[i], first[i] + 1, ...) in a seeded order."""
+    sources = np.repeat(ids, counts)
+    counters = np.concatenate([f + np.arange(c) for f, c in zip(first, counts)])
+    perm = rng.permutation(len(sources))
+    return sources[perm], counters[perm]
+
+
+def _to_batch(parts: List[Dict[str, np.ndarray]], order: np.ndarray, sources: np.ndarray) -> Batch:
+    """Stack per-source windows and put the rows back in slot order."""
+    fields = {name: torch.from_numpy(np.concatenate([p[name] for p in parts])[order]) for name in parts[0]}
+    return Batch(source_ids=torch.as_tensor(np.asarray(sources), dtype=torch.int64), **fields)
+
+
+class TokenDataset:
+    """The mixture of a config's sources for one split ("train" or "eval")."""
+
+    def __init__(self, cfg: Config, split: str = "train"):
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        self.split, self.seq_len = split, cfg.data.seq_len
+        self.names = [s.name for s in cfg.data.sources]
+        weights = np.array([s.weight for s in cfg.data.sources], np.float64)
+        self.weights = weights / weights.sum()
+        self.seed = cfg.train.seed if split == "train" else EVAL_SEED
+        self.sources: List[PackedSource] = []
+        for i, src in enumerate(cfg.data.sources):
+            data = load_source(cfg, i)
+            held = heldout_mask(src.name, data.canonical, cfg.data.eval_fraction)
+            docs = np.flatnonzero(held if split == "eval" else ~held)
+            self.sources.append(PackedSource(data, docs, self.seq_len, self.seed, src.name, f"data.sources.{i}"))
+
+    def update_slots(self, update_index: int, num_sequences: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(source, per-source counter) of every slot of an update, computed arithmetically: the
+        allocation is the same for every update, so source i's counters start at u x counts[i]."""
+        counts = allocate(self.weights, num_sequences)
+        return _interleave(np.arange(len(counts)), counts, update_index * counts, _rng(self.seed, "interleave", update_index))
+
+    def update_batch(self, update_index: int, num_sequences: int) -> Batch:
+        """The whole global batch of one optimizer update."""
+        return self._gather(*self.update_slots(update_index, num_sequences))
+
+    def micro_batch(self, update_index: int, plan: BatchPlan, rank: int, accum_step: int) -> Batch:
+        """Worker `rank`'s slice at `accum_step`: slots accum_step*D*b + rank*b + [0, b)."""
+        b, D = plan.micro_batch_size, plan.num_workers
+        if not (0 <= rank < D and 0 <= accum_step < plan.grad_accum_steps):
+            raise ValueError(f"rank {rank} / accum_step {accum_step} outside D={D}, A={plan.grad_accum_steps}")
+        sources, counters = self.update_slots(update_index, plan.sequences_per_update)
+        slots = accum_step * D * b + rank * b + np.arange(b)
+        return self._gather(sources[slots], counters[slots])
+
+    def sequence_batch(self, source: int, seqs: Sequence[int]) -> Batch:
+        """Windows `seqs` of one source in stream order (no epoch permutation): for tests and tools."""
+        return _to_batch([self.sources[source].windows(np.asarray(seqs))], np.arange(len(seqs)), np.full(len(seqs), source))
+
+    def eval_batches(self, num_tokens: int, batch_size: int) -> List[Batch]:
+        """A fixed list of held-out sequences (ceil(num_tokens / S) of them), drawn by weight."""
+        if self.split != "eval":
+            raise ValueError("eval_batches needs TokenDataset(cfg, split='eval')")
+        n = max(1, -(-num_tokens // self.seq_len))
+        have = np.array([i for i, s in enumerate(self.sources) if s.num_sequences > 0], np.int64)
+        if not len(have):
+            raise ConfigError("data.eval_fraction", "no source has a full held-out sequence; raise data.eval_fraction or add documents")
+        counts = allocate(self.weights[have], n)
+        sources, counters = _interleave(have, counts, np.zeros_like(counts), _rng(EVAL_SEED, "eval"))
+        return [self._gather(sources[i : i + batch_size], counters[i : i + batch_size]) for i in range(0, n, batch_size)]
+
+    def _gather(self, sources: np.ndarray, counters: np.ndarray) -> Batch:
+        """Build exactly the requested sequences, one vectorised gather per source."""
+        parts, rows = [], []
+        for s in np.unique(sources):
+            rows.append(np.flatnonzero(sources == s))
+            packed = self.sources[int(s)]
+            parts.append(packed.windows(packed.sequence_index(counters[rows[-1]])))
+        return _to_batch(parts, np.argsort(np.concatenate(rows)), sources)
+
+
+def check_corpus(cfg: Config, tokens_per_update: int) -> None:
+    """Fail in the driver, before Ray starts, on a missing, empty or too small corpus.
+
+    Builds the token caches on the way, so the workers find them ready.
+    """
+    for i, src in enumerate(cfg.data.sources):
+        if load_source(cfg, i).num_documents == 0:
+            key, what = (f"data.sources.{i}.path", f"got {src.path!r}") if src.kind == "files" else (f"data.sources.{i}", f"kind {src.kind!r}")
+            raise ConfigError(key, f"{what}; source {src.name!r} holds no documents (every one is empty)")
+    train = TokenDataset(cfg, "train")
+    for packed in train.sources:
+        packed.sequence_index(np.zeros(1, np.int64))  # a one-line ConfigError if it has no sequence
+    total, cap = sum(p.num_tokens for p in train.sources), cfg.data.max_documents_per_source
+    if total < tokens_per_update:
+        raise ConfigError("data.sources", f"the train split of all sources holds {total:,} tokens; one update needs {tokens_per_update:,} "
+                          f"(batch.tokens_per_update); add documents, raise data.max_documents_per_source={cap} or lower batch.tokens_per_update")
+    if all(p.num_sequences == 0 for p in TokenDataset(cfg, "eval").sources):
+        raise ConfigError("data.eval_fraction", f"got {cfg.data.eval_fraction}; no source has a full held-out sequence; raise it or add documents")

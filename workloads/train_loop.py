@@ -1,0 +1,288 @@
+"""What each Ray Train worker runs: build the DeepSpeed engine, accumulate, step, report,
+checkpoint. `train_worker` reads top to bottom; `train_update` is one optimizer update.
+
+Token-weighted accumulation (DESIGN.md 4.2): before the first backward of an update we count
+the real tokens of all its micro-batches on all workers (N). Each micro-batch's *summed* token
+loss is scaled by D / N: DeepSpeed averages gradients over the D workers, so the update's
+gradient is exactly the mean over every real token, however the batch is split. We call
+`backward(scale_wrt_gas=False)` so DeepSpeed's own 1/A scaling does not apply on top.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import deepspeed
+import ray.train
+import torch
+import torch.distributed as dist
+
+from orchestrator import batching, ds_config, noise, tracking
+from orchestrator.config import Config, batch_plan, from_dict
+from orchestrator.schedules import lr_at
+from workloads import workload as workloads
+from workloads.gns_probe import GradNormProbe
+
+CHECKPOINT_TAG = "state"
+FAULT_ENV = "ORCHESTRATOR_FAULT_AT_TOKENS"
+
+
+@dataclass
+class TrainState:
+    """Everything besides model and optimizer that a resumed run needs (checkpoint client state)."""
+
+    update: int = 0
+    tokens: int = 0
+    run_id: str = ""
+    gns: Dict[str, Any] = field(default_factory=dict)
+    mlflow_watermarks: Dict[str, int] = field(default_factory=dict)
+    mlflow_pending: List[Any] = field(default_factory=list)
+    torch_rng: Optional[Any] = None
+
+
+@dataclass
+class Window:
+    """Accumulators between two reports."""
+
+    loss_sum: float = 0.0
+    real_tokens: int = 0
+    slots: int = 0
+    source_tokens: Dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+    tokens_at_start: int = 0
+
+
+def _all_reduce(values: List[float]) -> List[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def _set_lr(engine, lr: float) -> None:
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+
+
+def train_update(engine, work, plan, update: int, rank: int, probe: Optional[GradNormProbe]) -> Dict[str, float]:
+    """One optimizer update: A micro-batches on this worker, then DeepSpeed's step."""
+    batches = [work.micro_batch(update, rank, a) for a in range(plan.grad_accum_steps)]
+    # The update's real-token count over all workers, known before the first backward.
+    local_real = sum(mb.real_tokens for mb in batches)
+    (global_real,) = _all_reduce([local_real])
+    scale = plan.num_workers / max(global_real, 1.0)
+
+    loss_sum, small_sq_sum = 0.0, 0.0
+    for mb in batches:
+        if probe:
+            probe.start()
+        summed, _ = work.summed_loss(engine, mb)
+        # DeepSpeed skips the gradient all-reduce until the last micro-step (the accumulation
+        # boundary); with scale_wrt_gas=False it adds no 1/A of its own.
+        engine.backward(summed * scale, scale_wrt_gas=False)
+        if probe and mb.real_tokens:
+            # Hook gradients are of (summed * scale); rescale to this micro-batch's per-token mean.
+            small_sq_sum += probe.squared_norm() / (scale * mb.real_tokens) ** 2
+        engine.step()
+        loss_sum += float(summed.detach())
+
+    grad_norm = engine.get_global_grad_norm()
+    grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+    total_loss, total_small_sq = _all_reduce([loss_sum, small_sq_sum])
+    return {
+        "loss_sum": total_loss,
+        "real_tokens": global_real,
+        "loss": total_loss / max(global_real, 1.0),
+        "grad_norm": grad_norm,
+        "small_sq_mean": total_small_sq / plan.micro_batches_per_update,
+        "local_slots": sum(mb.slots for mb in batches),
+        "source_tokens": {k: sum(mb.source_tokens.get(k, 0) for mb in batches) for k in work.source_names},
+    }
+
+
+@torch.no_grad()
+def evaluate(engine, work, rank: int, world: int) -> float:
+    engine.eval()
+    loss_sum, count = 0.0, 0.0
+    for mb in work.eval_batches(rank, world):
+        summed, n = work.summed_loss(engine, mb)
+        loss_sum, count = loss_sum + float(summed), count + float(n)
+    engine.train()
+    loss_sum, count = _all_reduce([loss_sum, count])
+    return loss_sum / max(count, 1.0)
+
+
+def _due(before: int, after: int, every: int) -> bool:
+    """Did the tokens pass a multiple of `every` during this update?"""
+    return every > 0 and after // every > before // every
+
+
+def _maybe_inject_fault(tokens: int, rank: int, marker: Optional[str]) -> None:
+    """Tests: rank 0 raises once (first attempt only) when it passes N tokens."""
+    at = os.environ.get(FAULT_ENV)
+    if rank != 0 or not at or not marker or tokens < int(at) or Path(marker).exists():
+        return
+    Path(marker).parent.mkdir(parents=True, exist_ok=True)
+    Path(marker).touch()
+    raise RuntimeError(f"injected fault at {tokens:,} tokens ({FAULT_ENV}={at})")
+
+
+def _engine(cfg: Config, plan, work):
+    optimizer = torch.optim.AdamW(
+        work.param_groups(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+        fused=cfg.cluster.use_gpu or None,
+    )
+    engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=ds_config.build(cfg, plan))
+    return engine
+
+
+def _restore(engine, state: TrainState) -> TrainState:
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return state
+    with checkpoint.as_directory() as folder:
+        _, client = engine.load_checkpoint(folder, tag=CHECKPOINT_TAG)
+    restored = TrainState(**{k: v for k, v in client.items() if k in TrainState.__dataclass_fields__})
+    if restored.torch_rng is not None:
+        torch.set_rng_state(restored.torch_rng)
+    return restored
+
+
+def _save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger) -> None:
+    """DeepSpeed checkpoint on every rank (ZeRO shards its state), merged by Ray Train."""
+    if logger is not None:
+        logger.flush(timeout_s=10)  # best effort; what stays unsent goes into the checkpoint
+        state.mlflow_pending = logger.pending_state()
+        state.mlflow_watermarks = logger.watermarks
+    state.torch_rng = torch.get_rng_state()
+    with tempfile.TemporaryDirectory() as folder:
+        engine.save_checkpoint(folder, tag=CHECKPOINT_TAG, client_state=asdict(state))
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+
+
+def train_worker(payload: Dict[str, Any]) -> None:
+    """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, optional `fault_marker`."""
+    cfg = from_dict(payload["config"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
+    plan = batch_plan(cfg)
+    assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
+    steps = batching.total_steps(plan, cfg.train.total_tokens)
+    budget = plan.tokens_for_steps(steps)
+    device = torch.device("cuda", torch.cuda.current_device()) if cfg.cluster.use_gpu else torch.device("cpu")
+
+    work = workloads.build(cfg, plan, device)
+    probe = GradNormProbe(work.model) if cfg.gns.enabled and plan.micro_batches_per_update > 1 else None
+    engine = _engine(cfg, plan, work)
+    state = _restore(engine, TrainState(run_id=payload["run_id"]))
+    gns = noise.NoiseScaleEMA(cfg.gns.ema_decay)
+    if state.gns:
+        gns.load_state_dict(state.gns)
+
+    logger = None
+    if rank == 0:
+        uri = tracking.resolve_uri(cfg.tracking.uri)
+        # Resume watermark: what MLflow already holds wins over what the checkpoint remembers.
+        held = tracking.last_steps(uri, state.run_id)
+        logger = tracking.MetricLogger(uri, state.run_id, cfg.tracking.flush_every_s, cfg.tracking.max_buffered_points,
+                                       watermarks={**state.mlflow_watermarks, **held})
+        logger.restore_pending(state.mlflow_pending, held)
+        if cfg.gns.enabled and probe is None:
+            print("gns: D x A = 1, so there is no small batch to compare with; B_simple is not measured")
+        if state.update:
+            print(f"resuming at update {state.update:,} ({state.tokens:,} tokens) from the latest checkpoint")
+
+    window = Window(tokens_at_start=state.tokens)
+    last_eval = float("nan")
+    for update in range(state.update, steps):
+        _maybe_inject_fault(state.tokens, rank, payload.get("fault_marker"))
+        before = state.tokens
+        lr = lr_at(before + plan.tokens_per_update, peak=cfg.optim.lr, total_tokens=budget,
+                   warmup_tokens=cfg.schedule.warmup_tokens, decay=cfg.schedule.decay,
+                   min_lr_ratio=cfg.schedule.min_lr_ratio, wsd_decay_share=cfg.schedule.wsd_decay_share)
+        _set_lr(engine, lr)
+        stats = train_update(engine, work, plan, update, rank, probe)
+        state.update, state.tokens = update + 1, before + plan.tokens_per_update
+
+        if not math.isfinite(stats["loss"]):
+            ray.train.report({"tokens": state.tokens, "diverged": 1.0, "loss": stats["loss"]})
+            if logger:
+                logger.close()
+            return  # the driver marks the run failed with the reason
+        window.loss_sum += stats["loss_sum"]
+        window.real_tokens += stats["real_tokens"]
+        window.slots += stats["local_slots"]
+        for k, v in stats["source_tokens"].items():
+            window.source_tokens[k] = window.source_tokens.get(k, 0) + v
+        if probe:
+            b_big, b_small = stats["real_tokens"], stats["real_tokens"] / plan.micro_batches_per_update
+            if math.isfinite(stats["grad_norm"]) and b_big > b_small:
+                gns.update(*noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big))
+
+        last = state.update == steps
+        evaluated = _due(before, state.tokens, cfg.train.eval_every_tokens) or last
+        if evaluated:
+            last_eval = evaluate(engine, work, rank, world)
+            if logger:
+                logger.log({"eval/loss": last_eval}, state.tokens)
+        if not (_due(before, state.tokens, cfg.train.report_every_tokens) or evaluated):
+            continue
+
+        elapsed = time.perf_counter() - window.started
+        tokens_per_s = (state.tokens - window.tokens_at_start) / max(elapsed, 1e-9)
+        metrics = {
+            "train/loss": window.loss_sum / max(window.real_tokens, 1),
+            "train/lr": lr,
+            "train/grad_norm": stats["grad_norm"],
+            "train/optimizer_step": state.update,
+            "train/tokens": state.tokens,
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/mfu": _mfu(work.flops_per_token, tokens_per_s, cfg),
+            # every worker holds the same number of token slots per update
+            "data/packing_efficiency": window.real_tokens / max(window.slots * world, 1),
+        }
+        real = sum(window.source_tokens.values())
+        metrics.update({f"data/share/{k}": v / real for k, v in window.source_tokens.items() if real})
+        if probe and gns.b_simple is not None:
+            metrics.update({"gns/b_simple": gns.b_simple, "gns/g_squared": gns.g_squared, "gns/trace_sigma": gns.trace_sigma})
+        if logger:
+            logger.log(metrics, state.tokens)
+            _print_progress(cfg, state, metrics, last_eval, budget, tokens_per_s)
+        ray_metrics = {"tokens": state.tokens, "loss": metrics["train/loss"], "eval_loss": last_eval,
+                       "lr": lr, "step": state.update, "b_simple": metrics.get("gns/b_simple", float("nan"))}
+        state.gns = gns.state_dict()
+        # A Ray Train report is a barrier across workers (about a second here), so Ray hears
+        # only at evaluations and checkpoints: that is where Tune's schedulers decide.
+        if _due(before, state.tokens, cfg.train.checkpoint_every_tokens) or last:
+            _save_and_report(engine, state, ray_metrics, logger)
+        elif evaluated:
+            ray.train.report(ray_metrics)
+        window = Window(tokens_at_start=state.tokens)
+
+    if probe:
+        probe.remove()
+    if logger:
+        logger.close()
+
+
+def _mfu(flops_per_token: float, tokens_per_s: float, cfg: Config) -> float:
+    """Model FLOPs utilisation against a named peak (H100/H200 bf16 dense: 989 TFLOP/s per GPU)."""
+    if not cfg.cluster.use_gpu:
+        return float("nan")  # no meaningful peak for a shared CPU
+    peak = float(os.environ.get("ORCHESTRATOR_PEAK_FLOPS", 989e12)) * cfg.cluster.num_workers
+    return flops_per_token * tokens_per_s / peak
+
+
+def _print_progress(cfg, state: TrainState, metrics, eval_loss: float, budget: int, tokens_per_s: float) -> None:
+    left = (budget - state.tokens) / max(tokens_per_s, 1e-9)
+    eval_part = f" eval {eval_loss:.4f}" if math.isfinite(eval_loss) else ""
+    print(f"[{cfg.train.run_name}] tokens {state.tokens:,}/{budget:,} ({100 * state.tokens / budget:.0f}%) "
+          f"loss {metrics['train/loss']:.4f}{eval_part} lr {metrics['train/lr']:.2e} "
+          f"{tokens_per_s:,.0f} tok/s ETA {int(left) // 60}:{int(left) % 60:02d}", flush=True)

@@ -1,0 +1,105 @@
+"""The two workloads behind one small interface, so the train loop does not care which runs.
+
+A workload owns its model and its data and answers three questions: which micro-batch does
+worker r see at accumulation step a of update u, what is the *summed* token loss of a
+micro-batch (and how many real tokens it holds), and what is the held-out loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
+
+import torch
+from torch import nn
+
+from orchestrator.batching import BatchPlan
+from orchestrator.config import Config
+
+
+@dataclass
+class MicroBatch:
+    tensors: Dict[str, torch.Tensor]
+    """Model inputs and targets, already on the worker's device."""
+    real_tokens: int
+    """Loss-bearing tokens: the weight of this micro-batch in the update's mean."""
+    slots: int
+    """Token slots (real + masked): for packing efficiency."""
+    source_tokens: Dict[str, int]
+    """Real tokens per data source (mixture shares)."""
+
+
+class GPTWorkload:
+    def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
+        from workloads import data, model
+
+        self._data, self._model_lib = data, model
+        self.cfg, self.plan, self.device = cfg, plan, device
+        self.model: nn.Module = model.GPT(cfg.model)
+        self.train_data = data.TokenDataset(cfg, "train")
+        self.eval_data = data.TokenDataset(cfg, "eval")
+        self.source_names = [s.name for s in cfg.data.sources]
+        self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
+
+    def param_groups(self) -> List[Dict[str, Any]]:
+        return self._model_lib.param_groups(self.model, self.cfg.optim.weight_decay)
+
+    def _wrap(self, batch) -> MicroBatch:
+        tensors = {k: getattr(batch, k).to(self.device) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
+        per_source = batch.loss_mask.sum(dim=1)
+        source_tokens = {name: int(per_source[batch.source_ids == i].sum()) for i, name in enumerate(self.source_names)}
+        return MicroBatch(tensors, int(batch.real_tokens), batch.loss_mask.numel(), source_tokens)
+
+    def micro_batch(self, update: int, rank: int, accum_step: int) -> MicroBatch:
+        return self._wrap(self.train_data.micro_batch(update, self.plan, rank, accum_step))
+
+    def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+        t = mb.tensors
+        logits = engine(t["inputs"], t["positions"], t["doc_ids"])
+        return self._model_lib.token_losses(logits, t["targets"], t["loss_mask"])
+
+    def eval_batches(self, rank: int, world: int) -> List[MicroBatch]:
+        """This rank's share; every rank gets the same count (ZeRO-3 needs matching forwards)."""
+        batches = self.eval_data.eval_batches(self.cfg.train.eval_tokens, self.plan.micro_batch_size)
+        usable = len(batches) // world * world or len(batches)
+        return [self._wrap(b) for b in batches[:usable][rank::world]] if usable >= world else [self._wrap(b) for b in batches]
+
+
+class LinRegWorkload:
+    """Linear regression with a known gradient noise scale; one example = one token."""
+
+    def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
+        from workloads import linreg
+
+        m = cfg.model
+        self.cfg, self.plan, self.device = cfg, plan, device
+        self.model: nn.Module = linreg.LinRegModel(m.dim)
+        self.data = linreg.LinRegData(m.dim, m.noise_std, m.w_star_norm, cfg.train.seed)
+        self.source_names: List[str] = []
+        self.flops_per_token = 6.0 * m.dim
+        self._losses = linreg.LinRegModel.token_losses
+
+    def param_groups(self) -> List[Dict[str, Any]]:
+        return [{"params": list(self.model.parameters()), "weight_decay": 0.0}]
+
+    def _wrap(self, x: torch.Tensor, y: torch.Tensor) -> MicroBatch:
+        return MicroBatch({"x": x.to(self.device), "y": y.to(self.device)}, len(y), len(y), {})
+
+    def micro_batch(self, update: int, rank: int, accum_step: int) -> MicroBatch:
+        p = self.plan
+        start = (accum_step * p.num_workers + rank) * p.micro_batch_size  # the global slot mapping of data.py
+        return self._wrap(*self.data.micro_batch(update, p.sequences_per_update, start, p.micro_batch_size))
+
+    def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self._losses(engine(mb.tensors["x"]), mb.tensors["y"])
+
+    def eval_batches(self, rank: int, world: int) -> List[MicroBatch]:
+        x, y = self.data.eval_batch(self.cfg.train.eval_tokens)
+        n = len(y) // world
+        return [self._wrap(x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n])]
+
+
+def build(cfg: Config, plan: BatchPlan, device: torch.device):
+    """Seeds the model init from train.seed, so every split and every rank starts alike."""
+    torch.manual_seed(cfg.train.seed)
+    return (LinRegWorkload if cfg.model.name == "linreg" else GPTWorkload)(cfg, plan, device)
