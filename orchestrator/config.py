@@ -155,6 +155,9 @@ class TrainConfig:
     """Ray Train storage (checkpoints, results), relative to the working directory."""
     max_failures: int = 1
     """Restarts of a failed worker group, each from the latest checkpoint."""
+    loss_normalization: str = "token"
+    """`token`: every real token of the update weighs the same (decomposition-invariant).
+    `micro_batch`: the naive mean per micro-batch, then 1/A and 1/D (for comparison only)."""
 
 
 @dataclass
@@ -285,10 +288,13 @@ def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
     """OmegaConf.update understands list indices (data.sources.0.weight=2) and keeps types."""
     for key, value in overrides:
         try:
-            OmegaConf.update(merged, key, value, merge=False)
+            OmegaConf.update(merged, key, value, merge=isinstance(value, (dict, list)))
         except (OmegaConfBaseException, TypeError, IndexError) as exc:
             if isinstance(exc, OmegaConfBaseException) and not isinstance(exc, ConfigKeyError):
                 raise
+            inner = getattr(exc, "full_key", None)
+            if inner and inner != key:  # an unknown key inside a list or dict value
+                raise _omegaconf_error(exc) from None
             raise ConfigError(key, f"unknown key{_did_you_mean(key)}") from None
 
 
@@ -437,6 +443,7 @@ def validate(cfg: Config) -> None:
         _positive(f"train.{key}", getattr(t, key))
     _positive("train.checkpoint_every_tokens", t.checkpoint_every_tokens, allow_zero=True)
     _positive("train.max_failures", t.max_failures, allow_zero=True)
+    _choice("train.loss_normalization", t.loss_normalization, ("token", "micro_batch"))
     plan = batch_plan(cfg)
     batching.total_steps(plan, t.total_tokens)
     if s.warmup_tokens > t.total_tokens:

@@ -81,10 +81,13 @@ def build_trainer(cfg: Config, run_id: str, storage: Path, name: str, callbacks:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from workloads.train_loop import train_worker
+    from workloads.train_loop import FAULT_ENV, train_worker
 
     plan = batch_plan(cfg)
-    payload = {"config": worker_config(cfg), "run_id": run_id, "fault_marker": str(storage / name / ".fault_injected")}
+    # Fault injection for tests is read here, in the driver: Ray workers inherit the
+    # environment of the Ray instance, not of the command that submits to it.
+    fault = {"at_tokens": os.environ.get(FAULT_ENV), "marker": str(storage / name / ".fault_injected")}
+    payload = {"config": worker_config(cfg), "run_id": run_id, "fault": fault}
     return TorchTrainer(
         train_worker,
         train_loop_config=payload,

@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 Curve = List[Tuple[float, float]]
 
@@ -27,5 +28,162 @@ def loss_vs_tokens(curves: Dict[str, Curve], title: str = "", colors: Optional[S
     ax.grid(alpha=0.3)
     if len(curves) <= 16:
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- sweep report figures
+
+
+def fmt_tokens(n: float) -> str:
+    """4096 -> '4,096'; 16777216 -> '16.8M' (batch sizes and budgets are token counts)."""
+    n = float(n)
+    if n >= 1e6:
+        return f"{n / 1e6:.3g}M"
+    return f"{int(round(n)):,}" if n >= 10 else f"{n:.3g}"
+
+
+def batch_colors(batch_sizes: Sequence[float]) -> Dict[float, Tuple]:
+    """One colour per batch size, from a colormap over log B."""
+    import numpy as np
+
+    sizes = sorted(set(batch_sizes))
+    logs = np.log2(sizes)
+    span = (logs.max() - logs.min()) or 1.0
+    cmap = plt.get_cmap("viridis")
+    return {b: cmap(0.9 * (lb - logs.min()) / span) for b, lb in zip(sizes, logs)}
+
+
+def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
+    """Train loss (solid) and eval loss (dashed) of every trial, coloured by batch size.
+
+    Each trial is {"batch": B, "train": [(tokens, loss)], "eval": [(tokens, loss)]}; with
+    x="steps" the x axis is optimizer steps = tokens / B.
+    """
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = batch_colors([t["batch"] for t in trials])
+    labelled = set()
+    for t in sorted(trials, key=lambda t: t["batch"]):
+        scale = t["batch"] if x == "steps" else 1.0
+        label = None if t["batch"] in labelled else f"B = {fmt_tokens(t['batch'])} tokens"
+        labelled.add(t["batch"])
+        for key, style, width in (("train", "-", 1.2), ("eval", "--", 1.0)):
+            if t.get(key):
+                xs, ys = zip(*[(p / scale, v) for p, v in t[key] if p > 0])
+                ax.plot(xs, ys, style, color=colors[t["batch"]], lw=width, alpha=0.8,
+                        label=label if key == "train" else None)
+    ax.plot([], [], "k-", lw=1.2, label="train/loss")
+    ax.plot([], [], "k--", lw=1.0, label="eval/loss")
+    # A diverged trial would squash every other curve: show losses up to the highest initial loss.
+    firsts = [t["train"][0][1] for t in trials if t.get("train")]
+    lows = [min(v for _, v in t[k]) for t in trials for k in ("train", "eval") if t.get(k)]
+    if firsts and lows:
+        ax.set_ylim(min(lows) * 0.97, max(firsts) * 1.05)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
+    ax.set_xlabel("optimizer steps" if x == "steps" else "tokens seen")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2 if len(labelled) > 6 else 1)
+    fig.tight_layout()
+    return fig
+
+
+def heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], title: str = "",
+            xlabel: str = "batch size (tokens per update)", ylabel: str = "peak learning rate", cbar: str = "final loss"):
+    """Annotated heatmap of a 2-d array; NaN cells stay blank. Row 0 is drawn at the bottom."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=float)
+    fig, ax = plt.subplots(figsize=(1.2 * len(col_labels) + 2.5, 0.5 * len(row_labels) + 2))
+    cmap = plt.get_cmap("viridis_r").with_extremes(bad="white")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, aspect="auto", origin="lower")
+    fig.colorbar(image, ax=ax, label=cbar)
+    finite = values[np.isfinite(values)]
+    middle = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if np.isfinite(values[i, j]):
+                ax.text(j, i, f"{values[i, j]:.3f}", ha="center", va="center", fontsize=8,
+                        color="white" if values[i, j] > middle else "black")
+    ax.set_xticks(range(len(col_labels)), col_labels, rotation=30)
+    ax.set_yticks(range(len(row_labels)), row_labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def lr_batch_heatmap(cells: Sequence[Tuple[float, float, float]], what: str = "final loss"):
+    """Heatmap of (lr, B, loss) cells: lr rows (rounded to 3 significant digits, so that sampled
+    lrs share rows), batch-size columns, the lowest loss where several trials share a cell."""
+    import numpy as np
+
+    lrs = sorted({float(f"{lr:.3g}") for lr, _, _ in cells})
+    batches = sorted({b for _, b, _ in cells})
+    grid = np.full((len(lrs), len(batches)), np.nan)
+    for lr, b, loss in cells:
+        i, j = lrs.index(float(f"{lr:.3g}")), batches.index(b)
+        grid[i, j] = np.fmin(grid[i, j], loss)
+    return heatmap(grid, [f"{lr:.3g}" for lr in lrs], [fmt_tokens(b) for b in batches],
+                   f"{what} (best over other settings)", cbar=what)
+
+
+def critical_batch(fits: Sequence[Dict], title: str = "steps vs tokens to reach a target loss"):
+    """Per target: measured (E_j, S_j) points and the fitted hyperbola S = S_min + E_min / B.
+
+    Each fit is {"target_loss", "points": [(B, S, E)], "s_min", "e_min", "b_crit"} (the last
+    three None when no fit). On the hyperbola, E = S_min B + E_min and S = S_min + E_min / B.
+    """
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    cmap = plt.get_cmap("plasma")
+    for k, fit in enumerate(fits):
+        color = cmap(0.8 * k / max(1, len(fits) - 1))
+        bs, ss, es = zip(*fit["points"])
+        ax.plot(es, ss, "o", color=color, label=f"loss {fit['target_loss']:.3f}")
+        for b, s, e in fit["points"]:
+            ax.annotate(fmt_tokens(b), (e, s), textcoords="offset points", xytext=(4, 4), fontsize=6, color=color)
+        if fit.get("s_min") and fit.get("e_min"):
+            grid = np.geomspace(min(bs) / 4, max(bs) * 4, 200)
+            ax.plot(fit["s_min"] * grid + fit["e_min"], fit["s_min"] + fit["e_min"] / grid, "-", color=color, lw=1,
+                    label=f"fit: B_crit = {fmt_tokens(fit['b_crit'])}")
+            ax.plot([2 * fit["e_min"]], [2 * fit["s_min"]], "*", color=color, ms=12)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens to reach target (E)")
+    ax.set_ylabel("optimizer steps to reach target (S)")
+    ax.set_title(title + "\n(star: B = B_crit, i.e. S = 2 S_min and E = 2 E_min)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def lr_vs_batch(tried: Sequence[Tuple[float, float]], best: Sequence[Tuple[float, float]],
+                fit: Optional[Tuple[float, float]] = None):
+    """Tried (B, lr) pairs, the best lr per batch size and the power law coef * B^alpha."""
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if tried:
+        ax.plot(*zip(*tried), "x", color="0.6", label="tried")
+    ax.plot(*zip(*best), "o", color="C3", ms=8, label="best lr per batch size")
+    if fit is not None:
+        coef, alpha = fit
+        bs = np.geomspace(min(b for b, _ in best) / 1.5, max(b for b, _ in best) * 1.5, 50)
+        ax.plot(bs, coef * bs**alpha, "-", color="C3", lw=1, label=f"fit: lr ~ B^{alpha:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size (tokens per update)")
+    ax.set_ylabel("peak learning rate")
+    ax.set_title("best learning rate vs batch size")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

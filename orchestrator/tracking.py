@@ -314,3 +314,54 @@ def env_for_workers() -> Dict[str, str]:
     keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
             "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
     return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+# ---------------------------------------------------------------- read helpers for report.py
+# Read-only (apart from log_files): what `orchestrator report` needs to find a sweep or a run
+# and read its trials back.
+
+
+def store_exists(uri: str) -> bool:
+    """False for a local SQLite store whose file is missing (reading must not create one)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):]).exists()
+    return True
+
+
+def try_get_run(uri: str, run_id: str):
+    """The run, or None when no run has this id."""
+    try:
+        return client(uri).get_run(run_id)
+    except Exception:
+        return None
+
+
+def find_sweep_run_anywhere(uri: str, sweep_name: str, experiment: Optional[str] = None) -> Optional[str]:
+    """The newest parent run of a sweep: in `experiment` first, then in every experiment."""
+    if experiment:
+        found = find_sweep_run(uri, experiment, sweep_name)
+        if found:
+            return found
+    c = client(uri)
+    exp_ids = [e.experiment_id for e in c.search_experiments(max_results=1000)]
+    if not exp_ids:
+        return None
+    runs = c.search_runs(exp_ids, filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_name}' and tags.`orchestrator.role` = 'sweep'",
+                         max_results=1, order_by=["attributes.start_time DESC"])
+    return runs[0].info.run_id if runs else None
+
+
+def run_metrics(uri: str, run_id: str, keys: Iterable[str]) -> Dict[str, List[Tuple[int, float]]]:
+    """{key: [(step, value)] sorted by step} for the keys this run has (absent keys map to [])."""
+    c = client(uri)
+    present = c.get_run(run_id).data.metrics.keys()
+    return {k: sorted((m.step, m.value) for m in c.get_metric_history(run_id, k)) if k in present else [] for k in keys}
+
+
+def list_artifacts(uri: str, run_id: str, path: Optional[str] = None) -> List[str]:
+    """Paths of the run's artifact files under `path`, recursively."""
+    c = client(uri)
+    found: List[str] = []
+    for info in c.list_artifacts(run_id, path):
+        found.extend(list_artifacts(uri, run_id, info.path) if info.is_dir else [info.path])
+    return found

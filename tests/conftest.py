@@ -24,3 +24,32 @@ def run_cli(*args, cwd=None, env=None, timeout=600, check=False):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the in-process integration tests (2 CPUs, fractional per worker)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING",
+                 log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def varied_corpus(folder: Path, docs: int = 400, seed: int = 0) -> Path:
+    """A jsonl corpus of short documents of very different lengths, so micro-batches hold
+    different counts of real (loss-bearing) tokens."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "varied.jsonl"
+    words = "alpha beta gamma delta token batch noise scale update worker".split()
+    with path.open("w") as f:
+        for _ in range(docs):
+            n = rng.choice([1, 2, 3, 8, 20])
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(n))}) + "\n")
+    return path

@@ -70,7 +70,8 @@ def _set_lr(engine, lr: float) -> None:
         group["lr"] = lr
 
 
-def train_update(engine, work, plan, update: int, rank: int, probe: Optional[GradNormProbe]) -> Dict[str, float]:
+def train_update(engine, work, plan, update: int, rank: int, probe: Optional[GradNormProbe],
+                 naive: bool = False) -> Dict[str, float]:
     """One optimizer update: A micro-batches on this worker, then DeepSpeed's step."""
     batches = [work.micro_batch(update, rank, a) for a in range(plan.grad_accum_steps)]
     # The update's real-token count over all workers, known before the first backward.
@@ -82,10 +83,13 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
     for mb in batches:
         if probe:
             probe.start()
-        summed, _ = work.summed_loss(engine, mb)
-        # DeepSpeed skips the gradient all-reduce until the last micro-step (the accumulation
-        # boundary); with scale_wrt_gas=False it adds no 1/A of its own.
-        engine.backward(summed * scale, scale_wrt_gas=False)
+        summed, count = work.summed_loss(engine, mb)
+        if naive:  # per-micro-batch mean, DeepSpeed's 1/A: not invariant, kept for comparison
+            engine.backward(summed / count.clamp(min=1))
+        else:
+            # DeepSpeed skips the gradient all-reduce until the last micro-step (the accumulation
+            # boundary); with scale_wrt_gas=False it adds no 1/A of its own.
+            engine.backward(summed * scale, scale_wrt_gas=False)
         if probe and mb.real_tokens:
             # Hook gradients are of (summed * scale); rescale to this micro-batch's per-token mean.
             small_sq_sum += probe.squared_norm() / (scale * mb.real_tokens) ** 2
@@ -123,13 +127,17 @@ def _due(before: int, after: int, every: int) -> bool:
     return every > 0 and after // every > before // every
 
 
-def _maybe_inject_fault(tokens: int, rank: int, marker: Optional[str]) -> None:
-    """Tests: rank 0 raises once (first attempt only) when it passes N tokens."""
-    at = os.environ.get(FAULT_ENV)
+def _maybe_inject_fault(tokens: int, rank: int, fault: Dict[str, Any], logger) -> None:
+    """Tests: rank 0 raises once (first attempt only) when it passes N tokens, after sending
+    what it logged, so MLflow holds steps past the last checkpoint (the case to get right).
+    `fault` = {"at_tokens": N from the driver's ORCHESTRATOR_FAULT_AT_TOKENS, "marker": path}."""
+    at, marker = fault.get("at_tokens"), fault.get("marker")
     if rank != 0 or not at or not marker or tokens < int(at) or Path(marker).exists():
         return
     Path(marker).parent.mkdir(parents=True, exist_ok=True)
     Path(marker).touch()
+    if logger:
+        logger.flush()
     raise RuntimeError(f"injected fault at {tokens:,} tokens ({FAULT_ENV}={at})")
 
 
@@ -167,7 +175,7 @@ def _save_and_report(engine, state: TrainState, metrics: Dict[str, float], logge
 
 
 def train_worker(payload: Dict[str, Any]) -> None:
-    """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, optional `fault_marker`."""
+    """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, optional `fault`."""
     cfg = from_dict(payload["config"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -199,16 +207,20 @@ def train_worker(payload: Dict[str, Any]) -> None:
         if state.update:
             print(f"resuming at update {state.update:,} ({state.tokens:,} tokens) from the latest checkpoint")
 
-    window = Window(tokens_at_start=state.tokens)
     last_eval = float("nan")
+    if state.update == 0:  # the curve starts at the initial loss (ln 257 for bytes)
+        last_eval = evaluate(engine, work, rank, world)
+        if logger:
+            logger.log({"eval/loss": last_eval}, 0)
+    window = Window(tokens_at_start=state.tokens)
     for update in range(state.update, steps):
-        _maybe_inject_fault(state.tokens, rank, payload.get("fault_marker"))
+        _maybe_inject_fault(state.tokens, rank, payload.get("fault", {}), logger)
         before = state.tokens
         lr = lr_at(before + plan.tokens_per_update, peak=cfg.optim.lr, total_tokens=budget,
                    warmup_tokens=cfg.schedule.warmup_tokens, decay=cfg.schedule.decay,
                    min_lr_ratio=cfg.schedule.min_lr_ratio, wsd_decay_share=cfg.schedule.wsd_decay_share)
         _set_lr(engine, lr)
-        stats = train_update(engine, work, plan, update, rank, probe)
+        stats = train_update(engine, work, plan, update, rank, probe, cfg.train.loss_normalization == "micro_batch")
         state.update, state.tokens = update + 1, before + plan.tokens_per_update
 
         if not math.isfinite(stats["loss"]):

@@ -1,0 +1,331 @@
+"""`orchestrator submit` and `orchestrator jobs` against a real local Ray cluster with token auth.
+
+The cluster: `ray start --head --block` on 127.0.0.1 with free ports, its own short --temp-dir,
+and Ray token authentication on (RAY_AUTH_MODE=token, the token in a file named by
+RAY_AUTH_TOKEN_PATH). The submitting side gets only RAY_AUTH_TOKEN_PATH, not RAY_AUTH_MODE: the
+orchestrator sends the token itself (Ray's own job client would not without RAY_AUTH_MODE=token).
+
+Teardown does NOT run `ray stop --force`: that kills every Ray process on the machine, including
+other sessions' clusters. It ends the `ray start --block` process it started (which stops its
+GCS, raylet and dashboard), then any process left whose command line or working directory lies in
+this cluster's temp dir, by pid.
+"""
+
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TINY, run_cli
+
+SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
+# submit's local checks need only a YAML mapping inside the project; until the smoke sweep
+# exists the secret test submits a train config under the sweep verb and stops the job.
+SWEEP = SMOKE if SMOKE.exists() else TINY
+RAY = Path(sys.executable).with_name("ray")
+SCRUB = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI",
+         "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in SCRUB}
+    env.update(extra)
+    return env
+
+
+class Cluster:
+    def __init__(self, address, token_file, temp):
+        self.address, self.token_file, self.temp = address, token_file, temp
+
+    def cli(self, *args, env=None, timeout=300):
+        """The orchestrator command line with the token file (and nothing else) for auth."""
+        return run_cli(*args, env={"RAY_AUTH_TOKEN_PATH": str(self.token_file), **(env or {})}, timeout=timeout)
+
+    def client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.address, headers={"Authorization": f"Bearer {self.token_file.read_text()}"})
+
+
+def _kill_leftovers(temp: str) -> None:
+    import psutil
+
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid == me:
+                continue
+            hit = any(temp in part for part in (proc.info["cmdline"] or []))
+            hit = hit or proc.cwd().startswith(temp)
+            if hit:
+                proc.kill()
+        except (psutil.Error, OSError):
+            pass
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    temp = tempfile.mkdtemp(prefix="orc-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    token_file = Path(temp) / "auth_token"
+    token_file.write_text(secrets.token_hex(16))
+    dash, gcs, agent, client_port, metrics, rt_agent = free_ports(6)
+    env = clean_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), RAY_USAGE_STATS_ENABLED="0",
+                    PATH=f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    cmd = [str(RAY), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+           f"--dashboard-port={dash}", f"--port={gcs}", f"--dashboard-agent-listen-port={agent}",
+           f"--ray-client-server-port={client_port}", f"--metrics-export-port={metrics}",
+           f"--runtime-env-agent-port={rt_agent}", "--num-cpus=2", "--object-store-memory=200000000",
+           "--disable-usage-stats", f"--temp-dir={temp}/ray"]
+    log = open(Path(temp) / "ray-start.log", "w")
+    proc = subprocess.Popen(cmd, cwd=temp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        _wait_ready(address, token_file, proc, temp)
+        yield Cluster(address, token_file, temp)
+    finally:
+        proc.terminate()  # `ray start --block` stops its GCS, raylet, dashboard... on SIGTERM
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the session we started, by its id
+            except ProcessLookupError:
+                pass
+        _kill_leftovers(temp)
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_ready(address, token_file, proc, temp, timeout_s=120):
+    import requests
+
+    headers = {"Authorization": f"Bearer {token_file.read_text()}"}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited {proc.returncode}:\n{(Path(temp) / 'ray-start.log').read_text()[-3000:]}")
+        try:
+            if requests.get(f"{address}/api/jobs/", headers=headers, timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"Ray dashboard at {address} not ready after {timeout_s} s")
+
+
+def _wait(client, job_id, statuses, timeout_s=120):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = client.get_job_status(job_id).value
+        if status in statuses:
+            return status
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} still {status} after {timeout_s} s:\n{client.get_job_logs(job_id)[-3000:]}")
+
+
+def _one_line(code, err, *must):
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for text in must:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+# ---------------------------------------------------------------- no cluster needed
+
+def test_entrypoint_is_quoted_and_round_trips():
+    from orchestrator import submit
+
+    overrides = ["tracking.uri=sqlite:////tmp/a b/mlflow.db", "tracking.experiment=${oc.env:SECRET_X}", "optim.lr=3e-4"]
+    entry = submit.build_entrypoint("sweep", "conf/sweep/smoke.yaml", overrides, resume=True)
+    assert shlex.split(entry) == ["python", "-m", "orchestrator", "sweep", "conf/sweep/smoke.yaml", *overrides, "--resume"]
+    assert "'tracking.experiment=${oc.env:SECRET_X}'" in entry  # single quotes: no shell expansion on the cluster
+
+
+def test_job_spec_env_and_excludes(monkeypatch):
+    from orchestrator import submit
+
+    for var in SCRUB:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SECRET_X", "hunter2")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "pw")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:pw@mlflow:5000")
+    spec = submit.job_spec("plan", TINY, ["tracking.experiment=${oc.env:SECRET_X}"])
+    assert spec.runtime_env["working_dir"] == str(ROOT)
+    for skip in (".venv", ".git", "runs", "mlruns", "mlflow.db", ".cache", "reports"):
+        assert skip in spec.runtime_env["excludes"]
+    assert spec.runtime_env["env_vars"] == {"SECRET_X": "hunter2", "MLFLOW_TRACKING_PASSWORD": "pw",
+                                            "MLFLOW_TRACKING_URI": "http://user:pw@mlflow:5000"}
+    assert shlex.split(spec.entrypoint)[3:] == ["plan", "conf/train/tiny.yaml", "tracking.experiment=${oc.env:SECRET_X}",
+                                                "tracking.uri=${oc.env:MLFLOW_TRACKING_URI}"]
+    assert "hunter2" not in spec.entrypoint and "pw" not in spec.entrypoint
+    # an explicit tracking.uri wins over MLFLOW_TRACKING_URI; a relative local store gets a note
+    spec = submit.job_spec("plan", TINY, ["tracking.uri=sqlite:///mlflow.db"])
+    assert "${oc.env:MLFLOW_TRACKING_URI}" not in spec.entrypoint
+    assert any("relative" in note for note in spec.notes)
+
+
+def test_token_lookup_follows_ray(monkeypatch, tmp_path):
+    from orchestrator import submit
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    assert submit.ray_auth_token()[0] is None
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("home\n")
+    assert submit.ray_auth_token()[0] == "home"
+    (tmp_path / "tok").write_text("file")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "tok"))
+    assert submit.ray_auth_token()[0] == "file"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "env")
+    assert submit.ray_auth_token()[0] == "env"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert submit.ray_auth_token()[0] is None
+
+
+def test_missing_sweep_file_exits_2_before_any_contact(tmp_path):
+    # the address is never tried: a missing file is reported, not the (dead) address
+    code, out, err = run_cli("submit", tmp_path / "nope.yaml", "--address", "http://127.0.0.1:9")
+    _one_line(code, err, "nope.yaml", "not found")
+    assert out == ""
+
+
+def test_unreachable_address_exits_2_with_one_line():
+    (port,) = free_ports(1)
+    code, out, err = run_cli("submit", SWEEP, "--address", f"http://127.0.0.1:{port}")
+    _one_line(code, err, "unreachable address", f"127.0.0.1:{port}")
+    code, _, err = run_cli("jobs", "list", "--address", f"127.0.0.1:{port}")
+    _one_line(code, err, "unreachable address")
+
+
+# ---------------------------------------------------------------- against the cluster
+
+@pytest.mark.slow
+def test_refused_or_missing_token_exits_2(cluster, tmp_path):
+    bad = tmp_path / "bad_token"
+    bad.write_text("not-the-token")
+    code, _, err = run_cli("jobs", "list", "--address", cluster.address, env={"RAY_AUTH_TOKEN_PATH": str(bad)})
+    _one_line(code, err, "refused the auth token", "RAY_AUTH_TOKEN_PATH")
+    code, _, err = run_cli("jobs", "list", "--address", cluster.address, env={"HOME": str(tmp_path)})
+    _one_line(code, err, "requires an auth token")
+    assert "not-the-token" not in err and cluster.token_file.read_text() not in err
+
+
+@pytest.mark.slow
+def test_plan_job_follow_logs_status_list(cluster, monkeypatch, capsys):
+    from orchestrator import submit
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
+    spec = submit.job_spec("plan", TINY, ["optim.lr=1e-3"])
+    assert submit.run(spec, cluster.address, follow_logs=True) == 0
+    out = capsys.readouterr().out
+    assert f"submitted job {spec.submission_id}" in out and "tokens / update" in out
+    assert f"orchestrator jobs stop {spec.submission_id} --address {cluster.address}" in out
+    assert out.rstrip().endswith(f"job {spec.submission_id} SUCCEEDED")
+
+    code, out, err = cluster.cli("jobs", "logs", spec.submission_id, "--address", cluster.address)
+    assert code == 0 and "tokens / update" in out, err
+    code, out, err = cluster.cli("jobs", "status", spec.submission_id, "--address", cluster.address)
+    assert code == 0 and "SUCCEEDED" in out, err
+    code, out, err = cluster.cli("jobs", "list", "--address", cluster.address)
+    assert code == 0, err
+    assert out.splitlines()[0].split() == ["ID", "STATUS", "ENTRYPOINT", "START"]
+    assert any(spec.submission_id in line and "SUCCEEDED" in line for line in out.splitlines()), out
+
+    code, _, err = cluster.cli("jobs", "status", "no-such-job", "--address", cluster.address)
+    _one_line(code, err, "no-such-job")
+
+
+@pytest.mark.slow
+def test_failed_job_follow_exits_1(cluster, monkeypatch, capsys):
+    from orchestrator import submit
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
+    spec = submit.command_spec(["python", "-c", "import sys; print('bye'); sys.exit(3)"], name="fail")
+    assert submit.run(spec, cluster.address, follow_logs=True) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_jobs_stop_stops_a_running_job(cluster, monkeypatch):
+    from orchestrator import submit
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
+    spec = submit.command_spec(["python", "-c", "import time; print('sleeping', flush=True); time.sleep(600)"], name="sleep")
+    assert submit.run(spec, cluster.address) == 0
+    client = cluster.client()
+    _wait(client, spec.submission_id, {"RUNNING"})
+    code, out, err = cluster.cli("jobs", "status", spec.submission_id, "--address", cluster.address)
+    assert code == 0 and "RUNNING" in out, err
+    code, out, err = cluster.cli("jobs", "stop", spec.submission_id, "--address", cluster.address)
+    assert code == 0 and "STOPPED" in out, out + err
+    assert client.get_job_status(spec.submission_id).value == "STOPPED"
+    code, out, _ = cluster.cli("jobs", "list", "--address", cluster.address)
+    assert any(spec.submission_id in line and "STOPPED" in line for line in out.splitlines()), out
+
+
+@pytest.mark.slow
+def test_secret_from_env_is_never_printed(cluster):
+    env = {"SECRET_X": "hunter2", "MLFLOW_TRACKING_PASSWORD": "pw-s3cret"}
+    code, out, err = cluster.cli("submit", SWEEP, "tracking.experiment=${oc.env:SECRET_X}",
+                                 "--address", cluster.address, env=env)
+    client = cluster.client()
+    job_id = next((line.split()[2] for line in out.splitlines() if line.startswith("submitted job ")), None)
+    try:
+        assert code == 0, err
+        assert "environment passed to the job (values not shown): MLFLOW_TRACKING_PASSWORD, SECRET_X" in out
+        info = client.get_job_info(job_id)
+        # the override travels as text and is resolved on the cluster from the job's environment
+        assert "${oc.env:SECRET_X}" in info.entrypoint and "hunter2" not in info.entrypoint
+        assert info.runtime_env["env_vars"]["SECRET_X"] == "hunter2"
+        for args in (("jobs", "status", job_id), ("jobs", "list")):
+            c, o, e = cluster.cli(*args, "--address", cluster.address)
+            assert c == 0, e
+            out, err = out + o, err + e
+        assert "hunter2" not in out + err and "pw-s3cret" not in out + err
+    finally:
+        if job_id:
+            client.stop_job(job_id)
+            _wait(client, job_id, {"STOPPED", "FAILED", "SUCCEEDED"})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOKE.exists(), reason="conf/sweep/smoke.yaml not written yet (orchestrator sweep is in progress)")
+def test_smoke_sweep_runs_on_the_cluster(cluster, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    code, out, err = cluster.cli("submit", SMOKE, "--address", cluster.address, f"tracking.uri={uri}", "--follow",
+                                 timeout=600)
+    assert code == 0, out[-4000:] + err[-4000:]
+    job_id = next(line.split()[2] for line in out.splitlines() if line.startswith("submitted job "))
+    code, logs, err = cluster.cli("jobs", "logs", job_id, "--address", cluster.address)
+    assert code == 0 and logs.strip(), err
+
+    mlflow = MlflowClient(tracking_uri=uri)
+    experiments = [e.experiment_id for e in mlflow.search_experiments()]
+    parents = mlflow.search_runs(experiments, filter_string="tags.`orchestrator.role` = 'sweep'")
+    assert len(parents) == 1, [r.info.run_id for r in parents]
+    children = mlflow.search_runs(experiments, filter_string=f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
+    assert children, "the sweep logged no trial runs"
