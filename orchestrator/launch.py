@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -37,16 +38,19 @@ def preflight(cfg: Config) -> None:
 
 
 def ray_init(address: Optional[str] = None) -> None:
-    """Join a cluster, or start a local Ray bound to 127.0.0.1 with no dashboard."""
+    """Join a cluster, or start a local Ray whose dashboard listens on 127.0.0.1 only.
+
+    Worker output is not forwarded (log_to_driver=False): progress comes from MLflow, the
+    source of truth, and a failing worker's traceback comes back with the Train error.
+    """
     import ray
 
     if ray.is_initialized():
         return
-    env = {"env_vars": tracking.env_for_workers()} if address else None
     if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        ray.init(address=address, runtime_env={"env_vars": tracking.env_for_workers()}, log_to_driver=False)
     else:
-        ray.init(dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", log_to_driver=True,
+        ray.init(dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", log_to_driver=False,
                  configure_logging=True, logging_level="WARNING")
 
 
@@ -138,6 +142,27 @@ def resolve_paths(cfg: Config) -> None:
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
 
 
+def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: float = 5.0) -> None:
+    """Tokens, loss, tokens/s and ETA from what the run has logged, until training ends."""
+    budget, shown, started = planning.rounded_budget(cfg), None, time.monotonic()
+    while worker.is_alive():
+        worker.join(every_s)
+        try:
+            latest = tracking.get_run(cfg.tracking.uri, run_id).data.metrics
+        except Exception:  # the store is busy or away: try again at the next tick
+            continue
+        tokens = int(latest.get("train/tokens", 0))
+        if not tokens or tokens == shown:
+            continue
+        shown, speed = tokens, latest.get("perf/tokens_per_s", 0.0)
+        left = (budget - tokens) / speed if speed else float("nan")
+        eta = f"{int(left) // 60}:{int(left) % 60:02d}" if left == left else "?"
+        evaluation = f" eval {latest['eval/loss']:.4f}" if "eval/loss" in latest else ""
+        print(f"[{cfg.train.run_name}] {tokens:,}/{budget:,} tokens ({100 * tokens / budget:.0f}%) "
+              f"loss {latest.get('train/loss', float('nan')):.4f}{evaluation} {speed:,.0f} tok/s ETA {eta} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)
+
+
 def train(cfg: Config) -> int:
     resolve_paths(cfg)
     preflight(cfg)
@@ -155,13 +180,19 @@ def train(cfg: Config) -> int:
     print(planning.format_table(planning.describe(cfg)), flush=True)
 
     ray_init(cfg.cluster.address)
-    error, metrics = None, None
-    try:
-        result = build_trainer(cfg, run_id, storage, name).fit()
-        metrics = result.metrics
-        error = result.error
-    except Exception as exc:  # TrainingFailedError and friends: the run failed, not the input
-        error = exc
+    outcome: Dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            result = build_trainer(cfg, run_id, storage, name).fit()
+            outcome.update(metrics=result.metrics, error=result.error)
+        except Exception as exc:  # TrainingFailedError and friends: the run failed, not the input
+            outcome.update(error=exc)
+
+    worker = threading.Thread(target=fit, name="trainer-fit", daemon=True)
+    worker.start()
+    _show_progress(cfg, run_id, worker)
+    metrics, error = outcome.get("metrics"), outcome.get("error")
     outcome = finish(cfg, run_id, metrics, error)
     link = tracking.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
     if outcome != "FINISHED":

@@ -54,6 +54,14 @@ def batch_colors(batch_sizes: Sequence[float]) -> Dict[float, Tuple]:
     return {b: cmap(0.9 * (lb - logs.min()) / span) for b, lb in zip(sizes, logs)}
 
 
+def _plain_log_ticks(axis, fmt, limits: Tuple[float, float]) -> None:
+    """Plain numbers on a log axis; minor ticks labelled too when it spans under a decade."""
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v)))
+    small = limits[1] < 10 * limits[0]
+    axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v)) if small
+                             else matplotlib.ticker.NullFormatter())
+
+
 def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
     """Train loss (solid) and eval loss (dashed) of every trial, coloured by batch size.
 
@@ -81,8 +89,7 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
         ax.set_ylim(min(lows) * 0.97, max(firsts) * 1.05)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
+    _plain_log_ticks(ax.yaxis, lambda v: f"{v:.1f}", ax.get_ylim())
     ax.set_xlabel("optimizer steps" if x == "steps" else "tokens seen")
     ax.set_ylabel("loss")
     ax.set_title(title)
@@ -93,7 +100,8 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
 
 
 def heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], title: str = "",
-            xlabel: str = "batch size (tokens per update)", ylabel: str = "peak learning rate", cbar: str = "final loss"):
+            xlabel: str = "batch size (tokens per update)", ylabel: str = "peak learning rate",
+            cbar: str = "final loss"):
     """Annotated heatmap of a 2-d array; NaN cells stay blank. Row 0 is drawn at the bottom."""
     import numpy as np
 
@@ -156,6 +164,8 @@ def critical_batch(fits: Sequence[Dict], title: str = "steps vs tokens to reach 
             ax.plot([2 * fit["e_min"]], [2 * fit["s_min"]], "*", color=color, ms=12)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_log_ticks(ax.xaxis, fmt_tokens, ax.get_xlim())
+    _plain_log_ticks(ax.yaxis, lambda v: f"{v:g}", ax.get_ylim())
     ax.set_xlabel("tokens to reach target (E)")
     ax.set_ylabel("optimizer steps to reach target (S)")
     ax.set_title(title + "\n(star: B = B_crit, i.e. S = 2 S_min and E = 2 E_min)", fontsize=10)

@@ -75,11 +75,6 @@ class Trial:
     def b_simple_at(self, tokens: float) -> Optional[float]:
         return float(np.interp(tokens, *zip(*self.b_simple))) if self.b_simple else None
 
-    def wall_s_at(self, tokens: float) -> Optional[float]:
-        if self.duration_s is None or not self.tokens_seen:
-            return None
-        return self.duration_s * min(1.0, tokens / self.tokens_seen)
-
 
 def _smooth(values: Sequence[float], window: int = SMOOTH_WINDOW) -> np.ndarray:
     """Centred moving average, shrinking at the ends (as noise.steps_to_reach smooths)."""
@@ -126,7 +121,7 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
         raise ConfigError("tracking.uri", f"no MLflow store at {uri}; pass tracking.uri=<the store of the sweep>")
     run = None if sweep_name else tracking.try_get_run(uri, target)
     if run is not None:
-        return uri, run.data.tags.get(tracking.SWEEP_TAG) or run.info.run_name or run.info.run_id, run.info.run_id
+        return uri, run.info.run_name or run.info.run_id, run.info.run_id
     sweep_name = sweep_name or target
     run_id = tracking.find_sweep_run_anywhere(uri, sweep_name, experiment)
     if run_id is None:
@@ -139,8 +134,10 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
 def read_trials(uri: str, run_id: str) -> List[Trial]:
     """The sweep's child runs, or the run itself when it has none."""
     trials = []
-    for r in sorted(tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)], key=lambda r: r.info.start_time):
-        curves, p, (start, end) = tracking.run_metrics(uri, r.info.run_id, METRICS), r.data.params, (r.info.start_time, r.info.end_time)
+    runs = tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)]
+    for r in sorted(runs, key=lambda r: r.info.start_time):
+        curves, p = tracking.run_metrics(uri, r.info.run_id, METRICS), r.data.params
+        start, end = r.info.start_time, r.info.end_time
         settings = {"warmup_tokens": _number(p, "schedule.warmup_tokens", int), "decay": p.get("schedule.decay"),
                     "min_lr_ratio": _number(p, "schedule.min_lr_ratio")}
         trials.append(Trial(r.info.run_id, r.info.run_name or r.info.run_id[:8], r.info.status,
@@ -177,8 +174,9 @@ def critical_batch(trials: Sequence[Trial], target: float) -> Dict[str, Any]:
             missing.append(b)
             continue
         (steps, tokens), t = min(hits, key=lambda h: h[0][0])
+        wall_s = t.duration_s * min(1.0, tokens / t.tokens_seen) if t.duration_s is not None else None
         points.append({"batch": b, "steps": steps, "tokens": tokens, "lr": t.lr, "run_id": t.run_id,
-                       "run_name": t.name, "wall_s": t.wall_s_at(tokens), "b_simple": t.b_simple_at(tokens)})
+                       "run_name": t.name, "wall_s": wall_s, "b_simple": t.b_simple_at(tokens)})
     fit, interval = (None, None, None), None
     if len(points) >= 2:
         bs, ss = [p["batch"] for p in points], [p["steps"] for p in points]
@@ -215,11 +213,13 @@ def analyse(trials: Sequence[Trial], target_losses: Optional[Sequence[float]] = 
         raise ValueError("no trial has both batch.tokens_per_update and a train/loss curve")
     completed = [t for t in usable if t.status != "FAILED"] or usable
     metric = "eval/loss" if all(t.eval for t in completed) else "train/loss"
-    fits = [critical_batch(usable, L) for L in (sorted(target_losses) if target_losses else choose_targets(completed))]
+    targets = sorted(target_losses) if target_losses else choose_targets(completed)
+    fits = [critical_batch(usable, L) for L in targets]
     return {
         "loss_metric": metric, "targets_chosen": not target_losses, "critical_batch": fits,
         "primary": next((f for f in fits if f["b_crit"] is not None), fits[0]),
-        "lr_scaling": lr_scaling(completed, metric), "best": _row(min(completed, key=lambda t: t.final(metric)), metric),
+        "lr_scaling": lr_scaling(completed, metric),
+        "best": _row(min(completed, key=lambda t: t.final(metric)), metric),
         "trials": [_row(t, metric) for t in usable], "skipped": [t.name for t in trials if t not in usable],
     }
 
@@ -234,7 +234,7 @@ def _row(t: Trial, metric: str) -> Dict[str, Any]:
 
 
 def _n(x: Any, fmt: str = "{:.4g}") -> str:
-    """A number for a table: '-' when missing, 'inf' when infinite; fmt="tok" for token counts."""
+    """A table cell: '-' when missing, 'inf' when infinite; fmt "tok" for token counts."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     if isinstance(x, float) and math.isinf(x):
@@ -281,39 +281,51 @@ def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[
     return figs
 
 
+G, S, TOK = "{:.4g}", "{}", "tok"  # cell formats: number, text, token count
+BEST_ROWS = [("batch size (tokens per update)", "batch", TOK), ("peak learning rate", "lr", G),
+             ("warmup tokens", "warmup_tokens", TOK), ("decay", "decay", S), ("min lr ratio", "min_lr_ratio", G),
+             ("final eval/loss", "final_eval", G), ("final train/loss (smoothed)", "final_train", G),
+             ("run", "run_name", S), ("run id", "run_id", S)]
+TARGET_COLUMNS = [("target loss", "target_loss", G), ("B_crit", "b_crit", TOK), ("90% interval", "interval", S),
+                  ("B_simple", "b_simple", TOK), ("S_min", "s_min", G), ("E_min", "e_min", TOK),
+                  ("batch sizes", "n", S), ("notes", "note", S)]
+COST_COLUMNS = [("batch size", "batch", TOK), ("steps", "steps", "{:,.0f}"), ("tokens", "tokens", "{:,.0f}"),
+                ("wall time (s)", "wall_s", "{:.1f}"), ("lr", "lr", G), ("B_simple", "b_simple", TOK),
+                ("run", "run_name", S)]
+LR_COLUMNS = [("batch size", "batch", TOK), ("best lr", "lr", G), ("final loss", "final_loss", G),
+              ("run", "run_name", S)]
+TRIAL_COLUMNS = [("run", "run_name", S), ("status", "status", S), ("batch", "batch", TOK), ("lr", "lr", G),
+                 ("warmup", "warmup_tokens", TOK), ("decay", "decay", S), ("final train", "final_train", G),
+                 ("final eval", "final_eval", G), ("tokens", "tokens", "{:,}"), ("wall (s)", "wall_s", "{:.1f}")]
+
+
+def _table(rows: Sequence[Dict[str, Any]], columns: Sequence[Tuple[str, str, str]]) -> tuple:
+    return ("table", [c[0] for c in columns], [[_n(row.get(key), fmt) for _, key, fmt in columns] for row in rows])
+
+
 def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[tuple]:
     """The summary as blocks: ("h1".."h3", text), ("p", text), ("table", header, rows), ("img", file)."""
-    b, scaling, metric, src = result["best"], result["lr_scaling"], result["loss_metric"], result.get("source", {})
-    doc: List[tuple] = [("h1", f"Report: {name}"), ("p", answer(result)), (
-        "p", f"{len(result['trials'])} trials of {src.get('kind', '?')} run {src.get('run_id', '?')} in "
-             f"{src.get('uri', '?')}; final losses compared on {metric}.")]
-    doc += [("h2", "Best configuration"), ("table", ["setting", "value"], [
-        ["batch size (tokens per update)", _n(b["batch"], "tok")], ["peak learning rate", _n(b["lr"])],
-        ["warmup tokens", _n(b["warmup_tokens"], "tok")], ["decay", b["decay"] or "-"],
-        ["min lr ratio", _n(b["min_lr_ratio"])], ["final eval/loss", _n(b["final_eval"])],
-        ["final train/loss (smoothed)", _n(b["final_train"])], ["run", f"{b['run_name']} ({b['run_id']})"]])]
-    doc += [("h2", "Critical batch size"), ("p", f"Target losses {'chosen automatically' if result['targets_chosen'] else 'given'}"
-             "; S = S_min + E_min / B fitted to each batch size's fastest trial; B_crit = E_min / S_min; "
-             "B_simple = median gns/b_simple where those trials reach the target (rules: orchestrator/report.py)."),
-            ("table", ["target loss", "B_crit", "90% interval", "B_simple", "S_min", "E_min", "batch sizes", "notes"],
-             [[_n(f["target_loss"]), _n(f["b_crit"], "tok"), " - ".join(_n(x, "tok") for x in f["b_crit_interval"] or ()),
-               _n(f["b_simple"], "tok"), _n(f["s_min"]), _n(f["e_min"], "tok"), len(f["points"]), "; ".join(f["notes"])]
-              for f in result["critical_batch"]])]
-    for f in result["critical_batch"]:
-        doc += [("h3", f"Cost to reach loss {f['target_loss']:.4g}"),
-                ("table", ["batch size", "steps", "tokens", "wall time (s)", "lr", "B_simple", "run"],
-                 [[_n(p["batch"], "tok"), _n(p["steps"], "{:,.0f}"), _n(p["tokens"], "{:,.0f}"), _n(p["wall_s"], "{:.1f}"),
-                   _n(p["lr"]), _n(p["b_simple"], "tok"), p["run_name"]] for p in f["points"]])]
-    law = f"lr_opt ~ {scaling['coef']:.3g} x B^{scaling['alpha']:.3f}" if scaling["alpha"] is not None else scaling["note"]
+    best, scaling, metric, src = result["best"], result["lr_scaling"], result["loss_metric"], result.get("source", {})
+    targets = [{**f, "n": len(f["points"]), "note": "; ".join(f["notes"]),
+                "interval": " - ".join(_n(x, TOK) for x in f["b_crit_interval"] or [])}
+               for f in result["critical_batch"]]
+    how = "chosen automatically" if result["targets_chosen"] else "given"
+    law = scaling["note"] if scaling["alpha"] is None else f"lr_opt ~ {scaling['coef']:.3g} x B^{scaling['alpha']:.3f}"
+    doc = [("h1", f"Report: {name}"), ("p", answer(result)),
+           ("p", f"{len(result['trials'])} trials of {src.get('kind', '?')} run {src.get('run_id', '?')} in "
+                 f"{src.get('uri', '?')}; final losses compared on {metric}."),
+           ("h2", "Best configuration"),
+           ("table", ["setting", "value"], [[label, _n(best[key], fmt)] for label, key, fmt in BEST_ROWS]),
+           ("h2", "Critical batch size"),
+           ("p", f"Target losses {how}; S = S_min + E_min / B fitted to each batch size's fastest trial; "
+                 "B_crit = E_min / S_min; B_simple = median gns/b_simple where those trials reach the target "
+                 "(rules: orchestrator/report.py)."),
+           _table(targets, TARGET_COLUMNS)]
+    for f in targets:
+        doc += [("h3", f"Cost to reach loss {f['target_loss']:.4g}"), _table(f["points"], COST_COLUMNS)]
     doc += [("h2", "Learning rate vs batch size"), ("p", f"Best lr per batch size (lowest final {metric}): {law}."),
-            ("table", ["batch size", "best lr", f"final {metric}", "run"],
-             [[_n(p["batch"], "tok"), _n(p["lr"]), _n(p["final_loss"]), p["run_name"]] for p in scaling["best"]])]
-    doc += [("h2", "Figures")] + [("img", f) for f in images]
-    doc += [("h2", "All trials"), ("table", ["run", "status", "batch", "lr", "warmup", "decay", "final train",
-                                             "final eval", "tokens", "wall (s)"],
-             [[t["run_name"], t["status"], _n(t["batch"], "tok"), _n(t["lr"]), _n(t["warmup_tokens"], "tok"),
-               t["decay"] or "-", _n(t["final_train"]), _n(t["final_eval"]), _n(t["tokens"], "{:,}"),
-               _n(t["wall_s"], "{:.1f}")] for t in result["trials"]])]
+            _table(scaling["best"], LR_COLUMNS), ("h2", "Figures"), *[("img", f) for f in images],
+            ("h2", "All trials"), _table(result["trials"], TRIAL_COLUMNS)]
     if result["skipped"]:
         doc.append(("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result["skipped"])))
     return doc
@@ -325,20 +337,25 @@ def to_markdown(doc: Sequence[tuple]) -> str:
         if kind == "table":
             lines += ["| " + " | ".join(rest[0]) + " |", "|" + " --- |" * len(rest[0])]
             lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rest[1]]
+        elif kind == "img":
+            lines.append(f"![{rest[0]}]({rest[0]})")
         else:
-            lines.append({"p": "{}", "img": "![{0}]({0})"}.get(kind, "#" * int(kind[-1]) + " {}").format(rest[0]))
+            lines.append(rest[0] if kind == "p" else "#" * int(kind[1]) + " " + rest[0])
         lines.append("")
     return "\n".join(lines)
 
 
 def to_html(doc: Sequence[tuple], title: str) -> str:
     e = html.escape
+
+    def cells(row: Sequence[Any], tag: str) -> str:
+        return "<tr>" + "".join(f"<{tag}>{e(str(c))}</{tag}>" for c in row) + "</tr>"
+
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>body{{font-family:"
              "sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
              "padding:3px 8px;text-align:right}img{max-width:100%}</style></head><body>"]
     for kind, *rest in doc:
         if kind == "table":
-            cells = lambda row, tag: "<tr>" + "".join(f"<{tag}>{e(str(c))}</{tag}>" for c in row) + "</tr>"  # noqa: E731
             parts.append("<table>" + cells(rest[0], "th") + "".join(cells(r, "td") for r in rest[1]) + "</table>")
         elif kind == "img":
             parts.append(f"<p><img src='{e(rest[0])}' alt='{e(rest[0])}'></p>")
@@ -379,7 +396,8 @@ def run(target: str, overrides: List[str], out: Optional[str] = None,
     uri, name, run_id = resolve(target, list(overrides))
     trials = read_trials(uri, run_id)
     if not any(t.batch and t.train for t in trials):
-        print(f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update")
+        print(f"orchestrator report: nothing to report: no run under {run_id} has train/loss and "
+              "batch.tokens_per_update")
         return 1
     result = analyse(trials, target_losses)
     result["source"] = {"uri": uri, "run_id": run_id, "kind": "single" if trials[0].run_id == run_id else "sweep"}

@@ -298,8 +298,11 @@ def connect(address: str):
     """A JobSubmissionClient that sends the Ray auth token when one is found."""
     address = normalise_address(address)
     _probe(address)
+    import logging
+
     from ray.job_submission import JobSubmissionClient
 
+    logging.getLogger("ray").setLevel(logging.ERROR)  # upload chatter; failures surface as exceptions
     token, source = ray_auth_token()
     headers = {"Authorization": f"Bearer {token}"} if token else None
     with _cluster_errors(address, source):
@@ -367,6 +370,8 @@ def send(spec: JobSpec, client) -> str:
 def run(spec: JobSpec, address: str, follow_logs: bool = False) -> int:
     """Submit `spec`, print its id and the commands to follow and stop it; follow if asked."""
     client = connect(address)
+    if "working_dir" in spec.runtime_env:
+        print(f"uploading {spec.runtime_env['working_dir']} as the job's working directory", flush=True)
     job_id = send(spec, client)
     addr = mask(client.get_address())
     print(f"submitted job {job_id} to {addr}")

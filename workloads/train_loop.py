@@ -266,7 +266,6 @@ def train_worker(payload: Dict[str, Any]) -> None:
             metrics.update({"gns/b_simple": gns.b_simple, "gns/g_squared": gns.g_squared, "gns/trace_sigma": gns.trace_sigma})
         if logger:
             logger.log(metrics, state.tokens)
-            _print_progress(cfg, state, metrics, last_eval, budget, tokens_per_s)
         ray_metrics = {"tokens": state.tokens, "loss": metrics["train/loss"], "eval_loss": last_eval,
                        "lr": lr, "step": state.update, "b_simple": metrics.get("gns/b_simple", float("nan"))}
         state.gns = gns.state_dict()
@@ -290,11 +289,3 @@ def _mfu(flops_per_token: float, tokens_per_s: float, cfg: Config) -> float:
         return float("nan")  # no meaningful peak for a shared CPU
     peak = float(os.environ.get("ORCHESTRATOR_PEAK_FLOPS", 989e12)) * cfg.cluster.num_workers
     return flops_per_token * tokens_per_s / peak
-
-
-def _print_progress(cfg, state: TrainState, metrics, eval_loss: float, budget: int, tokens_per_s: float) -> None:
-    left = (budget - state.tokens) / max(tokens_per_s, 1e-9)
-    eval_part = f" eval {eval_loss:.4f}" if math.isfinite(eval_loss) else ""
-    print(f"[{cfg.train.run_name}] tokens {state.tokens:,}/{budget:,} ({100 * state.tokens / budget:.0f}%) "
-          f"loss {metrics['train/loss']:.4f}{eval_part} lr {metrics['train/lr']:.2e} "
-          f"{tokens_per_s:,.0f} tok/s ETA {int(left) // 60}:{int(left) % 60:02d}", flush=True)

@@ -316,7 +316,7 @@ def test_smoke_sweep_runs_on_the_cluster(cluster, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code, out, err = cluster.cli("submit", SMOKE, "--address", cluster.address, f"tracking.uri={uri}", "--follow",
+    code, out, err = cluster.cli("submit", SMOKE, f"tracking.uri={uri}", "--address", cluster.address, "--follow",
                                  timeout=600)
     assert code == 0, out[-4000:] + err[-4000:]
     job_id = next(line.split()[2] for line in out.splitlines() if line.startswith("submitted job "))

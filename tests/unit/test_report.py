@@ -220,3 +220,31 @@ def test_cli_report_and_unknown_sweep(store, tmp_path, cli):
     code, stdout, stderr = cli("report", "no-such-sweep", f"tracking.uri={store['uri']}", "--out", tmp_path / "x")
     assert code == 2
     assert len(stderr.strip().splitlines()) == 1 and "no-such-sweep" in stderr, stderr
+
+
+# ---------------------------------------------------------------- graceful when the data cannot answer
+
+
+def test_target_not_reached_by_every_batch_size(store):
+    trials = report.read_trials(store["uri"], store["parent"])
+    nobody, partly = report.analyse(trials, [2.5, 1.0])["critical_batch"]  # sorted by loss
+    assert partly["missing"] == [2**14, 2**15] and len(partly["points"]) == 4
+    assert partly["b_crit"] == pytest.approx(B_CRIT, rel=0.05)  # still fitted on the batch sizes that reached it
+    assert "not reached by batch sizes 16,384, 32,768" in partly["notes"]
+    assert nobody["points"] == [] and nobody["b_crit"] is None and nobody["b_simple"] is None
+    assert any("at least 2 batch sizes" in n for n in nobody["notes"])
+    summary = report.critical_batch_summary(store["uri"], store["parent"], [1.0])
+    assert summary["b_crit"] is None and summary["notes"]
+
+
+def test_report_without_eval_or_gns_or_reachable_target(store, tmp_path):
+    trials = report.read_trials(store["uri"], store["parent"])
+    for t in trials:
+        t.eval, t.b_simple = [], []
+    result = report.analyse(trials, [1.0])
+    assert result["loss_metric"] == "train/loss"
+    assert result["best"]["batch"] == BATCHES[0] and result["lr_scaling"]["alpha"] == pytest.approx(ALPHA, abs=1e-6)
+    assert "No critical batch size at loss 1" in report.answer(result)
+    written = {p.name for p in report.write_report(trials, result, "degenerate", tmp_path)}
+    assert "critical_batch.png" not in written and {"loss_vs_tokens.png", "summary.md", "report.json"} <= written
+    assert "no gns/b_simple" in (tmp_path / "summary.md").read_text()

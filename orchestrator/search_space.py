@@ -1,0 +1,322 @@
+"""Sweep files -> the list of trials to run (pure: no Ray, no MLflow).
+
+A sweep file (conf/sweep/*.yaml):
+
+    name: demo
+    base:
+      config: ../train/tiny.yaml        # relative to the sweep file
+      overrides: {train.total_tokens: 393216}
+    space:                              # train-config keys with a distribution
+      batch.tokens_per_update: {grid: [2048, 4096, 8192]}
+      optim.lr: {loguniform: [1.0e-4, 3.0e-3]}
+      schedule.warmup_share: {choice: [0.02, 0.1]}   # warmup as a share of the budget
+    lr_scaling:                         # optional: optim.lr = base_lr x (B / reference_tokens)^alpha
+      reference_tokens: 4096
+      base_lr: {grid: [1.0e-3, 3.0e-3]} # swept or fixed
+      alpha: sqrt                       # sqrt (0.5), linear (1), a number, or a distribution
+    constraints:                        # joint constraints, no eval: KEY <= / >= factor x OF
+      - {key: schedule.warmup_tokens, max: 0.1, of: train.total_tokens}
+    infeasible: error                   # or skip: drop combinations with no exact S x b x D x A
+    search: {algorithm: grid, num_samples: 1, max_concurrent: 2, seed: 0}
+    scheduler: {type: asha, grace_period_tokens: 65536, reduction_factor: 2}
+
+Distributions: grid (every value), choice, uniform [low, high], loguniform [low, high],
+randint [low, high] (inclusive). Grid keys form a product; the other keys are drawn
+`num_samples` times per grid point (seeded, so the list of trials is reproducible).
+Every trial shares the base's `train.total_tokens`, so curves compare at equal tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import yaml
+
+from orchestrator import config as config_lib
+from orchestrator.config import Config
+from orchestrator.errors import ConfigError
+
+DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
+ALGORITHMS = ("grid", "random", "optuna")
+SCHEDULERS = ("none", "asha")
+ALPHA_PRESETS = {"sqrt": 0.5, "linear": 1.0}
+SHARE_KEYS = {"schedule.warmup_share": "schedule.warmup_tokens"}  # share of train.total_tokens
+LR_KEYS = ("lr_scaling.base_lr", "lr_scaling.alpha")
+TOP_KEYS = ("name", "description", "base", "space", "lr_scaling", "constraints", "infeasible", "search", "scheduler", "max_failures")
+
+
+@dataclass
+class SearchConfig:
+    algorithm: str = "grid"
+    num_samples: int = 1
+    max_concurrent: int = 2
+    seed: int = 0
+    metric: str = "eval_loss"
+
+
+@dataclass
+class SchedulerConfig:
+    type: str = "none"
+    grace_period_tokens: int = 0
+    reduction_factor: int = 2
+
+
+@dataclass
+class Trial:
+    overrides: Dict[str, Any]
+    """Dotlist overrides of the base config, incl. derived keys (warmup_tokens, lr)."""
+    cfg: Optional[Config] = None
+    """The validated config; None when infeasible."""
+    problem: str = ""
+    """Why it is infeasible."""
+    values: Dict[str, Any] = field(default_factory=dict)
+    """The sampled values as the sweep file names them (what Tune's param space carries)."""
+
+    @property
+    def name(self) -> str:
+        """Short, config-revealing run name, e.g. `B=64Ki lr=3e-4 wu=2%`."""
+        if self.cfg is None:
+            return " ".join(f"{k}={v}" for k, v in self.overrides.items())
+        c = self.cfg
+        parts = [f"B={_binary(c.batch.tokens_per_update)}", f"lr={_short(c.optim.lr)}"]
+        parts.append(f"wu={100 * c.schedule.warmup_tokens / c.train.total_tokens:.0f}%")
+        if any(k.startswith("schedule.decay") for k in self.overrides):
+            parts.append(c.schedule.decay)
+        return " ".join(parts)
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    raw: Dict[str, Any]
+    base_config: Path
+    base_overrides: List[str]
+    space: Dict[str, Dict[str, Any]]
+    search: SearchConfig
+    scheduler: SchedulerConfig
+    lr_scaling: Dict[str, Any] = field(default_factory=dict)
+    constraints: List[Dict[str, Any]] = field(default_factory=list)
+    infeasible: str = "error"
+    max_failures: int = 1
+
+
+def _binary(n: int) -> str:
+    for unit, size in (("Mi", 2**20), ("Ki", 2**10)):
+        if n >= size and n % (size // 16) == 0:
+            value = n / size
+            return f"{value:g}{unit}"
+    return str(n)
+
+
+def _short(x: float) -> str:
+    """3e-4 style: 0.0003 -> 3e-4, 0.00087 -> 8.7e-4, 0.01 -> 1e-2."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}" if x else "0"
+
+
+def _distribution(key: str, spec: Any) -> Dict[str, Any]:
+    """Check one `{kind: args}` entry (a bare value means fixed)."""
+    if not isinstance(spec, dict) or len(spec) != 1:
+        return {"grid": [spec]}
+    (kind, args), = spec.items()
+    if kind not in DISTRIBUTIONS:
+        raise ConfigError(f"space.{key}", f"unknown distribution {kind!r}; valid: {', '.join(DISTRIBUTIONS)}")
+    if kind in ("grid", "choice"):
+        if not isinstance(args, list) or not args:
+            raise ConfigError(f"space.{key}", f"{kind} needs a non-empty list of values, got {args!r}")
+    else:
+        if not (isinstance(args, list) and len(args) == 2 and all(isinstance(a, (int, float)) for a in args)):
+            raise ConfigError(f"space.{key}", f"{kind} needs [low, high], got {args!r}")
+        low, high = args
+        if low > high:
+            raise ConfigError(f"space.{key}", f"{kind} range has low {low} > high {high}")
+        if kind == "loguniform" and low <= 0:
+            raise ConfigError(f"space.{key}", f"loguniform needs low > 0, got {low}")
+    return {kind: args}
+
+
+def _draw(spec: Dict[str, Any], rng: np.random.Generator) -> Any:
+    (kind, args), = spec.items()
+    if kind == "choice":
+        return args[int(rng.integers(len(args)))]
+    if kind == "uniform":
+        return float(rng.uniform(*args))
+    if kind == "loguniform":
+        return float(math.exp(rng.uniform(math.log(args[0]), math.log(args[1]))))
+    return int(rng.integers(args[0], args[1] + 1))  # randint, inclusive
+
+
+def load(path: str | Path) -> Sweep:
+    """Read and check a sweep file; every error is a one-line ConfigError (exit 2)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("SWEEP", f"sweep file {str(path)!r} not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise ConfigError("SWEEP", f"YAML syntax error in {path}" + (f" at line {mark.line + 1}" if mark else "")) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("SWEEP", f"{path} must be a mapping with name, base, space, ...")
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise ConfigError(key, f"unknown sweep key; valid: {', '.join(TOP_KEYS)}")
+    base = raw.get("base") or {}
+    if "config" not in base:
+        raise ConfigError("base.config", "missing: the train config every trial starts from")
+    overrides = base.get("overrides") or {}
+    if isinstance(overrides, dict):
+        overrides = [f"{k}={_dotlist_value(v)}" for k, v in overrides.items()]
+    space = {k: _distribution(k, v) for k, v in (raw.get("space") or {}).items()}
+    valid_keys = set(config_lib.schema_keys()) | set(SHARE_KEYS)
+    for key in space:
+        if key not in valid_keys:
+            raise ConfigError(f"space.{key}", f"not a train-config key{config_lib._did_you_mean(key)}")
+    search = _section(SearchConfig, raw.get("search"), "search")
+    if search.algorithm not in ALGORITHMS:
+        raise ConfigError("search.algorithm", f"got {search.algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+    if search.num_samples < 1 or search.max_concurrent < 1:
+        raise ConfigError("search", "num_samples and max_concurrent must be >= 1")
+    if search.algorithm == "grid" and any(next(iter(s)) != "grid" for s in space.values()):
+        raise ConfigError("search.algorithm", "grid search needs every space key to be a grid; use random or optuna")
+    scheduler = _section(SchedulerConfig, raw.get("scheduler"), "scheduler")
+    if scheduler.type not in SCHEDULERS:
+        raise ConfigError("scheduler.type", f"got {scheduler.type!r}; valid: {', '.join(SCHEDULERS)}")
+    if scheduler.type == "asha" and scheduler.grace_period_tokens <= 0:
+        raise ConfigError("scheduler.grace_period_tokens", "ASHA needs a grace period in tokens > 0")
+    lr_scaling = dict(raw.get("lr_scaling") or {})
+    if lr_scaling:
+        if "optim.lr" in space:
+            raise ConfigError("lr_scaling", "sweep either optim.lr or lr_scaling, not both")
+        unknown = set(lr_scaling) - {"reference_tokens", "base_lr", "alpha"}
+        if unknown or "base_lr" not in lr_scaling or "reference_tokens" not in lr_scaling:
+            raise ConfigError("lr_scaling", "needs reference_tokens and base_lr (and optional alpha: sqrt, linear or a number)")
+        alpha = lr_scaling.get("alpha", "sqrt")
+        lr_scaling["alpha"] = ALPHA_PRESETS.get(alpha, alpha) if isinstance(alpha, str) else alpha
+        if isinstance(lr_scaling["alpha"], str):
+            raise ConfigError("lr_scaling.alpha", f"got {alpha!r}; valid presets: {', '.join(ALPHA_PRESETS)} or a number")
+        for key in ("base_lr", "alpha"):
+            space[f"lr_scaling.{key}"] = _distribution(f"lr_scaling.{key}", lr_scaling[key])
+    constraints = raw.get("constraints") or []
+    for i, c in enumerate(constraints):
+        _check_constraint(i, c, valid_keys)
+    infeasible = raw.get("infeasible", "error")
+    if infeasible not in ("error", "skip"):
+        raise ConfigError("infeasible", f"got {infeasible!r}; valid: error, skip")
+    name = str(raw.get("name") or path.stem)
+    return Sweep(name, path, raw, (path.parent / base["config"]).resolve(), list(overrides), space, search, scheduler,
+                 lr_scaling, constraints, infeasible, int(raw.get("max_failures", 1)))
+
+
+def _dotlist_value(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip() if isinstance(value, (list, dict)) else str(value)
+
+
+def _section(cls, data: Optional[Dict[str, Any]], name: str):
+    data = dict(data or {})
+    fields = cls.__dataclass_fields__
+    for key in data:
+        if key not in fields:
+            raise ConfigError(f"{name}.{key}", f"unknown key; valid: {', '.join(fields)}")
+    return cls(**data)
+
+
+def _check_constraint(i: int, c: Any, valid_keys: set) -> None:
+    where = f"constraints.{i}"
+    if not isinstance(c, dict) or "key" not in c or len({"max", "min"} & set(c)) != 1:
+        raise ConfigError(where, "a constraint is {key: K, max|min: factor, of: OTHER_KEY} (of is optional)")
+    for field_name in ("key", "of"):
+        if field_name in c and c[field_name] not in valid_keys:
+            raise ConfigError(f"{where}.{field_name}", f"unknown key {c[field_name]!r}{config_lib._did_you_mean(str(c[field_name]))}")
+
+
+def _violated(constraint: Dict[str, Any], cfg: Config) -> Optional[str]:
+    value = _get(cfg, constraint["key"])
+    other = _get(cfg, constraint["of"]) if "of" in constraint else 1
+    bound_kind = "max" if "max" in constraint else "min"
+    bound = constraint[bound_kind] * other
+    ok = value <= bound if bound_kind == "max" else value >= bound
+    if ok:
+        return None
+    of = f" x {constraint['of']}" if "of" in constraint else ""
+    return f"{constraint['key']}={value} {'>' if bound_kind == 'max' else '<'} {constraint[bound_kind]}{of} = {bound:g}"
+
+
+def _get(cfg: Config, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = node[int(part)] if isinstance(node, list) else getattr(node, part)
+    return node
+
+
+def _grid_points(space: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    grid = {k: v["grid"] for k, v in space.items() if "grid" in v}
+    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())] if grid else [{}]
+
+
+def expand(sweep: Sweep) -> List[Trial]:
+    """Every trial of a grid or random sweep, in a reproducible order, validated."""
+    rng = np.random.default_rng(sweep.search.seed)
+    sampled = {k: v for k, v in sweep.space.items() if "grid" not in v}
+    values = []
+    for point in _grid_points(sweep.space):
+        for _ in range(sweep.search.num_samples if sampled or sweep.search.algorithm != "grid" else 1):
+            values.append({**point, **{k: _draw(spec, rng) for k, spec in sampled.items()}})
+    return [resolve(sweep, v) for v in values]
+
+
+def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
+    """Sampled values -> train-config overrides (shares -> tokens, scaling rule -> lr) -> config."""
+    base = config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False)
+    overrides = {k: v for k, v in values.items() if k not in SHARE_KEYS and k not in LR_KEYS}
+    for share_key, tokens_key in SHARE_KEYS.items():
+        if share_key in values:
+            overrides[tokens_key] = int(round(values[share_key] * base.train.total_tokens))
+    if sweep.lr_scaling:
+        tokens = overrides.get("batch.tokens_per_update", base.batch.tokens_per_update)
+        lr = values["lr_scaling.base_lr"] * (tokens / sweep.lr_scaling["reference_tokens"]) ** values["lr_scaling.alpha"]
+        overrides["optim.lr"] = float(f"{lr:.6g}")
+    trial = Trial(overrides, values=dict(values))
+    try:
+        trial.cfg = config_lib.load(sweep.base_config, sweep.base_overrides + [f"{k}={_dotlist_value(v)}" for k, v in overrides.items()])
+    except ConfigError as exc:
+        trial.problem = str(exc)
+        return trial
+    for c in sweep.constraints:
+        problem = _violated(c, trial.cfg)
+        if problem:
+            trial.cfg, trial.problem = None, f"constraint {problem}"
+            break
+    return trial
+
+
+def split_feasible(sweep: Sweep, trials: List[Trial]) -> Tuple[List[Trial], List[Trial]]:
+    """(feasible, infeasible); raises unless the sweep says to skip infeasible ones."""
+    good = [t for t in trials if t.cfg is not None]
+    bad = [t for t in trials if t.cfg is None]
+    if bad and sweep.infeasible == "error":
+        listing = "; ".join(f"[{t.name}] {t.problem}" for t in bad[:5]) + (f"; ... {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ConfigError("space", f"{len(bad)} of {len(trials)} trials infeasible (set `infeasible: skip` to drop them): {listing}")
+    if not good:
+        raise ConfigError("space", "no feasible trial left")
+    return good, bad
+
+
+def check_asha_alignment(sweep: Sweep, trials: List[Trial]) -> None:
+    """ASHA compares trials at equal tokens only if every trial reports at the same token counts."""
+    if sweep.scheduler.type != "asha":
+        return
+    for t in trials:
+        c = t.cfg
+        every = c.train.eval_every_tokens
+        if every % c.batch.tokens_per_update or sweep.scheduler.grace_period_tokens % every:
+            raise ConfigError(
+                "train.eval_every_tokens",
+                f"{every:,} must be a multiple of every trial's batch.tokens_per_update (trial {t.name}) and divide "
+                f"scheduler.grace_period_tokens={sweep.scheduler.grace_period_tokens:,}, so ASHA compares trials at equal tokens")

@@ -1,0 +1,184 @@
+"""`orchestrator sweep`: a Ray Tune study in which every trial is the Ray Train run of
+`orchestrator train` (the Train V2 pattern: a function trainable that calls TorchTrainer.fit()).
+
+One MLflow parent run per sweep, one child run per trial. A trial finds its child run again by
+its Tune trial id, so a retry or `--resume` keeps logging into the same run. Everything is
+checked before anything launches: bad sweep files and infeasible combinations exit 2 and no
+MLflow run is created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from orchestrator import config as config_lib
+from orchestrator import launch, search_space, tracking
+from orchestrator.errors import ConfigError
+
+RECORD = "sweep_run.json"
+TRIAL_DRIVER_CPUS = 0.2  # the Tune trial only waits on its TorchTrainer; workers hold the CPUs
+
+
+# ---------------------------------------------------------------- inside each Tune trial
+
+
+def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
+    """One trial: resolve its config, open (or find) its MLflow child run, run TorchTrainer."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    sweep: search_space.Sweep = setup["sweep"]
+    if Path(setup["cwd"]).is_dir():  # Tune starts trials in their own folder; paths are the user's
+        os.chdir(setup["cwd"])
+    trial = search_space.resolve(sweep, params["trial"])
+    if trial.cfg is None:  # optuna proposed an infeasible point: report it as very bad
+        tune.report({"tokens": 0, "eval_loss": float("inf"), "infeasible": trial.problem})
+        return
+    cfg = trial.cfg
+    launch.resolve_paths(cfg)
+    trial_id = tune.get_context().get_trial_id()
+    cfg.train.run_name = trial_id
+    tags = {tracking.PARENT_TAG: setup["parent_run_id"], tracking.TRIAL_TAG: trial_id, tracking.SWEEP_TAG: sweep.name}
+    run_id = tracking.find_run(cfg.tracking.uri, cfg.tracking.experiment, tags) or launch.open_run(cfg, trial.name, tags)
+    trainer = launch.build_trainer(cfg, run_id, Path(setup["train_storage"]), trial_id, callbacks=[TuneReportCallback()])
+    metrics, error = None, None
+    try:
+        result = trainer.fit()
+        metrics, error = result.metrics, result.error
+    except Exception as exc:
+        error = exc
+    launch.finish(cfg, run_id, metrics, error)
+    if error is not None:
+        raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def _sweep_dir(root: Path, name: str, resume: bool) -> Path:
+    runs = sorted(p for p in (root / name).glob("*") if (p / RECORD).exists())
+    if resume:
+        if not runs:
+            raise ConfigError("--resume", f"no earlier run of sweep {name!r} under {root / name}")
+        return runs[-1]
+    return root / name / time.strftime("%Y%m%d-%H%M%S")
+
+
+def _preflight(trials: List[search_space.Trial]) -> None:
+    seen = set()
+    for t in trials:
+        key = json.dumps([config_lib.to_dict(t.cfg)["data"], t.cfg.batch.tokens_per_update], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            launch.resolve_paths(t.cfg)
+            launch.preflight(t.cfg)
+
+
+def _open_parent(sweep: search_space.Sweep, cfg, trials) -> str:
+    uri = cfg.tracking.uri
+    tags = {"orchestrator.role": "sweep", tracking.SWEEP_TAG: sweep.name, "orchestrator.search": sweep.search.algorithm,
+            "orchestrator.scheduler": sweep.scheduler.type}
+    run_id = tracking.create_run(uri, cfg.tracking.experiment, f"sweep {sweep.name}", tags)
+    params = config_lib.flatten({k: v for k, v in sweep.raw.items() if k != "description"})
+    params["trials"] = len(trials) if trials is not None else sweep.search.num_samples
+    tracking.log_params(uri, run_id, {f"sweep.{k}": v for k, v in params.items()})
+    tracking.log_file(uri, run_id, sweep.path)
+    return run_id
+
+
+def _param_space(sweep: search_space.Sweep, trials):
+    from ray import tune
+
+    if trials is not None:
+        return {"trial": tune.grid_search([t.values for t in trials])}, None
+    from ray.tune.search.optuna import OptunaSearch
+
+    dists = {"grid": tune.choice, "choice": tune.choice, "uniform": lambda a: tune.uniform(*a),
+             "loguniform": lambda a: tune.loguniform(*a), "randint": lambda a: tune.randint(a[0], a[1] + 1)}
+    space = {"trial": {k: dists[next(iter(s))](next(iter(s.values()))) for k, s in sweep.space.items()}}
+    searcher = OptunaSearch(metric=sweep.search.metric, mode="min", seed=sweep.search.seed)
+    return space, searcher
+
+
+def _scheduler(sweep: search_space.Sweep, budget: int):
+    if sweep.scheduler.type != "asha":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    # time_attr = tokens: rungs are token counts, so trials at different batch sizes are
+    # compared after the same number of tokens, never after the same number of steps.
+    return ASHAScheduler(time_attr="tokens", metric=sweep.search.metric, mode="min", max_t=budget,
+                         grace_period=sweep.scheduler.grace_period_tokens, reduction_factor=sweep.scheduler.reduction_factor)
+
+
+def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
+    sweep = search_space.load(sweep_path)
+    sweep.base_overrides += list(overrides)  # the CLI overrides apply to every trial's base
+    base = config_lib.load(sweep.base_config, sweep.base_overrides)
+    launch.resolve_paths(base)
+    trials = None
+    if sweep.search.algorithm != "optuna":
+        trials, skipped = search_space.split_feasible(sweep, search_space.expand(sweep))
+        for t in skipped:
+            print(f"skipping infeasible trial [{t.name}]: {t.problem}")
+        search_space.check_asha_alignment(sweep, trials)
+        _preflight(trials)
+    else:
+        _preflight([search_space.Trial({}, base)])
+
+    folder = _sweep_dir(Path(base.train.storage_path) / "sweeps", sweep.name, resume)
+    if resume:
+        record = json.loads((folder / RECORD).read_text())
+        parent = record["parent_run_id"]
+        print(f"resuming sweep {sweep.name!r} from {folder} (MLflow parent run {parent})")
+    else:
+        parent = _open_parent(sweep, base, trials)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / RECORD).write_text(json.dumps({"parent_run_id": parent, "sweep": str(sweep.path)}))
+        print(f"sweep {sweep.name!r}: {len(trials) if trials else sweep.search.num_samples} trials, MLflow parent run {parent}, results in {folder}")
+
+    launch.ray_init(base.cluster.address)
+    results, error = None, None
+    try:
+        results = _tuner(sweep, trials, base, parent, folder, resume).fit()
+    except Exception as exc:
+        error = exc
+    from orchestrator import sweep_summary
+
+    return sweep_summary.finish(sweep, base, parent, results, error)
+
+
+def _tuner(sweep, trials, base, parent: str, folder: Path, resume: bool):
+    from ray import tune
+
+    from orchestrator.sweep_summary import ProgressTable
+
+    setup = {"sweep": sweep, "parent_run_id": parent, "train_storage": str(folder / "train"), "cwd": os.getcwd()}
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_DRIVER_CPUS})
+    if resume:
+        return tune.Tuner.restore(str(folder / "tune"), trainable, resume_unfinished=True, resume_errored=True)
+    space, searcher = _param_space(sweep, trials)
+    budget = base.train.total_tokens
+    return tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            num_samples=1 if trials is not None else sweep.search.num_samples,
+            max_concurrent_trials=sweep.search.max_concurrent,
+            scheduler=_scheduler(sweep, budget),
+            search_alg=searcher,
+            metric=None if searcher or sweep.scheduler.type == "asha" else sweep.search.metric,
+            mode=None if searcher or sweep.scheduler.type == "asha" else "min",
+        ),
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=str(folder),
+            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            callbacks=[ProgressTable(sweep)],
+            verbose=0,
+        ),
+    )
