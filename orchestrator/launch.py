@@ -30,11 +30,16 @@ def preflight(cfg: Config) -> None:
         from workloads import data
 
         data.check_corpus(cfg, plan.tokens_per_update)
-    if cfg.cluster.use_gpu:
+    if cfg.cluster.use_gpu and not on_cluster(cfg):
         import torch
 
-        if not torch.cuda.is_available() and not cfg.cluster.address:
+        if not torch.cuda.is_available():
             raise ConfigError("cluster.use_gpu", "true, but this torch build sees no CUDA device; use cluster.use_gpu=false or install the CUDA build (README)")
+
+
+def on_cluster(cfg: Config) -> bool:
+    """Joining an existing Ray cluster (cluster.address, or inside a Ray job: RAY_ADDRESS)."""
+    return bool(cfg.cluster.address or os.environ.get("RAY_ADDRESS"))
 
 
 def ray_init(address: Optional[str] = None) -> None:
@@ -47,7 +52,9 @@ def ray_init(address: Optional[str] = None) -> None:
 
     if ray.is_initialized():
         return
-    if address:
+    if os.environ.get("RAY_ADDRESS") and not address:
+        ray.init(log_to_driver=False)  # inside a Ray job: its runtime_env already carries the env
+    elif address:
         ray.init(address=address, runtime_env={"env_vars": tracking.env_for_workers()}, log_to_driver=False)
     else:
         ray.init(dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", log_to_driver=False,

@@ -55,11 +55,17 @@ def batch_colors(batch_sizes: Sequence[float]) -> Dict[float, Tuple]:
 
 
 def _plain_log_ticks(axis, fmt, limits: Tuple[float, float]) -> None:
-    """Plain numbers on a log axis; minor ticks labelled too when it spans under a decade."""
+    """Plain numbers on a log axis; minor ticks labelled too (only 2x and 5x past a decade)."""
+    import math
+
+    span = limits[1] / limits[0]
+
+    def minor(v, _):
+        lead = round(v / 10 ** math.floor(math.log10(v)))
+        return fmt(v) if span < 10 or (span < 1000 and lead in (2, 5)) else ""
+
     axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v)))
-    small = limits[1] < 10 * limits[0]
-    axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v)) if small
-                             else matplotlib.ticker.NullFormatter())
+    axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
 
 
 def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
@@ -89,6 +95,7 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
         ax.set_ylim(min(lows) * 0.97, max(firsts) * 1.05)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_log_ticks(ax.xaxis, (lambda v: f"{v:g}") if x == "steps" else fmt_tokens, ax.get_xlim())
     _plain_log_ticks(ax.yaxis, lambda v: f"{v:.1f}", ax.get_ylim())
     ax.set_xlabel("optimizer steps" if x == "steps" else "tokens seen")
     ax.set_ylabel("loss")

@@ -181,6 +181,10 @@ def critical_batch(trials: Sequence[Trial], target: float) -> Dict[str, Any]:
     if len(points) >= 2:
         bs, ss = [p["batch"] for p in points], [p["steps"] for p in points]
         fit, interval = noise.fit_critical_batch(bs, ss), noise.bootstrap_b_crit(bs, ss)
+        if fit[1] == 0:
+            notes.append("steps do not fall as B grows (E_min = 0): every B here is past B_crit, or the data are noisy")
+        elif fit[0] == 0:
+            notes.append("steps fall as 1/B throughout (S_min = 0): B_crit lies beyond the largest B")
     else:
         notes.append(f"B_crit needs at least 2 batch sizes that reach this loss; {len(points)} did")
     if missing:
@@ -253,11 +257,12 @@ def answer(result: Dict[str, Any]) -> str:
     if p["b_crit"] is not None:
         lo, hi = p["b_crit_interval"]
         text += (f" At loss {p['target_loss']:.4g} the critical batch size is B_crit = {_n(p['b_crit'], 'tok')} "
-                 f"tokens (90% bootstrap {_n(lo, 'tok')} - {_n(hi, 'tok')}, from {len(p['points'])} batch sizes)")
+                 f"tokens (90% bootstrap {_n(lo, 'tok')} - {_n(hi, 'tok')}, from {len(p['points'])} batch sizes"
+                 + "".join(f"; {note}" for note in p["notes"]) + ")")
     else:
         text += f" No critical batch size at loss {p['target_loss']:.4g} ({'; '.join(p['notes'])})"
     text += f"; measured B_simple there: {_n(p['b_simple'], 'tok')} tokens." if p["b_simple"] else "; no B_simple."
-    return text + (f" The best learning rate scales as B^{alpha:.2f}." if alpha is not None else "")
+    return text + (f" The best learning rate scales as B^{round(alpha, 2) + 0.0:.2f}." if alpha is not None else "")
 
 
 def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[str, Any]:
@@ -306,7 +311,7 @@ def _table(rows: Sequence[Dict[str, Any]], columns: Sequence[Tuple[str, str, str
 def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[tuple]:
     """The summary as blocks: ("h1".."h3", text), ("p", text), ("table", header, rows), ("img", file)."""
     best, scaling, metric, src = result["best"], result["lr_scaling"], result["loss_metric"], result.get("source", {})
-    targets = [{**f, "n": len(f["points"]), "note": "; ".join(f["notes"]),
+    targets = [{**f, "n": len(f["points"]), "note": "; ".join(f["notes"]) or "-",
                 "interval": " - ".join(_n(x, TOK) for x in f["b_crit_interval"] or [])}
                for f in result["critical_batch"]]
     how = "chosen automatically" if result["targets_chosen"] else "given"
@@ -393,6 +398,7 @@ def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out
 
 def run(target: str, overrides: List[str], out: Optional[str] = None,
         target_losses: Optional[List[float]] = None) -> int:
+    """The `report` verb: target is a sweep file, a sweep name or a run id; returns the exit code."""
     uri, name, run_id = resolve(target, list(overrides))
     trials = read_trials(uri, run_id)
     if not any(t.batch and t.train for t in trials):

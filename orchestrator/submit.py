@@ -1,28 +1,18 @@
 """Send a sweep to a Ray cluster through the Ray Jobs API, and look after submitted jobs.
 
-`orchestrator submit SWEEP --address URL [key=value ...]` checks the sweep file here, then ships
-the project folder as the job's working directory (small: EXCLUDES leaves out .venv, .git,
-runs, stores, reports) and runs `python -m orchestrator sweep <sweep file> <overrides>` in it.
+`submit` checks the sweep file here, uploads the project folder as the job's working directory
+(EXCLUDES keeps it small) and runs `python -m orchestrator sweep <sweep file> <overrides>` in it.
+What the job needs from this environment travels as runtime_env env_vars, never on the command
+line, and only the variable *names* are printed: MLflow credentials (tracking.env_for_workers),
+MLFLOW_TRACKING_URI (with the override `tracking.uri=${oc.env:MLFLOW_TRACKING_URI}` unless you
+pass tracking.uri=...), and every variable a `${oc.env:NAME}` names in the overrides, the sweep
+file or its base config. A relative `sqlite:///mlflow.db` would resolve inside the job's
+temporary working directory on the head node: pass an absolute path there or a server URL.
 
-What the job needs from this environment travels as runtime_env env_vars, never on the
-command line and never printed (only the variable *names* are shown):
-- MLflow credentials (tracking.env_for_workers: MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN, ...);
-- MLFLOW_TRACKING_URI when it is set here; unless you pass `tracking.uri=...` yourself the job
-  gets the override `tracking.uri=${oc.env:MLFLOW_TRACKING_URI}`, resolved on the cluster and
-  redacted from logged params like any `${oc.env:...}` value;
-- every variable named in `${oc.env:NAME}` by the overrides, the sweep file or its base config.
-Anyone who may read the job's runtime environment on the cluster (the dashboard, which token
-authentication guards) can read these values.
-
-Tracking on a cluster: a relative `sqlite:///mlflow.db` resolves inside the job's working
-directory on the head node, a temporary copy of the project that Ray deletes. Pass
-`tracking.uri=sqlite:////ABSOLUTE/PATH/mlflow.db` (a path on the head node) or a server URL.
-
-Ray token authentication (Ray >= 2.52; RAY_AUTH_MODE=token on the cluster): the dashboard wants
-`Authorization: Bearer <token>`. The token is looked up as Ray does (RAY_AUTH_TOKEN, then the file
-named by RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token) and sent whenever one is found; Ray's own
-client only sends it when RAY_AUTH_MODE=token is set in the submitting process too.
-RAY_AUTH_MODE=disabled here sends none.
+Ray token authentication (Ray >= 2.52, RAY_AUTH_MODE=token on the cluster): the dashboard wants
+`Authorization: Bearer <token>`. The token is looked up as Ray does (RAY_AUTH_TOKEN, the file
+named by RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) and sent whenever one is found; Ray's own client
+sends it only when RAY_AUTH_MODE=token is set in the submitting process too.
 """
 
 from __future__ import annotations
@@ -49,7 +39,7 @@ from orchestrator.errors import ConfigError
 # Ray also honours the project's .gitignore unless RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1.
 EXCLUDES = [
     ".git", ".venv", "venv", "**/__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis",
-    ".cache", "runs", "mlruns", "mlartifacts", "mlflow.db", "*.db", "reports", "ray_results",
+    ".cache", "runs", "mlruns", "mlartifacts", "mlflow.db", "reports", "ray_results",
     "build", "dist", ".whl", ".gl", "*.ckpt",
 ]
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -136,14 +126,14 @@ def _base_config(sweep: Dict[str, Any], sweep_path: Path, root: Path) -> Optiona
     return found
 
 
-def _effective_tracking_uri(overrides: Sequence[str], sweep: Dict[str, Any], base: Optional[Path]) -> Optional[str]:
+def _effective_tracking_uri(overrides: Sequence[str], sweep: Dict[str, Any], base: Optional[Path]) -> str:
     """Best guess of tracking.uri on the cluster (for the note on relative local stores)."""
-    base_overrides = (sweep.get("base") or {}).get("overrides") if isinstance(sweep.get("base"), dict) else None
+    base_overrides = sweep.get("base", {}).get("overrides") if isinstance(sweep.get("base"), dict) else None
+    if isinstance(base_overrides, dict):  # sweep files write them as a mapping
+        base_overrides = [f"{k}={v}" for k, v in base_overrides.items()]
     for item in [*(base_overrides or []), *overrides][::-1]:
         if str(item).startswith("tracking.uri="):
             return str(item).partition("=")[2]
-    if "MLFLOW_TRACKING_URI" in os.environ:
-        return None  # the job resolves it from the environment
     for path in _config_chain(base) if base else []:
         with contextlib.suppress(Exception):
             uri = ((yaml.safe_load(path.read_text()) or {}).get("tracking") or {}).get("uri")
@@ -201,8 +191,9 @@ def job_spec(verb: str, target: str | Path, overrides: Sequence[str] = (), resum
     texts = [path.read_text()] + [p.read_text() for p in (_config_chain(base) if base else [])]
     env, extra = job_env(overrides, texts)
     notes = []
-    uri = _effective_tracking_uri([*overrides, *extra], data if verb == "sweep" else {}, base)
-    if uri and _relative_local(uri):
+    uri = _effective_tracking_uri(overrides, data if verb == "sweep" else {}, base)
+    uri = os.environ["MLFLOW_TRACKING_URI"] if extra else uri  # the job resolves ${oc.env:...} to it
+    if _relative_local(uri):
         notes.append(f"tracking.uri={uri} is relative: on the cluster it resolves inside the job's working directory on the "
                      "head node (a temporary copy of the project); pass tracking.uri=sqlite:////ABSOLUTE/PATH/mlflow.db "
                      "or an MLflow server URL to keep the runs")
@@ -324,19 +315,15 @@ def _calls(client, job_id: Optional[str] = None) -> Iterator[None]:
         raise
 
 
-def _status(client, job_id: str) -> str:
-    with _calls(client, job_id):
-        return _value(client.get_job_status(job_id))
-
-
 def wait_for(client, job_id: str, statuses: Sequence[str] = TERMINAL, timeout_s: float = 60.0, poll_s: float = 1.0) -> str:
     """Poll until the job's status is one of `statuses` (or the timeout); the last status seen."""
     deadline = time.monotonic() + timeout_s
-    status = _status(client, job_id)
-    while status not in statuses and time.monotonic() < deadline:
+    while True:
+        with _calls(client, job_id):
+            status = _value(client.get_job_status(job_id))
+        if status in statuses or time.monotonic() >= deadline:
+            return status
         time.sleep(poll_s)
-        status = _status(client, job_id)
-    return status
 
 
 def follow_job(client, job_id: str) -> int:
@@ -346,25 +333,23 @@ def follow_job(client, job_id: str) -> int:
             sys.stdout.write(chunk)
             sys.stdout.flush()
 
-    with _calls(client, job_id):
-        try:
-            asyncio.run(tail())
-        except RuntimeError as exc:  # the log stream broke off: keep waiting for the status
-            if "404" in str(exc):
-                raise
-            print(f"log stream interrupted ({exc}); waiting for the job to end", file=sys.stderr)
-    status = wait_for(client, job_id, timeout_s=float("inf"), poll_s=2.0)
+    try:
+        with _calls(client, job_id):
+            try:
+                asyncio.run(tail())
+            except RuntimeError as exc:  # the log stream broke off: keep waiting for the status
+                if "404" in str(exc):
+                    raise
+                print(f"log stream interrupted ({exc}); waiting for the job to end", file=sys.stderr)
+        status = wait_for(client, job_id, timeout_s=float("inf"), poll_s=2.0)
+    except KeyboardInterrupt:
+        print(f"stopped following; job {job_id} keeps running (orchestrator jobs stop {job_id} "
+              f"--address {mask(client.get_address())})", file=sys.stderr)
+        raise
     with _calls(client, job_id):
         message = client.get_job_info(job_id).message or ""
     print(f"job {job_id} {status}" + (f": {mask(message)}" if status != "SUCCEEDED" and message else ""))
     return 0 if status == "SUCCEEDED" else 1
-
-
-def send(spec: JobSpec, client) -> str:
-    """Submit a built JobSpec; the submission id."""
-    with _calls(client):
-        return client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env,
-                                 submission_id=spec.submission_id, metadata=spec.metadata)
 
 
 def run(spec: JobSpec, address: str, follow_logs: bool = False) -> int:
@@ -372,7 +357,9 @@ def run(spec: JobSpec, address: str, follow_logs: bool = False) -> int:
     client = connect(address)
     if "working_dir" in spec.runtime_env:
         print(f"uploading {spec.runtime_env['working_dir']} as the job's working directory", flush=True)
-    job_id = send(spec, client)
+    with _calls(client):
+        job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env,
+                                   submission_id=spec.submission_id, metadata=spec.metadata)
     addr = mask(client.get_address())
     print(f"submitted job {job_id} to {addr}")
     print(f"  entrypoint: {mask(spec.entrypoint)}")

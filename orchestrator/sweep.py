@@ -43,7 +43,13 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     trial_id = tune.get_context().get_trial_id()
     cfg.train.run_name = trial_id
     tags = {tracking.PARENT_TAG: setup["parent_run_id"], tracking.TRIAL_TAG: trial_id, tracking.SWEEP_TAG: sweep.name}
-    run_id = tracking.find_run(cfg.tracking.uri, cfg.tracking.experiment, tags) or launch.open_run(cfg, trial.name, tags)
+    run_id = tracking.find_run(cfg.tracking.uri, cfg.tracking.experiment, tags)
+    if run_id and tracking.get_run(cfg.tracking.uri, run_id).info.status == "FINISHED":
+        # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
+        latest = tracking.get_run(cfg.tracking.uri, run_id).data.metrics
+        tune.report({"tokens": int(latest.get("train/tokens", 0)), "eval_loss": latest.get("eval/loss"), "loss": latest.get("train/loss")})
+        return
+    run_id = run_id or launch.open_run(cfg, trial.name, tags)
     trainer = launch.build_trainer(cfg, run_id, Path(setup["train_storage"]), trial_id, callbacks=[TuneReportCallback()])
     metrics, error = None, None
     try:

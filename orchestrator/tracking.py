@@ -346,8 +346,8 @@ def find_sweep_run_anywhere(uri: str, sweep_name: str, experiment: Optional[str]
     exp_ids = [e.experiment_id for e in c.search_experiments(max_results=1000)]
     if not exp_ids:
         return None
-    runs = c.search_runs(exp_ids, filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_name}' and tags.`orchestrator.role` = 'sweep'",
-                         max_results=1, order_by=["attributes.start_time DESC"])
+    query = f"tags.`{SWEEP_TAG}` = '{sweep_name}' and tags.`orchestrator.role` = 'sweep'"
+    runs = c.search_runs(exp_ids, filter_string=query, max_results=1, order_by=["attributes.start_time DESC"])
     return runs[0].info.run_id if runs else None
 
 

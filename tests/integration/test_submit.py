@@ -104,13 +104,15 @@ def cluster():
     finally:
         proc.terminate()  # `ray start --block` stops its GCS, raylet, dashboard... on SIGTERM
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # slow under load: no need to be graceful in a test
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the session we started, by its id
+                os.killpg(proc.pid, signal.SIGKILL)  # the process group we started, by its id
             except ProcessLookupError:
                 pass
-        _kill_leftovers(temp)
+        for _ in range(2):
+            _kill_leftovers(temp)
+            time.sleep(0.5)
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
 
@@ -217,6 +219,13 @@ def test_unreachable_address_exits_2_with_one_line():
     _one_line(code, err, "unreachable address", f"127.0.0.1:{port}")
     code, _, err = run_cli("jobs", "list", "--address", f"127.0.0.1:{port}")
     _one_line(code, err, "unreachable address")
+
+
+def test_jobs_id_argument_checked_before_any_contact():
+    code, _, err = run_cli("jobs", "stop", "--address", "http://127.0.0.1:9")
+    _one_line(code, err, "needs a submission id")
+    code, _, err = run_cli("jobs", "list", "some-id", "--address", "http://127.0.0.1:9")
+    _one_line(code, err, "takes no submission id")
 
 
 # ---------------------------------------------------------------- against the cluster

@@ -1,0 +1,130 @@
+"""Sweeps end to end through the real command line: MLflow parent/children, retries from
+checkpoints, ASHA at equal tokens, --resume after the driver is killed, bad sweep files."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from orchestrator import tracking
+from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
+
+
+def children(uri, sweep_name):
+    parent = tracking.find_sweep_run(uri, "orchestrator", sweep_name)
+    assert parent, "no parent run"
+    return parent, tracking.child_runs(uri, parent)
+
+
+def variant(tmp_path, name, **changes):
+    """The smoke sweep with some keys changed, written into tmp_path."""
+    body = yaml.safe_load(SMOKE.read_text())
+    body["base"]["config"] = str(ROOT / "conf" / "train" / "tiny.yaml")
+    body["name"] = name
+    for key, value in changes.items():
+        if key == "overrides":
+            body["base"]["overrides"].update(value)
+        else:
+            body[key] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
+    """4 trials; each fails once after its second checkpoint and is retried from it."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    code, out, err = run_cli("sweep", SMOKE, f"tracking.uri={uri}", cwd=tmp_path,
+                             env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864"})
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "best trial" in out and "best learning rate per batch size" in out
+    parent, runs = children(uri, "smoke")
+    assert len(runs) == 4
+    markers = list((tmp_path / "runs").rglob(".fault_injected"))
+    assert len(markers) == 4, "every trial should have failed once"
+    for run in runs:
+        assert run.data.tags[tracking.PARENT_TAG] == parent and run.info.status == "FINISHED"
+        assert run.info.run_name.startswith("B=")
+        steps = [s for s, _ in tracking.metric_history(uri, run.info.run_id, "train/loss")]
+        tpu = int(run.data.params["batch.tokens_per_update"])
+        assert steps == sorted(set(steps)), "steps unique and increasing"
+        assert 49152 - tpu <= steps[-1] <= 49152, "reaches the budget within one update"
+        assert steps == list(range(4096, 49152 + 1, 4096)), "no gaps at the report cadence"
+    # the parent carries the sweep file and the all-trials plot
+    names = {a.path for a in MlflowClient(uri).list_artifacts(parent)}
+    assert {"smoke.yaml", "loss_vs_tokens.png"} <= names
+
+
+def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    sweep = variant(tmp_path, "asha", space={"batch.tokens_per_update": {"grid": [4096]},
+                                             "optim.lr": {"grid": [3e-3, 2e-3, 1e-3, 30.0]}},
+                    overrides={"optim.grad_clip": 0, "train.total_tokens": 65536},
+                    scheduler={"type": "asha", "grace_period_tokens": 16384, "reduction_factor": 2},
+                    search={"algorithm": "grid", "max_concurrent": 1})
+    code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", cwd=tmp_path)
+    assert code == 0, out[-3000:] + err[-3000:]
+    _, runs = children(uri, "asha")
+    by_lr = {float(r.data.params["optim.lr"]): r for r in runs}
+    bad = by_lr[30.0]
+    evals = tracking.metric_history(uri, bad.info.run_id, "eval/loss")
+    # ASHA decides on the first rung's report (16,384 tokens); the stop reaches the running
+    # trial asynchronously, so at most one more evaluation period may be logged.
+    assert bad.info.status == "KILLED" and max(s for s, _ in evals) <= 32768, evals
+    # every decision at that rung saw each trial's eval loss after exactly 16,384 tokens
+    for run in runs:
+        assert 16384 in {s for s, _ in tracking.metric_history(uri, run.info.run_id, "eval/loss")}
+    assert by_lr[3e-3].info.status == "FINISHED"
+
+
+def test_resume_after_the_driver_is_killed(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    sweep = variant(tmp_path, "resumable", search={"algorithm": "grid", "max_concurrent": 1})
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "sweep", str(sweep), f"tracking.uri={uri}"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    finished, deadline = [], time.monotonic() + 400
+    while not finished and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(3)
+        # the record appears once the driver has created the store and the parent run
+        ready = list((tmp_path / "runs" / "sweeps" / "resumable").glob("*/sweep_run.json"))
+        parent = tracking.find_sweep_run(uri, "orchestrator", "resumable") if ready else None
+        finished = [r for r in tracking.child_runs(uri, parent) if r.info.status == "FINISHED"] if parent else []
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    proc.wait()
+    assert finished, "no trial finished before the kill"
+    done_before = {r.info.run_id: r.info.end_time for r in finished}
+    time.sleep(3)
+    code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", "--resume", cwd=tmp_path)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "resuming sweep" in out
+    _, runs = children(uri, "resumable")
+    assert len(runs) == 4, [r.info.run_name for r in runs]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        if run.info.run_id in done_before:
+            assert run.info.end_time == done_before[run.info.run_id], "a finished trial was run again"
+        steps = [s for s, _ in tracking.metric_history(uri, run.info.run_id, "train/loss")]
+        assert steps == sorted(set(steps))
+
+
+@pytest.mark.parametrize("change,key", [
+    ({"space": {"optim.lrr": {"grid": [1e-3]}}}, "optim.lrr"),
+    ({"space": {"optim.lr": {"grid": []}}}, "optim.lr"),
+    ({"space": {"optim.lr": {"uniform": [0.1, 0.01]}}, "search": {"algorithm": "random"}}, "optim.lr"),
+    ({"constraints": [{"key": "batch.tokens_per_update", "max": 1, "of": "train.tokenz"}]}, "train.tokenz"),
+    ({"search": {"algorithm": "bayes"}}, "search.algorithm"),
+])
+def test_bad_sweep_files_create_no_run(tmp_path, change, key):
+    sweep = variant(tmp_path, "bad", **change)
+    code, out, err = run_cli("sweep", sweep, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", cwd=tmp_path, timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and key in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "mlflow.db").exists(), "no MLflow run for a bad sweep"

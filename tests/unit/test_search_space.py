@@ -1,0 +1,104 @@
+"""Sweep files -> trials: distributions, lr scaling rules, shares of the budget, joint
+constraints, infeasible combinations listed before anything launches."""
+
+import math
+
+import pytest
+import yaml
+
+from orchestrator import search_space
+from orchestrator.errors import ConfigError
+from tests.conftest import ROOT
+
+TINY = str(ROOT / "conf" / "train" / "tiny.yaml")
+
+
+def write(tmp_path, **body):
+    body.setdefault("name", "t")
+    body.setdefault("base", {"config": TINY})
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_grid_product_and_names(tmp_path):
+    sweep = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 65536]},
+                                                     "optim.lr": {"grid": [3e-4, 1e-3]}},
+                                    base={"config": TINY, "overrides": {"train.total_tokens": 1048576}}))
+    trials = search_space.expand(sweep)
+    assert len(trials) == 4
+    assert {(t.cfg.batch.tokens_per_update, t.cfg.optim.lr) for t in trials} == {(2048, 3e-4), (2048, 1e-3), (65536, 3e-4), (65536, 1e-3)}
+    assert trials[2].name.startswith("B=64Ki lr=3e-4")
+
+
+def test_random_draws_are_seeded_and_in_range(tmp_path):
+    body = dict(space={"optim.lr": {"loguniform": [1e-4, 1e-2]}, "train.seed": {"randint": [1, 3]}},
+                search={"algorithm": "random", "num_samples": 50, "seed": 7})
+    a = search_space.expand(search_space.load(write(tmp_path, **body)))
+    b = search_space.expand(search_space.load(write(tmp_path, **body)))
+    assert [t.cfg.optim.lr for t in a] == [t.cfg.optim.lr for t in b]
+    assert all(1e-4 <= t.cfg.optim.lr <= 1e-2 for t in a)
+    assert {t.cfg.train.seed for t in a} == {1, 2, 3}
+    logs = [math.log10(t.cfg.optim.lr) for t in a]
+    assert min(logs) < -3.3 and max(logs) > -2.7  # spread over decades, not clustered at the top
+
+
+@pytest.mark.parametrize("alpha,expected", [("sqrt", 0.5), ("linear", 1.0), (0.25, 0.25)])
+def test_lr_scaling_rule(tmp_path, alpha, expected):
+    sweep = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [1024, 4096, 16384]}},
+                                    lr_scaling={"reference_tokens": 4096, "base_lr": 1e-3, "alpha": alpha},
+                                    base={"config": TINY, "overrides": {"train.total_tokens": 1048576}}))
+    for t in search_space.expand(sweep):
+        ratio = t.cfg.batch.tokens_per_update / 4096
+        assert t.cfg.optim.lr == pytest.approx(1e-3 * ratio ** expected, rel=1e-5)
+
+
+def test_warmup_as_share_of_budget(tmp_path):
+    sweep = search_space.load(write(tmp_path, space={"schedule.warmup_share": {"grid": [0.01, 0.1]}}))
+    budget = search_space.expand(sweep)[0].cfg.train.total_tokens
+    assert [t.cfg.schedule.warmup_tokens for t in search_space.expand(sweep)] == [round(0.01 * budget), round(0.1 * budget)]
+
+
+def test_constraints_and_infeasible_listing(tmp_path):
+    body = dict(space={"batch.tokens_per_update": {"grid": [4096, 5000, 131072]}},
+                constraints=[{"key": "batch.tokens_per_update", "max": 0.25, "of": "train.total_tokens"}])
+    sweep = search_space.load(write(tmp_path, **body))
+    with pytest.raises(ConfigError) as info:
+        search_space.split_feasible(sweep, search_space.expand(sweep))
+    message = str(info.value)
+    assert "2 of 3 trials infeasible" in message and "4,992" in message and "constraint" in message
+    sweep = search_space.load(write(tmp_path, infeasible="skip", **body))
+    good, bad = search_space.split_feasible(sweep, search_space.expand(sweep))
+    assert [t.cfg.batch.tokens_per_update for t in good] == [4096] and len(bad) == 2
+
+
+def test_asha_needs_reports_at_equal_tokens(tmp_path):
+    sweep = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [4096, 12288]}},
+                                    scheduler={"type": "asha", "grace_period_tokens": 65536}))
+    with pytest.raises(ConfigError, match="train.eval_every_tokens"):
+        search_space.check_asha_alignment(sweep, search_space.expand(sweep))
+
+
+@pytest.mark.parametrize("body,key", [
+    ({"space": {"optim.lrr": {"grid": [1]}}}, "space.optim.lrr"),
+    ({"space": {"optim.lr": {"grid": []}}}, "space.optim.lr"),
+    ({"space": {"optim.lr": {"uniform": [0.1, 0.01]}}, "search": {"algorithm": "random"}}, "space.optim.lr"),
+    ({"space": {"optim.lr": {"normal": [0, 1]}}}, "space.optim.lr"),
+    ({"constraints": [{"key": "optim.lrr", "max": 1}]}, "constraints.0.key"),
+    ({"search": {"algorithm": "bayes"}}, "search.algorithm"),
+    ({"scheduler": {"type": "pbt"}}, "scheduler.type"),
+    ({"lr_scaling": {"reference_tokens": 1, "base_lr": 1e-3, "alpha": "cubic"}}, "lr_scaling.alpha"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_bad_sweep_files(tmp_path, body, key):
+    with pytest.raises(ConfigError) as info:
+        search_space.load(write(tmp_path, **body))
+    assert info.value.key == key
+
+
+def test_shipped_sweeps_are_valid():
+    for path in sorted((ROOT / "conf" / "sweep").glob("*.yaml")):
+        sweep = search_space.load(path)
+        good, _ = search_space.split_feasible(sweep, search_space.expand(sweep))
+        search_space.check_asha_alignment(sweep, good)
+        assert len({t.cfg.train.total_tokens for t in good}) == 1, "every trial shares the budget"
