@@ -115,14 +115,15 @@ def build_trainer(cfg: Config, run_id: str, storage: Path, name: str, callbacks:
     )
 
 
-def finish(cfg: Config, run_id: str, result_metrics: Optional[Dict[str, Any]], error: Optional[BaseException]) -> str:
+def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
     """Close the MLflow run: status, failure reason, loss plot. Returns the status."""
     uri = cfg.tracking.uri
     status, reason = "FINISHED", None
     if error is not None:
         status, reason = "FAILED", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    elif result_metrics and result_metrics.get("diverged"):
-        status, reason = "FAILED", f"non-finite loss at {int(result_metrics.get('tokens', 0)):,} tokens"
+    else:  # a worker that saw a non-finite loss tagged the run and stopped
+        reason = tracking.get_run(uri, run_id).data.tags.get(tracking.FAILURE_TAG)
+        status = "FAILED" if reason else status
     if reason:
         tracking.set_tags(uri, run_id, {tracking.FAILURE_TAG: reason[:5000]})
     try:
@@ -200,7 +201,7 @@ def train(cfg: Config) -> int:
     worker.start()
     _show_progress(cfg, run_id, worker)
     metrics, error = outcome.get("metrics"), outcome.get("error")
-    outcome = finish(cfg, run_id, metrics, error)
+    outcome = finish(cfg, run_id, error)
     link = tracking.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
     if outcome != "FINISHED":
         print(f"run {name!r} failed: {outcome}\nMLflow run {run_id}: open with `{tracking.ui_command(cfg.tracking.uri)}`, then {link}")

@@ -51,13 +51,12 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
         return
     run_id = run_id or launch.open_run(cfg, trial.name, tags)
     trainer = launch.build_trainer(cfg, run_id, Path(setup["train_storage"]), trial_id, callbacks=[TuneReportCallback()])
-    metrics, error = None, None
+    error = None
     try:
-        result = trainer.fit()
-        metrics, error = result.metrics, result.error
+        error = trainer.fit().error
     except Exception as exc:
         error = exc
-    launch.finish(cfg, run_id, metrics, error)
+    launch.finish(cfg, run_id, error)
     if error is not None:
         raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
 

@@ -30,6 +30,12 @@ FAILURE_TAG = "orchestrator.failure_reason"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAMS = 100  # ... and on params per call
 SYSTEM_METRICS_INTERVAL_S = 10
+# MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)
+# before it raises. MetricLogger keeps unsent points and retries them itself, so such a long
+# in-call backoff would only stall flush() at checkpoints and close(): a process that runs a
+# MetricLogger against a server gets these defaults (an explicit environment setting wins).
+HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 
 
 class TrackingError(RuntimeError):
@@ -203,8 +209,10 @@ class MetricLogger:
     - `log()` never blocks on the network; non-finite values are never sent.
     - Points at or below the per-metric watermark (what MLflow already holds) are dropped, so
       a run that resumes from a checkpoint and replays steps logs each step once.
-    - When the store is unreachable, points wait in the buffer and are retried; past
-      `max_buffered_points` the next `log()` raises TrackingError. Nothing is dropped silently.
+    - When the store is unreachable or busy (server down, SQLite "database is locked"), points
+      wait in the buffer and are retried; past `max_buffered_points` the next `log()` raises
+      TrackingError. Nothing is dropped silently. A batch sent twice (reply lost, then retried)
+      is stored once: MLflow's metric key includes the timestamp taken here at `log()`.
     """
 
     def __init__(self, uri: str, run_id: str, flush_every_s: float = 5.0, max_buffered_points: int = 100_000,
@@ -221,6 +229,10 @@ class MetricLogger:
         self._closed = False
         self.last_error: Optional[str] = None
         self.sent_points = 0
+        self.failed_sends = 0  # batches that failed and were kept for a retry
+        if not is_local(uri):
+            for key, value in HTTP_RETRY_DEFAULTS.items():
+                os.environ.setdefault(key, value)
         self._thread = threading.Thread(target=self._loop, name="mlflow-logger", daemon=True)
         self._thread.start()
 
@@ -256,11 +268,13 @@ class MetricLogger:
             return [(m.key, m.value, m.timestamp, m.step) for m in self._pending]
 
     def restore_pending(self, points: Iterable[Tuple[str, float, int, int]], sent_watermarks: Dict[str, int]) -> None:
-        """Re-queue a checkpoint's unsent points that MLflow does not already hold."""
+        """Re-queue a checkpoint's unsent points that MLflow does not already hold (they keep
+        their timestamps, and the watermark rises past them so a replay cannot add them twice)."""
         with self._lock:
             for key, value, timestamp, step in points:
                 if step > sent_watermarks.get(key, -1):
                     self._pending.append(Metric(key, value, timestamp, step))
+                    self._watermarks[key] = max(self._watermarks.get(key, -1), int(step))
 
     # -- sending
 
@@ -275,6 +289,7 @@ class MetricLogger:
                 self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
             except Exception as exc:  # server down, SQLite busy, ...: keep the points, retry later
                 self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                self.failed_sends += 1
                 return False
             with self._lock:
                 del self._pending[:len(batch)]

@@ -194,7 +194,7 @@ def train_worker(payload: Dict[str, Any]) -> None:
     if state.gns:
         gns.load_state_dict(state.gns)
 
-    logger = None
+    logger = monitor = None
     if rank == 0:
         uri = tracking.resolve_uri(cfg.tracking.uri)
         # Resume watermark: what MLflow already holds wins over what the checkpoint remembers.
@@ -202,6 +202,8 @@ def train_worker(payload: Dict[str, Any]) -> None:
         logger = tracking.MetricLogger(uri, state.run_id, cfg.tracking.flush_every_s, cfg.tracking.max_buffered_points,
                                        watermarks={**state.mlflow_watermarks, **held})
         logger.restore_pending(state.mlflow_pending, held)
+        system = cfg.tracking.system_metrics if cfg.tracking.system_metrics is not None else cfg.cluster.use_gpu
+        monitor = tracking.start_system_metrics(uri, state.run_id) if system else None
         if cfg.gns.enabled and probe is None:
             print("gns: D x A = 1, so there is no small batch to compare with; B_simple is not measured")
         if state.update:
@@ -223,11 +225,11 @@ def train_worker(payload: Dict[str, Any]) -> None:
         stats = train_update(engine, work, plan, update, rank, probe, cfg.train.loss_normalization == "micro_batch")
         state.update, state.tokens = update + 1, before + plan.tokens_per_update
 
-        if not math.isfinite(stats["loss"]):
-            ray.train.report({"tokens": state.tokens, "diverged": 1.0, "loss": stats["loss"]})
+        if not math.isfinite(stats["loss"]):  # end the run; the driver marks it failed
             if logger:
-                logger.close()
-            return  # the driver marks the run failed with the reason
+                tracking.set_tags(logger.uri, state.run_id, {tracking.FAILURE_TAG: f"non-finite loss at {state.tokens:,} tokens"})
+            ray.train.report({"tokens": state.tokens, "diverged": 1.0, "loss": stats["loss"]})
+            break
         window.loss_sum += stats["loss_sum"]
         window.real_tokens += stats["real_tokens"]
         window.slots += stats["local_slots"]
@@ -279,6 +281,8 @@ def train_worker(payload: Dict[str, Any]) -> None:
 
     if probe:
         probe.remove()
+    if monitor:
+        monitor.finish()
     if logger:
         logger.close()
 

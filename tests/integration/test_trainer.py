@@ -114,6 +114,18 @@ def test_rerunning_the_same_name_resumes(reference, corpus, tmp_path):
     assert run_id2 == run_id and second == first
 
 
+def test_non_finite_loss_ends_the_run_with_a_reason(ray_session, corpus, tmp_path):
+    cfg = small_config(tmp_path, corpus, "optim.lr=1e30", "batch.micro_batch_size=4", "train.run_name=nan")
+    assert launch.train(cfg) == 1
+    import json
+    record = tmp_path / "runs" / "nan" / launch.RUN_RECORD
+    run = tracking.get_run(cfg.tracking.uri, json.loads(record.read_text())["mlflow_run_id"])
+    assert run.info.status == "FAILED"
+    assert "non-finite loss" in run.data.tags[tracking.FAILURE_TAG]
+    for key in ("train/loss", "eval/loss"):
+        assert all(v == v and abs(v) != float("inf") for _, v in tracking.metric_history(cfg.tracking.uri, run.info.run_id, key))
+
+
 def test_tiny_config_through_the_cli(tmp_path):
     """The shipped tiny config: under 2 minutes here, and its eval loss clearly falls."""
     started = time.monotonic()

@@ -1,0 +1,197 @@
+"""MetricLogger on the embedded SQLite store: four trial processes logging at once, a locked
+database, the resume watermark after a killed process, MLflow's system metrics.
+
+The trainer-level resume (Ray Train restarting a worker group from its checkpoint) is
+tests/integration/test_trainer.py::test_resume_after_fault_matches_unbroken_run; here the
+same logic is driven directly, one step at a time, so each case is explicit.
+"""
+
+import json
+import multiprocessing
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import tracking
+
+pytestmark = pytest.mark.slow
+EXPERIMENT = "tracking-tests"
+KEYS = ("train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s")
+TOKENS = 512  # tokens per report: `step` is tokens seen, as in the trainer
+SPAWN = multiprocessing.get_context("spawn")  # fresh interpreters: no state shared with pytest
+
+
+def point(i, attempt=1):
+    """The values logged at report i: distinct per key, report and attempt."""
+    return {key: attempt * 1000 + i + j / 10 for j, key in enumerate(KEYS)}
+
+
+def history(uri, run_id, key):
+    return tracking.metric_history(uri, run_id, key)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tracking") / "mlflow.db"
+    uri = f"sqlite:///{path}"
+    tracking.ensure_experiment(uri, EXPERIMENT)  # creates the schema once for the module
+    return uri, path
+
+
+# ---------------------------------------------------------------- four processes at once
+
+
+def _log_trial(uri, run_id, reports, barrier, out):
+    """One trial's rank 0 in a process of its own: logs `reports` reports as fast as it can."""
+    logger = tracking.MetricLogger(uri, run_id, flush_every_s=0.05)
+    barrier.wait(timeout=120)  # all four start logging at the same moment
+    errors = set()
+    for i in range(1, reports + 1):
+        logger.log(point(i), i * TOKENS)
+        if logger.last_error:
+            errors.add(logger.last_error)
+        time.sleep(0.001)
+    logger.close(timeout_s=120)
+    Path(out).write_text(json.dumps({"sent": logger.sent_points, "failed_sends": logger.failed_sends,
+                                     "errors": sorted(errors)}))
+
+
+def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
+    uri, _ = store
+    reports = 300
+    parent = tracking.create_run(uri, EXPERIMENT, "sweep concurrent", {"orchestrator.role": "sweep"})
+    runs = [tracking.create_run(uri, EXPERIMENT, f"trial {i}", {tracking.PARENT_TAG: parent}) for i in range(4)]
+    barrier = SPAWN.Barrier(len(runs))
+    procs = [SPAWN.Process(target=_log_trial, args=(uri, run_id, reports, barrier, str(tmp_path / f"{i}.json")))
+             for i, run_id in enumerate(runs)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout=150)
+            assert p.exitcode == 0, f"logging process exited with {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    stats = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(len(runs))]
+    print("per process: sent points, failed (retried) sends, errors:", stats)
+
+    assert {r.info.run_id for r in tracking.child_runs(uri, parent)} == set(runs)
+    expected = [i * TOKENS for i in range(1, reports + 1)]
+    for run_id, st in zip(runs, stats):
+        assert st["sent"] == reports * len(KEYS)
+        for j, key in enumerate(KEYS):
+            points = history(uri, run_id, key)
+            assert [s for s, _ in points] == expected, f"{key} of {run_id}: steps missing or twice"
+            assert all(v == pytest.approx(1000 + s // TOKENS + j / 10) for s, v in points)
+
+
+# ---------------------------------------------------------------- a locked database
+
+
+def test_a_locked_sqlite_store_is_retried_not_lost(store):
+    """Another writer holds the database longer than SQLite's busy timeout (5 s): the sends
+    fail with "database is locked"; the points stay buffered and arrive once the lock goes."""
+    uri, path = store
+    run_id = tracking.create_run(uri, EXPERIMENT, "locked")
+    logger = tracking.MetricLogger(uri, run_id, flush_every_s=0.2)
+    blocker = sqlite3.connect(path, timeout=60, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        for i in range(1, 51):
+            logger.log(point(i), i * TOKENS)
+        deadline = time.monotonic() + 60
+        while not logger.failed_sends and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert logger.failed_sends >= 1, "no send failed while the database was locked"
+        assert "locked" in (logger.last_error or ""), logger.last_error
+        assert logger.buffered == 50 * len(KEYS), "points were dropped or half-sent while locked"
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    logger.close(timeout_s=60)
+    assert logger.last_error is None and logger.buffered == 0
+    for key in KEYS:
+        assert [s for s, _ in history(uri, run_id, key)] == [i * TOKENS for i in range(1, 51)]
+
+
+# ---------------------------------------------------------------- resume watermark
+
+
+def _first_attempt(uri, run_resent, run_lost, out):
+    """A trainer's rank 0 in miniature, then killed. Reports 1-4 are sent; the checkpoint at
+    report 6 records reports 5-6 as unsent. `run_resent`: reports 5-8 still reach MLflow
+    before the kill (steps past the checkpoint that the resumed run replays). `run_lost`: the
+    process dies right after the checkpoint, so 5-6 exist only in the checkpoint."""
+    checkpoints = {}
+    for run_id in (run_resent, run_lost):
+        logger = tracking.MetricLogger(uri, run_id, flush_every_s=3600)  # sends only on flush()
+        for i in range(1, 5):
+            logger.log(point(i), i * TOKENS)
+        assert logger.flush(timeout_s=60)
+        for i in (5, 6):
+            logger.log(point(i), i * TOKENS)
+        checkpoints[run_id] = {"pending": logger.pending_state(), "watermarks": logger.watermarks}
+        if run_id == run_resent:
+            for i in (7, 8):
+                logger.log(point(i), i * TOKENS)
+            assert logger.flush(timeout_s=60)
+    Path(out).write_text(json.dumps(checkpoints))
+    os._exit(0)  # killed: no close(), nothing else is sent
+
+
+def test_resume_logs_each_step_once(store, tmp_path):
+    uri, _ = store
+    run_resent = tracking.create_run(uri, EXPERIMENT, "resume: replayed steps already sent")
+    run_lost = tracking.create_run(uri, EXPERIMENT, "resume: unsent points only in the checkpoint")
+    out = tmp_path / "checkpoints.json"
+    proc = SPAWN.Process(target=_first_attempt, args=(uri, run_resent, run_lost, str(out)))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0 and out.exists()
+    checkpoints = json.loads(out.read_text())
+    assert [s for s, _ in history(uri, run_resent, KEYS[0])] == [i * TOKENS for i in range(1, 9)]
+    assert [s for s, _ in history(uri, run_lost, KEYS[0])] == [i * TOKENS for i in range(1, 5)]
+
+    for run_id in (run_resent, run_lost):
+        # What train_loop.py does on resume: MLflow's watermark wins over the checkpoint's.
+        ckpt, held = checkpoints[run_id], tracking.last_steps(uri, run_id)
+        assert held == {k: (8 if run_id == run_resent else 4) * TOKENS for k in KEYS}
+        logger = tracking.MetricLogger(uri, run_id, flush_every_s=0.1, watermarks={**ckpt["watermarks"], **held})
+        logger.restore_pending(ckpt["pending"], held)
+        assert logger.buffered == (0 if run_id == run_resent else 2 * len(KEYS)), "re-sent only what MLflow lacks"
+        logger.log(point(6, attempt=2), 6 * TOKENS)  # at or below the watermark: dropped
+        assert logger.buffered == (0 if run_id == run_resent else 2 * len(KEYS))
+        for i in range(7, 11):  # the resumed run replays everything after its checkpoint
+            logger.log(point(i, attempt=2), i * TOKENS)
+        logger.close(timeout_s=60)
+
+    for run_id in (run_resent, run_lost):
+        for j, key in enumerate(KEYS):
+            points = history(uri, run_id, key)
+            assert [s for s, _ in points] == [i * TOKENS for i in range(1, 11)], (run_id, key, points)
+            # First attempt's values up to what MLflow held (8 resp. the checkpoint's 6), the
+            # resumed attempt's after.
+            first = 8 if run_id == run_resent else 6
+            assert [v for _, v in points] == pytest.approx(
+                [point(i, attempt=1 if i <= first else 2)[key] for i in range(1, 11)])
+
+
+# ---------------------------------------------------------------- system metrics
+
+
+def test_system_metrics_reach_the_run(store, monkeypatch):
+    uri, _ = store
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
+    run_id = tracking.create_run(uri, EXPERIMENT, "system metrics")
+    monitor = tracking.start_system_metrics(uri, run_id)
+    time.sleep(3)
+    monitor.finish()
+    metrics = tracking.get_run(uri, run_id).data.metrics
+    assert "system/cpu_utilization_percentage" in metrics, sorted(metrics)
+    assert "system/system_memory_usage_megabytes" in metrics, sorted(metrics)
+    assert len(history(uri, run_id, "system/cpu_utilization_percentage")) >= 2
