@@ -48,7 +48,7 @@ def _log_trial(uri, run_id, reports, barrier, out):
     """One trial's rank 0 in a process of its own: logs `reports` reports as fast as it can."""
     logger = tracking.MetricLogger(uri, run_id, flush_every_s=0.05)
     barrier.wait(timeout=120)  # all four start logging at the same moment
-    errors = set()
+    started, errors = time.monotonic(), set()
     for i in range(1, reports + 1):
         logger.log(point(i), i * TOKENS)
         if logger.last_error:
@@ -56,7 +56,7 @@ def _log_trial(uri, run_id, reports, barrier, out):
         time.sleep(0.001)
     logger.close(timeout_s=120)
     Path(out).write_text(json.dumps({"sent": logger.sent_points, "failed_sends": logger.failed_sends,
-                                     "errors": sorted(errors)}))
+                                     "errors": sorted(errors), "seconds": round(time.monotonic() - started, 1)}))
 
 
 def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
