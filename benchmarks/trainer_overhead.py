@@ -1,6 +1,6 @@
 """Trainer overhead: tokens/s of the real worker path against a plain PyTorch loop.
 
-    python benchmarks/trainer_overhead.py [--json PATH] [--pairs 2] [key=value ...]
+    python benchmarks/trainer_overhead.py [--json PATH] [--pairs 3] [key=value ...]
 
 Real path: `launch.train` (Ray Train TorchTrainer, 1 worker, DeepSpeed ZeRO as configured,
 token-weighted accumulation, gradient-noise probe, batched MLflow logging, checkpoints).
@@ -30,6 +30,7 @@ import io
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -202,6 +203,7 @@ def figures(run: Dict[str, Any]) -> Dict[str, float]:
     for k in ("startup_s", "between_windows_s", "teardown_s", "run_id"):
         if k in run:
             out[k] = run[k]
+    out["windows"] = [[w["step"], round(w["seconds"], 4), int(w["eval"])] for w in run["windows"]]  # [tokens, s, eval]
     return out
 
 
@@ -213,8 +215,9 @@ def main(argv: List[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (OmegaConf dotlist)")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="train config (default conf/train/tiny.yaml)")
-    p.add_argument("--pairs", type=int, default=2, help="interleaved (plain, real) pairs")
+    p.add_argument("--pairs", type=int, default=3, help="interleaved (plain, real) pairs")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
 
     from orchestrator import launch
@@ -273,6 +276,11 @@ def main(argv: List[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
         print(f"wrote {args.json}")
+    import ray
+
+    ray.shutdown()
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

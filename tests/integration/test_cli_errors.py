@@ -92,3 +92,38 @@ def test_plan_json_contract():
 def test_lr_zero_is_allowed():
     code, out, err = run_cli("plan", TINY, "optim.lr=0")
     assert code == 0, err
+
+
+def test_prepare_writes_shards_that_training_uses(tmp_path):
+    small = ["data.max_documents_per_source=40"]
+    code, out, err = run_cli("prepare", TINY, *small, "--out", tmp_path / "shards", cwd=tmp_path)
+    assert code == 0, err
+    assert "data.shard_dir=" in out
+    shards = sorted(p.name for p in (tmp_path / "shards").iterdir())
+    assert shards == ["arithmetic", "code", "prose"]
+    code, out, err = run_cli("plan", TINY, *small, f"data.shard_dir={tmp_path / 'shards'}", cwd=tmp_path)
+    assert code == 0, err
+
+
+def test_train_rejects_a_missing_corpus_before_ray(tmp_path):
+    code, out, err = run_cli("train", TINY, f"data.sources=[{{name: mine, kind: files, path: '{tmp_path}/nope/*.txt'}}]",
+                             f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", cwd=tmp_path, timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "data.sources.0.path" in lines[0], err
+    assert not (tmp_path / "mlflow.db").exists(), "no MLflow run for bad input"
+
+
+def test_train_rejects_an_empty_or_too_small_corpus(tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli("train", TINY, f"data.sources=[{{name: e, kind: files, path: '{tmp_path}/empty'}}]", cwd=tmp_path, timeout=120)
+    assert code == 2 and "data.sources.0" in err and "Traceback" not in err, err
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "a.txt").write_text("a tiny corpus " * 300)
+    code, _, err = run_cli("train", TINY, f"data.sources=[{{name: s, kind: files, path: '{tmp_path}/small'}}]",
+                           "data.eval_fraction=0.5", cwd=tmp_path, timeout=120)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_train_rejects_seq_len_beyond_positions(tmp_path):
+    code, _, err = run_cli("train", TINY, "data.seq_len=256", cwd=tmp_path, timeout=120)
+    assert code == 2 and "data.seq_len" in err and "model.max_seq_len" in err

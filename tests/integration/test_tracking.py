@@ -94,7 +94,7 @@ def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
 
 
 def test_a_locked_sqlite_store_is_retried_not_lost(store):
-    """Another writer holds the database longer than SQLite's busy timeout (5 s): the sends
+    """Another writer holds the database past the busy timeout (MLflow sets 20 s): the sends
     fail with "database is locked"; the points stay buffered and arrive once the lock goes."""
     uri, path = store
     run_id = tracking.create_run(uri, EXPERIMENT, "locked")

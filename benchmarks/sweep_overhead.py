@@ -1,0 +1,196 @@
+"""Sweep overhead: wall time of an N-trial sweep at concurrency c against the same trials run alone.
+
+    python benchmarks/sweep_overhead.py [--json PATH] [--trials 2] [--concurrency 2] [key=value ...]
+
+The trials: conf/train/tiny.yaml on a budget of about a minute each, one worker with
+cluster.cpus_per_worker=0.8 (one torch thread; 0.8 + the Tune trial's 0.2 CPU lets two trials
+share two CPUs), N learning rates (the compute of every trial is the same).
+
+    ratio = wall(sweep) / (sum over trials of wall(trial alone) / c)
+
+Everything runs in one Ray session, started once before the first measurement and not counted
+on either side: "alone" is `launch.train` (what `orchestrator train` does after `ray.init`), the
+sweep is `sweep.run` (what `orchestrator sweep` does after `ray.init`). The Ray start-up time is
+measured and reported beside it, with the ratio a user would see comparing the commands
+(N `orchestrator train` commands each pay it, one `orchestrator sweep` pays it once).
+Order: half the alone runs, the sweep, the other half, so that drifting machine load hits both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+
+GOAL = 1.15
+TRIAL_OVERRIDES = {
+    "cluster.cpus_per_worker": 0.8,
+    "train.total_tokens": 655360,            # 160 updates of 4096 tokens: about a minute alone
+    "train.report_every_tokens": 16384,
+    "train.eval_every_tokens": 131072,
+    "train.checkpoint_every_tokens": 327680,
+}
+
+
+def write_sweep(tmp: Path, trials: int, concurrency: int, overrides: List[str]) -> Path:
+    import yaml
+
+    base = dict(TRIAL_OVERRIDES)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        base[key] = yaml.safe_load(value)
+    lrs = [round(2e-3 + 1e-3 * i, 6) for i in range(trials)]
+    sweep = {"name": "bench-overhead", "base": {"config": str(ROOT / "conf" / "train" / "tiny.yaml"), "overrides": base},
+             "space": {"optim.lr": {"grid": lrs}}, "search": {"algorithm": "grid", "max_concurrent": concurrency}}
+    path = tmp / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return path
+
+
+def steady_tokens_per_s(uri: str, run_id: str) -> float:
+    """Mean of the run's perf/tokens_per_s windows, first window and evaluation windows left out."""
+    from orchestrator import tracking
+
+    c = tracking.client(uri)
+    evals = {m.step for m in c.get_metric_history(run_id, "eval/loss")}
+    points = sorted(((m.step, m.value) for m in c.get_metric_history(run_id, "perf/tokens_per_s")))
+    tokens = seconds = 0.0
+    previous = points[0][0] if points else 0
+    for step, value in points[1:]:
+        if step not in evals:
+            tokens += step - previous
+            seconds += (step - previous) / value
+        previous = step
+    return tokens / seconds if seconds else float("nan")
+
+
+def run_alone(trial_cfg, name: str) -> Dict[str, Any]:
+    from orchestrator import launch
+
+    cfg = copy.deepcopy(trial_cfg)
+    cfg.train.run_name = name
+    out = io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = launch.train(cfg)
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise SystemExit(f"alone run {name} failed (exit {code}):\n{out.getvalue()[-3000:]}")
+    run_id = json.loads((Path(cfg.train.storage_path) / name / launch.RUN_RECORD).read_text())["mlflow_run_id"]
+    return {"name": name, "lr": cfg.optim.lr, "wall_s": wall, "steady_tokens_per_s": steady_tokens_per_s(cfg.tracking.uri, run_id)}
+
+
+def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
+    from orchestrator import sweep, tracking
+
+    out = io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = sweep.run(str(path), overrides)
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise SystemExit(f"sweep failed (exit {code}):\n{out.getvalue()[-3000:]}")
+    uri = overrides[0].split("=", 1)[1]
+    parent = tracking.find_sweep_run(tracking.resolve_uri(uri), "bench-sweep-overhead", "bench-overhead")
+    trials = []
+    for run in tracking.child_runs(tracking.resolve_uri(uri), parent):
+        trials.append({"name": run.info.run_name, "wall_s": (run.info.end_time - run.info.start_time) / 1000.0,
+                       "steady_tokens_per_s": steady_tokens_per_s(tracking.resolve_uri(uri), run.info.run_id)})
+    return {"wall_s": wall, "trials": sorted(trials, key=lambda t: t["name"])}
+
+
+def main(argv: List[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides of every trial's config")
+    p.add_argument("--trials", type=int, default=2, help="N trials (default 2)")
+    p.add_argument("--concurrency", type=int, default=2, help="c trials at a time (default 2)")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
+    args = p.parse_args(argv)
+
+    from orchestrator import launch, search_space
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+    common = [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"train.storage_path={tmp}/runs", "tracking.experiment=bench-sweep-overhead"]
+    path = write_sweep(tmp, args.trials, args.concurrency, args.overrides)
+    spec = search_space.load(path)
+    spec.base_overrides += common
+    configs = [t.cfg for t in search_space.expand(spec)]
+    for cfg in configs:
+        launch.resolve_paths(cfg)
+    launch.preflight(configs[0])  # token cache built outside any timing
+    load_before = os.getloadavg()[0]
+
+    t = time.perf_counter()
+    launch.ray_init(None)
+    ray_init_s = time.perf_counter() - t
+    print(f"ray.init: {ray_init_s:.1f} s (counted on neither side)", flush=True)
+
+    alone: List[Dict[str, Any]] = []
+    first_half = (len(configs) + 1) // 2
+    for i, cfg in enumerate(configs[:first_half]):
+        alone.append(run_alone(cfg, f"alone-{i}"))
+        print(f"alone {i}: {alone[-1]['wall_s']:.1f} s", flush=True)
+    sweep = run_sweep(path, common)
+    print(f"sweep of {args.trials} at concurrency {args.concurrency}: {sweep['wall_s']:.1f} s", flush=True)
+    for i, cfg in enumerate(configs[first_half:], start=first_half):
+        alone.append(run_alone(cfg, f"alone-{i}"))
+        print(f"alone {i}: {alone[-1]['wall_s']:.1f} s", flush=True)
+
+    c, n = args.concurrency, len(configs)
+    alone_sum = sum(a["wall_s"] for a in alone)
+    ratio = sweep["wall_s"] / (alone_sum / c)
+    ratio_cli = (sweep["wall_s"] + ray_init_s) / ((alone_sum + n * ray_init_s) / c)
+    alone_speed = statistics.mean(a["steady_tokens_per_s"] for a in alone)
+    sweep_speed = statistics.mean(t["steady_tokens_per_s"] for t in sweep["trials"])
+    result = {
+        "benchmark": "sweep_overhead", "ratio": ratio, "ratio_with_ray_init": ratio_cli, "goal": f"ratio <= {GOAL}",
+        "trials": n, "concurrency": c, "sweep_wall_s": sweep["wall_s"], "alone_wall_s": [a["wall_s"] for a in alone],
+        "alone_sum_s": alone_sum, "ray_init_s": ray_init_s,
+        "steady_tokens_per_s_alone": alone_speed, "steady_tokens_per_s_in_sweep": sweep_speed,
+        "sweep_trials": sweep["trials"], "alone": alone,
+        "config": {"base": "conf/train/tiny.yaml", "overrides": {**TRIAL_OVERRIDES, **dict(o.split("=", 1) for o in args.overrides)}},
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+    }
+    print()
+    print(f"{'':34s}{'seconds':>10s}")
+    for a in alone:
+        print(f"{'alone ' + a['name'] + ' (lr ' + format(a['lr'], 'g') + ')':34s}{a['wall_s']:10.1f}")
+    print(f"{'sum alone / c':34s}{alone_sum / c:10.1f}")
+    for t in sweep["trials"]:
+        print(f"{'  sweep trial ' + t['name']:34s}{t['wall_s']:10.1f}")
+    print(f"{'sweep (N=%d, c=%d)' % (n, c):34s}{sweep['wall_s']:10.1f}")
+    print(f"{'ray.init (once, not counted)':34s}{ray_init_s:10.1f}")
+    print(f"\nsteady tokens/s per trial: alone {alone_speed:,.0f}, inside the sweep {sweep_speed:,.0f} "
+          f"({sweep_speed / alone_speed:.2f}x: {c} trials share the CPUs)")
+    verdict = "meets" if ratio <= GOAL else "misses"
+    print(f"ratio = sweep / (sum alone / c) = {ratio:.3f} -> {verdict} the goal <= {GOAL}; "
+          f"counting ray.init as the commands do: {ratio_cli:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {args.json}")
+    import ray
+
+    ray.shutdown()
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
