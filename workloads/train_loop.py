@@ -79,8 +79,8 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
     (global_real,) = _all_reduce([local_real])
     scale = plan.num_workers / max(global_real, 1.0)
 
-    loss_sum, small_sq_sum = 0.0, 0.0
-    for mb in batches:
+    loss_sum, small_sq_sum, small_count, big_sq = 0.0, 0.0, 0, None
+    for i, mb in enumerate(batches):
         if probe:
             probe.start()
         summed, count = work.summed_loss(engine, mb)
@@ -93,18 +93,25 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
         if probe and mb.real_tokens:
             # Hook gradients are of (summed * scale); rescale to this micro-batch's per-token mean.
             small_sq_sum += probe.squared_norm() / (scale * mb.real_tokens) ** 2
+            small_count += 1
+        if i == len(batches) - 1 and engine.zero_optimization_stage() == 0:
+            # ZeRO 0 with a torch optimizer keeps no global norm, but after the boundary
+            # backward every rank's p.grad holds the all-reduced update gradient.
+            big_sq = sum(float(p.grad.double().square().sum()) for p in engine.module.parameters() if p.grad is not None)
         engine.step()
         loss_sum += float(summed.detach())
 
     grad_norm = engine.get_global_grad_norm()
+    if grad_norm is None and big_sq is not None:
+        grad_norm = math.sqrt(big_sq)
     grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-    total_loss, total_small_sq = _all_reduce([loss_sum, small_sq_sum])
+    total_loss, total_small_sq, total_small = _all_reduce([loss_sum, small_sq_sum, small_count])
     return {
         "loss_sum": total_loss,
         "real_tokens": global_real,
         "loss": total_loss / max(global_real, 1.0),
         "grad_norm": grad_norm,
-        "small_sq_mean": total_small_sq / plan.micro_batches_per_update,
+        "small_sq_mean": total_small_sq / max(total_small, 1.0),
         "local_slots": sum(mb.slots for mb in batches),
         "source_tokens": {k: sum(mb.source_tokens.get(k, 0) for mb in batches) for k in work.source_names},
     }
@@ -187,7 +194,9 @@ def train_worker(payload: Dict[str, Any]) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.cluster.use_gpu else torch.device("cpu")
 
     work = workloads.build(cfg, plan, device)
-    probe = GradNormProbe(work.model) if cfg.gns.enabled and plan.micro_batches_per_update > 1 else None
+    # The probe's rescaling assumes token-weighted losses; the naive mode measures nothing.
+    probe = (GradNormProbe(work.model) if cfg.gns.enabled and plan.micro_batches_per_update > 1
+             and cfg.train.loss_normalization == "token" else None)
     engine = _engine(cfg, plan, work)
     state = _restore(engine, TrainState(run_id=payload["run_id"]))
     gns = noise.NoiseScaleEMA(cfg.gns.ema_decay)

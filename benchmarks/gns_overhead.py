@@ -1,0 +1,210 @@
+"""Gradient-noise-scale overhead: tokens/s of the trainer's update with gns.enabled on against off.
+
+    python benchmarks/gns_overhead.py [--json PATH] [--seconds 90] [key=value ...]
+
+What it runs: the worker's own update, `workloads.train_loop.train_update`, on the engine that
+`train_worker` builds (the workload of the config, default conf/train/tiny.yaml: the tiny GPT on
+the built-in corpus; AdamW through DeepSpeed at the configured ZeRO stage, token-weighted
+accumulation), in this process as a DeepSpeed world of one (gloo), with torch threads =
+cluster.cpus_per_worker as in a Ray Train worker. "On" = what train_worker does with
+gns.enabled: a GradNormProbe on the model's parameters (a hook per parameter, one host sync per
+micro-batch), passed to train_update, and the EMA update of noise.estimate after it. "Off" = no
+probe at all (its hooks removed). Ray, MLflow and checkpoints are left out: they cost the same
+either way and only dilute the difference, so the figure is a lower bound of the full run's.
+
+Measurement: periods of a few updates alternate on/off in ABBA order (on, off, off, on, ...),
+so drifts of the machine's load cancel; the same micro-batches are replayed in every period,
+so both sides see the same data. Time is process CPU time (all threads): on a shared machine
+the wall clock of one update varies by tens of percent with other people's load, its CPU time
+by a few percent. Wall-clock figures are printed too, and the probe's own CPU time (its hooks
+and read-out, timed inside them) as a share of the "on" updates: the direct cost without the
+noise of a difference.
+
+ratio = tokens/s on / tokens/s off (CPU time). Goal: ratio >= 0.97.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DEFAULT_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
+GOAL = 0.97
+UPDATES_PER_PERIOD = 2
+DATA_UPDATES = 8  # distinct global batches, replayed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_world_of_one() -> None:
+    """torch.distributed with one gloo process, as DeepSpeed expects."""
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(_free_port())})
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+
+
+def timed_probe_class():
+    """GradNormProbe whose hook and read-out add their own thread CPU time to `spent_s`: the
+    probe's direct cost, a low-noise figure next to the on/off ratio (the timer itself costs
+    about a microsecond per hook call, charged to the "on" side)."""
+    from workloads.gns_probe import GradNormProbe
+
+    class TimedProbe(GradNormProbe):
+        spent_s = 0.0
+
+        def _hook(self, grad):
+            t = time.thread_time()
+            super()._hook(grad)
+            TimedProbe.spent_s += time.thread_time() - t
+
+        def squared_norm(self) -> float:
+            t = time.thread_time()
+            value = super().squared_norm()
+            TimedProbe.spent_s += time.thread_time() - t
+            return value
+
+    return TimedProbe
+
+
+class ReplayedData:
+    """The workload's first DATA_UPDATES updates, built once: update u reads update u % N, so
+    the data pipeline is outside the timing and on and off periods see the same batches."""
+
+    def __init__(self, work, plan):
+        self.work = work
+        self._batches = {(u, a): work.micro_batch(u, 0, a) for u in range(DATA_UPDATES) for a in range(plan.grad_accum_steps)}
+
+    def micro_batch(self, update: int, rank: int, accum_step: int):
+        return self._batches[(update % DATA_UPDATES, accum_step)]
+
+    def __getattr__(self, name):  # summed_loss, source_names, ...
+        return getattr(self.work, name)
+
+
+def main(argv: List[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (OmegaConf dotlist)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="train config (default conf/train/tiny.yaml)")
+    p.add_argument("--seconds", type=float, default=90.0, help="wall-clock length of the interleaved phase")
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
+    import torch
+
+    from orchestrator import config, noise
+    from workloads import train_loop, workload as workloads
+
+    cfg = config.load(args.config, [*args.overrides, "cluster.num_workers=1"])
+    plan = config.batch_plan(cfg)
+    if plan.micro_batches_per_update < 2:
+        raise SystemExit(f"D x A = {plan.micro_batches_per_update}: the trainer measures no noise scale; use a config with A >= 2")
+    init_world_of_one()
+    torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
+    work = workloads.build(cfg, plan, torch.device("cpu"))
+    engine = train_loop._engine(cfg, plan, work)
+    data = ReplayedData(work, plan)
+    gns = noise.NoiseScaleEMA(cfg.gns.ema_decay)
+    naive = cfg.train.loss_normalization == "micro_batch"
+    Probe = timed_probe_class()
+
+    update = 0
+
+    def run_period(on: bool) -> None:
+        nonlocal update
+        probe = Probe(work.model) if on else None
+        for _ in range(UPDATES_PER_PERIOD):
+            stats = train_loop.train_update(engine, data, plan, update, 0, probe, naive)
+            if probe:  # what train_worker does after each update
+                b_big = stats["real_tokens"]
+                gns.update(*noise.estimate(stats["small_sq_mean"], b_big / plan.micro_batches_per_update,
+                                           stats["grad_norm"] ** 2, b_big))
+            update += 1
+        if probe:
+            probe.remove()
+
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    run_period(True)  # warm-up: allocator, autograd caches, DeepSpeed's lazy set-up
+    run_period(False)
+    Probe.spent_s = 0.0
+    periods: List[Dict[str, Any]] = []
+    i = 0
+    while time.perf_counter() - started < args.seconds or len(periods) < 8:
+        on = (i % 4) in (0, 3)  # ABBA
+        wall, cpu = time.perf_counter(), time.process_time()
+        run_period(on)
+        periods.append({"on": on, "cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall})
+        i += 1
+    while i % 4:  # whole ABBA groups only, so both sides have as many periods
+        periods.pop()
+        i -= 1
+
+    tokens = UPDATES_PER_PERIOD * plan.tokens_per_update
+    on_p, off_p = [q for q in periods if q["on"]], [q for q in periods if not q["on"]]
+    rate = lambda ps, k: tokens * len(ps) / sum(q[k] for q in ps)  # noqa: E731  tokens per second
+    groups = [periods[j:j + 4] for j in range(0, len(periods), 4)]
+    group_ratios = [sum(q["cpu_s"] for q in g if not q["on"]) / sum(q["cpu_s"] for q in g if q["on"]) for g in groups]
+    result = {
+        "benchmark": "gns_overhead",
+        "measures": "tokens/s of workloads.train_loop.train_update (DeepSpeed engine, one process) with the GNS probe on vs off",
+        "ratio": rate(on_p, "cpu_s") / rate(off_p, "cpu_s"),
+        "ratio_wall": rate(on_p, "wall_s") / rate(off_p, "wall_s"),
+        "ratio_median_abba_group": statistics.median(group_ratios),
+        "goal": f"ratio >= {GOAL}",
+        "probe_share_of_on_cpu": Probe.spent_s / sum(q["cpu_s"] for q in on_p),
+        "probe_cpu_ms_per_update": 1000 * Probe.spent_s / (len(on_p) * UPDATES_PER_PERIOD),
+        "tokens_per_cpu_s": {"off": rate(off_p, "cpu_s"), "on": rate(on_p, "cpu_s")},
+        "tokens_per_wall_s": {"off": rate(off_p, "wall_s"), "on": rate(on_p, "wall_s")},
+        "updates": {"on": len(on_p) * UPDATES_PER_PERIOD, "off": len(off_p) * UPDATES_PER_PERIOD},
+        "b_simple_after_run": gns.b_simple,
+        "wall_s": time.perf_counter() - started,
+        "config": {"file": os.path.relpath(args.config, ROOT), "overrides": args.overrides, "model": cfg.model.name,
+                   "seq_len": plan.seq_len, "micro_batch_size": plan.micro_batch_size, "grad_accum_steps": plan.grad_accum_steps,
+                   "tokens_per_update": plan.tokens_per_update, "zero_stage": cfg.deepspeed.zero_stage,
+                   "precision": cfg.deepspeed.precision, "torch_threads": torch.get_num_threads(),
+                   "parameters": sum(p.numel() for p in work.model.parameters())},
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+    }
+    cpu, wall = result["tokens_per_cpu_s"], result["tokens_per_wall_s"]
+    rows = [("tokens/s", "off", "on", "on/off"),
+            ("per CPU second", f"{cpu['off']:,.0f}", f"{cpu['on']:,.0f}", f"{result['ratio']:.4f}"),
+            ("per wall second", f"{wall['off']:,.0f}", f"{wall['on']:,.0f}", f"{result['ratio_wall']:.4f}"),
+            ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
+            ("1 - probe's own CPU share", "", "", f"{1 - result['probe_share_of_on_cpu']:.4f}")]
+    width = [max(len(r[c]) for r in rows) for c in range(4)]
+    print()
+    for r in rows:
+        print("  ".join(c.ljust(width[0]) if k == 0 else c.rjust(width[k]) for k, c in enumerate(r)))
+    print(f"\n{result['updates']['on']} updates on, {result['updates']['off']} off, {plan.tokens_per_update:,} tokens each "
+          f"(b={plan.micro_batch_size} x A={plan.grad_accum_steps} micro-batches, ZeRO {cfg.deepspeed.zero_stage}); "
+          f"B_simple at the end {result['b_simple_after_run'] or float('nan'):.0f} tokens; the probe's hooks and read-out "
+          f"took {result['probe_cpu_ms_per_update']:.2f} ms CPU per update")
+    verdict = "meets" if result["ratio"] >= GOAL else "misses"
+    print(f"ratio (tokens/s per CPU second, on/off) = {result['ratio']:.4f} -> {verdict} the goal >= {GOAL}  "
+          f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
