@@ -293,7 +293,7 @@ def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
             if isinstance(exc, OmegaConfBaseException) and not isinstance(exc, ConfigKeyError):
                 raise
             inner = getattr(exc, "full_key", None)
-            if inner and inner != key:  # an unknown key inside a list or dict value
+            if inner and not key.startswith(inner):  # an unknown key inside a list or dict value
                 raise _omegaconf_error(exc) from None
             raise ConfigError(key, f"unknown key{_did_you_mean(key)}") from None
 

@@ -126,15 +126,20 @@ def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
         status = "FAILED" if reason else status
     if reason:
         tracking.set_tags(uri, run_id, {tracking.FAILURE_TAG: reason[:5000]})
-    try:
-        from orchestrator import plots
+    close_run(uri, run_id, status, title=cfg.train.run_name or "")
+    return reason or status
 
+
+def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
+    """Loss-versus-tokens plot as an artifact, then the final status."""
+    from orchestrator import plots
+
+    try:
         curves = {k: tracking.metric_history(uri, run_id, k) for k in ("train/loss", "eval/loss")}
         if curves["train/loss"]:
-            tracking.log_figure(uri, run_id, plots.loss_vs_tokens(curves, title=cfg.train.run_name or ""), "loss_vs_tokens.png")
+            tracking.log_figure(uri, run_id, plots.loss_vs_tokens(curves, title=title), "loss_vs_tokens.png")
     finally:
         tracking.finish_run(uri, run_id, status)
-    return reason or status
 
 
 def resolve_paths(cfg: Config) -> None:

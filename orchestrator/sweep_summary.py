@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from ray import tune
 
-from orchestrator import search_space, tracking
+from orchestrator import launch, search_space, tracking
 
 PRINT_EVERY_S = 20.0
 
@@ -87,10 +87,17 @@ def finish(sweep: search_space.Sweep, base, parent: str, results, error: Optiona
     """Close the parent run and print the answer: best trial, best lr per batch size, B_crit."""
     uri = base.tracking.uri
     rows = _trial_rows(uri, parent)
-    for row in rows:  # ASHA stops a trial by ending its actor: its run is still RUNNING
-        if row["status"] == "RUNNING":
+    for row in rows:
+        # A scheduler stops a trial by ending its actor, which can happen right after the last
+        # report too (ASHA stops every trial at max_t): close such runs here.
+        if row["status"] != "RUNNING":
+            continue
+        if row["tokens"] >= row["budget"]:
+            row["status"] = "FINISHED"
+        else:
+            row["status"] = "KILLED"
             tracking.set_tags(uri, row["run_id"], {"orchestrator.stopped": f"stopped by the scheduler at {row['tokens']:,} tokens"})
-            tracking.finish_run(uri, row["run_id"], "KILLED")
+        launch.close_run(uri, row["run_id"], row["status"], title=row["name"])
     complete = [r for r in rows if r["tokens"] >= r["budget"] and r["eval"] is not None]
     print(f"\n=== sweep {sweep.name}: {len(complete)} of {len(rows)} trials reached the budget ===")
     if complete:
