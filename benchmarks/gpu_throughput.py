@@ -214,6 +214,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = load_config(args)
     plan = batch_plan(cfg)
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cpu":  # as train_worker: the CPUs a worker is given, not every core of a shared machine
+        torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = args.peak_flops or (detect_peak(name) if device.type == "cuda" else None)
     if peak is None:

@@ -61,21 +61,29 @@ def write_sweep(tmp: Path, trials: int, concurrency: int, overrides: List[str]) 
     return path
 
 
-def steady_tokens_per_s(uri: str, run_id: str) -> float:
-    """Mean of the run's perf/tokens_per_s windows, first window and evaluation windows left out."""
+def phases(uri: str, run_id: str) -> Dict[str, float]:
+    """Where a run's time went, from its MLflow record: start-up (run opened -> first report
+    window starts: Ray Train workers, DeepSpeed init, initial eval), the report windows (training,
+    evaluations inside them), teardown (last point -> run closed: Ray Train shutdown, loss plot)
+    and the steady tokens/s (perf/tokens_per_s windows, the first and the evaluation windows left out)."""
     from orchestrator import tracking
 
     c = tracking.client(uri)
+    run = c.get_run(run_id)
     evals = {m.step for m in c.get_metric_history(run_id, "eval/loss")}
-    points = sorted(((m.step, m.value) for m in c.get_metric_history(run_id, "perf/tokens_per_s")))
-    tokens = seconds = 0.0
-    previous = points[0][0] if points else 0
-    for step, value in points[1:]:
-        if step not in evals:
-            tokens += step - previous
-            seconds += (step - previous) / value
-        previous = step
-    return tokens / seconds if seconds else float("nan")
+    points = sorted(c.get_metric_history(run_id, "perf/tokens_per_s"), key=lambda m: m.step)
+    spans, previous = [], 0
+    for m in points:
+        spans.append((m.step, (m.step - previous) / m.value, m.step in evals))
+        previous = m.step
+    steady = [(step, s) for i, (step, s, ev) in enumerate(spans) if i and not ev]
+    steady_tokens = sum(points[i].step - points[i - 1].step for i, (_, _, ev) in enumerate(spans) if i and not ev)
+    start, end = run.info.start_time / 1000.0, run.info.end_time / 1000.0
+    first = points[0].timestamp / 1000.0 - spans[0][1]
+    return {"start": start, "end": end, "total_s": end - start, "startup_s": first - start,
+            "windows_s": sum(s for _, s, _ in spans), "eval_windows_s": sum(s for _, s, ev in spans if ev),
+            "teardown_s": end - points[-1].timestamp / 1000.0,
+            "steady_tokens_per_s": steady_tokens / sum(s for _, s in steady) if steady else float("nan")}
 
 
 def run_alone(trial_cfg, name: str) -> Dict[str, Any]:
@@ -91,14 +99,14 @@ def run_alone(trial_cfg, name: str) -> Dict[str, Any]:
     if code != 0:
         raise SystemExit(f"alone run {name} failed (exit {code}):\n{out.getvalue()[-3000:]}")
     run_id = json.loads((Path(cfg.train.storage_path) / name / launch.RUN_RECORD).read_text())["mlflow_run_id"]
-    return {"name": name, "lr": cfg.optim.lr, "wall_s": wall, "steady_tokens_per_s": steady_tokens_per_s(cfg.tracking.uri, run_id)}
+    return {"name": name, "lr": cfg.optim.lr, "wall_s": wall, **phases(cfg.tracking.uri, run_id)}
 
 
 def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
     from orchestrator import sweep, tracking
 
     out = io.StringIO()
-    started = time.perf_counter()
+    started, clock = time.perf_counter(), time.time()
     with contextlib.redirect_stdout(out):
         code = sweep.run(str(path), overrides)
     wall = time.perf_counter() - started
@@ -106,11 +114,13 @@ def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
         raise SystemExit(f"sweep failed (exit {code}):\n{out.getvalue()[-3000:]}")
     uri = overrides[0].split("=", 1)[1]
     parent = tracking.find_sweep_run(tracking.resolve_uri(uri), "bench-sweep-overhead", "bench-overhead")
-    trials = []
-    for run in tracking.child_runs(tracking.resolve_uri(uri), parent):
-        trials.append({"name": run.info.run_name, "wall_s": (run.info.end_time - run.info.start_time) / 1000.0,
-                       "steady_tokens_per_s": steady_tokens_per_s(tracking.resolve_uri(uri), run.info.run_id)})
-    return {"wall_s": wall, "trials": sorted(trials, key=lambda t: t["name"])}
+    trials = [{"name": run.info.run_name, **phases(tracking.resolve_uri(uri), run.info.run_id)}
+              for run in tracking.child_runs(tracking.resolve_uri(uri), parent)]
+    # Outside every trial's run: sweep preflight, parent run, Tune start, trial actors; summary.
+    before = min(t["start"] for t in trials) - clock
+    after = clock + wall - max(t["end"] for t in trials)
+    return {"wall_s": wall, "before_first_trial_s": before, "after_last_trial_s": after,
+            "trials": sorted(trials, key=lambda t: t["name"])}
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -162,21 +172,23 @@ def main(argv: List[str] | None = None) -> int:
         "trials": n, "concurrency": c, "sweep_wall_s": sweep["wall_s"], "alone_wall_s": [a["wall_s"] for a in alone],
         "alone_sum_s": alone_sum, "ray_init_s": ray_init_s,
         "steady_tokens_per_s_alone": alone_speed, "steady_tokens_per_s_in_sweep": sweep_speed,
+        "sweep_before_first_trial_s": sweep["before_first_trial_s"], "sweep_after_last_trial_s": sweep["after_last_trial_s"],
         "sweep_trials": sweep["trials"], "alone": alone,
         "config": {"base": "conf/train/tiny.yaml", "overrides": {**TRIAL_OVERRIDES, **dict(o.split("=", 1) for o in args.overrides)}},
         "machine": {"cpus": os.cpu_count(), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
                     "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
     }
     print()
-    print(f"{'':34s}{'seconds':>10s}")
-    for a in alone:
-        print(f"{'alone ' + a['name'] + ' (lr ' + format(a['lr'], 'g') + ')':34s}{a['wall_s']:10.1f}")
-    print(f"{'sum alone / c':34s}{alone_sum / c:10.1f}")
-    for t in sweep["trials"]:
-        print(f"{'  sweep trial ' + t['name']:34s}{t['wall_s']:10.1f}")
-    print(f"{'sweep (N=%d, c=%d)' % (n, c):34s}{sweep['wall_s']:10.1f}")
-    print(f"{'ray.init (once, not counted)':34s}{ray_init_s:10.1f}")
-    print(f"\nsteady tokens/s per trial: alone {alone_speed:,.0f}, inside the sweep {sweep_speed:,.0f} "
+    header = f"{'run':30s}{'total s':>9s}{'start-up':>10s}{'windows':>9s}{'(evals)':>9s}{'teardown':>10s}{'tok/s':>9s}"
+    print(header)
+    for label, r in [(f"alone {a['name']}", a) for a in alone] + [(f"sweep {t['name']}", t) for t in sweep["trials"]]:
+        print(f"{label[:30]:30s}{r['total_s']:9.1f}{r['startup_s']:10.1f}{r['windows_s']:9.1f}{r['eval_windows_s']:9.1f}"
+              f"{r['teardown_s']:10.1f}{r['steady_tokens_per_s']:9,.0f}")
+    print(f"\nalone: {' + '.join(f'{a:.1f}' for a in result['alone_wall_s'])} = {alone_sum:.1f} s (launch.train wall), / c = {alone_sum / c:.1f} s")
+    print(f"sweep: {sweep['wall_s']:.1f} s (sweep.run wall; {sweep['before_first_trial_s']:.1f} s before the first trial's run opens, "
+          f"{sweep['after_last_trial_s']:.1f} s after the last closes)")
+    print(f"ray.init: {ray_init_s:.1f} s, once, counted on neither side")
+    print(f"steady tokens/s per trial: alone {alone_speed:,.0f}, inside the sweep {sweep_speed:,.0f} "
           f"({sweep_speed / alone_speed:.2f}x: {c} trials share the CPUs)")
     verdict = "meets" if ratio <= GOAL else "misses"
     print(f"ratio = sweep / (sum alone / c) = {ratio:.3f} -> {verdict} the goal <= {GOAL}; "

@@ -184,6 +184,7 @@ def train(cfg: Config) -> int:
     record = storage / name / RUN_RECORD
     if record.exists():
         run_id = json.loads(record.read_text())["mlflow_run_id"]
+        tracking.reopen_run(cfg.tracking.uri, run_id)  # RUNNING again, so system metrics resume
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {record.parent}")
     else:
         run_id = open_run(cfg, name)

@@ -49,6 +49,8 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
         latest = tracking.get_run(cfg.tracking.uri, run_id).data.metrics
         tune.report({"tokens": int(latest.get("train/tokens", 0)), "eval_loss": latest.get("eval/loss"), "loss": latest.get("train/loss")})
         return
+    if run_id:
+        tracking.reopen_run(cfg.tracking.uri, run_id)  # a retried trial: RUNNING again
     run_id = run_id or launch.open_run(cfg, trial.name, tags)
     trainer = launch.build_trainer(cfg, run_id, Path(setup["train_storage"]), trial_id, callbacks=[TuneReportCallback()])
     error = None

@@ -110,6 +110,13 @@ def finish_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(uri).set_terminated(run_id, status=status)
 
 
+def reopen_run(uri: str, run_id: str) -> None:
+    """Mark a run RUNNING again when training resumes into it (a re-run `orchestrator train`,
+    a retried trial): MLflow's system-metrics sampler stops at once on a run that is not
+    RUNNING, and the UI should not show a run in progress as FAILED."""
+    client(uri).update_run(run_id, status="RUNNING")
+
+
 def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
     client(uri).log_text(run_id, text, artifact_file)
 
@@ -182,10 +189,13 @@ def serve_ui(cfg: Any, host: str = "127.0.0.1", port: int = 5000) -> int:
     ensure_experiment(uri, cfg.tracking.experiment)
     print(f"MLflow UI on http://{host}:{port} over {uri}")
     print(f"runs of experiment {cfg.tracking.experiment!r}: {ui_link(uri, cfg.tracking.experiment, port)}", flush=True)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    # One worker process and no GenAI job runner: a UI for one person over training runs
+    # (MLflow's defaults start four workers plus a job queue of ten).
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
+           "--workers", "1"]
     if uri.startswith("sqlite:"):
         cmd += ["--default-artifact-root", Path(uri.split("sqlite:///")[-1]).parent.joinpath("mlartifacts").as_uri()]
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ})
 
 
 # ---------------------------------------------------------------- system metrics

@@ -1,0 +1,142 @@
+"""The MLflow UI after a real (small) sweep, in a real browser: `orchestrator ui` on a free
+port, Debian's headless Chromium driven through Selenium and Debian's chromedriver (nothing is
+downloaded). The experiment link of `tracking.ui_link` must open the training-runs view with
+the four trials under their sweep, and a trial's page must draw its `train/loss` curve.
+
+Screenshots go into each test's tmp_path (experiment.png, train_loss.png).
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator import tracking
+from tests.conftest import ROOT, run_cli
+from tests.integration.test_mlflow_server import Service, free_port
+
+pytestmark = pytest.mark.slow
+SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+TRIALS = {"B=2Ki lr=1e-3", "B=2Ki lr=3e-3", "B=4Ki lr=1e-3", "B=4Ki lr=3e-3"}  # + the warmup share
+WAIT_S = 120  # the page's first load compiles a large bundle: slow on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The smoke sweep (4 trials, 2 batch sizes x 2 learning rates) with a third of its token
+    budget: the UI needs finished runs with curves, not converged ones."""
+    folder = tmp_path_factory.mktemp("ui-sweep")
+    uri = f"sqlite:///{folder}/mlflow.db"
+    code, out, err = run_cli("sweep", SMOKE, f"tracking.uri={uri}", "train.total_tokens=16384", cwd=folder, timeout=600)
+    assert code == 0, out[-3000:] + err[-3000:]
+    parent = tracking.find_sweep_run(uri, "orchestrator", "smoke")
+    return uri, folder, parent, {r.info.run_name: r for r in tracking.child_runs(uri, parent)}
+
+
+@pytest.fixture(scope="module")
+def ui(sweep):
+    uri, folder, _, _ = sweep
+    port = free_port()
+    service = Service([sys.executable, "-m", "orchestrator", "ui", f"tracking.uri={uri}", "--port", str(port)],
+                      folder / "ui.log", health=f"http://127.0.0.1:{port}/health")
+    service.start()
+    yield port
+    service.stop()
+    assert "MLflow UI on http://127.0.0.1" in service.tail(10_000)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        if os.geteuid() != 0:
+            pytest.skip(f"{', '.join(missing)} missing (Debian packages chromium, chromium-driver)")
+        pytest.fail(f"{', '.join(missing)} missing although running as root: run `bash tests/setup_services.sh`")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as DriverService
+
+    profile = tempfile.mkdtemp(prefix="orch-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1600,1000", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SE_OFFLINE", "true")  # Selenium Manager must never fetch a browser or driver
+        driver = webdriver.Chrome(service=DriverService(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver, condition, what, timeout=WAIT_S):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.5).until(lambda d: condition())
+    except Exception as exc:
+        raise AssertionError(f"timed out waiting for {what} at {driver.current_url}") from exc
+
+
+def text_of(driver):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def test_experiment_link_lists_the_four_trials(sweep, ui, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    uri, _, parent, trials = sweep
+    assert {name.rsplit(" wu=", 1)[0] for name in trials} == TRIALS
+    link = tracking.ui_link(uri, "orchestrator", ui)
+    assert link.endswith("?workflowType=machine_learning")
+    browser.get(link)
+    wait(browser, lambda: "sweep smoke" in text_of(browser), "the sweep's parent run in the runs table")
+    # Trials are nested under their sweep's run: expand it.
+    row = browser.find_element(By.XPATH, "//*[@role='row'][.//*[normalize-space(text())='sweep smoke']]")
+    assert row.get_attribute("row-id") == parent
+    row.find_element(By.TAG_NAME, "button").click()
+    wait(browser, lambda: all(name in text_of(browser) for name in trials), "the four trials under the sweep")
+    browser.save_screenshot(str(tmp_path / "experiment.png"))
+    for name, run in trials.items():
+        cell = browser.find_element(By.XPATH, f"//*[@role='row' and @row-id='{run.info.run_id}']")
+        assert cell.is_displayed() and name in cell.text, (name, cell.text)
+
+
+def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    uri, _, _, trials = sweep
+    name = next(n for n in trials if n.startswith("B=2Ki lr=3e-3"))
+    run_id = trials[name].info.run_id
+    history = tracking.metric_history(uri, run_id, "train/loss")
+    assert len(history) >= 2
+    browser.get(tracking.ui_link(uri, "orchestrator", ui, run_id=run_id))
+    tab = wait(browser, lambda: browser.find_elements(By.XPATH, "//*[@role='tab' and normalize-space()='Model metrics']"),
+               "the run page's tabs")[0]
+    assert name in text_of(browser)
+    tab.click()
+    search = wait(browser, lambda: browser.find_elements(By.XPATH, "//input[@placeholder='Search metric charts']"),
+                  "the metric charts")[0]
+    search.send_keys("train/loss")
+    title = wait(browser, lambda: browser.find_elements(By.XPATH, "//h4[@title='train/loss']"), "the train/loss chart")[0]
+    card = title.find_element(By.XPATH, "./ancestor::*[.//*[contains(@class, 'js-plotly-plot')]][1]")
+
+    def drawn():  # the SVG has a size and one marker per logged point on a non-empty line
+        svg = card.find_elements(By.CSS_SELECTOR, "svg.main-svg")
+        lines = [p.get_attribute("d") or "" for p in card.find_elements(By.CSS_SELECTOR, "path.js-line")]
+        points = card.find_elements(By.CSS_SELECTOR, "path.point")
+        return svg and svg[0].size["width"] > 100 and svg[0].size["height"] > 100 and any(len(d) > 20 for d in lines) \
+            and len(points) == len(history)
+
+    wait(browser, drawn, "the train/loss curve to be drawn", timeout=60)
+    assert f"{name} (train/loss)" in card.text  # the legend names the trial
+    browser.save_screenshot(str(tmp_path / "train_loss.png"))
