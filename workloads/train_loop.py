@@ -56,6 +56,8 @@ class Window:
     source_tokens: Dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
     tokens_at_start: int = 0
+    eval_s: float = 0.0
+    """Time spent evaluating inside the window: not training, so not in tokens/s."""
 
 
 def _all_reduce(values: List[float]) -> List[float]:
@@ -87,8 +89,8 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
         if naive:  # per-micro-batch mean, DeepSpeed's 1/A: not invariant, kept for comparison
             engine.backward(summed / count.clamp(min=1))
         else:
-            # DeepSpeed skips the gradient all-reduce until the last micro-step (the accumulation
-            # boundary); with scale_wrt_gas=False it adds no 1/A of its own.
+            # With scale_wrt_gas=False DeepSpeed adds no 1/A of its own. (ZeRO 0/1 reduce
+            # gradients once, at the accumulation boundary; ZeRO 2/3 reduce-scatter per micro-step.)
             engine.backward(summed * scale, scale_wrt_gas=False)
         if probe and mb.real_tokens:
             # Hook gradients are of (summed * scale); rescale to this micro-batch's per-token mean.
@@ -252,13 +254,15 @@ def train_worker(payload: Dict[str, Any]) -> None:
         last = state.update == steps
         evaluated = _due(before, state.tokens, cfg.train.eval_every_tokens) or last
         if evaluated:
+            eval_started = time.perf_counter()
             last_eval = evaluate(engine, work, rank, world)
+            window.eval_s += time.perf_counter() - eval_started
             if logger:
                 logger.log({"eval/loss": last_eval}, state.tokens)
         if not (_due(before, state.tokens, cfg.train.report_every_tokens) or evaluated):
             continue
 
-        elapsed = time.perf_counter() - window.started
+        elapsed = time.perf_counter() - window.started - window.eval_s
         tokens_per_s = (state.tokens - window.tokens_at_start) / max(elapsed, 1e-9)
         metrics = {
             "train/loss": window.loss_sum / max(window.real_tokens, 1),
