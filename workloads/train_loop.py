@@ -259,7 +259,8 @@ def train_worker(payload: Dict[str, Any]) -> None:
             window.eval_s += time.perf_counter() - eval_started
             if logger:
                 logger.log({"eval/loss": last_eval}, state.tokens)
-        if not (_due(before, state.tokens, cfg.train.report_every_tokens) or evaluated):
+        checkpoint_due = _due(before, state.tokens, cfg.train.checkpoint_every_tokens) or last
+        if not (_due(before, state.tokens, cfg.train.report_every_tokens) or evaluated or checkpoint_due):
             continue
 
         elapsed = time.perf_counter() - window.started - window.eval_s
@@ -286,7 +287,7 @@ def train_worker(payload: Dict[str, Any]) -> None:
         state.gns = gns.state_dict()
         # A Ray Train report is a barrier across workers (about a second here), so Ray hears
         # only at evaluations and checkpoints: that is where Tune's schedulers decide.
-        if _due(before, state.tokens, cfg.train.checkpoint_every_tokens) or last:
+        if checkpoint_due:
             _save_and_report(engine, state, ray_metrics, logger)
         elif evaluated:
             ray.train.report(ray_metrics)

@@ -62,6 +62,15 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     names = {a.path for a in MlflowClient(uri).list_artifacts(parent)}
     assert {"smoke.yaml", "loss_vs_tokens.png"} <= names
 
+    # `report` on the finished sweep: every plot and the summary, also logged to the parent
+    code, out, err = run_cli("report", SMOKE, f"tracking.uri={uri}", "--out", tmp_path / "report", cwd=tmp_path)
+    assert code == 0, out[-2000:] + err[-2000:]
+    expected = {"loss_vs_tokens.png", "loss_vs_steps.png", "eval_heatmap.png", "critical_batch.png",
+                "lr_vs_batch.png", "summary.md", "summary.html", "report.json"}
+    assert expected <= {p.name for p in (tmp_path / "report").iterdir()}
+    logged = {a.path.split("/")[-1] for a in MlflowClient(uri).list_artifacts(parent, "report")}
+    assert expected <= logged, logged
+
 
 def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -102,3 +102,23 @@ def test_shipped_sweeps_are_valid():
         good, _ = search_space.split_feasible(sweep, search_space.expand(sweep))
         search_space.check_asha_alignment(sweep, good)
         assert len({t.cfg.train.total_tokens for t in good}) == 1, "every trial shares the budget"
+
+
+def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
+    """Optuna TPE proposes points adaptively: the sweep maps its space onto Tune's."""
+    pytest.importorskip("optuna")
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    from orchestrator import sweep as sweep_lib
+
+    sweep = search_space.load(write(tmp_path, space={"optim.lr": {"loguniform": [1e-4, 1e-2]},
+                                                     "batch.tokens_per_update": {"choice": [2048, 4096]}},
+                                    search={"algorithm": "optuna", "num_samples": 4}))
+    space, searcher = sweep_lib._param_space(sweep, None)
+    assert isinstance(searcher, OptunaSearch)
+    assert isinstance(space["trial"]["optim.lr"], tune.search.sample.Float)
+    assert space["trial"]["batch.tokens_per_update"].categories == [2048, 4096]
+    # what optuna proposes is resolved and validated inside the trial like any other point
+    trial = search_space.resolve(sweep, {"optim.lr": 3e-3, "batch.tokens_per_update": 4096})
+    assert trial.cfg.optim.lr == 3e-3 and trial.cfg.batch.tokens_per_update == 4096
