@@ -182,6 +182,8 @@ class TrackingConfig:
     """Points held while the tracking server is unreachable; past this the run fails."""
     system_metrics: Optional[bool] = None
     """MLflow system metrics (CPU, memory, GPU); None = on when training on GPU."""
+    system_metrics_interval_s: float = 10.0
+    """Seconds between system-metric samples (MLflow's sampler)."""
 
 
 @dataclass
@@ -456,6 +458,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16")
     _positive("tracking.flush_every_s", cfg.tracking.flush_every_s)
     _positive("tracking.max_buffered_points", cfg.tracking.max_buffered_points)
+    _positive("tracking.system_metrics_interval_s", cfg.tracking.system_metrics_interval_s)
     if not 0 <= cfg.gns.ema_decay < 1:
         raise ConfigError("gns.ema_decay", f"got {cfg.gns.ema_decay}; must be in [0, 1)")
 

@@ -275,7 +275,7 @@ def _cluster_errors(address: str, token_source: str) -> Iterator[None]:
     try:
         yield
     except AuthenticationError as exc:
-        if str(exc).startswith("Authentication required"):
+        if str(exc).startswith("Authentication required") or token_source.startswith("none found"):
             raise ConfigError("--address", f"the Ray cluster at {mask(address)} requires an auth token (token authentication "
                               f"is on) and none was sent: {token_source}; set RAY_AUTH_TOKEN_PATH to a file holding it "
                               "(`ray get-auth-token` prints it on the head node)") from None

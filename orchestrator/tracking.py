@@ -201,11 +201,11 @@ def serve_ui(cfg: Any, host: str = "127.0.0.1", port: int = 5000) -> int:
 # ---------------------------------------------------------------- system metrics
 
 
-def start_system_metrics(uri: str, run_id: str):
+def start_system_metrics(uri: str, run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
     """MLflow's own CPU / memory / GPU sampler, writing into this run; returns it (call .finish())."""
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, resume_logging=True, tracking_uri=uri)
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True, tracking_uri=uri)
     monitor.start()
     return monitor
 

@@ -214,7 +214,7 @@ def train_worker(payload: Dict[str, Any]) -> None:
                                        watermarks={**state.mlflow_watermarks, **held})
         logger.restore_pending(state.mlflow_pending, held)
         system = cfg.tracking.system_metrics if cfg.tracking.system_metrics is not None else cfg.cluster.use_gpu
-        monitor = tracking.start_system_metrics(uri, state.run_id) if system else None
+        monitor = tracking.start_system_metrics(uri, state.run_id, cfg.tracking.system_metrics_interval_s) if system else None
         if cfg.gns.enabled and probe is None:
             print("gns: D x A = 1, so there is no small batch to compare with; B_simple is not measured")
         if state.update:
