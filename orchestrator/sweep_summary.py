@@ -139,7 +139,12 @@ def _print_critical_batch(uri: str, parent: str) -> None:
     except Exception as exc:  # the analysis is a bonus here; `orchestrator report` says more
         print(f"critical batch size: not available ({exc})")
         return
-    if info and info.get("b_crit") is not None:
+    if info and info.get("b_crit") is not None and not 0 < info["b_crit"] < float("inf"):
+        notes = "; ".join(info.get("notes") or []) or "the fit S = S_min + E_min / B is degenerate"
+        b_simple = info.get("b_simple")
+        print(f"critical batch size: not resolved by this sweep ({notes})"
+              + (f"; measured B_simple ~ {b_simple:,.0f} tokens" if b_simple else ""))
+    elif info and info.get("b_crit") is not None:
         lo, hi = info.get("b_crit_interval") or (None, None)
         b_simple = info.get("b_simple")
         print(f"critical batch size at loss {info.get('target_loss', float('nan')):.3f}: B_crit ~ {info['b_crit']:,.0f} tokens"
