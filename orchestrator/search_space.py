@@ -47,7 +47,8 @@ SCHEDULERS = ("none", "asha")
 ALPHA_PRESETS = {"sqrt": 0.5, "linear": 1.0}
 SHARE_KEYS = {"schedule.warmup_share": "schedule.warmup_tokens"}  # share of train.total_tokens
 LR_KEYS = ("lr_scaling.base_lr", "lr_scaling.alpha")
-TOP_KEYS = ("name", "description", "base", "space", "lr_scaling", "constraints", "infeasible", "search", "scheduler", "max_failures")
+TOP_KEYS = ("name", "description", "base", "space", "lr_scaling", "constraints", "infeasible", "search", "scheduler", "max_failures",
+            "local_mode")
 
 
 @dataclass
@@ -104,6 +105,8 @@ class Sweep:
     constraints: List[Dict[str, Any]] = field(default_factory=list)
     infeasible: str = "error"
     max_failures: int = 1
+    local_mode: bool = True
+    """Single-worker trials run in Ray Train's local mode, in the Tune trial's own process."""
 
 
 def _binary(n: int) -> str:
@@ -209,9 +212,12 @@ def load(path: str | Path) -> Sweep:
     infeasible = raw.get("infeasible", "error")
     if infeasible not in ("error", "skip"):
         raise ConfigError("infeasible", f"got {infeasible!r}; valid: error, skip")
+    local_mode = raw.get("local_mode", True)
+    if not isinstance(local_mode, bool):
+        raise ConfigError("local_mode", f"got {local_mode!r}; valid: true (single-worker trials in the trial's process) or false")
     name = str(raw.get("name") or path.stem)
     return Sweep(name, path, raw, (path.parent / base["config"]).resolve(), list(overrides), space, search, scheduler,
-                 lr_scaling, constraints, infeasible, int(raw.get("max_failures", 1)))
+                 lr_scaling, constraints, infeasible, int(raw.get("max_failures", 1)), local_mode)
 
 
 def _dotlist_value(value: Any) -> str:

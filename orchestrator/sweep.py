@@ -1,5 +1,8 @@
 """`orchestrator sweep`: a Ray Tune study in which every trial is the Ray Train run of
 `orchestrator train` (the Train V2 pattern: a function trainable that calls TorchTrainer.fit()).
+A single-worker trial runs its TorchTrainer in Ray Train's local mode, inside the Tune trial's
+process, unless the sweep file says `local_mode: false`: start-up, not compute, dominates
+small trials.
 
 One MLflow parent run per sweep, one child run per trial. A trial finds its child run again by
 its Tune trial id, so a retry or `--resume` keeps logging into the same run. Everything is
@@ -20,7 +23,20 @@ from orchestrator import launch, search_space, tracking
 from orchestrator.errors import ConfigError
 
 RECORD = "sweep_run.json"
-TRIAL_DRIVER_CPUS = 0.2  # the Tune trial only waits on its TorchTrainer; workers hold the CPUs
+TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the workers hold the CPUs
+
+
+def in_trial_process(sweep: search_space.Sweep, cfg: config_lib.Config) -> bool:
+    """Does this trial run its one worker in the Tune trial's process (Ray Train local mode)?"""
+    return sweep.local_mode and config_lib.batch_plan(cfg).num_workers == 1
+
+
+def trial_resources(sweep: search_space.Sweep, params: Dict[str, Any]) -> Dict[str, float]:
+    """What the Tune trial holds: the worker's CPUs (and GPU) when the worker runs inside it."""
+    cfg = search_space.resolve(sweep, params["trial"]).cfg
+    if cfg is None or not in_trial_process(sweep, cfg):
+        return {"CPU": TRIAL_DRIVER_CPUS}
+    return {"CPU": cfg.cluster.cpus_per_worker, **({"GPU": 1} if cfg.cluster.use_gpu else {})}
 
 
 # ---------------------------------------------------------------- inside each Tune trial
@@ -52,7 +68,9 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     if run_id:
         tracking.reopen_run(cfg.tracking.uri, run_id)  # a retried trial: RUNNING again
     run_id = run_id or launch.open_run(cfg, trial.name, tags)
-    trainer = launch.build_trainer(cfg, run_id, Path(setup["train_storage"]), trial_id, callbacks=[TuneReportCallback()])
+    local = in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
+    trainer = launch.build_trainer(cfg, run_id, Path(setup["train_storage"]), trial_id,
+                                   callbacks=[] if local else [TuneReportCallback()], local_mode=local)
     error = None
     try:
         error = trainer.fit().error
@@ -165,7 +183,7 @@ def _tuner(sweep, trials, base, parent: str, folder: Path, resume: bool):
     from orchestrator.sweep_summary import ProgressTable
 
     setup = {"sweep": sweep, "parent_run_id": parent, "train_storage": str(folder / "train"), "cwd": os.getcwd()}
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_DRIVER_CPUS})
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), lambda params: trial_resources(sweep, params))
     if resume:
         return tune.Tuner.restore(str(folder / "tune"), trainable, resume_unfinished=True, resume_errored=True)
     space, searcher = _param_space(sweep, trials)
@@ -185,6 +203,8 @@ def _tuner(sweep, trials, base, parent: str, folder: Path, resume: bool):
             name="tune",
             storage_path=str(folder),
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            # Checkpoints of trials in local mode (multi-worker trials keep theirs with Ray Train).
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=base.train.keep_checkpoints),
             callbacks=[ProgressTable(sweep)],
             verbose=0,
         ),

@@ -113,8 +113,12 @@ def finish_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
 def reopen_run(uri: str, run_id: str) -> None:
     """Mark a run RUNNING again when training resumes into it (a re-run `orchestrator train`,
     a retried trial): MLflow's system-metrics sampler stops at once on a run that is not
-    RUNNING, and the UI should not show a run in progress as FAILED."""
-    client(uri).update_run(run_id, status="RUNNING")
+    RUNNING, and the UI should not show a run in progress as FAILED. The failure reason of the
+    earlier attempt goes too: it no longer describes the run."""
+    c = client(uri)
+    if FAILURE_TAG in c.get_run(run_id).data.tags:
+        c.delete_tag(run_id, FAILURE_TAG)
+    c.update_run(run_id, status="RUNNING")
 
 
 def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:

@@ -14,6 +14,7 @@ import math
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -159,8 +160,36 @@ def _engine(cfg: Config, plan, work):
     return engine
 
 
-def _restore(engine, state: TrainState) -> TrainState:
-    checkpoint = ray.train.get_checkpoint()
+def _ray(payload: Dict[str, Any]):
+    """Where reports and checkpoints go. Normally Ray Train's worker group. A single-worker sweep
+    trial runs in Ray Train's local mode, inside its Tune trial: there Train keeps nothing, so
+    reports and checkpoints go straight to Ray Tune, which persists them and restores the latest
+    when it retries the trial."""
+    if payload.get("local_mode"):
+        from ray import tune
+
+        return tune
+    return ray.train
+
+
+@contextmanager
+def _process_group(cfg: Config):
+    """DeepSpeed needs torch.distributed. Ray Train sets it up for a worker group; in local mode
+    there is none, so make one of size 1 (an in-memory store: no port to find), with the
+    variables a launcher would set, which DeepSpeed reads."""
+    if dist.is_initialized():
+        yield
+        return
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    dist.init_process_group("nccl" if cfg.cluster.use_gpu else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _restore(engine, state: TrainState, api) -> TrainState:
+    checkpoint = api.get_checkpoint()
     if checkpoint is None:
         return state
     with checkpoint.as_directory() as folder:
@@ -171,7 +200,7 @@ def _restore(engine, state: TrainState) -> TrainState:
     return restored
 
 
-def _save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger) -> None:
+def _save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger, api) -> None:
     """DeepSpeed checkpoint on every rank (ZeRO shards its state), merged by Ray Train."""
     if logger is not None:
         logger.flush(timeout_s=10)  # best effort; what stays unsent goes into the checkpoint
@@ -180,14 +209,19 @@ def _save_and_report(engine, state: TrainState, metrics: Dict[str, float], logge
     state.torch_rng = torch.get_rng_state()
     with tempfile.TemporaryDirectory() as folder:
         engine.save_checkpoint(folder, tag=CHECKPOINT_TAG, client_state=asdict(state))
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+        api.report(metrics, checkpoint=api.Checkpoint.from_directory(folder))
 
 
 def train_worker(payload: Dict[str, Any]) -> None:
-    """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, optional `fault`."""
+    """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, optional `fault`,
+    `local_mode` (Ray Train's local mode inside a Tune trial)."""
     cfg = from_dict(payload["config"])
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    with _process_group(cfg):
+        _train(cfg, payload, _ray(payload))
+
+
+def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()  # Ray Train's world rank and size
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
     plan = batch_plan(cfg)
     assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
@@ -200,7 +234,7 @@ def train_worker(payload: Dict[str, Any]) -> None:
     probe = (GradNormProbe(work.model) if cfg.gns.enabled and plan.micro_batches_per_update > 1
              and cfg.train.loss_normalization == "token" else None)
     engine = _engine(cfg, plan, work)
-    state = _restore(engine, TrainState(run_id=payload["run_id"]))
+    state = _restore(engine, TrainState(run_id=payload["run_id"]), api)
     gns = noise.NoiseScaleEMA(cfg.gns.ema_decay)
     if state.gns:
         gns.load_state_dict(state.gns)
@@ -239,7 +273,7 @@ def train_worker(payload: Dict[str, Any]) -> None:
         if not math.isfinite(stats["loss"]):  # end the run; the driver marks it failed
             if logger:
                 tracking.set_tags(logger.uri, state.run_id, {tracking.FAILURE_TAG: f"non-finite loss at {state.tokens:,} tokens"})
-            ray.train.report({"tokens": state.tokens, "diverged": 1.0, "loss": stats["loss"]})
+            api.report({"tokens": state.tokens, "diverged": 1.0, "loss": stats["loss"]})
             break
         window.loss_sum += stats["loss_sum"]
         window.real_tokens += stats["real_tokens"]
@@ -288,9 +322,9 @@ def train_worker(payload: Dict[str, Any]) -> None:
         # A Ray Train report is a barrier across workers (about a second here), so Ray hears
         # only at evaluations and checkpoints: that is where Tune's schedulers decide.
         if checkpoint_due:
-            _save_and_report(engine, state, ray_metrics, logger)
+            _save_and_report(engine, state, ray_metrics, logger, api)
         elif evaluated:
-            ray.train.report(ray_metrics)
+            api.report(ray_metrics)
         window = Window(tokens_at_start=state.tokens)
 
     if probe:

@@ -50,6 +50,8 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     assert len(runs) == 4
     markers = list((tmp_path / "runs").rglob(".fault_injected"))
     assert len(markers) == 4, "every trial should have failed once"
+    # single-worker trials ran in Ray Train's local mode: their checkpoints are Tune's
+    assert len({p.parent for p in (tmp_path / "runs" / "sweeps" / "smoke").glob("*/tune/*/checkpoint_*")}) == 4
     for run in runs:
         assert run.data.tags[tracking.PARENT_TAG] == parent and run.info.status == "FINISHED"
         assert run.info.run_name.startswith("B=")
@@ -70,6 +72,20 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     assert expected <= {p.name for p in (tmp_path / "report").iterdir()}
     logged = {a.path.split("/")[-1] for a in MlflowClient(uri).list_artifacts(parent, "report")}
     assert expected <= logged, logged
+
+
+def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
+    """D = 2: the trial starts a Ray Train worker group; with no Tune retries (max_failures 0)
+    only Ray Train's own restart from its checkpoint can finish the trial after the fault."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    sweep = variant(tmp_path, "workers", space={"batch.tokens_per_update": {"grid": [4096]}, "optim.lr": {"grid": [3e-3]}},
+                    overrides={"cluster.num_workers": 2, "train.max_failures": 1}, max_failures=0)
+    code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", cwd=tmp_path, env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864"})
+    assert code == 0, out[-3000:] + err[-3000:]
+    _, (run,) = children(uri, "workers")
+    assert run.info.status == "FINISHED" and list((tmp_path / "runs").rglob(".fault_injected"))
+    steps = [s for s, _ in tracking.metric_history(uri, run.info.run_id, "train/loss")]
+    assert steps == list(range(4096, 49152 + 1, 4096)), "each step once, none missing"
 
 
 def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):

@@ -89,6 +89,7 @@ def test_asha_needs_reports_at_equal_tokens(tmp_path):
     ({"scheduler": {"type": "pbt"}}, "scheduler.type"),
     ({"lr_scaling": {"reference_tokens": 1, "base_lr": 1e-3, "alpha": "cubic"}}, "lr_scaling.alpha"),
     ({"bogus": 1}, "bogus"),
+    ({"local_mode": "yes"}, "local_mode"),
 ])
 def test_bad_sweep_files(tmp_path, body, key):
     with pytest.raises(ConfigError) as info:
@@ -122,3 +123,16 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
     # what optuna proposes is resolved and validated inside the trial like any other point
     trial = search_space.resolve(sweep, {"optim.lr": 3e-3, "batch.tokens_per_update": 4096})
     assert trial.cfg.optim.lr == 3e-3 and trial.cfg.batch.tokens_per_update == 4096
+
+
+def test_trial_resources_follow_where_the_worker_runs(tmp_path):
+    """A single-worker trial in local mode holds its worker's CPUs itself; a trial that starts a
+    worker group (D > 1, or local_mode: false) holds only a fraction for waiting on it."""
+    from orchestrator import sweep as sweep_lib
+
+    space = {"cluster.num_workers": {"grid": [1, 2]}, "cluster.cpus_per_worker": {"grid": [0.8]}}
+    for local_mode, expected in [(True, [0.8, sweep_lib.TRIAL_DRIVER_CPUS]),
+                                 (False, [sweep_lib.TRIAL_DRIVER_CPUS, sweep_lib.TRIAL_DRIVER_CPUS])]:
+        sweep = search_space.load(write(tmp_path, space=space, local_mode=local_mode))
+        trials = search_space.expand(sweep)
+        assert [sweep_lib.trial_resources(sweep, {"trial": t.values}) for t in trials] == [{"CPU": c} for c in expected]
