@@ -26,36 +26,20 @@ ratio = tokens/s on / tokens/s off (CPU time). Goal: ratio >= 0.97.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import List
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import _common as common  # noqa: E402
 DEFAULT_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
 GOAL = 0.97
 UPDATES_PER_PERIOD = 2
 DATA_UPDATES = 8  # distinct global batches, replayed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_world_of_one() -> None:
-    """torch.distributed with one gloo process, as DeepSpeed expects."""
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(_free_port())})
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 
 
 def timed_probe_class():
@@ -114,7 +98,7 @@ def main(argv: List[str] | None = None) -> int:
     plan = config.batch_plan(cfg)
     if plan.micro_batches_per_update < 2:
         raise SystemExit(f"D x A = {plan.micro_batches_per_update}: the trainer measures no noise scale; use a config with A >= 2")
-    init_world_of_one()
+    train_loop.ensure_process_group(cfg)  # a DeepSpeed world of one, as in Ray Train's local mode
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     work = workloads.build(cfg, plan, torch.device("cpu"))
     engine = train_loop._engine(cfg, plan, work)
@@ -143,23 +127,12 @@ def main(argv: List[str] | None = None) -> int:
     run_period(True)  # warm-up: allocator, autograd caches, DeepSpeed's lazy set-up
     run_period(False)
     Probe.spent_s = 0.0
-    periods: List[Dict[str, Any]] = []
-    i = 0
-    while time.perf_counter() - started < args.seconds or len(periods) < 8:
-        on = (i % 4) in (0, 3)  # ABBA
-        wall, cpu = time.perf_counter(), time.process_time()
-        run_period(on)
-        periods.append({"on": on, "cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall})
-        i += 1
-    while i % 4:  # whole ABBA groups only, so both sides have as many periods
-        periods.pop()
-        i -= 1
+    periods = common.abba(run_period, args.seconds)
 
     tokens = UPDATES_PER_PERIOD * plan.tokens_per_update
     on_p, off_p = [q for q in periods if q["on"]], [q for q in periods if not q["on"]]
     rate = lambda ps, k: tokens * len(ps) / sum(q[k] for q in ps)  # noqa: E731  tokens per second
-    groups = [periods[j:j + 4] for j in range(0, len(periods), 4)]
-    group_ratios = [sum(q["cpu_s"] for q in g if not q["on"]) / sum(q["cpu_s"] for q in g if q["on"]) for g in groups]
+    group_ratios = [1 / r for r in common.abba_group_ratios(periods)]  # tokens/s on/off = CPU off/on
     result = {
         "benchmark": "gns_overhead",
         "measures": "tokens/s of workloads.train_loop.train_update (DeepSpeed engine, one process) with the GNS probe on vs off",
@@ -179,8 +152,7 @@ def main(argv: List[str] | None = None) -> int:
                    "tokens_per_update": plan.tokens_per_update, "zero_stage": cfg.deepspeed.zero_stage,
                    "precision": cfg.deepspeed.precision, "torch_threads": torch.get_num_threads(),
                    "parameters": sum(p.numel() for p in work.model.parameters())},
-        "machine": {"cpus": os.cpu_count(), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+        "machine": common.machine(load_before),
     }
     cpu, wall = result["tokens_per_cpu_s"], result["tokens_per_wall_s"]
     rows = [("tokens/s", "off", "on", "on/off"),
@@ -188,10 +160,7 @@ def main(argv: List[str] | None = None) -> int:
             ("per wall second", f"{wall['off']:,.0f}", f"{wall['on']:,.0f}", f"{result['ratio_wall']:.4f}"),
             ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
             ("1 - probe's own CPU share", "", "", f"{1 - result['probe_share_of_on_cpu']:.4f}")]
-    width = [max(len(r[c]) for r in rows) for c in range(4)]
-    print()
-    for r in rows:
-        print("  ".join(c.ljust(width[0]) if k == 0 else c.rjust(width[k]) for k, c in enumerate(r)))
+    common.print_table(rows)
     print(f"\n{result['updates']['on']} updates on, {result['updates']['off']} off, {plan.tokens_per_update:,} tokens each "
           f"(b={plan.micro_batch_size} x A={plan.grad_accum_steps} micro-batches, ZeRO {cfg.deepspeed.zero_stage}); "
           f"B_simple at the end {result['b_simple_after_run'] or float('nan'):.0f} tokens; the probe's hooks and read-out "
@@ -200,10 +169,7 @@ def main(argv: List[str] | None = None) -> int:
     print(f"ratio (tokens/s per CPU second, on/off) = {result['ratio']:.4f} -> {verdict} the goal >= {GOAL}  "
           f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
-    return 0
+    return common.finish(result, args.json)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -133,19 +132,6 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
             torch.cuda.empty_cache()
 
 
-def _init_single_process_group(device) -> None:
-    import deepspeed
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    with socket.socket() as s:  # a free port for the one-process rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
-
-
 def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     import torch
 
@@ -153,7 +139,7 @@ def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     from workloads import train_loop, workload as workloads
     from workloads.gns_probe import GradNormProbe
 
-    _init_single_process_group(device)
+    train_loop.ensure_process_group(cfg)  # a world of one, as in Ray Train's local mode
     if device.type == "cuda":
         torch.cuda.set_device(device)
     plan = batch_plan(cfg)

@@ -24,7 +24,6 @@ import copy
 import io
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import _common as common  # noqa: E402
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 GOAL = 1.15
@@ -135,10 +135,10 @@ def main(argv: List[str] | None = None) -> int:
     from orchestrator import launch, search_space
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
-    common = [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"train.storage_path={tmp}/runs", "tracking.experiment=bench-sweep-overhead"]
+    shared = [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"train.storage_path={tmp}/runs", "tracking.experiment=bench-sweep-overhead"]
     path = write_sweep(tmp, args.trials, args.concurrency, args.overrides)
     spec = search_space.load(path)
-    spec.base_overrides += common
+    spec.base_overrides += shared
     configs = [t.cfg for t in search_space.expand(spec)]
     for cfg in configs:
         launch.resolve_paths(cfg)
@@ -155,7 +155,7 @@ def main(argv: List[str] | None = None) -> int:
     for i, cfg in enumerate(configs[:first_half]):
         alone.append(run_alone(cfg, f"alone-{i}"))
         print(f"alone {i}: {alone[-1]['wall_s']:.1f} s", flush=True)
-    sweep = run_sweep(path, common)
+    sweep = run_sweep(path, shared)
     print(f"sweep of {args.trials} at concurrency {args.concurrency}: {sweep['wall_s']:.1f} s", flush=True)
     for i, cfg in enumerate(configs[first_half:], start=first_half):
         alone.append(run_alone(cfg, f"alone-{i}"))
@@ -175,8 +175,7 @@ def main(argv: List[str] | None = None) -> int:
         "sweep_before_first_trial_s": sweep["before_first_trial_s"], "sweep_after_last_trial_s": sweep["after_last_trial_s"],
         "sweep_trials": sweep["trials"], "alone": alone,
         "config": {"base": "conf/train/tiny.yaml", "overrides": {**TRIAL_OVERRIDES, **dict(o.split("=", 1) for o in args.overrides)}},
-        "machine": {"cpus": os.cpu_count(), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+        "machine": common.machine(load_before),
     }
     print()
     header = f"{'run':30s}{'total s':>9s}{'start-up':>10s}{'windows':>9s}{'(evals)':>9s}{'teardown':>10s}{'tok/s':>9s}"
@@ -193,15 +192,7 @@ def main(argv: List[str] | None = None) -> int:
     verdict = "meets" if ratio <= GOAL else "misses"
     print(f"ratio = sweep / (sum alone / c) = {ratio:.3f} -> {verdict} the goal <= {GOAL}; "
           f"counting ray.init as the commands do: {ratio_cli:.3f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {args.json}")
-    import ray
-
-    ray.shutdown()
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return common.finish(result, args.json, tmp, args.keep)
 
 
 if __name__ == "__main__":

@@ -26,18 +26,17 @@ ratio = CPU time per "on" update / CPU time per "off" update. Goal: ratio <= 1.0
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import _common as common  # noqa: E402
 DEFAULT_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
 GOAL = 1.01
 
@@ -111,11 +110,11 @@ def main(argv: List[str] | None = None) -> int:
     started = time.perf_counter()
     for _ in range(3):  # warm-up: allocator, autograd caches
         update()
-    periods: List[Dict[str, Any]] = []
-    u, on_since_send, i, sends = 0, 0.0, 0, []
-    while time.perf_counter() - started < args.seconds or len(periods) < 8:
-        on = (i % 4) in (0, 3)  # ABBA
-        wall, cpu = time.perf_counter(), time.process_time()
+    u, on_since_send, sends = 0, 0.0, []
+
+    def run_period(on: bool) -> Dict[str, float]:
+        nonlocal u, on_since_send
+        cpu = time.process_time()
         for _ in range(every):
             loss = update()
             u += 1
@@ -131,21 +130,16 @@ def main(argv: List[str] | None = None) -> int:
                 assert logger.flush(timeout_s=60), logger.last_error
                 send_s, send_cpu, on_since_send = time.perf_counter() - t, time.process_time() - log_cpu, 0.0
                 sends.append({"wall_s": send_s, "cpu_s": send_cpu})
-        periods.append({"on": on, "cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall,
-                        "log_s": log_s, "send_s": send_s})
-        i += 1
-    while i % 4:  # finish the ABBA group so both sides have as many periods
-        periods.pop()
-        i -= 1
+        return {"log_s": log_s, "send_s": send_s}
+
+    periods = common.abba(run_period, args.seconds)
     t = time.perf_counter()
     logger.close(timeout_s=60)
     last_send = time.perf_counter() - t
-    shutil.rmtree(tmp, ignore_errors=True)
 
     on_p, off_p = [q for q in periods if q["on"]], [q for q in periods if not q["on"]]
     per_update = lambda ps, k: sum(q[k] for q in ps) / (len(ps) * every)  # noqa: E731
-    groups = [periods[j:j + 4] for j in range(0, len(periods), 4)]
-    group_ratios = [sum(q["cpu_s"] for q in g if q["on"]) / sum(q["cpu_s"] for q in g if not q["on"]) for g in groups]
+    group_ratios = common.abba_group_ratios(periods)
     result = {
         "benchmark": "tracking_overhead",
         "ratio": per_update(on_p, "cpu_s") / per_update(off_p, "cpu_s"),
@@ -169,8 +163,7 @@ def main(argv: List[str] | None = None) -> int:
                    "flush_every_s": cfg.tracking.flush_every_s, "torch_threads": max(1, int(cfg.cluster.cpus_per_worker)),
                    "store": "sqlite (embedded)",
                    "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads}},
-        "machine": {"cpus": os.cpu_count(), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+        "machine": common.machine(load_before),
     }
     cpu, wall = result["update_cpu_ms"], result["update_wall_ms"]
     rows = [("per update", "off", "on", "on/off"),
@@ -178,10 +171,7 @@ def main(argv: List[str] | None = None) -> int:
             ("wall clock, ms", f"{wall['off']:.2f}", f"{wall['on']:.2f}", f"{result['ratio_wall']:.4f}"),
             ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
             ("tracking's own wall time", "", "", f"{result['ratio_from_tracking_wall_time']:.4f}")]
-    width = [max(len(r[c]) for r in rows) for c in range(4)]
-    print()
-    for r in rows:
-        print("  ".join(c.ljust(width[0]) if k == 0 else c.rjust(width[k]) for k, c in enumerate(r)))
+    common.print_table(rows)
     print(f"\n{result['updates']['on']} updates on, {result['updates']['off']} off; a report of "
           f"{result['metrics_per_report']} metrics every {every} updates: log() {result['log_call_us_median_wall']:.0f} us "
           f"(median); {len(sends)} sends of the buffered points, median {result['send_ms']['wall_median'] or 0:.1f} ms wall, "
@@ -190,10 +180,7 @@ def main(argv: List[str] | None = None) -> int:
     print(f"ratio (CPU time per update, on/off) = {result['ratio']:.4f} -> {verdict} the goal <= {GOAL}  "
           f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
-    return 0
+    return common.finish(result, args.json, tmp)
 
 
 if __name__ == "__main__":

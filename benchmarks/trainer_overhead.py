@@ -29,7 +29,6 @@ import io
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -39,19 +38,11 @@ from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import _common as common  # noqa: E402
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 DEFAULT_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
 GOAL = 0.90
-
-
-def machine() -> Dict[str, Any]:
-    import platform
-
-    import torch
-
-    return {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
 def load_config(path: str, overrides: List[str], tmp: Path):
@@ -364,16 +355,13 @@ def main(argv: List[str] | None = None) -> int:
                    "zero_stage": cfg.deepspeed.zero_stage, "gns": cfg.gns.enabled,
                    "torch_threads": max(1, int(cfg.cluster.cpus_per_worker)),
                    "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads}},
-        "machine": {**machine(), "load_avg_1m_before": load_before},
+        "machine": common.machine(load_before),
     }
     rows = [("tokens per second (of wall or CPU)", "plain", "real", "real/plain")]
     for key, label in [(k, label) for k, label in TABLE if k in ratios]:
         a, b = statistics.mean(x[key] for x in plain), statistics.mean(x[key] for x in real)
         rows.append((label, f"{a:,.0f}", f"{b:,.0f}", f"{geomean(ratios[key]):.3f}"))
-    width = [max(len(r[i]) for r in rows) for i in range(4)]
-    print()
-    for r in rows:
-        print("  ".join(c.ljust(width[0]) if i == 0 else c.rjust(width[i]) for i, c in enumerate(r)))
+    common.print_table(rows)
     r0 = real[-1]
     print(f"\nreal run wall {statistics.mean(x['wall_s'] for x in real):.1f} s: start-up to first window "
           f"{statistics.mean(x['startup_s'] for x in real):.1f} s, checkpoints/reports between windows "
@@ -386,15 +374,7 @@ def main(argv: List[str] | None = None) -> int:
     verdict = "meets" if result["ratio"] >= GOAL else "misses"
     print(f"ratio (steady, real/plain) = {result['ratio']:.3f}  per real run {', '.join(f'{x:.3f}' for x in result['ratio_per_real_run'])}  "
           f"-> {verdict} the goal >= {GOAL}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {args.json}")
-    import ray
-
-    ray.shutdown()
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return common.finish(result, args.json, tmp, args.keep)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from orchestrator import config as config_lib
 from orchestrator import launch, search_space, tracking

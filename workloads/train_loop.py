@@ -14,7 +14,6 @@ import math
 import os
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -172,20 +171,15 @@ def _ray(payload: Dict[str, Any]):
     return ray.train
 
 
-@contextmanager
-def _process_group(cfg: Config):
+def ensure_process_group(cfg: Config) -> bool:
     """DeepSpeed needs torch.distributed. Ray Train sets it up for a worker group; in local mode
     there is none, so make one of size 1 (an in-memory store: no port to find), with the
-    variables a launcher would set, which DeepSpeed reads."""
+    variables a launcher would set, which DeepSpeed reads. True if it made one."""
     if dist.is_initialized():
-        yield
-        return
+        return False
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     dist.init_process_group("nccl" if cfg.cluster.use_gpu else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    return True
 
 
 def _restore(engine, state: TrainState, api) -> TrainState:
@@ -216,8 +210,12 @@ def train_worker(payload: Dict[str, Any]) -> None:
     """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, optional `fault`,
     `local_mode` (Ray Train's local mode inside a Tune trial)."""
     cfg = from_dict(payload["config"])
-    with _process_group(cfg):
+    own_group = ensure_process_group(cfg)
+    try:
         _train(cfg, payload, _ray(payload))
+    finally:
+        if own_group:
+            dist.destroy_process_group()
 
 
 def _train(cfg: Config, payload: Dict[str, Any], api) -> None:

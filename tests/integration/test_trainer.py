@@ -1,8 +1,9 @@
 """The trainer end to end on Ray Train + DeepSpeed (CPU, gloo): decomposition invariance over
 splits and ZeRO stages, the naive mean as a negative control, resume after a fault."""
 
-import os
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,9 +30,8 @@ def small_config(tmp_path, corpus, *extra):
 
 def train_curve(cfg):
     assert launch.train(cfg) == 0
-    record = (tmp := os.path.join(cfg.train.storage_path, cfg.train.run_name, launch.RUN_RECORD))
-    import json
-    run_id = json.loads(open(record).read())["mlflow_run_id"]
+    record = Path(cfg.train.storage_path) / cfg.train.run_name / launch.RUN_RECORD
+    run_id = json.loads(record.read_text())["mlflow_run_id"]
     return run_id, tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
 
 

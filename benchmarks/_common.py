@@ -1,0 +1,62 @@
+"""What the benchmarks share: the machine's facts, ABBA interleaving, the printed table, the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+
+def machine(load_before: float) -> Dict[str, Any]:
+    """Recorded with every figure: on a shared machine the load explains most of the spread."""
+    import torch
+
+    return {"cpus": os.cpu_count(), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
+            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def abba(run_period: Callable[[bool], Optional[Dict[str, Any]]], seconds: float, min_periods: int = 8) -> List[Dict[str, Any]]:
+    """Run periods on/off in ABBA order (on, off, off, on, ...) for at least `seconds`, whole
+    groups of four only, so a load that drifts during the run hits both sides alike. Each
+    period: `on`, its process CPU and wall seconds, plus whatever `run_period(on)` returns."""
+    periods: List[Dict[str, Any]] = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds or len(periods) < min_periods or len(periods) % 4:
+        on = (len(periods) % 4) in (0, 3)
+        wall, cpu = time.perf_counter(), time.process_time()
+        extra = run_period(on) or {}
+        periods.append({"on": on, "cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall, **extra})
+    return periods
+
+
+def abba_group_ratios(periods: List[Dict[str, Any]], key: str = "cpu_s") -> List[float]:
+    """on / off of `key`, per ABBA group."""
+    groups = [periods[j:j + 4] for j in range(0, len(periods), 4)]
+    return [sum(q[key] for q in g if q["on"]) / sum(q[key] for q in g if not q["on"]) for g in groups]
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    """First column left-aligned, the others right-aligned; the first row is the header."""
+    width = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    print()
+    for r in rows:
+        print("  ".join(c.ljust(width[0]) if k == 0 else c.rjust(width[k]) for k, c in enumerate(r)))
+
+
+def finish(result: Dict[str, Any], json_path: Optional[str], tmp: Optional[Path] = None, keep: bool = False) -> int:
+    """Write the JSON, stop the Ray this process started, remove the temporary store."""
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {json_path}")
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    if tmp is not None and not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
