@@ -3,8 +3,11 @@
     python benchmarks/sweep_overhead.py [--json PATH] [--trials 2] [--concurrency 2] [key=value ...]
 
 The trials: conf/train/tiny.yaml on a budget of about a minute each, one worker with
-cluster.cpus_per_worker=0.8 (one torch thread; 0.8 + the Tune trial's 0.2 CPU lets two trials
-share two CPUs), N learning rates (the compute of every trial is the same).
+cluster.cpus_per_worker=0.8 (one torch thread), N learning rates (the compute of every trial is
+the same). In the sweep each trial runs its worker in Ray Train's local mode inside the Tune
+trial (the sweep's default for one worker; `--no-local-mode` starts a worker group per trial,
+as `orchestrator train` does, where the Tune trial's 0.2 CPU + 0.8 still lets two trials share
+two CPUs).
 
     ratio = wall(sweep) / (sum over trials of wall(trial alone) / c)
 
@@ -46,7 +49,7 @@ TRIAL_OVERRIDES = {
 }
 
 
-def write_sweep(tmp: Path, trials: int, concurrency: int, overrides: List[str]) -> Path:
+def write_sweep(tmp: Path, trials: int, concurrency: int, overrides: List[str], local_mode: bool) -> Path:
     import yaml
 
     base = dict(TRIAL_OVERRIDES)
@@ -55,7 +58,7 @@ def write_sweep(tmp: Path, trials: int, concurrency: int, overrides: List[str]) 
         base[key] = yaml.safe_load(value)
     lrs = [round(2e-3 + 1e-3 * i, 6) for i in range(trials)]
     sweep = {"name": "bench-overhead", "base": {"config": str(ROOT / "conf" / "train" / "tiny.yaml"), "overrides": base},
-             "space": {"optim.lr": {"grid": lrs}}, "search": {"algorithm": "grid", "max_concurrent": concurrency}}
+             "space": {"optim.lr": {"grid": lrs}}, "search": {"algorithm": "grid", "max_concurrent": concurrency}, "local_mode": local_mode}
     path = tmp / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
     return path
@@ -128,6 +131,8 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides of every trial's config")
     p.add_argument("--trials", type=int, default=2, help="N trials (default 2)")
     p.add_argument("--concurrency", type=int, default=2, help="c trials at a time (default 2)")
+    p.add_argument("--no-local-mode", dest="local_mode", action="store_false",
+                   help="trials start a Ray Train worker group instead of running in Ray Train's local mode")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
@@ -136,7 +141,7 @@ def main(argv: List[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     shared = [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"train.storage_path={tmp}/runs", "tracking.experiment=bench-sweep-overhead"]
-    path = write_sweep(tmp, args.trials, args.concurrency, args.overrides)
+    path = write_sweep(tmp, args.trials, args.concurrency, args.overrides, args.local_mode)
     spec = search_space.load(path)
     spec.base_overrides += shared
     configs = [t.cfg for t in search_space.expand(spec)]
@@ -169,7 +174,7 @@ def main(argv: List[str] | None = None) -> int:
     sweep_speed = statistics.mean(t["steady_tokens_per_s"] for t in sweep["trials"])
     result = {
         "benchmark": "sweep_overhead", "ratio": ratio, "ratio_with_ray_init": ratio_cli, "goal": f"ratio <= {GOAL}",
-        "trials": n, "concurrency": c, "sweep_wall_s": sweep["wall_s"], "alone_wall_s": [a["wall_s"] for a in alone],
+        "trials": n, "concurrency": c, "local_mode": args.local_mode, "sweep_wall_s": sweep["wall_s"], "alone_wall_s": [a["wall_s"] for a in alone],
         "alone_sum_s": alone_sum, "ray_init_s": ray_init_s,
         "steady_tokens_per_s_alone": alone_speed, "steady_tokens_per_s_in_sweep": sweep_speed,
         "sweep_before_first_trial_s": sweep["before_first_trial_s"], "sweep_after_last_trial_s": sweep["after_last_trial_s"],
