@@ -195,7 +195,8 @@ def _restore(engine, state: TrainState, api) -> TrainState:
 
 
 def _save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger, api) -> None:
-    """DeepSpeed checkpoint on every rank (ZeRO shards its state), merged by Ray Train."""
+    """DeepSpeed checkpoint on every rank (ZeRO shards its state), merged and persisted by Ray
+    Train (by Ray Tune in local mode)."""
     if logger is not None:
         logger.flush(timeout_s=10)  # best effort; what stays unsent goes into the checkpoint
         state.mlflow_pending = logger.pending_state()
