@@ -36,6 +36,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from orchestrator import config as config_lib
 from orchestrator.config import Config
@@ -215,22 +217,29 @@ def load(path: str | Path) -> Sweep:
     local_mode = raw.get("local_mode", True)
     if not isinstance(local_mode, bool):
         raise ConfigError("local_mode", f"got {local_mode!r}; valid: true (single-worker trials in the trial's process) or false")
+    max_failures = raw.get("max_failures", 1)
+    if not isinstance(max_failures, int) or isinstance(max_failures, bool) or max_failures < 0:
+        raise ConfigError("max_failures", f"got {max_failures!r}; valid: an integer >= 0 (Tune retries of a failed trial)")
     name = str(raw.get("name") or path.stem)
     return Sweep(name, path, raw, (path.parent / base["config"]).resolve(), list(overrides), space, search, scheduler,
-                 lr_scaling, constraints, infeasible, int(raw.get("max_failures", 1)), local_mode)
+                 lr_scaling, constraints, infeasible, max_failures, local_mode)
 
 
 def _dotlist_value(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip() if isinstance(value, (list, dict)) else str(value)
 
 
-def _section(cls, data: Optional[Dict[str, Any]], name: str):
-    data = dict(data or {})
-    fields = cls.__dataclass_fields__
-    for key in data:
-        if key not in fields:
-            raise ConfigError(f"{name}.{key}", f"unknown key; valid: {', '.join(fields)}")
-    return cls(**data)
+def _section(cls, data: Any, name: str):
+    """A typed section of the sweep file (OmegaConf checks keys and value types)."""
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(name, f"must be a mapping with keys {', '.join(cls.__dataclass_fields__)}")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data or {}))
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or ""
+        if isinstance(exc, ConfigKeyError):
+            raise ConfigError(f"{name}.{key}", f"unknown key; valid: {', '.join(cls.__dataclass_fields__)}") from None
+        raise ConfigError(f"{name}.{key}", str(exc).splitlines()[0]) from None
 
 
 def _check_constraint(i: int, c: Any, valid_keys: set) -> None:

@@ -90,6 +90,11 @@ def test_asha_needs_reports_at_equal_tokens(tmp_path):
     ({"lr_scaling": {"reference_tokens": 1, "base_lr": 1e-3, "alpha": "cubic"}}, "lr_scaling.alpha"),
     ({"bogus": 1}, "bogus"),
     ({"local_mode": "yes"}, "local_mode"),
+    ({"search": {"num_samples": "four"}}, "search.num_samples"),
+    ({"search": {"max_concurrent": 2, "workers": 3}}, "search.workers"),
+    ({"search": "grid"}, "search"),
+    ({"scheduler": {"type": "asha", "grace_period_tokens": "64k"}}, "scheduler.grace_period_tokens"),
+    ({"max_failures": "twice"}, "max_failures"),
 ])
 def test_bad_sweep_files(tmp_path, body, key):
     with pytest.raises(ConfigError) as info:
