@@ -125,18 +125,25 @@ def _short(x: float) -> str:
     return f"{mantissa.removesuffix('.0')}e{int(exponent)}" if x else "0"
 
 
-def _distribution(key: str, spec: Any) -> Dict[str, Any]:
-    """Check one `{kind: args}` entry (a bare value means fixed)."""
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _distribution(key: str, spec: Any, numeric: bool = False) -> Dict[str, Any]:
+    """Check one `{kind: args}` entry (a bare value means fixed). `numeric`: keys that only the
+    sweep computes with (shares, lr scaling), so their values must be numbers."""
     if not isinstance(spec, dict) or len(spec) != 1:
-        return {"grid": [spec]}
+        spec = {"grid": [spec]}
     (kind, args), = spec.items()
     if kind not in DISTRIBUTIONS:
         raise ConfigError(f"space.{key}", f"unknown distribution {kind!r}; valid: {', '.join(DISTRIBUTIONS)}")
     if kind in ("grid", "choice"):
         if not isinstance(args, list) or not args:
             raise ConfigError(f"space.{key}", f"{kind} needs a non-empty list of values, got {args!r}")
+        if numeric and not all(_is_number(a) for a in args):
+            raise ConfigError(f"space.{key}", f"values must be numbers, got {args!r}")
     else:
-        if not (isinstance(args, list) and len(args) == 2 and all(isinstance(a, (int, float)) for a in args)):
+        if not (isinstance(args, list) and len(args) == 2 and all(_is_number(a) for a in args)):
             raise ConfigError(f"space.{key}", f"{kind} needs [low, high], got {args!r}")
         low, high = args
         if low > high:
@@ -173,12 +180,14 @@ def load(path: str | Path) -> Sweep:
         if key not in TOP_KEYS:
             raise ConfigError(key, f"unknown sweep key; valid: {', '.join(TOP_KEYS)}")
     base = raw.get("base") or {}
-    if "config" not in base:
+    if not isinstance(base, dict) or "config" not in base:
         raise ConfigError("base.config", "missing: the train config every trial starts from")
     overrides = base.get("overrides") or {}
     if isinstance(overrides, dict):
         overrides = [f"{k}={_dotlist_value(v)}" for k, v in overrides.items()]
-    space = {k: _distribution(k, v) for k, v in (raw.get("space") or {}).items()}
+    if not isinstance(raw.get("space") or {}, dict):
+        raise ConfigError("space", "must be a mapping of train-config keys to distributions, e.g. optim.lr: {grid: [1e-3, 3e-3]}")
+    space = {k: _distribution(k, v, numeric=k in SHARE_KEYS) for k, v in (raw.get("space") or {}).items()}
     valid_keys = set(config_lib.schema_keys()) | set(SHARE_KEYS)
     for key in space:
         if key not in valid_keys:
@@ -195,6 +204,8 @@ def load(path: str | Path) -> Sweep:
         raise ConfigError("scheduler.type", f"got {scheduler.type!r}; valid: {', '.join(SCHEDULERS)}")
     if scheduler.type == "asha" and scheduler.grace_period_tokens <= 0:
         raise ConfigError("scheduler.grace_period_tokens", "ASHA needs a grace period in tokens > 0")
+    if not isinstance(raw.get("lr_scaling") or {}, dict):
+        raise ConfigError("lr_scaling", "must be a mapping: {reference_tokens: N, base_lr: ..., alpha: ...}")
     lr_scaling = dict(raw.get("lr_scaling") or {})
     if lr_scaling:
         if "optim.lr" in space:
@@ -202,13 +213,17 @@ def load(path: str | Path) -> Sweep:
         unknown = set(lr_scaling) - {"reference_tokens", "base_lr", "alpha"}
         if unknown or "base_lr" not in lr_scaling or "reference_tokens" not in lr_scaling:
             raise ConfigError("lr_scaling", "needs reference_tokens and base_lr (and optional alpha: sqrt, linear or a number)")
+        if not _is_number(lr_scaling["reference_tokens"]) or lr_scaling["reference_tokens"] <= 0:
+            raise ConfigError("lr_scaling.reference_tokens", f"got {lr_scaling['reference_tokens']!r}; valid: tokens per update > 0")
         alpha = lr_scaling.get("alpha", "sqrt")
         lr_scaling["alpha"] = ALPHA_PRESETS.get(alpha, alpha) if isinstance(alpha, str) else alpha
         if isinstance(lr_scaling["alpha"], str):
             raise ConfigError("lr_scaling.alpha", f"got {alpha!r}; valid presets: {', '.join(ALPHA_PRESETS)} or a number")
         for key in ("base_lr", "alpha"):
-            space[f"lr_scaling.{key}"] = _distribution(f"lr_scaling.{key}", lr_scaling[key])
+            space[f"lr_scaling.{key}"] = _distribution(f"lr_scaling.{key}", lr_scaling[key], numeric=True)
     constraints = raw.get("constraints") or []
+    if not isinstance(constraints, list):
+        raise ConfigError("constraints", "must be a list of {key: K, max|min: factor, of: OTHER_KEY}")
     for i, c in enumerate(constraints):
         _check_constraint(i, c, valid_keys)
     infeasible = raw.get("infeasible", "error")
@@ -246,6 +261,9 @@ def _check_constraint(i: int, c: Any, valid_keys: set) -> None:
     where = f"constraints.{i}"
     if not isinstance(c, dict) or "key" not in c or len({"max", "min"} & set(c)) != 1:
         raise ConfigError(where, "a constraint is {key: K, max|min: factor, of: OTHER_KEY} (of is optional)")
+    bound = c.get("max", c.get("min"))
+    if not _is_number(bound):
+        raise ConfigError(f"{where}.{'max' if 'max' in c else 'min'}", f"got {bound!r}; valid: a number (the factor of `of`)")
     for field_name in ("key", "of"):
         if field_name in c and c[field_name] not in valid_keys:
             raise ConfigError(f"{where}.{field_name}", f"unknown key {c[field_name]!r}{config_lib._did_you_mean(str(c[field_name]))}")

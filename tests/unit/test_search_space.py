@@ -95,6 +95,12 @@ def test_asha_needs_reports_at_equal_tokens(tmp_path):
     ({"search": "grid"}, "search"),
     ({"scheduler": {"type": "asha", "grace_period_tokens": "64k"}}, "scheduler.grace_period_tokens"),
     ({"max_failures": "twice"}, "max_failures"),
+    ({"space": ["optim.lr"]}, "space"),
+    ({"space": {"schedule.warmup_share": {"grid": ["5%"]}}}, "space.schedule.warmup_share"),
+    ({"space": {}, "lr_scaling": {"reference_tokens": 0, "base_lr": 1e-3}}, "lr_scaling.reference_tokens"),
+    ({"space": {}, "lr_scaling": {"reference_tokens": 4096, "base_lr": {"grid": ["big"]}}}, "space.lr_scaling.base_lr"),
+    ({"constraints": [{"key": "schedule.warmup_tokens", "max": "a tenth", "of": "train.total_tokens"}]}, "constraints.0.max"),
+    ({"base": "tiny.yaml"}, "base.config"),
 ])
 def test_bad_sweep_files(tmp_path, body, key):
     with pytest.raises(ConfigError) as info:
