@@ -107,7 +107,9 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
     if grad_norm is None and big_sq is not None:
         grad_norm = math.sqrt(big_sq)
     grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-    total_loss, total_small_sq, total_small = _all_reduce([loss_sum, small_sq_sum, small_count])
+    sources = list(work.source_names)
+    local_source_tokens = [sum(mb.source_tokens.get(k, 0) for mb in batches) for k in sources]
+    total_loss, total_small_sq, total_small, *source_tokens = _all_reduce([loss_sum, small_sq_sum, small_count, *local_source_tokens])
     return {
         "loss_sum": total_loss,
         "real_tokens": global_real,
@@ -115,7 +117,7 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
         "grad_norm": grad_norm,
         "small_sq_mean": total_small_sq / max(total_small, 1.0),
         "local_slots": sum(mb.slots for mb in batches),
-        "source_tokens": {k: sum(mb.source_tokens.get(k, 0) for mb in batches) for k in work.source_names},
+        "source_tokens": dict(zip(sources, source_tokens)),  # all workers
     }
 
 

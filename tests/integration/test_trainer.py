@@ -18,7 +18,8 @@ def small_config(tmp_path, corpus, *extra):
     """1-layer model, S=32, 4 sequences per update, token budget of UPDATES updates."""
     return config.load(TINY, [
         "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.max_seq_len=32",
-        "data.seq_len=32", f"data.sources=[{{name: varied, kind: files, path: '{corpus}'}}]",
+        "data.seq_len=32", f"data.sources=[{{name: varied, kind: files, path: '{corpus}', weight: 0.75}}, "
+                           "{name: sums, kind: arithmetic, weight: 0.25}]",
         "data.eval_fraction=0.1", "batch.tokens_per_update=128", f"train.total_tokens={128 * UPDATES}",
         "train.report_every_tokens=128", "train.eval_every_tokens=384", "train.eval_tokens=256",
         "train.checkpoint_every_tokens=256", "schedule.warmup_tokens=0", "schedule.decay=constant",
@@ -50,11 +51,22 @@ SPLITS = [(4, 1, 1), (2, 1, 2), (1, 1, 4), (2, 2, 1), (1, 2, 2)]
 
 
 @pytest.fixture(scope="module")
-def reference(ray_session, corpus, tmp_path_factory):
+def reference_run(ray_session, corpus, tmp_path_factory):
+    """(config, MLflow run id, train/loss curve) of the split (4, 1, 1)."""
     tmp = tmp_path_factory.mktemp("reference")
     b, d, a = SPLITS[0]
-    return train_curve(small_config(tmp, corpus, f"batch.micro_batch_size={b}", f"cluster.num_workers={d}",
-                                    f"batch.grad_accum_steps={a}", "train.run_name=ref"))[1]
+    cfg = small_config(tmp, corpus, f"batch.micro_batch_size={b}", f"cluster.num_workers={d}",
+                       f"batch.grad_accum_steps={a}", "train.run_name=ref")
+    return (cfg, *train_curve(cfg))
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return reference_run[2]
+
+
+def source_shares(cfg, run_id):
+    return tracking.metric_history(cfg.tracking.uri, run_id, "data/share/sums")
 
 
 def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus):
@@ -68,11 +80,17 @@ def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus)
 
 
 @pytest.mark.parametrize("split", SPLITS[1:], ids=[f"b{b}-D{d}-A{a}" for b, d, a in SPLITS[1:]])
-def test_decomposition_invariance(reference, corpus, tmp_path, split):
+def test_decomposition_invariance(reference_run, corpus, tmp_path, split):
     b, d, a = split
-    _, curve = train_curve(small_config(tmp_path, corpus, f"batch.micro_batch_size={b}", f"cluster.num_workers={d}",
-                                        f"batch.grad_accum_steps={a}", "train.run_name=split"))
-    assert_same_curve(reference, curve)
+    cfg = small_config(tmp_path, corpus, f"batch.micro_batch_size={b}", f"cluster.num_workers={d}",
+                       f"batch.grad_accum_steps={a}", "train.run_name=split")
+    run_id, curve = train_curve(cfg)
+    assert_same_curve(reference_run[2], curve)
+    # The logged mixture is the whole update's, whichever worker logs it.
+    shares, expected = source_shares(cfg, run_id), source_shares(reference_run[0], reference_run[1])
+    assert len(expected) == UPDATES and len({v for _, v in expected}) > 1, "shares vary between updates"
+    assert [s for s, _ in shares] == [s for s, _ in expected]
+    assert [v for _, v in shares] == pytest.approx([v for _, v in expected], rel=1e-9)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 3])
