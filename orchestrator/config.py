@@ -418,7 +418,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError("model.vocab_size", f"got {m.vocab_size}; the byte tokenizer needs >= 257")
     if not d.sources:
         raise ConfigError("data.sources", "empty; name at least one source")
+    names = [src.name for src in d.sources]
     for i, src in enumerate(d.sources):
+        if src.name in names[:i]:
+            raise ConfigError(f"data.sources.{i}.name", f"{src.name!r} is also data.sources.{names.index(src.name)}.name; "
+                              "each source needs its own name (it labels data/share/<name>)")
         _choice(f"data.sources.{i}.kind", src.kind, SOURCE_KINDS)
         _positive(f"data.sources.{i}.weight", src.weight)
         if src.kind == "files" and not src.path:

@@ -32,6 +32,7 @@ CASES = [
     (["model.n_heads=3"], "model.n_heads"),
     (["model.name=bert"], "model.name"),
     (["data.sources.0.kind=web"], "data.sources.0.kind"),
+    (["data.sources=[{name: a, kind: code}, {name: a, kind: prose}]"], "data.sources.1.name"),
     (["data.eval_fraction=1.5"], "data.eval_fraction"),
     (["optim.beta2=1.0"], "optim.beta2"),
     (["not-an-override"], "not-an-override"),
