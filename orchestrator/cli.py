@@ -116,10 +116,10 @@ def _ui(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     from orchestrator import config
-    from workloads import data
+    from workloads import corpus
 
     cfg = config.load(args.config, args.overrides)
-    written = data.prepare_shards(cfg, args.out)
+    written = corpus.prepare_shards(cfg, args.out)
     print(f"wrote {written} token shards to {args.out}; train with data.shard_dir={args.out}")
     return 0
 

@@ -157,7 +157,7 @@ def resolve_paths(cfg: Config) -> None:
         cfg.data.shard_dir = str(Path(cfg.data.shard_dir).resolve())
     cfg.train.storage_path = str(Path(cfg.train.storage_path).resolve())
     cfg.tracking.uri = tracking.resolve_uri(cfg.tracking.uri)
-    # The token cache (workloads/data.py) is shared by the driver's preflight and all workers.
+    # The token cache (workloads/corpus.py) is shared by the driver's preflight and all workers.
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
 
 

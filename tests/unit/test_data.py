@@ -1,4 +1,5 @@
-"""workloads/data.py: tokenizer, sources, token cache, split, packing, mixture, decomposition."""
+"""workloads/corpus.py (tokenizer, sources, token cache) and workloads/data.py (split, packing,
+mixture, decomposition)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from orchestrator.batching import BatchPlan
 from orchestrator.config import Config, SourceConfig
 from orchestrator.errors import ConfigError
+from workloads import corpus as C
 from workloads import data as D
 
 FIELDS = ("inputs", "targets", "positions", "doc_ids", "loss_mask", "source_ids")
@@ -55,7 +57,7 @@ def cat(batches: list[D.Batch]) -> D.Batch:
     return D.Batch(**{f: torch.cat([getattr(b, f) for b in batches]) for f in FIELDS})
 
 
-def doc_bytes(data: D.SourceTokens, i: int) -> bytes:
+def doc_bytes(data: C.SourceTokens, i: int) -> bytes:
     return data.document(i).astype(np.uint8).tobytes()
 
 
@@ -65,26 +67,26 @@ def doc_bytes(data: D.SourceTokens, i: int) -> bytes:
 @settings(max_examples=200, deadline=None)
 @given(st.text(), st.text())
 def test_encode_decode_round_trip_and_eos(a: str, b: str):
-    tokens = D.encode(a)
+    tokens = C.encode(a)
     assert tokens.dtype == np.uint16 and (tokens < 256).all()  # text never yields EOS
-    assert D.decode(tokens) == a
-    joined = np.concatenate([tokens, [D.EOS], D.encode(b), [D.EOS]])
-    assert D.decode(joined) == a + b
-    assert D.decode(torch.as_tensor(joined.astype(np.int64))) == a + b
+    assert C.decode(tokens) == a
+    joined = np.concatenate([tokens, [C.EOS], C.encode(b), [C.EOS]])
+    assert C.decode(joined) == a + b
+    assert C.decode(torch.as_tensor(joined.astype(np.int64))) == a + b
 
 
 def test_decode_rejects_ids_outside_the_vocabulary():
     with pytest.raises(ValueError):
-        D.decode([D.VOCAB_SIZE])
+        C.decode([C.VOCAB_SIZE])
 
 
 def test_builtin_sources_are_bounded_deterministic_and_correct():
-    code = list(islice(D.iter_documents(SourceConfig(name="c", kind="code")), 400))
-    prose = list(D.iter_documents(SourceConfig(name="p", kind="prose")))
-    arith = list(D.iter_documents(SourceConfig(name="a", kind="arithmetic")))
-    assert max(map(len, code)) <= D.CODE_DOC_BYTES and all(code)
-    assert 200 <= len(prose) and max(map(len, prose)) <= D.PROSE_DOC_BYTES
-    assert len(arith) == D.ARITHMETIC_DOCS and arith == list(D.iter_documents(SourceConfig(name="b", kind="arithmetic")))
+    code = list(islice(C.iter_documents(SourceConfig(name="c", kind="code")), 400))
+    prose = list(C.iter_documents(SourceConfig(name="p", kind="prose")))
+    arith = list(C.iter_documents(SourceConfig(name="a", kind="arithmetic")))
+    assert max(map(len, code)) <= C.CODE_DOC_BYTES and all(code)
+    assert 200 <= len(prose) and max(map(len, prose)) <= C.PROSE_DOC_BYTES
+    assert len(arith) == C.ARITHMETIC_DOCS and arith == list(C.iter_documents(SourceConfig(name="b", kind="arithmetic")))
     for line in b"".join(arith[:50]).decode().splitlines():
         a, op, b, c = re.fullmatch(r"(\d+)([+*-])(\d+)=(-?\d+)", line).groups()
         assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] == int(c)
@@ -96,7 +98,7 @@ def test_code_chunks_reassemble_the_files():
 
     root = Path(sysconfig.get_paths()["stdlib"])
     big = root / "typing.py"  # > 16 KiB in every supported Python
-    docs = list(D._pack_pieces(big.read_bytes().splitlines(keepends=True), D.CODE_DOC_BYTES))
+    docs = list(C._pack_pieces(big.read_bytes().splitlines(keepends=True), C.CODE_DOC_BYTES))
     assert len(docs) > 1 and b"".join(docs) == big.read_bytes()
     assert all(d.endswith(b"\n") for d in docs[:-1])
 
@@ -114,26 +116,26 @@ def test_files_source_reads_txt_jsonl_and_parquet(tmp_path: Path):
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     pq.write_table(pa.table({"content": ["p0", None, "p2", "p3", "p4"]}), tmp_path / "d.parquet", row_group_size=2)
 
-    assert [d.decode() for d in D.iter_documents(files_source(tmp_path / "txt"))] == ["first doc\n", "second doc, héllo\n"]
-    assert [d.decode() for d in D.iter_documents(files_source(tmp_path / "c.jsonl"))] == ["one", "two ✓", "three"]
-    assert [d.decode() for d in D.iter_documents(files_source(tmp_path / "d.parquet", text_field="content"))] == ["p0", "p2", "p3", "p4"]
-    assert len(list(D.iter_documents(files_source(tmp_path / "**" / "*.txt")))) == 2
+    assert [d.decode() for d in C.iter_documents(files_source(tmp_path / "txt"))] == ["first doc\n", "second doc, héllo\n"]
+    assert [d.decode() for d in C.iter_documents(files_source(tmp_path / "c.jsonl"))] == ["one", "two ✓", "three"]
+    assert [d.decode() for d in C.iter_documents(files_source(tmp_path / "d.parquet", text_field="content"))] == ["p0", "p2", "p3", "p4"]
+    assert len(list(C.iter_documents(files_source(tmp_path / "**" / "*.txt")))) == 2
 
     cfg = make_cfg(files_source(tmp_path / "c.jsonl"))
-    data = D.load_source(cfg, 0)
-    assert [D.decode(data.document(i)) for i in range(data.num_documents)] == ["one", "two ✓", "three"]
+    data = C.load_source(cfg, 0)
+    assert [C.decode(data.document(i)) for i in range(data.num_documents)] == ["one", "two ✓", "three"]
     cfg.data.max_documents_per_source = 2
-    assert D.load_source(cfg, 0).num_documents == 2
+    assert C.load_source(cfg, 0).num_documents == 2
 
 
 def test_files_source_errors_name_the_key(tmp_path: Path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
     with pytest.raises(ConfigError, match=r"data\.sources\.0\.text_field.*'text'"):
-        list(D.iter_documents(files_source(tmp_path / "c.jsonl")))
+        list(C.iter_documents(files_source(tmp_path / "c.jsonl")))
     with pytest.raises(ConfigError, match=r"data\.sources\.0\.path.*nope"):
-        D.resolve_files(files_source(tmp_path / "nope"), "data.sources.0")
+        C.resolve_files(files_source(tmp_path / "nope"), "data.sources.0")
     with pytest.raises(ConfigError, match=r"data\.sources\.0\.path"):
-        D.resolve_files(files_source(tmp_path / "*.txt"), "data.sources.0")
+        C.resolve_files(files_source(tmp_path / "*.txt"), "data.sources.0")
 
 
 # ---------------------------------------------------------------- packing
@@ -151,7 +153,7 @@ def check_window_invariants(batch: D.Batch, S: int) -> None:
     assert torch.equal(pos[:, 1:] == 0, boundary)  # positions restart exactly where a document starts
     assert (pos[:, 1:][~boundary] == pos[:, :-1][~boundary] + 1).all()
     assert torch.equal(mask[:, :-1] == 0, boundary)  # the EOS -> next document position is not loss-bearing
-    assert torch.equal(mask == 0, x == D.EOS)
+    assert torch.equal(mask == 0, x == C.EOS)
 
 
 @pytest.mark.parametrize("seq_len", [7, 16])
@@ -159,10 +161,10 @@ def test_windows_match_a_brute_force_stream(seq_len: int):
     cfg = make_cfg(seq_len=seq_len, max_docs=40)
     ds = D.TokenDataset(cfg)
     for i, packed in enumerate(ds.sources):
-        data = D.load_source(cfg, i)
+        data = C.load_source(cfg, i)
         stream, doc_of, pos_in = [], [], []
         for n, d in enumerate(packed.doc_order):
-            toks = list(data.document(d)) + [D.EOS]
+            toks = list(data.document(d)) + [C.EOS]
             stream += toks
             doc_of += [n] * len(toks)
             pos_in += range(len(toks))
@@ -188,7 +190,7 @@ def test_a_window_needs_seq_len_plus_one_tokens(tmp_path: Path, seq_len: int, ex
     assert ds.sources[0].num_sequences == expected
     if expected:
         last = ds.sequence_batch(0, [expected - 1])
-        assert last.targets[0, -1].item() == (D.EOS if 15 % seq_len == 0 else ord("abcdefghijklmno"[expected * seq_len]))
+        assert last.targets[0, -1].item() == (C.EOS if 15 % seq_len == 0 else ord("abcdefghijklmno"[expected * seq_len]))
     else:
         with pytest.raises(ConfigError, match=r"data\.sources\.0: .*fewer than one sequence"):
             ds.update_batch(0, 1)
@@ -199,11 +201,11 @@ def test_windows_hold_whole_train_documents_in_some_order():
     cfg = make_cfg(seq_len=16, max_docs=60)
     ds, ev = D.TokenDataset(cfg), D.TokenDataset(cfg, "eval")
     for i, packed in enumerate(ds.sources):
-        data = D.load_source(cfg, i)
+        data = C.load_source(cfg, i)
         stream = ds.sequence_batch(i, range(packed.num_sequences)).inputs.reshape(-1).tolist()
         complete, current = [], []
         for t in stream:
-            if t == D.EOS:
+            if t == C.EOS:
                 complete.append(bytes(current))
                 current = []
             else:
@@ -217,7 +219,7 @@ def test_train_and_eval_documents_are_disjoint_and_eval_is_not_empty():
     cfg = Config()
     train, ev = D.TokenDataset(cfg), D.TokenDataset(cfg, "eval")
     for i, (tr, he) in enumerate(zip(train.sources, ev.sources)):
-        data = D.load_source(cfg, i)
+        data = C.load_source(cfg, i)
         assert len(he.doc_order) > 0 and he.num_sequences > 0
         assert sorted(np.concatenate([tr.doc_order, he.doc_order]).tolist()) == list(range(data.num_documents))
         train_hashes = {hashlib.sha256(doc_bytes(data, d)).digest() for d in tr.doc_order}
@@ -343,7 +345,7 @@ def test_concurrent_builders_share_one_complete_cache(tmp_path: Path, monkeypatc
     results = [None] * 6
 
     def build(k: int) -> None:
-        results[k] = D.load_source(cfg, 0)
+        results[k] = C.load_source(cfg, 0)
 
     threads = [threading.Thread(target=build, args=(k,)) for k in range(6)]
     for t in threads:
@@ -358,7 +360,7 @@ def test_concurrent_builders_share_one_complete_cache(tmp_path: Path, monkeypatc
 def test_prepared_shards_give_identical_batches(tmp_path: Path, monkeypatch):
     cfg = make_cfg(seq_len=16, max_docs=50)
     before = D.TokenDataset(cfg).update_batch(4, 16)
-    assert D.prepare_shards(cfg, tmp_path / "shards") == 3
+    assert C.prepare_shards(cfg, tmp_path / "shards") == 3
     assert sorted(os.listdir(tmp_path / "shards")) == ["arithmetic", "code", "prose"]
     monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "unused-cache"))
     cfg.data.shard_dir = str(tmp_path / "shards")
