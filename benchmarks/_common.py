@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -53,9 +54,8 @@ def finish(result: Dict[str, Any], json_path: Optional[str], tmp: Optional[Path]
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2, default=str))
         print(f"wrote {json_path}")
-    import ray
-
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # only if this benchmark used it
+    if ray is not None and ray.is_initialized():
         ray.shutdown()
     if tmp is not None and not keep:
         shutil.rmtree(tmp, ignore_errors=True)
