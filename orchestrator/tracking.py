@@ -29,7 +29,6 @@ SWEEP_TAG = "orchestrator.sweep"
 FAILURE_TAG = "orchestrator.failure_reason"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAMS = 100  # ... and on params per call
-SYSTEM_METRICS_INTERVAL_S = 10
 # MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)
 # before it raises. MetricLogger keeps unsent points and retries them itself, so such a long
 # in-call backoff would only stall flush() at checkpoints and close(): a process that runs a
@@ -205,7 +204,7 @@ def serve_ui(cfg: Any, host: str = "127.0.0.1", port: int = 5000) -> int:
 # ---------------------------------------------------------------- system metrics
 
 
-def start_system_metrics(uri: str, run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
+def start_system_metrics(uri: str, run_id: str, interval_s: float):
     """MLflow's own CPU / memory / GPU sampler, writing into this run; returns it (call .finish())."""
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 

@@ -184,16 +184,15 @@ def test_resume_logs_each_step_once(store, tmp_path):
 # ---------------------------------------------------------------- system metrics
 
 
-def test_system_metrics_reach_a_resumed_run(store, monkeypatch):
+def test_system_metrics_reach_a_resumed_run(store):
     """MLflow's sampler writes CPU and memory into the run. The run is one that a failed
     attempt left FAILED and that training resumes into: reopened, or the sampler stops at once."""
     uri, _ = store
-    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
     run_id = tracking.create_run(uri, EXPERIMENT, "system metrics")
     tracking.finish_run(uri, run_id, "FAILED")
     tracking.reopen_run(uri, run_id)
     assert tracking.get_run(uri, run_id).info.status == "RUNNING"
-    monitor = tracking.start_system_metrics(uri, run_id)
+    monitor = tracking.start_system_metrics(uri, run_id, interval_s=0.5)
     time.sleep(3)
     monitor.finish()
     metrics = tracking.get_run(uri, run_id).data.metrics
