@@ -99,7 +99,8 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
         if i == len(batches) - 1 and engine.zero_optimization_stage() == 0:
             # ZeRO 0 with a torch optimizer keeps no global norm, but after the boundary
             # backward every rank's p.grad holds the all-reduced update gradient.
-            big_sq = sum(float(p.grad.double().square().sum()) for p in engine.module.parameters() if p.grad is not None)
+            # Summed on the device: one host sync, not one per parameter.
+            big_sq = float(sum(p.grad.double().square().sum() for p in engine.module.parameters() if p.grad is not None))
         engine.step()
         loss_sum += float(summed.detach())
 
