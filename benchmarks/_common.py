@@ -41,6 +41,23 @@ def abba_group_ratios(periods: List[Dict[str, Any]], key: str = "cpu_s") -> List
     return [sum(q[key] for q in g if q["on"]) / sum(q[key] for q in g if not q["on"]) for g in groups]
 
 
+def report_windows(uri: str, run_id: str) -> List[Dict[str, Any]]:
+    """A training run's report windows, read back from what it logged to MLflow: each
+    `perf/tokens_per_s` point covers the tokens since the previous point (`tokens`, `seconds`);
+    `eval` marks windows that end at an evaluation; `logged_at` is the point's wall-clock time."""
+    from orchestrator import tracking
+
+    c = tracking.client(uri)
+    evals = {m.step for m in c.get_metric_history(run_id, "eval/loss")}
+    windows, previous = [], 0
+    for m in sorted(c.get_metric_history(run_id, "perf/tokens_per_s"), key=lambda m: m.step):
+        tokens = m.step - previous
+        windows.append({"step": m.step, "tokens": tokens, "seconds": tokens / m.value, "eval": m.step in evals,
+                        "logged_at": m.timestamp / 1000.0})
+        previous = m.step
+    return windows
+
+
 def print_table(rows: Sequence[Sequence[str]]) -> None:
     """First column left-aligned, the others right-aligned; the first row is the header."""
     width = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

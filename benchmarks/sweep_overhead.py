@@ -71,22 +71,15 @@ def phases(uri: str, run_id: str) -> Dict[str, float]:
     and the steady tokens/s (perf/tokens_per_s windows, the first and the evaluation windows left out)."""
     from orchestrator import tracking
 
-    c = tracking.client(uri)
-    run = c.get_run(run_id)
-    evals = {m.step for m in c.get_metric_history(run_id, "eval/loss")}
-    points = sorted(c.get_metric_history(run_id, "perf/tokens_per_s"), key=lambda m: m.step)
-    spans, previous = [], 0
-    for m in points:
-        spans.append((m.step, (m.step - previous) / m.value, m.step in evals))
-        previous = m.step
-    steady = [(step, s) for i, (step, s, ev) in enumerate(spans) if i and not ev]
-    steady_tokens = sum(points[i].step - points[i - 1].step for i, (_, _, ev) in enumerate(spans) if i and not ev)
+    run = tracking.client(uri).get_run(run_id)
+    windows = common.report_windows(uri, run_id)
+    steady = [w for w in windows[1:] if not w["eval"]]
     start, end = run.info.start_time / 1000.0, run.info.end_time / 1000.0
-    first = points[0].timestamp / 1000.0 - spans[0][1]
+    first = windows[0]["logged_at"] - windows[0]["seconds"]
     return {"start": start, "end": end, "total_s": end - start, "startup_s": first - start,
-            "windows_s": sum(s for _, s, _ in spans), "eval_windows_s": sum(s for _, s, ev in spans if ev),
-            "teardown_s": end - points[-1].timestamp / 1000.0,
-            "steady_tokens_per_s": steady_tokens / sum(s for _, s in steady) if steady else float("nan")}
+            "windows_s": sum(w["seconds"] for w in windows), "eval_windows_s": sum(w["seconds"] for w in windows if w["eval"]),
+            "teardown_s": end - windows[-1]["logged_at"],
+            "steady_tokens_per_s": sum(w["tokens"] for w in steady) / sum(w["seconds"] for w in steady) if steady else float("nan")}
 
 
 def run_alone(trial_cfg, name: str) -> Dict[str, Any]:

@@ -185,7 +185,7 @@ def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
     each train_update call (three clock reads per update)."""
     import copy
 
-    from orchestrator import batching, launch, tracking
+    from orchestrator import batching, launch
     from orchestrator.config import batch_plan
     from workloads import train_loop
 
@@ -208,15 +208,7 @@ def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
         raise SystemExit(f"real run {name} failed (exit {code}):\n{out.getvalue()[-3000:]}")
     record = Path(cfg.train.storage_path) / name / launch.RUN_RECORD
     run_id = json.loads(record.read_text())["mlflow_run_id"]
-    client = tracking.client(cfg.tracking.uri)
-    speed = sorted(client.get_metric_history(run_id, "perf/tokens_per_s"), key=lambda m: m.step)
-    evals = {m.step for m in client.get_metric_history(run_id, "eval/loss")}
-    windows, previous = [], 0
-    for m in speed:
-        tokens = m.step - previous
-        windows.append({"step": m.step, "tokens": tokens, "seconds": tokens / m.value, "eval": m.step in evals,
-                        "logged_at": m.timestamp / 1000.0})
-        previous = m.step
+    windows = common.report_windows(cfg.tracking.uri, run_id)
     # Where the rest of the wall time went (metric timestamps are wall-clock times of log()).
     first_start = windows[0]["logged_at"] - windows[0]["seconds"]
     covered = sum(w["seconds"] for w in windows)
