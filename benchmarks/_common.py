@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import platform
@@ -39,6 +41,22 @@ def abba_group_ratios(periods: List[Dict[str, Any]], key: str = "cpu_s") -> List
     """on / off of `key`, per ABBA group."""
     groups = [periods[j:j + 4] for j in range(0, len(periods), 4)]
     return [sum(q[key] for q in g if q["on"]) / sum(q[key] for q in g if not q["on"]) for g in groups]
+
+
+def run_training(cfg) -> Dict[str, Any]:
+    """`launch.train(cfg)` (cfg.train.run_name set) with its output held back, shown only if it
+    fails: the MLflow `run_id`, `wall_s` of the call and `started_at` (wall-clock time)."""
+    from orchestrator import launch
+
+    out = io.StringIO()
+    started, started_at = time.perf_counter(), time.time()
+    with contextlib.redirect_stdout(out):
+        code = launch.train(cfg)
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise SystemExit(f"run {cfg.train.run_name} failed (exit {code}):\n{out.getvalue()[-3000:]}")
+    record = Path(cfg.train.storage_path) / cfg.train.run_name / launch.RUN_RECORD
+    return {"run_id": json.loads(record.read_text())["mlflow_run_id"], "wall_s": wall, "started_at": started_at}
 
 
 def report_windows(uri: str, run_id: str) -> List[Dict[str, Any]]:

@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import copy
 import io
-import json
 import os
 import statistics
 import sys
@@ -83,19 +82,10 @@ def phases(uri: str, run_id: str) -> Dict[str, float]:
 
 
 def run_alone(trial_cfg, name: str) -> Dict[str, Any]:
-    from orchestrator import launch
-
     cfg = copy.deepcopy(trial_cfg)
     cfg.train.run_name = name
-    out = io.StringIO()
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(out):
-        code = launch.train(cfg)
-    wall = time.perf_counter() - started
-    if code != 0:
-        raise SystemExit(f"alone run {name} failed (exit {code}):\n{out.getvalue()[-3000:]}")
-    run_id = json.loads((Path(cfg.train.storage_path) / name / launch.RUN_RECORD).read_text())["mlflow_run_id"]
-    return {"name": name, "lr": cfg.optim.lr, "wall_s": wall, **phases(cfg.tracking.uri, run_id)}
+    run = common.run_training(cfg)
+    return {"name": name, "lr": cfg.optim.lr, "wall_s": run["wall_s"], **phases(cfg.tracking.uri, run["run_id"])}
 
 
 def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:

@@ -24,8 +24,6 @@ without the trainer's code) and the real path with gns.enabled=false.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import os
@@ -185,7 +183,7 @@ def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
     each train_update call (three clock reads per update)."""
     import copy
 
-    from orchestrator import batching, launch
+    from orchestrator import batching
     from orchestrator.config import batch_plan
     from workloads import train_loop
 
@@ -193,21 +191,14 @@ def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
     cfg.train.run_name = name
     cfg.gns.enabled = cfg.gns.enabled and gns
     timings = Path(cfg.train.storage_path) / f"{name}-updates.json"
-    out = io.StringIO()
     _pickle_by_value()
     original = train_loop.train_worker
     train_loop.train_worker = _timed_worker(str(timings))  # build_trainer imports it at call time
-    started, wall_clock = time.perf_counter(), time.time()
     try:
-        with contextlib.redirect_stdout(out):
-            code = launch.train(cfg)
+        run = common.run_training(cfg)
     finally:
         train_loop.train_worker = original
-    wall = time.perf_counter() - started
-    if code != 0:
-        raise SystemExit(f"real run {name} failed (exit {code}):\n{out.getvalue()[-3000:]}")
-    record = Path(cfg.train.storage_path) / name / launch.RUN_RECORD
-    run_id = json.loads(record.read_text())["mlflow_run_id"]
+    run_id, wall, wall_clock = run["run_id"], run["wall_s"], run["started_at"]
     windows = common.report_windows(cfg.tracking.uri, run_id)
     # Where the rest of the wall time went (metric timestamps are wall-clock times of log()).
     first_start = windows[0]["logged_at"] - windows[0]["seconds"]
