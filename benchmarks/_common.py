@@ -55,8 +55,8 @@ def run_training(cfg) -> Dict[str, Any]:
     wall = time.perf_counter() - started
     if code != 0:
         raise SystemExit(f"run {cfg.train.run_name} failed (exit {code}):\n{out.getvalue()[-3000:]}")
-    record = Path(cfg.train.storage_path) / cfg.train.run_name / launch.RUN_RECORD
-    return {"run_id": json.loads(record.read_text())["mlflow_run_id"], "wall_s": wall, "started_at": started_at}
+    run_id = launch.recorded_run_id(cfg.train.storage_path, cfg.train.run_name)
+    return {"run_id": run_id, "wall_s": wall, "started_at": started_at}
 
 
 def report_windows(uri: str, run_id: str) -> List[Dict[str, Any]]:

@@ -182,14 +182,20 @@ def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: 
               f"({time.monotonic() - started:.0f} s)", flush=True)
 
 
+def recorded_run_id(storage_path: str | Path, name: str) -> Optional[str]:
+    """The MLflow run id kept beside the checkpoints of run `name` (None before its first start)."""
+    record = Path(storage_path) / name / RUN_RECORD
+    return json.loads(record.read_text())["mlflow_run_id"] if record.exists() else None
+
+
 def train(cfg: Config) -> int:
     resolve_paths(cfg)
     preflight(cfg)
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = Path(cfg.train.storage_path).resolve()
     record = storage / name / RUN_RECORD
-    if record.exists():
-        run_id = json.loads(record.read_text())["mlflow_run_id"]
+    run_id = recorded_run_id(storage, name)
+    if run_id:
         tracking.reopen_run(cfg.tracking.uri, run_id)  # RUNNING again, so system metrics resume
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {record.parent}")
     else:

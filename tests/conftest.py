@@ -1,4 +1,5 @@
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "conf" / "train" / "tiny.yaml"
+
+
+def free_ports(n: int):
+    """n distinct free TCP ports on 127.0.0.1 (bound at once, so they differ)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def run_cli(*args, cwd=None, env=None, timeout=600, check=False):

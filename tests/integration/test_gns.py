@@ -23,7 +23,6 @@ cannot hide in the noise.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import fields
@@ -69,8 +68,7 @@ def train(cfg) -> str:
     started = time.monotonic()
     assert launch.train(cfg) == 0
     print(f"run took {time.monotonic() - started:.0f} s")
-    record = Path(cfg.train.storage_path) / cfg.train.run_name / launch.RUN_RECORD
-    return json.loads(record.read_text())["mlflow_run_id"]
+    return launch.recorded_run_id(cfg.train.storage_path, cfg.train.run_name)
 
 
 def gns_history(cfg, run_id: str) -> Dict[str, List[Tuple[int, float]]]:

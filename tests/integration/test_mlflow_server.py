@@ -9,12 +9,10 @@ ended by its process group; nothing else is touched.
 """
 
 import glob
-import json
 import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import launch, tracking
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, free_ports, run_cli
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "server-tests"
@@ -35,12 +33,6 @@ TOKENS = 512
 OUTAGE_S = 20
 # The server without its background job runner (not used here; it costs two more processes).
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answers(url, timeout=2.0):
@@ -129,7 +121,7 @@ def postgres():
         user = pwd.getpwnam("postgres")  # created by Debian's postgresql package
         os.chown(folder, user.pw_uid, user.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
-    data, port = folder / "data", free_port()
+    data, (port,) = folder / "data", free_ports(1)
 
     def pg(*args, **kw):
         return subprocess.run([*as_user, *map(str, args)], capture_output=True, text=True, timeout=120, **kw)
@@ -160,7 +152,7 @@ def server(request, tmp_path_factory):
         store = service_db.replace("postgresql://", "postgresql+psycopg2://", 1)
     except pytest.skip.Exception:
         service_db, store = None, f"sqlite:///{folder}/mlflow.db"
-    port = free_port()
+    (port,) = free_ports(1)
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
            "--artifacts-destination", str(folder / "artifacts"), "--serve-artifacts",
            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
@@ -191,7 +183,7 @@ def test_buffer_bound_while_the_server_is_down(monkeypatch):
     """Nothing listens on the port: log() raises TrackingError once the bound is reached,
     naming the store, the bound and the error; close() refuses to pretend it sent them."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once: the test is about the bound
-    uri = f"http://127.0.0.1:{free_port()}"
+    uri = f"http://127.0.0.1:{free_ports(1)[0]}"
     logger = tracking.MetricLogger(uri, "0" * 32, flush_every_s=0.1, max_buffered_points=20)
     logger.log(point(1), TOKENS)
     deadline = time.monotonic() + 60
@@ -222,7 +214,7 @@ def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatc
         f"train.storage_path={tmp_path}/runs", "train.run_name=pg",
         cwd=tmp_path, env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}, timeout=300)
     assert code == 0, out[-3000:] + err[-3000:]
-    run_id = json.loads((tmp_path / "runs" / "pg" / launch.RUN_RECORD).read_text())["mlflow_run_id"]
+    run_id = launch.recorded_run_id(tmp_path / "runs", "pg")
     uri = server.uri
     run = tracking.get_run(uri, run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "pg"

@@ -16,7 +16,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY, run_cli
+from tests.conftest import ROOT, TINY, free_ports, run_cli
 
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
 # submit's local checks need only a YAML mapping inside the project; until the smoke sweep
@@ -34,16 +33,6 @@ SWEEP = SMOKE if SMOKE.exists() else TINY
 RAY = Path(sys.executable).with_name("ray")
 SCRUB = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI",
          "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def clean_env(**extra):

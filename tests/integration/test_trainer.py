@@ -1,9 +1,7 @@
 """The trainer end to end on Ray Train + DeepSpeed (CPU, gloo): decomposition invariance over
 splits and ZeRO stages, the naive mean as a negative control, resume after a fault."""
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,8 +29,7 @@ def small_config(tmp_path, corpus, *extra):
 
 def train_curve(cfg):
     assert launch.train(cfg) == 0
-    record = Path(cfg.train.storage_path) / cfg.train.run_name / launch.RUN_RECORD
-    run_id = json.loads(record.read_text())["mlflow_run_id"]
+    run_id = launch.recorded_run_id(cfg.train.storage_path, cfg.train.run_name)
     return run_id, tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
 
 
@@ -135,9 +132,7 @@ def test_rerunning_the_same_name_resumes(reference, corpus, tmp_path):
 def test_non_finite_loss_ends_the_run_with_a_reason(ray_session, corpus, tmp_path):
     cfg = small_config(tmp_path, corpus, "optim.lr=1e30", "batch.micro_batch_size=4", "train.run_name=nan")
     assert launch.train(cfg) == 1
-    import json
-    record = tmp_path / "runs" / "nan" / launch.RUN_RECORD
-    run = tracking.get_run(cfg.tracking.uri, json.loads(record.read_text())["mlflow_run_id"])
+    run = tracking.get_run(cfg.tracking.uri, launch.recorded_run_id(tmp_path / "runs", "nan"))
     assert run.info.status == "FAILED"
     assert "non-finite loss" in run.data.tags[tracking.FAILURE_TAG]
     for key in ("train/loss", "eval/loss"):
@@ -152,8 +147,7 @@ def test_tiny_config_through_the_cli(tmp_path):
     elapsed = time.monotonic() - started
     assert code == 0, err[-3000:]
     assert "finished" in out and "workflowType=machine_learning" in out
-    import json
-    run_id = json.loads((tmp_path / "runs" / "tiny" / launch.RUN_RECORD).read_text())["mlflow_run_id"]
+    run_id = launch.recorded_run_id(tmp_path / "runs", "tiny")
     evals = tracking.metric_history(f"sqlite:///{tmp_path}/mlflow.db", run_id, "eval/loss")
     assert evals[0][0] == 0 and abs(evals[0][1] - 5.55) < 0.3, evals  # starts at ln(257)
     assert evals[-1][1] < 0.6 * evals[0][1], evals

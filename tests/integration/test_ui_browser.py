@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import tracking
-from tests.conftest import ROOT, run_cli
-from tests.integration.test_mlflow_server import Service, free_port
+from tests.conftest import ROOT, free_ports, run_cli
+from tests.integration.test_mlflow_server import Service
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
@@ -40,7 +40,7 @@ def sweep(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ui(sweep):
     uri, folder, _, _ = sweep
-    port = free_port()
+    (port,) = free_ports(1)
     service = Service([sys.executable, "-m", "orchestrator", "ui", f"tracking.uri={uri}", "--port", str(port)],
                       folder / "ui.log", health=f"http://127.0.0.1:{port}/health")
     service.start()
