@@ -2,10 +2,13 @@
 the micro-batches of an update.
 
 Documents are split into train/eval by a hash of their index, laid out in a seeded order and
-cut into windows of S+1 tokens. An update's sequences are a pure function of (seed, data
-config, update index, sequences per update): that is what lets every b x D x A split of an
-update see exactly the same tokens (DESIGN.md 4.1). The corpus itself (sources, tokenizer,
-token cache) is `workloads/corpus.py`.
+cut into windows of S+1 tokens. The training stream is one fixed sequence of such windows,
+given the data config and `train.seed`: position k draws its source from `workloads/mixture.py`
+(every prefix holds each source within one sequence of its weight) and takes that source's next
+window. Update u consumes positions [u N, (u+1) N) of N sequences, sliced over accumulation
+steps and workers, so every batch size sees the same tokens at equal tokens (DESIGN.md 4.5) and
+every b x D x A split of an update the same sequences (4.1). The corpus itself (sources,
+tokenizer, token cache) is `workloads/corpus.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from orchestrator.batching import BatchPlan
 from orchestrator.config import Config
 from orchestrator.errors import ConfigError
+from workloads import mixture
 from workloads.corpus import EOS, SourceTokens, hash64, load_source
 
 EVAL_SEED = 0  # eval must not depend on train.seed: every run is scored on the same tokens
@@ -85,6 +89,7 @@ class PackedSource:
         tokens = np.where(eos, EOS, self.tokens[np.where(eos, 0, self.starts[k] + off)]).astype(np.int64)
         first = np.maximum(self.cum[k[:, :S]], p[:, :1])  # a document cut by the window starts at 0
         return {
+            "origins": np.stack([self.doc_order[np.minimum(k[:, 0], len(self.doc_order) - 1)], p[:, 0] - self.cum[k[:, 0]]], 1),
             "inputs": tokens[:, :S],
             "targets": tokens[:, 1:],
             "positions": p[:, :S] - first,
@@ -106,6 +111,8 @@ class Batch:
     doc_ids: torch.Tensor
     loss_mask: torch.Tensor
     source_ids: torch.Tensor
+    origins: torch.Tensor
+    """[b, 2]: the document (index in its source's token file) and offset the sequence starts at."""
 
     @property
     def real_tokens(self) -> int:
@@ -122,22 +129,6 @@ def source_token_shares(batch: Batch, names: Sequence[str]) -> Dict[str, float]:
     per_seq = batch.loss_mask.sum(dim=1)
     total = max(float(per_seq.sum()), 1.0)
     return {name: float(per_seq[batch.source_ids == i].sum()) / total for i, name in enumerate(names)}
-
-
-def allocate(weights: Sequence[float], total: int) -> np.ndarray:
-    """Largest-remainder split of `total` sequences by weight (ties go to the earlier source)."""
-    quota = np.asarray(weights, np.float64) / np.sum(weights) * total
-    counts = np.floor(quota).astype(np.int64)
-    counts[np.argsort(counts - quota, kind="stable")[: total - int(counts.sum())]] += 1
-    return counts
-
-
-def _interleave(ids: np.ndarray, counts: np.ndarray, first: np.ndarray, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
-    """counts[i] sequences of source ids[i] (counters first[i], first[i] + 1, ...) in a seeded order."""
-    sources = np.repeat(ids, counts)
-    counters = np.concatenate([f + np.arange(c) for f, c in zip(first, counts)])
-    perm = rng.permutation(len(sources))
-    return sources[perm], counters[perm]
 
 
 def _to_batch(parts: List[Dict[str, np.ndarray]], order: np.ndarray, sources: np.ndarray) -> Batch:
@@ -164,40 +155,50 @@ class TokenDataset:
             docs = np.flatnonzero(held if split == "eval" else ~held)
             self.sources.append(PackedSource(data, docs, self.seq_len, self.seed, src.name, f"data.sources.{i}"))
 
-    def update_slots(self, update_index: int, num_sequences: int) -> Tuple[np.ndarray, np.ndarray]:
-        """(source, per-source counter) of every slot of an update, computed arithmetically: the
-        allocation is the same for every update, so source i's counters start at u x counts[i]."""
-        counts = allocate(self.weights, num_sequences)
-        return _interleave(np.arange(len(counts)), counts, update_index * counts, _rng(self.seed, "interleave", update_index))
+    def stream_slots(self, first: int, count: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(source, per-source counter) of stream positions [first, first + count)."""
+        return mixture.assign(self.weights, np.arange(first, first + count))
 
     def update_batch(self, update_index: int, num_sequences: int) -> Batch:
         """The whole global batch of one optimizer update."""
-        return self._gather(*self.update_slots(update_index, num_sequences))
+        return self._gather(*self.stream_slots(update_index * num_sequences, num_sequences))
 
     def micro_batch(self, update_index: int, plan: BatchPlan, rank: int, accum_step: int) -> Batch:
         """Worker `rank`'s slice at `accum_step`: slots accum_step*D*b + rank*b + [0, b)."""
         b, D = plan.micro_batch_size, plan.num_workers
         if not (0 <= rank < D and 0 <= accum_step < plan.grad_accum_steps):
             raise ValueError(f"rank {rank} / accum_step {accum_step} outside D={D}, A={plan.grad_accum_steps}")
-        sources, counters = self.update_slots(update_index, plan.sequences_per_update)
-        slots = accum_step * D * b + rank * b + np.arange(b)
-        return self._gather(sources[slots], counters[slots])
+        first = update_index * plan.sequences_per_update + accum_step * D * b + rank * b
+        return self._gather(*self.stream_slots(first, b))
 
     def sequence_batch(self, source: int, seqs: Sequence[int]) -> Batch:
         """Windows `seqs` of one source in stream order (no epoch permutation): for tests and tools."""
         return _to_batch([self.sources[source].windows(np.asarray(seqs))], np.arange(len(seqs)), np.full(len(seqs), source))
 
-    def eval_batches(self, num_tokens: int, batch_size: int) -> List[Batch]:
-        """A fixed list of held-out sequences (ceil(num_tokens / S) of them), drawn by weight."""
+    def eval_batches(self, num_tokens: int, batch_size: int, rank: int = 0, world: int = 1) -> List[Batch]:
+        """Worker `rank`'s share of the one held-out set: the first ceil(num_tokens / S) positions
+        of the eval stream (sources by weight, seeded by EVAL_SEED, never by the run), in batches
+        of `batch_size` sequences dealt round-robin over the `world` workers. Every run scores
+        the same sequences whatever its b and D. A worker short of a batch gets one whose loss
+        mask is all zero: every rank must run the same number of forwards (ZeRO-3 gathers
+        parameters in each), and a masked batch adds nothing to the loss."""
         if self.split != "eval":
             raise ValueError("eval_batches needs TokenDataset(cfg, split='eval')")
         n = max(1, -(-num_tokens // self.seq_len))
         have = np.array([i for i, s in enumerate(self.sources) if s.num_sequences > 0], np.int64)
         if not len(have):
             raise ConfigError("data.eval_fraction", "no source has a full held-out sequence; raise data.eval_fraction or add documents")
-        counts = allocate(self.weights[have], n)
-        sources, counters = _interleave(have, counts, np.zeros_like(counts), _rng(EVAL_SEED, "eval"))
-        return [self._gather(sources[i : i + batch_size], counters[i : i + batch_size]) for i in range(0, n, batch_size)]
+        picked, counters = mixture.assign(self.weights[have], np.arange(n))
+        sources = have[picked]
+        starts = list(range(0, n, batch_size))
+        per_rank = -(-len(starts) // world)
+        mine = starts[rank::world]
+        batches = [self._gather(sources[i : i + batch_size], counters[i : i + batch_size]) for i in mine]
+        if len(batches) < per_rank:
+            filler = self._gather(sources[:1], counters[:1])
+            filler.loss_mask.zero_()
+            batches += [filler] * (per_rank - len(batches))
+        return batches
 
     def _gather(self, sources: np.ndarray, counters: np.ndarray) -> Batch:
         """Build exactly the requested sequences, one vectorised gather per source."""

@@ -15,7 +15,7 @@ can be checked against it.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import torch
@@ -55,35 +55,50 @@ class LinRegModel(nn.Module):
 
 
 class LinRegData:
-    """Deterministic examples: update u's global batch depends only on (seed, u), never on
-    how the update is split into micro-batches, workers and accumulation steps."""
+    """Deterministic examples: example k of the training stream depends only on (seed, k), so
+    update u (examples [u N, (u+1) N)) holds the same examples however it is split into
+    micro-batches, workers and accumulation steps, and runs at every batch size see the same
+    examples at equal tokens."""
+
+    BLOCK = 4096
+    """Examples drawn per generator call: example k is in block k // BLOCK."""
 
     def __init__(self, dim: int, noise_std: float, w_star_norm: float, seed: int):
         self.dim, self.noise_std, self.seed = dim, noise_std, seed
         direction = torch.randn(dim, generator=_generator(seed, _W_STAR))
         self.w_star = direction / direction.norm() * w_star_norm
-        self._cache: Optional[Tuple[Tuple[int, int], torch.Tensor, torch.Tensor]] = None
+        self._blocks: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _examples(self, n: int, generator: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(n, self.dim, generator=generator)
         e = torch.randn(n, generator=generator) * self.noise_std
         return x, x @ self.w_star + e
 
+    def _block(self, j: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        if j not in self._blocks:
+            # Keep only the neighbours: a worker walks the stream forwards.
+            self._blocks = {k: v for k, v in self._blocks.items() if k >= j - 1}
+            self._blocks[j] = self._examples(self.BLOCK, _generator(self.seed, _TRAIN, j))
+        return self._blocks[j]
+
+    def examples(self, first: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Examples [first, first + count) of the training stream: (x [count, d], y [count])."""
+        if first < 0 or count < 1:
+            raise ValueError(f"examples [{first}, {first + count}) are not a stretch of the stream")
+        blocks = range(first // self.BLOCK, (first + count - 1) // self.BLOCK + 1)
+        xs, ys = zip(*(self._block(j) for j in blocks))
+        start = first - blocks.start * self.BLOCK
+        return torch.cat(xs)[start : start + count], torch.cat(ys)[start : start + count]
+
     def update_batch(self, update_index: int, sequences_per_update: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """All examples (x [N, d], y [N]) of one update, from one generator seeded by (seed, update)."""
-        key = (update_index, sequences_per_update)
-        if self._cache is None or self._cache[0] != key:
-            # d is small, so regenerating the whole update and slicing it is cheap; the cache
-            # makes it once per update for the A micro-batches a worker draws from it.
-            self._cache = (key, *self._examples(sequences_per_update, _generator(self.seed, _TRAIN, update_index)))
-        return self._cache[1], self._cache[2]
+        """All examples (x [N, d], y [N]) of one update: stream examples [u N, (u+1) N)."""
+        return self.examples(update_index * sequences_per_update, sequences_per_update)
 
     def micro_batch(self, update_index: int, sequences_per_update: int, slot_start: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Examples of global slots [slot_start, slot_start + count) of update `update_index`."""
         if not 0 <= slot_start <= slot_start + count <= sequences_per_update:
             raise ValueError(f"slots [{slot_start}, {slot_start + count}) outside the update's {sequences_per_update}")
-        x, y = self.update_batch(update_index, sequences_per_update)
-        return x[slot_start : slot_start + count], y[slot_start : slot_start + count]
+        return self.examples(update_index * sequences_per_update + slot_start, count)
 
     def eval_batch(self, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """n fixed held-out examples (their own random stream; the same on every call)."""

@@ -59,10 +59,9 @@ class GPTWorkload:
         return self._model_lib.token_losses(logits, t["targets"], t["loss_mask"])
 
     def eval_batches(self, rank: int, world: int) -> List[MicroBatch]:
-        """This rank's share; every rank gets the same count (ZeRO-3 needs matching forwards)."""
-        batches = self.eval_data.eval_batches(self.cfg.train.eval_tokens, self.plan.micro_batch_size)
-        usable = len(batches) // world * world or len(batches)
-        return [self._wrap(b) for b in batches[:usable][rank::world]] if usable >= world else [self._wrap(b) for b in batches]
+        """This rank's share of the one held-out set (the same sequences for every b and D)."""
+        batches = self.eval_data.eval_batches(self.cfg.train.eval_tokens, self.plan.micro_batch_size, rank, world)
+        return [self._wrap(b) for b in batches]
 
 
 class LinRegWorkload:
@@ -94,9 +93,9 @@ class LinRegWorkload:
         return self._losses(engine(mb.tensors["x"]), mb.tensors["y"])
 
     def eval_batches(self, rank: int, world: int) -> List[MicroBatch]:
+        """One forward per rank over its contiguous part of all the held-out examples."""
         x, y = self.data.eval_batch(self.cfg.train.eval_tokens)
-        n = len(y) // world
-        return [self._wrap(x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n])]
+        return [self._wrap(x.tensor_split(world)[rank], y.tensor_split(world)[rank])]
 
 
 def build(cfg: Config, plan: BatchPlan, device: torch.device):

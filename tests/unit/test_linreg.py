@@ -93,6 +93,15 @@ def test_same_examples_however_the_update_is_split(splits):
     assert torch.equal(torch.cat([p[1] for p in parts]), whole[1])
 
 
+def test_every_batch_size_sees_the_same_examples_at_equal_tokens():
+    data = LinRegData(DIM, SIGMA, 1.0, seed=3)
+    stream = data.examples(0, 3 * LinRegData.BLOCK)
+    for n in (1, 7, 64, 4096, 5000):
+        updates = [LinRegData(DIM, SIGMA, 1.0, seed=3).update_batch(u, n) for u in range(len(stream[1]) // n)]
+        x, y = torch.cat([u[0] for u in updates]), torch.cat([u[1] for u in updates])
+        assert torch.equal(x, stream[0][: len(x)]) and torch.equal(y, stream[1][: len(y)]), n
+
+
 def test_updates_differ_and_eval_is_held_out():
     data = LinRegData(DIM, SIGMA, 1.0, seed=0)
     x0, _ = data.micro_batch(0, 64, 0, 64)
