@@ -103,7 +103,7 @@ def main(argv: List[str] | None = None) -> int:
     work = workloads.build(cfg, plan, torch.device("cpu"))
     engine = train_loop._engine(cfg, plan, work)
     data = ReplayedData(work, plan)
-    gns = noise.NoiseScaleEMA(cfg.gns.ema_decay)
+    gns = noise.NoiseScaleEMA(config.gns_ema_tokens(cfg))
     naive = cfg.train.loss_normalization == "micro_batch"
     Probe = timed_probe_class()
 
@@ -117,7 +117,7 @@ def main(argv: List[str] | None = None) -> int:
             if probe:  # what train_worker does after each update
                 b_big = stats["real_tokens"]
                 gns.update(*noise.estimate(stats["small_sq_mean"], b_big / plan.micro_batches_per_update,
-                                           stats["grad_norm"] ** 2, b_big))
+                                           stats["grad_norm"] ** 2, b_big), tokens=plan.tokens_per_update)
             update += 1
         if probe:
             probe.remove()

@@ -124,7 +124,7 @@ class OptimConfig:
 @dataclass
 class ScheduleConfig:
     warmup_tokens: int = 0
-    """Linear warmup length in tokens."""
+    """Linear warmup length in tokens: 0, or more than one update (batch.tokens_per_update)."""
     decay: str = "cosine"
     """After warmup: cosine, linear, wsd (warmup-stable-decay) or constant."""
     min_lr_ratio: float = 0.1
@@ -190,8 +190,10 @@ class TrackingConfig:
 class GNSConfig:
     enabled: bool = True
     """Measure the gradient noise scale B_simple during training."""
-    ema_decay: float = 0.95
-    """EMA decay applied separately to |G|^2 and tr(Sigma) estimates."""
+    ema_tokens: Optional[int] = None
+    """Time constant, in tokens, of the EMAs of |G|^2 and tr(Sigma): an estimate's weight falls by
+    a factor e every ema_tokens tokens, so every batch size smooths over the same stretch of
+    training. None = a twentieth of train.total_tokens."""
 
 
 @dataclass
@@ -454,6 +456,11 @@ def validate(cfg: Config) -> None:
     batching.total_steps(plan, t.total_tokens)
     if s.warmup_tokens > t.total_tokens:
         raise ConfigError("schedule.warmup_tokens", f"got {s.warmup_tokens:,}; longer than the budget train.total_tokens={t.total_tokens:,}")
+    if 0 < s.warmup_tokens <= plan.tokens_per_update:
+        # An update's LR is the schedule at the tokens seen after it: the first would get the peak.
+        tpu = plan.tokens_per_update
+        raise ConfigError("schedule.warmup_tokens", f"got {s.warmup_tokens:,}; not more than one update ({tpu:,} tokens), so no update "
+                          f"would warm up; use 0 (no warmup) or at least {tpu + 1:,} (e.g. {2 * tpu:,}: the first update at half the peak)")
     ds = cfg.deepspeed
     if ds.zero_stage not in (0, 1, 2, 3):
         raise ConfigError("deepspeed.zero_stage", f"got {ds.zero_stage}; valid: 0, 1, 2, 3")
@@ -463,8 +470,13 @@ def validate(cfg: Config) -> None:
     _positive("tracking.flush_every_s", cfg.tracking.flush_every_s)
     _positive("tracking.max_buffered_points", cfg.tracking.max_buffered_points)
     _positive("tracking.system_metrics_interval_s", cfg.tracking.system_metrics_interval_s)
-    if not 0 <= cfg.gns.ema_decay < 1:
-        raise ConfigError("gns.ema_decay", f"got {cfg.gns.ema_decay}; must be in [0, 1)")
+    if cfg.gns.ema_tokens is not None:
+        _positive("gns.ema_tokens", cfg.gns.ema_tokens)
+
+
+def gns_ema_tokens(cfg: Config) -> int:
+    """The GNS EMA's time constant in tokens (a twentieth of the budget unless given)."""
+    return cfg.gns.ema_tokens or max(1, cfg.train.total_tokens // 20)
 
 
 def batch_plan(cfg: Config) -> batching.BatchPlan:

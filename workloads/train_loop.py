@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import batching, ds_config, noise, tracking
-from orchestrator.config import Config, batch_plan, from_dict
+from orchestrator.config import Config, batch_plan, from_dict, gns_ema_tokens
 from orchestrator.schedules import lr_at
 from workloads import workload as workloads
 from workloads.gns_probe import GradNormProbe
@@ -80,6 +80,7 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
     local_real = sum(mb.real_tokens for mb in batches)
     (global_real,) = _all_reduce([local_real])
     scale = plan.num_workers / max(global_real, 1.0)
+    loss_scale = _loss_scale(engine)  # fp16: DeepSpeed scales the loss inside backward
 
     loss_sum, small_sq_sum, small_count, big_sq = 0.0, 0.0, 0, None
     for i, mb in enumerate(batches):
@@ -93,14 +94,15 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
             # gradients once, at the accumulation boundary; ZeRO 2/3 reduce-scatter per micro-step.)
             engine.backward(summed * scale, scale_wrt_gas=False)
         if probe and mb.real_tokens:
-            # Hook gradients are of (summed * scale); rescale to this micro-batch's per-token mean.
-            small_sq_sum += probe.squared_norm() / (scale * mb.real_tokens) ** 2
+            # Hook gradients are of (summed * scale * loss_scale): rescale to a per-token mean.
+            small_sq_sum += noise.per_token_sq_norm(probe.squared_norm(), scale * loss_scale, mb.real_tokens)
             small_count += 1
         if i == len(batches) - 1 and engine.zero_optimization_stage() == 0:
             # ZeRO 0 with a torch optimizer keeps no global norm, but after the boundary
             # backward every rank's p.grad holds the all-reduced update gradient.
             # Summed on the device: one host sync, not one per parameter.
             big_sq = float(sum(p.grad.double().square().sum() for p in engine.module.parameters() if p.grad is not None))
+            big_sq /= loss_scale**2
         engine.step()
         loss_sum += float(summed.detach())
 
@@ -120,6 +122,14 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
         "local_slots": sum(mb.slots for mb in batches),
         "source_tokens": dict(zip(sources, source_tokens)),  # all workers
     }
+
+
+def _loss_scale(engine) -> float:
+    """The factor DeepSpeed multiplies the loss by inside backward: fp16's current (dynamic) loss
+    scale, 1 otherwise. Gradient hooks see gradients of the scaled loss."""
+    if not engine.fp16_enabled():
+        return 1.0
+    return float(getattr(engine.optimizer, "loss_scale", None) or 1.0)
 
 
 @torch.no_grad()
@@ -237,7 +247,7 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
              and cfg.train.loss_normalization == "token" else None)
     engine = _engine(cfg, plan, work)
     state = _restore(engine, TrainState(run_id=payload["run_id"]), api)
-    gns = noise.NoiseScaleEMA(cfg.gns.ema_decay)
+    gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
     if state.gns:
         gns.load_state_dict(state.gns)
 
@@ -277,6 +287,8 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
                 tracking.set_tags(logger.uri, state.run_id, {tracking.FAILURE_TAG: f"non-finite loss at {state.tokens:,} tokens"})
             api.report({"tokens": state.tokens, "diverged": 1.0, "loss": stats["loss"]})
             break
+        if logger:  # the loss of this update, at the tokens seen after it (DESIGN.md 3)
+            logger.log({"train/loss": stats["loss"], "train/lr": lr, "train/grad_norm": stats["grad_norm"]}, state.tokens)
         window.loss_sum += stats["loss_sum"]
         window.real_tokens += stats["real_tokens"]
         window.slots += stats["local_slots"]
@@ -285,7 +297,8 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
         if probe:
             b_big, b_small = stats["real_tokens"], stats["real_tokens"] / plan.micro_batches_per_update
             if math.isfinite(stats["grad_norm"]) and b_big > b_small:
-                gns.update(*noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big))
+                gns.update(*noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big),
+                           tokens=plan.tokens_per_update)
 
         last = state.update == steps
         evaluated = _due(before, state.tokens, cfg.train.eval_every_tokens) or last
@@ -302,9 +315,6 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
         elapsed = time.perf_counter() - window.started - window.eval_s
         tokens_per_s = (state.tokens - window.tokens_at_start) / max(elapsed, 1e-9)
         metrics = {
-            "train/loss": window.loss_sum / max(window.real_tokens, 1),
-            "train/lr": lr,
-            "train/grad_norm": stats["grad_norm"],
             "train/optimizer_step": state.update,
             "train/tokens": state.tokens,
             "perf/tokens_per_s": tokens_per_s,
@@ -318,7 +328,7 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
             metrics.update({"gns/b_simple": gns.b_simple, "gns/g_squared": gns.g_squared, "gns/trace_sigma": gns.trace_sigma})
         if logger:
             logger.log(metrics, state.tokens)
-        ray_metrics = {"tokens": state.tokens, "loss": metrics["train/loss"], "eval_loss": last_eval,
+        ray_metrics = {"tokens": state.tokens, "loss": window.loss_sum / max(window.real_tokens, 1), "eval_loss": last_eval,
                        "lr": lr, "step": state.update, "b_simple": metrics.get("gns/b_simple", float("nan"))}
         state.gns = gns.state_dict()
         # A Ray Train report is a barrier across workers (about a second here), so Ray hears

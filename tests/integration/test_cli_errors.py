@@ -19,6 +19,8 @@ CASES = [
     (["batch.tokens_per_update=0"], "batch.tokens_per_update"),
     (["batch.grad_accum_steps=0"], "batch.grad_accum_steps"),
     (["schedule.warmup_tokens=999999999"], "schedule.warmup_tokens"),  # warmup beyond budget
+    (["schedule.warmup_tokens=100"], "schedule.warmup_tokens"),        # warmup within the first update
+    (["gns.ema_tokens=0"], "gns.ema_tokens"),
     (["train.total_tokens=100", "schedule.warmup_tokens=0"], "train.total_tokens"),  # budget < 1 update
     (["batch.tokens_per_update=4000"], "batch.tokens_per_update"),     # no exact decomposition
     (["batch.grad_accum_steps=3"], "batch.tokens_per_update"),
@@ -81,7 +83,7 @@ def test_unknown_flag():
 def test_plan_json_contract():
     code, out, err = run_cli("plan", TINY, "data.seq_len=4096", "model.max_seq_len=4096", "batch.micro_batch_size=4",
                              "cluster.num_workers=128", "batch.tokens_per_update=16777216",
-                             "train.total_tokens=167772160", "--json")
+                             "train.total_tokens=167772160", "schedule.warmup_tokens=16777216", "--json")
     assert code == 0, err
     info = json.loads(out)
     for key in ("seq_len", "micro_batch_size", "num_workers", "grad_accum_steps", "tokens_per_update",

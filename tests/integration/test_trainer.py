@@ -90,7 +90,7 @@ def test_decomposition_invariance(reference_run, corpus, tmp_path, split):
     assert [v for _, v in shares] == pytest.approx([v for _, v in expected], rel=1e-9)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stages_give_the_same_curve(reference, corpus, tmp_path, stage):
     _, curve = train_curve(small_config(tmp_path, corpus, "batch.micro_batch_size=1", "cluster.num_workers=2",
                                         "batch.grad_accum_steps=2", f"deepspeed.zero_stage={stage}",

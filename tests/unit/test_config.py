@@ -40,7 +40,7 @@ def test_shipped_configs_are_valid():
 def test_design_example_through_plan():
     cfg = config.load(TINY, ["data.seq_len=4096", "model.max_seq_len=4096", "batch.micro_batch_size=4",
                              "cluster.num_workers=128", "batch.tokens_per_update=16777216",
-                             "train.total_tokens=1000000000"])
+                             "train.total_tokens=1000000000", "schedule.warmup_tokens=0"])
     info = plan.describe(cfg)
     assert info["grad_accum_steps"] == 8
     assert info["total_tokens"] == 59 * 16_777_216 and info["total_steps"] == 59
@@ -65,3 +65,14 @@ def test_env_values_are_redacted(monkeypatch):
     assert cfg.tracking.experiment == "hunter2"  # the run itself sees the value
     text = json.dumps(config.flatten(config.to_dict(cfg))) + config.to_yaml(cfg)
     assert "hunter2" not in text and config.REDACTED in text
+
+
+def test_warmup_within_one_update_names_the_smallest_valid_value():
+    """An update's LR is the schedule after it: a warmup that ends within the first update would
+    silently be no warmup at all. 0 stays valid; just over one update is the least that warms up."""
+    for bad in (1000, 4096):
+        with pytest.raises(ConfigError, match=rf"^schedule\.warmup_tokens: got {bad:,}; .* 0 \(no warmup\) or at least 4,097") as err:
+            config.load(TINY, [f"schedule.warmup_tokens={bad}"])
+        assert "\n" not in str(err.value)
+    for valid in (0, 4097, 8192):
+        assert config.load(TINY, [f"schedule.warmup_tokens={valid}"]).schedule.warmup_tokens == valid
