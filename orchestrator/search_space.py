@@ -56,17 +56,28 @@ TOP_KEYS = ("name", "description", "base", "space", "lr_scaling", "constraints",
 @dataclass
 class SearchConfig:
     algorithm: str = "grid"
+    """grid, random or optuna."""
     num_samples: int = 1
+    """random/optuna: configurations drawn (per grid point for random)."""
     max_concurrent: int = 2
+    """Trials running at once."""
     seed: int = 0
+    """Seed of the random draws (not of training)."""
     metric: str = "eval_loss"
+    """What schedulers and Optuna minimise."""
+    seeds: int = 1
+    """Replicates: every configuration runs with train.seed = base seed + 0 .. seeds - 1 (model
+    init and data order). Two or more give the critical batch size an interval."""
 
 
 @dataclass
 class SchedulerConfig:
     type: str = "none"
+    """none or asha."""
     grace_period_tokens: int = 0
+    """asha: the first rung, in tokens."""
     reduction_factor: int = 2
+    """asha: rungs grow by this factor and keep the best 1 / factor of their group."""
 
 
 @dataclass
@@ -90,6 +101,8 @@ class Trial:
         parts.append(f"wu={100 * c.schedule.warmup_tokens / c.train.total_tokens:.0f}%")
         if any(k.startswith("schedule.decay") for k in self.overrides):
             parts.append(c.schedule.decay)
+        if "train.seed" in self.values:
+            parts.append(f"seed={c.train.seed}")
         return " ".join(parts)
 
 
@@ -197,6 +210,13 @@ def load(path: str | Path) -> Sweep:
         raise ConfigError("search.algorithm", f"got {search.algorithm!r}; valid: {', '.join(ALGORITHMS)}")
     if search.num_samples < 1 or search.max_concurrent < 1:
         raise ConfigError("search", "num_samples and max_concurrent must be >= 1")
+    if search.seeds < 1:
+        raise ConfigError("search.seeds", f"got {search.seeds}; valid: 1 (no replicates) or more")
+    if search.seeds > 1 and search.algorithm == "optuna":
+        raise ConfigError("search.seeds", f"got {search.seeds}; replicates need search.algorithm grid or random "
+                          "(optuna proposes one configuration at a time)")
+    if search.seeds > 1 and "train.seed" in space:
+        raise ConfigError("search.seeds", "train.seed is also in space; sweep seeds either way, not both")
     if search.algorithm == "grid" and any(next(iter(s)) != "grid" for s in space.values()):
         raise ConfigError("search.algorithm", "grid search needs every space key to be a grid; use random or optuna")
     scheduler = _section(SchedulerConfig, raw.get("scheduler"), "scheduler")
@@ -301,6 +321,9 @@ def expand(sweep: Sweep) -> List[Trial]:
     for point in _grid_points(sweep.space):
         for _ in range(sweep.search.num_samples if sampled or sweep.search.algorithm != "grid" else 1):
             values.append({**point, **{k: _draw(spec, rng) for k, spec in sampled.items()}})
+    if sweep.search.seeds > 1:  # replicates of every configuration, side by side
+        first = config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False).train.seed
+        values = [{**v, "train.seed": first + i} for v in values for i in range(sweep.search.seeds)]
     return [resolve(sweep, v) for v in values]
 
 
@@ -339,6 +362,37 @@ def split_feasible(sweep: Sweep, trials: List[Trial]) -> Tuple[List[Trial], List
     if not good:
         raise ConfigError("space", "no feasible trial left")
     return good, bad
+
+
+SHAPE_KEYS = ("schedule.decay", "schedule.wsd_decay_share", "schedule.min_lr_ratio")
+"""Keys that change the shape of the LR schedule after warmup."""
+
+
+def comparison_keys(sweep: Sweep) -> Tuple[str, ...]:
+    """The sampled values two trials must share for early stopping to compare them:
+    - the batch size: at equal tokens a larger batch has taken fewer steps and is expected to be
+      behind early even when it ends best, so a rung shared across batch sizes would cull exactly
+      the large-batch trials that pin down the critical batch size;
+    - the decay shape, when swept: mid-run a cosine schedule is ahead of a stable-then-decay one
+      that ends better;
+    - the seed, when replicated: trials on the same data order and init compare pairwise, and no
+      configuration loses a replicate to the luck of another seed."""
+    keys = ("batch.tokens_per_update",) + tuple(k for k in SHAPE_KEYS if k in sweep.space)
+    return keys + (("train.seed",) if sweep.search.seeds > 1 else ())
+
+
+def comparison_group(keys: Tuple[str, ...], values: Dict[str, Any]) -> Tuple[Any, ...]:
+    """The group of a trial from its sampled values (keys the sweep does not vary are shared)."""
+    return tuple(values.get(k) for k in keys)
+
+
+def lone_groups(sweep: Sweep, trials: List[Trial]) -> List[Trial]:
+    """Trials that no other trial of the sweep can be compared with: early stopping never stops them."""
+    keys = comparison_keys(sweep)
+    groups: Dict[Tuple[Any, ...], List[Trial]] = {}
+    for t in trials:
+        groups.setdefault(comparison_group(keys, t.values), []).append(t)
+    return [g[0] for g in groups.values() if len(g) == 1]
 
 
 def check_asha_alignment(sweep: Sweep, trials: List[Trial]) -> None:

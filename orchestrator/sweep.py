@@ -132,12 +132,25 @@ def _param_space(sweep: search_space.Sweep, trials):
 def _scheduler(sweep: search_space.Sweep, budget: int):
     if sweep.scheduler.type != "asha":
         return None
-    from ray.tune.schedulers import ASHAScheduler
+    from orchestrator.grouped_asha import GroupedASHA
 
-    # time_attr = tokens: rungs are token counts, so trials at different batch sizes are
-    # compared after the same number of tokens, never after the same number of steps.
-    return ASHAScheduler(time_attr="tokens", metric=sweep.search.metric, mode="min", max_t=budget,
-                         grace_period=sweep.scheduler.grace_period_tokens, reduction_factor=sweep.scheduler.reduction_factor)
+    # time_attr = tokens: rungs are token counts, so trials are compared after the same number
+    # of tokens; and only within their group (search_space.comparison_keys says why).
+    return GroupedASHA(search_space.comparison_keys(sweep), time_attr="tokens", metric=sweep.search.metric, mode="min",
+                       max_t=budget, grace_period=sweep.scheduler.grace_period_tokens,
+                       reduction_factor=sweep.scheduler.reduction_factor)
+
+
+def _say_how_early_stopping_compares(sweep: search_space.Sweep, trials) -> None:
+    if sweep.scheduler.type != "asha":
+        return
+    keys = ", ".join(search_space.comparison_keys(sweep))
+    print(f"early stopping (ASHA) compares a trial only with trials of the same {keys}")
+    lone = search_space.lone_groups(sweep, trials) if trials is not None else []
+    if lone:
+        print(f"  {len(lone)} of {len(trials)} trials have no such peer and are never stopped early: "
+              + ", ".join(t.name for t in lone[:6]) + (" ..." if len(lone) > 6 else "")
+              + "; sweep at least two configurations per batch size for early stopping to act")
 
 
 def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
@@ -154,6 +167,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         _preflight(trials)
     else:
         _preflight([search_space.Trial({}, base)])
+    _say_how_early_stopping_compares(sweep, trials)
 
     folder = _sweep_dir(Path(base.train.storage_path) / "sweeps", sweep.name, resume)
     if resume:
@@ -167,17 +181,18 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         print(f"sweep {sweep.name!r}: {len(trials) if trials else sweep.search.num_samples} trials, MLflow parent run {parent}, results in {folder}")
 
     launch.ray_init(base.cluster.address)
-    results, error = None, None
+    # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
+    scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
     try:
-        results = _tuner(sweep, trials, base, parent, folder, resume).fit()
+        _tuner(sweep, trials, base, parent, folder, resume, scheduler).fit()
     except Exception as exc:
         error = exc
     from orchestrator import sweep_summary
 
-    return sweep_summary.finish(sweep, base, parent, results, error)
+    return sweep_summary.finish(sweep, base, parent, error, getattr(scheduler, "stopped_at", None))
 
 
-def _tuner(sweep, trials, base, parent: str, folder: Path, resume: bool):
+def _tuner(sweep, trials, base, parent: str, folder: Path, resume: bool, scheduler):
     from ray import tune
 
     from orchestrator.sweep_summary import ProgressTable
@@ -187,14 +202,13 @@ def _tuner(sweep, trials, base, parent: str, folder: Path, resume: bool):
     if resume:
         return tune.Tuner.restore(str(folder / "tune"), trainable, resume_unfinished=True, resume_errored=True)
     space, searcher = _param_space(sweep, trials)
-    budget = base.train.total_tokens
     return tune.Tuner(
         trainable,
         param_space=space,
         tune_config=tune.TuneConfig(
             num_samples=1 if trials is not None else sweep.search.num_samples,
             max_concurrent_trials=sweep.search.max_concurrent,
-            scheduler=_scheduler(sweep, budget),
+            scheduler=scheduler,
             search_alg=searcher,
             metric=None if searcher or sweep.scheduler.type == "asha" else sweep.search.metric,
             mode=None if searcher or sweep.scheduler.type == "asha" else "min",

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections import defaultdict
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from ray import tune
 
@@ -70,83 +69,56 @@ class ProgressTable(tune.Callback):
         print("\n".join(lines), flush=True)
 
 
-def _trial_rows(uri: str, parent: str) -> List[Dict[str, Any]]:
-    rows = []
+def _close_unfinished_runs(uri: str, parent: str, stopped_at: Dict[str, int]) -> None:
+    """A scheduler stops a trial by ending its actor, so its MLflow run is still RUNNING; this can
+    happen right after the last report too (ASHA stops every trial at max_t). Close such runs:
+    FINISHED when they saw the budget, else KILLED and tagged with the rung that stopped them
+    (as the scheduler decided; after a --resume, the last evaluation it logged)."""
     for run in tracking.child_runs(uri, parent):
-        p, m = run.data.params, run.data.metrics
-        rows.append({
-            "run_id": run.info.run_id, "name": run.info.run_name, "status": run.info.status,
-            "B": int(p.get("batch.tokens_per_update", 0)), "lr": float(p.get("optim.lr", "nan")),
-            "budget": int(p.get("train.total_tokens_rounded", p.get("train.total_tokens", 0))),
-            "tokens": int(m.get("train/tokens", 0)), "eval": m.get("eval/loss"), "loss": m.get("train/loss"),
-        })
-    return rows
-
-
-def finish(sweep: search_space.Sweep, base, parent: str, results, error: Optional[BaseException]) -> int:
-    """Close the parent run and print the answer: best trial, best lr per batch size, B_crit."""
-    uri = base.tracking.uri
-    rows = _trial_rows(uri, parent)
-    for row in rows:
-        # A scheduler stops a trial by ending its actor, which can happen right after the last
-        # report too (ASHA stops every trial at max_t): close such runs here.
-        if row["status"] != "RUNNING":
+        if run.info.status != "RUNNING":
             continue
-        if row["tokens"] >= row["budget"]:
-            row["status"] = "FINISHED"
+        p, m = run.data.params, run.data.metrics
+        budget = int(p.get("train.total_tokens_rounded", p.get("train.total_tokens", 0)))
+        tokens = int(m.get("train/tokens", 0))
+        if tokens >= budget:
+            status = "FINISHED"
         else:
-            row["status"] = "KILLED"
-            tracking.set_tags(uri, row["run_id"], {"orchestrator.stopped": f"stopped by the scheduler at {row['tokens']:,} tokens"})
-        launch.close_run(uri, row["run_id"], row["status"], title=row["name"])
-    complete = [r for r in rows if r["tokens"] >= r["budget"] and r["eval"] is not None]
-    print(f"\n=== sweep {sweep.name}: {len(complete)} of {len(rows)} trials reached the budget ===")
-    if complete:
-        best = min(complete, key=lambda r: r["eval"])
-        print(f"best trial: {best['name']}  (tokens/update {best['B']:,}, lr {best['lr']:.3g}, final eval loss {best['eval']:.4f})")
-        by_batch = defaultdict(list)
-        for r in complete:
-            by_batch[r["B"]].append(r)
-        print("best learning rate per batch size:")
-        for b in sorted(by_batch):
-            r = min(by_batch[b], key=lambda x: x["eval"])
-            print(f"  tokens/update {b:>10,}: lr {r['lr']:.3g}  eval loss {r['eval']:.4f}")
-        _log_parent_artifacts(uri, parent, rows)
-        _print_critical_batch(uri, parent)
-    status = "FAILED" if error is not None or not complete else "FINISHED"
+            status = "KILLED"
+            evals = tracking.metric_history(uri, run.info.run_id, "eval/loss")
+            rung = stopped_at.get(run.data.tags.get(tracking.TRIAL_TAG, ""), evals[-1][0] if evals else tokens)
+            tracking.set_tags(uri, run.info.run_id, {tracking.STOPPED_AT_TAG: str(rung)})
+        launch.close_run(uri, run.info.run_id, status, title=run.info.run_name or "")
+
+
+def finish(sweep: search_space.Sweep, base, parent: str, error: Optional[BaseException],
+           stopped_at: Optional[Dict[str, int]] = None) -> int:
+    """Close the parent run and print the answer, the same as `orchestrator report` gives."""
+    from orchestrator import analysis, report
+
+    uri = base.tracking.uri
+    _close_unfinished_runs(uri, parent, stopped_at or {})
+    trials = report.read_trials(uri, parent) if tracking.child_runs(uri, parent) else []
+    finished = [t for t in trials if t.outcome == "finished"]
+    print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
+    if trials:
+        _log_parent_artifacts(uri, parent, trials)
+    if finished:
+        try:
+            print("\n".join(report.summary_lines(analysis.analyse(trials))))
+        except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
+            print(f"no analysis: {exc}")
+    status = "FAILED" if error is not None or not finished else "FINISHED"
     tracking.finish_run(uri, parent, status)
     print(f"MLflow: `{tracking.ui_command(uri)}`, then {tracking.ui_link(uri, base.tracking.experiment)}")
     print(f"report: orchestrator report {sweep.path} tracking.uri={uri}")
     if error is not None:
         print(f"sweep {sweep.name} failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
-    return 0 if complete else 1
+    return 0 if finished else 1
 
 
-def _log_parent_artifacts(uri: str, parent: str, rows: List[Dict[str, Any]]) -> None:
+def _log_parent_artifacts(uri: str, parent: str, trials) -> None:
     from orchestrator import plots
 
-    curves = {r["name"]: tracking.metric_history(uri, r["run_id"], "train/loss") for r in sorted(rows, key=lambda r: (r["B"], r["lr"]))}
+    curves = {t.name: t.train for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0))}
     tracking.log_figure(uri, parent, plots.loss_vs_tokens(curves, title="train loss of every trial"), "loss_vs_tokens.png")
-
-
-def _print_critical_batch(uri: str, parent: str) -> None:
-    try:
-        from orchestrator import report
-    except ImportError:
-        return
-    try:
-        info = report.critical_batch_summary(uri, parent)
-    except Exception as exc:  # the analysis is a bonus here; `orchestrator report` says more
-        print(f"critical batch size: not available ({exc})")
-        return
-    if info and info.get("b_crit") is not None and not 0 < info["b_crit"] < float("inf"):
-        notes = "; ".join(info.get("notes") or []) or "the fit S = S_min + E_min / B is degenerate"
-        b_simple = info.get("b_simple")
-        print(f"critical batch size: not resolved by this sweep ({notes})"
-              + (f"; measured B_simple ~ {b_simple:,.0f} tokens" if b_simple else ""))
-    elif info and info.get("b_crit") is not None:
-        lo, hi = info.get("b_crit_interval") or (None, None)
-        b_simple = info.get("b_simple")
-        print(f"critical batch size at loss {info.get('target_loss', float('nan')):.3f}: B_crit ~ {info['b_crit']:,.0f} tokens"
-              + (f" (90% interval {lo:,.0f}..{hi:,.0f})" if lo is not None and hi is not None and math.isfinite(hi) else "")
-              + (f"; measured B_simple ~ {b_simple:,.0f} tokens" if b_simple else "; B_simple not measured"))

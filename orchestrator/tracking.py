@@ -27,6 +27,7 @@ PARENT_TAG = "mlflow.parentRunId"
 TRIAL_TAG = "orchestrator.trial_id"
 SWEEP_TAG = "orchestrator.sweep"
 FAILURE_TAG = "orchestrator.failure_reason"
+STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a trial was stopped at
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAMS = 100  # ... and on params per call
 # MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)

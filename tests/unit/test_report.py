@@ -1,32 +1,37 @@
-"""`orchestrator report` on a synthetic sweep logged to a temporary MLflow store.
+"""`orchestrator report` and the analysis behind it, on synthetic sweeps whose answer is known.
 
-The synthetic loss curves follow the empirical model exactly: a trial with batch B and learning
-rate lr at optimizer step s has loss g(x) with progress x = s * q(lr / lr_opt(B)) / (1 + B_CRIT / B),
-g decreasing. At the best lr (q = 1) the steps to reach any loss L are
-S = g^-1(L) (1 + B_CRIT / B) = S_min + E_min / B with E_min / S_min = B_CRIT, for every L.
-Other learning rates progress more slowly (q < 1), so they are worse at every point.
+The synthetic loss curves follow the empirical model exactly: a trial with batch B, learning
+rate lr and seed k at optimizer step s has loss g(x) with progress
+x = s * q(lr / lr_opt(B)) * r_k / (1 + B_CRIT / B), g decreasing. At the best lr (q = 1) the
+steps to reach any loss L are S = g^-1(L) (1 + B_CRIT / B) / r_k = (S_min + E_min / B) / r_k with
+E_min / S_min = B_CRIT, for every L. r_k = exp(SEED_NOISE * N(0, 1)) is a seed's luck. Other
+learning rates progress more slowly (q < 1), so they are worse at every point.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 
 import matplotlib.image as mpimg
+import numpy as np
 import pytest
 
-from orchestrator import report, tracking
+from orchestrator import analysis, noise, report, tracking
 from orchestrator.errors import ConfigError
 
 B_CRIT = 5000.0  # tokens
 ALPHA, LR_AT_4096 = 0.5, 3e-3  # lr_opt(B) = LR_AT_4096 * (B / 4096)^ALPHA
 BATCHES = [2**k for k in range(10, 16)]
 LR_FACTORS = [2**-0.5, 1.0, 2**0.5]  # on the same sqrt(2) grid as lr_opt, so lrs share heatmap rows
+SEEDS, SEED_NOISE = 3, 0.05
 TOTAL_TOKENS = 2**22
 L_INF, AMP, X0, POWER = 2.0, 8.0, 5.0, 0.7
 EXPERIMENT = "report-test"
 SWEEP = "synthetic-bcrit"
+STOP_RUNG = 2**20
 FIGURES = ["loss_vs_tokens.png", "loss_vs_steps.png", "eval_heatmap.png", "critical_batch.png", "lr_vs_batch.png"]
 FILES = FIGURES + ["summary.md", "summary.html", "report.json"]
 
@@ -43,43 +48,73 @@ def lr_opt(b):
     return LR_AT_4096 * (b / 4096) ** ALPHA
 
 
-def _log_trial(uri, parent, b, factor, diverge=False):
+def synthetic_trial(b, factor, seed, luck, diverge=False, stop_at=None, decay="constant"):
+    """(params, train, eval, b_simple, status, stopped_at, duration_s) of one synthetic run."""
     lr = lr_opt(b) * factor
     q = 1.0 / (1.0 + 2.0 * math.log2(factor) ** 2)
-    run_id = tracking.create_run(uri, EXPERIMENT, f"B{b}-lr{lr:.3g}", tags={tracking.PARENT_TAG: parent})
     steps = TOTAL_TOKENS // b
-    tracking.log_params(uri, run_id, {
-        "batch.tokens_per_update": b, "optim.lr": lr, "schedule.warmup_tokens": 8 * b, "schedule.decay": "cosine",
-        "schedule.min_lr_ratio": 0.1, "train.total_tokens": TOTAL_TOKENS, "data.seq_len": 128,
-        "train.total_steps": steps})
-    logger = tracking.MetricLogger(uri, run_id, flush_every_s=60)
+    params = {"batch.tokens_per_update": str(b), "optim.lr": str(lr), "schedule.warmup_tokens": "0",
+              "schedule.decay": decay, "schedule.wsd_decay_share": "0.2", "train.total_tokens": str(TOTAL_TOKENS),
+              "train.total_tokens_rounded": str(TOTAL_TOKENS), "train.seed": str(seed), "data.seq_len": "128",
+              "train.total_steps": str(steps), "train.run_name": f"B{b}-lr{lr:.3g}-s{seed}"}
     stride = max(1, steps // 200)
-    for s in range(stride, steps + 1, stride):
-        loss = g(s * q / (1 + B_CRIT / b))
+    train, evals, b_simple = [], [], []
+    last = steps if stop_at is None else stop_at // b
+    for s in sorted(set(range(stride, last + 1, stride)) | {last}):
+        loss = g(s * q * luck / (1 + B_CRIT / b))
         if diverge and s > steps // 3:
             loss = loss + (s - steps // 3) * 0.5
-        metrics = {"train/loss": loss, "gns/b_simple": 1000.0 / (loss - L_INF), "train/optimizer_step": s}
+        train.append((s * b, loss))
+        b_simple.append((s * b, 1000.0 / (loss - L_INF)))
         if not diverge and s % max(stride, steps // 8) < stride:
-            metrics["eval/loss"] = loss + 0.05
-        logger.log(metrics, step=s * b)
+            evals.append((s * b, loss + 0.05))
+    status = "FAILED" if diverge else "KILLED" if stop_at else "FINISHED"
+    return params, train, evals, b_simple, status, stop_at, TOTAL_TOKENS / (1e4 * math.log2(b))  # bigger batches run faster
+
+
+def sweep_trials(rng, seeds=SEEDS):
+    """The full grid with `seeds` replicates, as (B, factor, seed, luck)."""
+    return [(b, f, k, float(np.exp(SEED_NOISE * rng.standard_normal()))) for b in BATCHES for f in LR_FACTORS for k in range(seeds)]
+
+
+def in_memory(specs, **kw):
+    out = []
+    for i, (b, f, k, luck) in enumerate(specs):
+        params, train, evals, b_simple, status, stopped, duration = synthetic_trial(b, f, k, luck, **kw)
+        out.append(analysis.Trial(f"run{i}", params["train.run_name"], status, params, train, evals, b_simple, duration, stopped))
+    return out
+
+
+def _log_trial(uri, parent, b, factor, seed, luck, **kw):
+    params, train, evals, b_simple, status, stopped, duration = synthetic_trial(b, factor, seed, luck, **kw)
+    run_id = tracking.create_run(uri, EXPERIMENT, params["train.run_name"], tags={tracking.PARENT_TAG: parent})
+    tracking.log_params(uri, run_id, params)
+    logger = tracking.MetricLogger(uri, run_id, flush_every_s=60)
+    for (step, loss), (_, bs) in zip(train, b_simple):
+        logger.log({"train/loss": loss, "gns/b_simple": bs}, step=step)
+    for step, loss in evals:
+        logger.log({"eval/loss": loss}, step=step)
     logger.close()
+    if stopped:
+        tracking.set_tags(uri, run_id, {tracking.STOPPED_AT_TAG: str(stopped)})
     start = tracking.get_run(uri, run_id).info.start_time
-    duration_ms = int(1000 * TOTAL_TOKENS / (1e4 * math.log2(b)))  # bigger batches run faster
-    tracking.client(uri).set_terminated(run_id, "FAILED" if diverge else "FINISHED", end_time=start + duration_ms)
+    tracking.client(uri).set_terminated(run_id, status, end_time=start + int(1000 * duration))
     return run_id
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A sweep parent, 6 batch sizes x 3 learning rates, one diverged run, and a lone run."""
+    """A sweep parent: 6 batch sizes x 3 learning rates x 3 seeds, one diverged run, two runs
+    stopped early at a rung; and a lone run."""
     tmp = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{tmp}/mlflow.db"
     parent = tracking.create_run(uri, EXPERIMENT, SWEEP, tags={"orchestrator.role": "sweep", tracking.SWEEP_TAG: SWEEP})
-    tracking.log_params(uri, parent, {"sweep.name": SWEEP})
-    for b in BATCHES:
-        for factor in LR_FACTORS:
-            _log_trial(uri, parent, b, factor)
-    _log_trial(uri, parent, 2**13, 2.0, diverge=True)
+    specs = sweep_trials(np.random.default_rng(7))
+    for spec in specs:
+        _log_trial(uri, parent, *spec)
+    _log_trial(uri, parent, 2**13, 2.0, 0, 1.0, diverge=True)
+    for seed in range(2):  # a poor learning rate, stopped early
+        _log_trial(uri, parent, 2**12, 4.0, seed, 1.0, stop_at=STOP_RUNG)
     tracking.finish_run(uri, parent)
     lone = tracking.create_run(uri, EXPERIMENT, "lone-train-run")
     tracking.log_params(uri, lone, {"batch.tokens_per_update": 4096, "optim.lr": 1e-3})
@@ -88,7 +123,7 @@ def store(tmp_path_factory):
         logger.log({"train/loss": g(s / 2.0), "eval/loss": g(s / 2.0) + 0.05}, step=s * 4096)
     logger.close()
     tracking.finish_run(uri, lone)
-    return {"uri": uri, "parent": parent, "lone": lone, "tmp": tmp}
+    return {"uri": uri, "parent": parent, "lone": lone, "tmp": tmp, "specs": specs}
 
 
 @pytest.fixture(scope="module")
@@ -100,23 +135,48 @@ def sweep_report(store):
     return {"out": out, "seconds": time.time() - t0, "json": json.loads((out / "report.json").read_text())}
 
 
+@pytest.fixture(scope="module")
+def trials(store):
+    return report.read_trials(store["uri"], store["parent"])
+
+
 # ---------------------------------------------------------------- the numbers
 
 
+def test_interval_covers_the_true_b_crit_over_repeated_sweeps():
+    """50 synthetic sweeps with 3 seeds per configuration: the 90% interval holds the true B_crit
+    in at least 80% of them (0.9 expected; 0.8 leaves room for 50 draws and the smoothing)."""
+    covered, widths = 0, []
+    for draw in range(50):
+        result = analysis.analyse(in_memory(sweep_trials(np.random.default_rng(1000 + draw))), [3.3])
+        lo, hi = result["critical_batch"][0]["b_crit_interval"]
+        covered += lo <= B_CRIT <= hi
+        widths.append(hi / lo)
+    print(f"coverage {covered}/50, median interval {np.median(widths):.2f}x")
+    assert covered >= 40, covered
+
+
 @pytest.mark.parametrize("target", [2.95, 3.3, 4.0])
-def test_b_crit_recovered_at_given_targets(store, target):
-    result = report.analyse(report.read_trials(store["uri"], store["parent"]), [target])
-    fit = result["critical_batch"][0]
+def test_b_crit_recovered_at_given_targets(trials, target):
+    fit = analysis.analyse(trials, [target])["critical_batch"][0]
     assert len(fit["points"]) == len(BATCHES) and not fit["missing"]
-    assert fit["b_crit"] == pytest.approx(B_CRIT, rel=0.05)
-    assert fit["s_min"] == pytest.approx(g_inverse(target), rel=0.05)
+    assert fit["b_crit"] == pytest.approx(B_CRIT, rel=0.1)
     lo, hi = fit["b_crit_interval"]
-    assert lo <= fit["b_crit"] <= hi
+    assert lo < fit["b_crit"] < hi and hi / lo < 2.5
     # B_simple was logged as 1000 / (loss - L_inf): at the crossing it is 1000 / (target - L_inf).
     assert fit["b_simple"] == pytest.approx(1000 / (target - L_INF), rel=0.03)
-    for p in fit["points"]:  # the fastest trial to any loss is the one at lr_opt
-        assert p["lr"] == pytest.approx(lr_opt(p["batch"]))
+    for p in fit["points"]:  # the fastest configuration to any loss is the one at lr_opt
+        assert p["lr"] == pytest.approx(lr_opt(p["batch"])) and p["seeds"] == SEEDS
         assert p["tokens"] == pytest.approx(p["steps"] * p["batch"])
+
+
+def test_the_report_through_mlflow_matches_the_analysis_in_memory(store, trials):
+    """The one draw that goes through MLflow gives what the same runs give in memory."""
+    stored = analysis.analyse(trials, [3.3])["critical_batch"][0]
+    fresh = [t for t in in_memory(store["specs"])]
+    direct = analysis.analyse(fresh, [3.3])["critical_batch"][0]
+    assert stored["b_crit"] == pytest.approx(direct["b_crit"], rel=1e-9)
+    assert stored["b_crit_interval"] == pytest.approx(direct["b_crit_interval"], rel=1e-9)
 
 
 def test_automatic_targets_are_reached_by_every_batch_size(sweep_report):
@@ -124,41 +184,61 @@ def test_automatic_targets_are_reached_by_every_batch_size(sweep_report):
     assert result["targets_chosen"] and len(result["critical_batch"]) == 3
     for fit in result["critical_batch"]:
         assert not fit["missing"] and len(fit["points"]) == len(BATCHES)
-        assert fit["b_crit"] == pytest.approx(B_CRIT, rel=0.05)
+        assert fit["b_crit"] == pytest.approx(B_CRIT, rel=0.1)
     primary = result["primary"]
     assert primary["target_loss"] == min(f["target_loss"] for f in result["critical_batch"])
 
 
-def test_best_lr_per_batch_and_alpha(sweep_report):
-    scaling = sweep_report["json"]["lr_scaling"]
-    assert [p["batch"] for p in scaling["best"]] == BATCHES
-    for p in scaling["best"]:
-        assert p["lr"] == pytest.approx(lr_opt(p["batch"]))
-    assert scaling["alpha"] == pytest.approx(ALPHA, abs=1e-6)
-    assert scaling["coef"] == pytest.approx(LR_AT_4096 / 4096**ALPHA, rel=1e-6)
+def test_best_configuration_per_batch_size_over_every_swept_axis(sweep_report):
+    result = sweep_report["json"]
+    assert result["axes"] == ["batch.tokens_per_update", "optim.lr"]
+    best = result["best_per_batch"]
+    assert [r["batch"] for r in best] == BATCHES
+    for r in best:
+        assert float(r["settings"]["optim.lr"]) == pytest.approx(lr_opt(r["batch"])) and r["seeds"] == SEEDS
+    assert result["lr_scaling"]["alpha"] == pytest.approx(ALPHA, abs=1e-6)
+    assert result["lr_scaling"]["coef"] == pytest.approx(LR_AT_4096 / 4096**ALPHA, rel=1e-6)
 
 
-def test_best_config_and_failed_run_excluded(sweep_report):
+def test_best_configuration_counts_only_finished_trials(sweep_report):
     result = sweep_report["json"]
     best = result["best"]
     # With a fixed token budget the smallest batch makes the most progress: B = 1024 at lr_opt.
     assert best["batch"] == BATCHES[0] and best["lr"] == pytest.approx(lr_opt(BATCHES[0]))
-    assert best["status"] == "FINISHED" and result["loss_metric"] == "eval/loss"
-    assert best["warmup_tokens"] == 8 * BATCHES[0] and best["decay"] == "cosine"
+    assert result["loss_metric"] == "eval/loss"
+    assert result["finished"] == len(BATCHES) * len(LR_FACTORS) * SEEDS and result["failed"] == 1
+    assert result["stopped"] == {"count": 2, "rungs": {str(STOP_RUNG): 2}}
+    outcomes = {t["run_name"]: t["outcome"] for t in result["trials"]}
+    assert sum(o == "stopped" for o in outcomes.values()) == 2 and "2 stopped early (2 at the 1.05M-token rung)" in report.answer(result)
 
 
 def test_wall_time_is_the_run_share_of_duration(sweep_report):
     for p in sweep_report["json"]["primary"]["points"]:
         duration = TOTAL_TOKENS / (1e4 * math.log2(p["batch"]))
-        assert p["wall_s"] == pytest.approx(duration * p["tokens"] / TOTAL_TOKENS, rel=0.02)
+        assert p["wall_s"] == pytest.approx(duration * p["tokens"] / TOTAL_TOKENS, rel=0.06)
 
 
-def test_critical_batch_summary_for_the_sweep_command(store):
-    summary = report.critical_batch_summary(store["uri"], store["parent"])
-    assert summary["b_crit"] == pytest.approx(B_CRIT, rel=0.05)
-    lo, hi = summary["b_crit_interval"]
-    assert lo <= summary["b_crit"] <= hi
-    assert summary["b_simple"] == pytest.approx(1000 / (summary["target_loss"] - L_INF), rel=0.03)
+def test_steps_come_only_from_the_part_the_schedule_cannot_fake(store):
+    """A wsd run whose loss falls to a target only during its final decay does not count as
+    reaching it; a cosine sweep is read over the first half of its budget, with a warning."""
+    rng = np.random.default_rng(3)
+    wsd = in_memory(sweep_trials(rng, seeds=1), decay="wsd")
+    for t in wsd:  # the anneal: a sharp extra drop in the last 20% of the budget
+        t.train = [(tok, loss - (0.3 if tok > 0.8 * TOTAL_TOKENS else 0.0)) for tok, loss in t.train]
+    end_of_stable = min(float(np.interp(0.8 * TOTAL_TOKENS, *t.smoothed(2 * BATCHES[-1]))) for t in wsd if t.batch == BATCHES[-1])
+    fit = analysis.analyse(wsd, [end_of_stable - 0.2])["critical_batch"][0]
+    assert BATCHES[-1] in fit["missing"], "reached only in the decay, so not reached"
+    cosine = analysis.analyse(in_memory(sweep_trials(rng, seeds=1), decay="cosine"), [3.3])["critical_batch"][0]
+    assert any("the fit depends on the schedule" in n for n in cosine["notes"])
+    assert any("no interval: one seed per configuration" in n for n in cosine["notes"]) and cosine["b_crit_interval"] is None
+
+
+def test_fewer_than_three_batch_sizes_is_not_resolved():
+    specs = [s for s in sweep_trials(np.random.default_rng(5)) if s[0] in BATCHES[:2]]
+    result = analysis.analyse(in_memory(specs), [3.3])
+    fit = result["primary"]
+    assert fit["b_crit"] is None and fit["b_crit_interval"] is None and len(fit["points"]) == 2
+    assert "not resolved (B_crit needs 3 batch sizes that reach this loss; 2 did)" in report.answer(result)
 
 
 # ---------------------------------------------------------------- the files
@@ -177,7 +257,7 @@ def test_every_file_written_and_logged(store, sweep_report):
     md, page = (out / "summary.md").read_text(), (out / "summary.html").read_text()
     for name in FIGURES:
         assert f"({name})" in md and f"src='{name}'" in page
-    assert "B_crit" in md and "<table>" in page
+    assert "B_crit" in md and "Best configuration per batch size" in md and "<table>" in page
     assert sweep_report["seconds"] < 60
 
 
@@ -189,8 +269,8 @@ def test_single_run_report(store, tmp_path, capsys):
     result = json.loads((out / "report.json").read_text())
     assert result["source"]["kind"] == "single" and result["primary"]["b_crit"] is None
     notes = " ".join(result["primary"]["notes"])
-    assert "at least 2 batch sizes" in notes and "no gns/b_simple" in notes
-    assert "No critical batch size" in capsys.readouterr().out
+    assert "needs 3 batch sizes" in notes and "no gns/b_simple" in notes
+    assert "not resolved" in capsys.readouterr().out
     assert "report/loss_vs_tokens.png" in tracking.list_artifacts(store["uri"], store["lone"], "report")
 
 
@@ -216,7 +296,7 @@ def test_cli_report_and_unknown_sweep(store, tmp_path, cli):
     out = tmp_path / "cli-report"
     code, stdout, stderr = cli("report", SWEEP, f"tracking.uri={store['uri']}", "--out", out, "--target-loss", "3.0")
     assert code == 0, stderr
-    assert "summary.md" in stdout and "B_crit" in stdout
+    assert "summary.md" in stdout and "B_crit" in stdout and "best configuration per batch size" in stdout
     assert all((out / name).is_file() for name in FILES)
     assert json.loads((out / "report.json").read_text())["critical_batch"][0]["target_loss"] == 3.0
     code, stdout, stderr = cli("report", "no-such-sweep", f"tracking.uri={store['uri']}", "--out", tmp_path / "x")
@@ -227,26 +307,28 @@ def test_cli_report_and_unknown_sweep(store, tmp_path, cli):
 # ---------------------------------------------------------------- graceful when the data cannot answer
 
 
-def test_target_not_reached_by_every_batch_size(store):
-    trials = report.read_trials(store["uri"], store["parent"])
-    nobody, partly = report.analyse(trials, [2.5, 1.0])["critical_batch"]  # sorted by loss
+def test_target_not_reached_by_every_batch_size(trials):
+    nobody, partly = analysis.analyse(trials, [2.5, 1.0])["critical_batch"]  # sorted by loss
     assert partly["missing"] == [2**14, 2**15] and len(partly["points"]) == 4
-    assert partly["b_crit"] == pytest.approx(B_CRIT, rel=0.05)  # still fitted on the batch sizes that reached it
+    assert partly["b_crit"] == pytest.approx(B_CRIT, rel=0.1)  # still fitted on the batch sizes that reached it
     assert "not reached by batch sizes 16,384, 32,768" in partly["notes"]
     assert nobody["points"] == [] and nobody["b_crit"] is None and nobody["b_simple"] is None
-    assert any("at least 2 batch sizes" in n for n in nobody["notes"])
-    summary = report.critical_batch_summary(store["uri"], store["parent"], [1.0])
-    assert summary["b_crit"] is None and summary["notes"]
+    assert any("needs 3 batch sizes" in n for n in nobody["notes"])
 
 
-def test_report_without_eval_or_gns_or_reachable_target(store, tmp_path):
-    trials = report.read_trials(store["uri"], store["parent"])
-    for t in trials:
-        t.eval, t.b_simple = [], []
-    result = report.analyse(trials, [1.0])
+def test_report_without_eval_or_gns_or_reachable_target(trials, tmp_path):
+    trials = [dataclasses.replace(t, eval=[], b_simple=[]) for t in trials]
+    result = analysis.analyse(trials, [1.0])
     assert result["loss_metric"] == "train/loss"
     assert result["best"]["batch"] == BATCHES[0] and result["lr_scaling"]["alpha"] == pytest.approx(ALPHA, abs=1e-6)
-    assert "No critical batch size at loss 1" in report.answer(result)
+    assert "Critical batch size at loss 1: not resolved" in report.answer(result)
     written = {p.name for p in report.write_report(trials, result, "degenerate", tmp_path)}
     assert "critical_batch.png" not in written and {"loss_vs_tokens.png", "summary.md", "report.json"} <= written
     assert "no gns/b_simple" in (tmp_path / "summary.md").read_text()
+
+
+def test_noise_fit_and_bootstrap_are_what_the_analysis_uses(trials):
+    """The analysis's B_crit is noise.fit_critical_batch of its points (no second formula)."""
+    fit = analysis.analyse(trials, [3.3])["critical_batch"][0]
+    assert fit["b_crit"] == pytest.approx(noise.fit_critical_batch([p["batch"] for p in fit["points"]],
+                                                                   [p["steps"] for p in fit["points"]])[2])

@@ -24,7 +24,8 @@ def write(tmp_path, **body):
 def test_grid_product_and_names(tmp_path):
     sweep = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 65536]},
                                                      "optim.lr": {"grid": [3e-4, 1e-3]}},
-                                    base={"config": TINY, "overrides": {"train.total_tokens": 1048576}}))
+                                    base={"config": TINY, "overrides": {"train.total_tokens": 1048576,
+                                                                        "schedule.warmup_tokens": 131072}}))
     trials = search_space.expand(sweep)
     assert len(trials) == 4
     assert {(t.cfg.batch.tokens_per_update, t.cfg.optim.lr) for t in trials} == {(2048, 3e-4), (2048, 1e-3), (65536, 3e-4), (65536, 1e-3)}
@@ -47,21 +48,23 @@ def test_random_draws_are_seeded_and_in_range(tmp_path):
 def test_lr_scaling_rule(tmp_path, alpha, expected):
     sweep = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [1024, 4096, 16384]}},
                                     lr_scaling={"reference_tokens": 4096, "base_lr": 1e-3, "alpha": alpha},
-                                    base={"config": TINY, "overrides": {"train.total_tokens": 1048576}}))
+                                    base={"config": TINY, "overrides": {"train.total_tokens": 1048576, "schedule.warmup_tokens": 0}}))
     for t in search_space.expand(sweep):
         ratio = t.cfg.batch.tokens_per_update / 4096
         assert t.cfg.optim.lr == pytest.approx(1e-3 * ratio ** expected, rel=1e-5)
 
 
 def test_warmup_as_share_of_budget(tmp_path):
-    sweep = search_space.load(write(tmp_path, space={"schedule.warmup_share": {"grid": [0.01, 0.1]}}))
+    sweep = search_space.load(write(tmp_path, space={"schedule.warmup_share": {"grid": [0.01, 0.1]}},
+                                    base={"config": TINY, "overrides": {"batch.tokens_per_update": 1024}}))
     budget = search_space.expand(sweep)[0].cfg.train.total_tokens
     assert [t.cfg.schedule.warmup_tokens for t in search_space.expand(sweep)] == [round(0.01 * budget), round(0.1 * budget)]
 
 
 def test_constraints_and_infeasible_listing(tmp_path):
     body = dict(space={"batch.tokens_per_update": {"grid": [4096, 5000, 131072]}},
-                constraints=[{"key": "batch.tokens_per_update", "max": 0.25, "of": "train.total_tokens"}])
+                constraints=[{"key": "batch.tokens_per_update", "max": 0.25, "of": "train.total_tokens"}],
+                base={"config": TINY, "overrides": {"schedule.warmup_tokens": 0}})
     sweep = search_space.load(write(tmp_path, **body))
     with pytest.raises(ConfigError) as info:
         search_space.split_feasible(sweep, search_space.expand(sweep))
@@ -147,3 +150,33 @@ def test_trial_resources_follow_where_the_worker_runs(tmp_path):
         sweep = search_space.load(write(tmp_path, space=space, local_mode=local_mode))
         trials = search_space.expand(sweep)
         assert [sweep_lib.trial_resources(sweep, {"trial": t.values}) for t in trials] == [{"CPU": c} for c in expected]
+
+
+def test_seeds_replicate_every_configuration(tmp_path):
+    sweep = search_space.load(write(tmp_path, space={"optim.lr": {"grid": [1e-3, 3e-3]}}, search={"seeds": 3},
+                                    base={"config": TINY, "overrides": {"train.seed": 10}}))
+    trials = search_space.expand(sweep)
+    assert [(t.cfg.optim.lr, t.cfg.train.seed) for t in trials] == [(lr, s) for lr in (1e-3, 3e-3) for s in (10, 11, 12)]
+    assert trials[1].name.endswith("seed=11") and len({t.name for t in trials}) == 6
+    for body, key in [({"search": {"seeds": 0}}, "search.seeds"),
+                      ({"search": {"seeds": 2, "algorithm": "optuna"}, "space": {"optim.lr": {"uniform": [1e-4, 1e-3]}}}, "search.seeds"),
+                      ({"search": {"seeds": 2}, "space": {"train.seed": {"grid": [1, 2]}}}, "search.seeds")]:
+        with pytest.raises(ConfigError, match=key):
+            search_space.load(write(tmp_path, **body))
+
+
+def test_early_stopping_groups_share_batch_size_decay_shape_and_seed(tmp_path):
+    space = {"batch.tokens_per_update": {"grid": [2048, 4096]}, "optim.lr": {"grid": [1e-3, 3e-3]}}
+    sweep = search_space.load(write(tmp_path, space=space))
+    assert search_space.comparison_keys(sweep) == ("batch.tokens_per_update",)
+    assert search_space.lone_groups(sweep, search_space.expand(sweep)) == []
+    sweep = search_space.load(write(tmp_path, space={**space, "schedule.decay": {"grid": ["cosine", "wsd"]}}, search={"seeds": 2}))
+    keys = search_space.comparison_keys(sweep)
+    assert keys == ("batch.tokens_per_update", "schedule.decay", "train.seed")
+    trials = search_space.expand(sweep)
+    groups = {search_space.comparison_group(keys, t.values) for t in trials}
+    assert len(groups) == 2 * 2 * 2 and all(len([t for t in trials if search_space.comparison_group(keys, t.values) == g]) == 2
+                                            for g in groups)  # the two learning rates of each group
+    lone = search_space.lone_groups(search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}})),
+                                    search_space.expand(search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))))
+    assert len(lone) == 2
