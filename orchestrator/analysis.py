@@ -182,9 +182,11 @@ def best_per_batch(finished: Sequence[Trial], axes: Sequence[str], metric: str, 
     return rows
 
 
-def lr_scaling(best: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+def lr_scaling(best: Sequence[Dict[str, Any]], axes: Sequence[str]) -> Dict[str, Any]:
     """The power law lr_opt ~ coef * B^alpha through the best configurations' learning rates."""
     points = [(r["batch"], r["lr"]) for r in best if r["lr"]]
+    if "optim.lr" not in axes:
+        return {"coef": None, "alpha": None, "note": "the learning rate was not swept"}
     if len({b for b, _ in points}) < 2:
         return {"coef": None, "alpha": None, "note": "the lr power law needs at least 2 batch sizes"}
     coef, alpha = noise.power_law_fit(*zip(*points))
@@ -289,7 +291,7 @@ def analyse(trials: Sequence[Trial], target_losses: Optional[Sequence[float]] = 
         "finished": len(finished), "stopped": stopped_early(usable),
         "failed": sum(t.outcome == "failed" for t in usable), "incomplete": sum(t.outcome == "incomplete" for t in usable),
         "best": min(best, key=lambda r: r["final_loss"]) if best else None, "best_per_batch": best,
-        "lr_scaling": lr_scaling(best), "critical_batch": fits,
+        "lr_scaling": lr_scaling(best, axes), "critical_batch": fits,
         "primary": next((f for f in fits if f["b_crit"] is not None), fits[0] if fits else None),
         "trials": [row(t, metric, width) for t in usable], "skipped": [t.name for t in trials if t not in usable],
     }

@@ -152,9 +152,9 @@ def answer(result: Dict[str, Any]) -> str:
     notes = [note for note in p["notes"] if not note.startswith("not resolved")]
     if p["b_crit"] is not None:
         lo_hi = p["b_crit_interval"]
-        spread = (f"90% interval over seeds {_n(lo_hi[0], 'tok')} - {_n(lo_hi[1], 'tok')}" if lo_hi else "no interval")
-        text += (f" At loss {p['target_loss']:.4g} the critical batch size is B_crit = {_n(p['b_crit'], 'tok')} tokens "
-                 f"({spread}; {len(p['points'])} batch sizes" + "".join(f"; {note}" for note in notes) + ")")
+        parts = [f"90% interval over seeds {_n(lo_hi[0], 'tok')} - {_n(lo_hi[1], 'tok')}"] if lo_hi else []
+        parts += [f"{len(p['points'])} batch sizes", *notes]
+        text += f" At loss {p['target_loss']:.4g} the critical batch size is B_crit = {_n(p['b_crit'], 'tok')} tokens ({'; '.join(parts)})"
     else:
         why = next((note.removeprefix("not resolved: ") for note in p["notes"] if note.startswith("not resolved")), "")
         text += f" Critical batch size at loss {p['target_loss']:.4g}: not resolved ({why})"

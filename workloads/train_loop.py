@@ -336,6 +336,8 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
         if checkpoint_due:
             _save_and_report(engine, state, ray_metrics, logger, api)
         elif evaluated:
+            if logger:  # a scheduler may stop this trial on this report: what it decided on is in MLflow
+                logger.flush(timeout_s=10)
             api.report(ray_metrics)
         window = Window(tokens_at_start=state.tokens)
 
