@@ -178,8 +178,24 @@ def best_per_batch(finished: Sequence[Trial], axes: Sequence[str], metric: str, 
             best = min(runs, key=lambda t: t.final(metric, width))
             rows.append({"batch": b, "settings": {k: best.params.get(k) for k in axes}, "final_loss": loss,
                          "spread": spread if len(runs) > 1 else None, "seeds": len(runs), "lr": best.lr,
-                         "run_id": best.run_id, "run_name": best.name, "configurations": len(scored)})
+                         "run_id": best.run_id, "run_name": best.name, "configurations": len(scored),
+                         "edges": _edges(best, group, axes)})
     return rows
+
+
+def _edges(best: Trial, tried: Sequence[Trial], axes: Sequence[str]) -> Dict[str, str]:
+    """Numeric axes whose best value is the lowest or highest of three or more tried: the
+    optimum may lie outside the swept range."""
+    edges = {}
+    for key in axes:
+        try:
+            values = sorted({float(t.params[key]) for t in tried})
+            mine = float(best.params[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if len(values) >= 3 and mine in (values[0], values[-1]):
+            edges[key] = "lowest" if mine == values[0] else "highest"
+    return edges
 
 
 def lr_scaling(best: Sequence[Dict[str, Any]], axes: Sequence[str]) -> Dict[str, Any]:

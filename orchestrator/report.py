@@ -160,7 +160,19 @@ def answer(result: Dict[str, Any]) -> str:
         text += f" Critical batch size at loss {p['target_loss']:.4g}: not resolved ({why})"
     text += f"; measured B_simple at that loss: {_n(p['b_simple'], 'tok')} tokens." if p["b_simple"] else "; B_simple not measured."
     alpha = result["lr_scaling"]["alpha"]
-    return text + (f" The best learning rate scales as B^{round(alpha, 2) + 0.0:.2f}." if alpha is not None else "")
+    text += f" The best learning rate scales as B^{round(alpha, 2) + 0.0:.2f}." if alpha is not None else ""
+    return text + _edge_warning(result["best_per_batch"])
+
+
+def _edge_warning(best_per_batch: Sequence[Dict[str, Any]]) -> str:
+    """'The best lr is the lowest tried at 3 of 5 batch sizes: ...' for every such axis and side."""
+    counts: Dict[Tuple[str, str], int] = {}
+    for r in best_per_batch:
+        for key, side in r["edges"].items():
+            counts[key, side] = counts.get((key, side), 0) + 1
+    return "".join(f" The best {_label(key)} is the {side} tried at {n} of {len(best_per_batch)} batch sizes: "
+                   f"the optimum may lie {'below' if side == 'lowest' else 'above'} the swept range."
+                   for (key, side), n in sorted(counts.items()))
 
 
 def per_batch_table(result: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:

@@ -332,3 +332,12 @@ def test_noise_fit_and_bootstrap_are_what_the_analysis_uses(trials):
     fit = analysis.analyse(trials, [3.3])["critical_batch"][0]
     assert fit["b_crit"] == pytest.approx(noise.fit_critical_batch([p["batch"] for p in fit["points"]],
                                                                    [p["steps"] for p in fit["points"]])[2])
+
+
+def test_a_best_value_at_the_edge_of_the_swept_range_is_called_out(sweep_report):
+    assert all(r["edges"] == {} for r in sweep_report["json"]["best_per_batch"])  # lr_opt is inside the grid
+    rng = np.random.default_rng(9)
+    specs = [(b, f, 0, float(np.exp(SEED_NOISE * rng.standard_normal()))) for b in BATCHES for f in (1.0, 2**0.5, 2.0)]
+    result = analysis.analyse(in_memory(specs), [3.3])
+    assert all(r["edges"] == {"optim.lr": "lowest"} for r in result["best_per_batch"])
+    assert "The best lr is the lowest tried at 6 of 6 batch sizes: the optimum may lie below the swept range." in report.answer(result)
