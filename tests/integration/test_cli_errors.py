@@ -83,7 +83,7 @@ def test_unknown_flag():
 def test_plan_json_contract():
     code, out, err = run_cli("plan", TINY, "data.seq_len=4096", "model.max_seq_len=4096", "batch.micro_batch_size=4",
                              "cluster.num_workers=128", "batch.tokens_per_update=16777216",
-                             "train.total_tokens=167772160", "schedule.warmup_tokens=16777216", "--json")
+                             "train.total_tokens=167772160", "schedule.warmup_tokens=33554432", "--json")
     assert code == 0, err
     info = json.loads(out)
     for key in ("seq_len", "micro_batch_size", "num_workers", "grad_accum_steps", "tokens_per_update",
