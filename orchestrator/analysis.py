@@ -30,7 +30,6 @@ Rules, so that a reader can check every number (batch sizes, budgets and positio
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 

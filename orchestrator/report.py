@@ -71,21 +71,6 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
     return uri, sweep_name, run_id
 
 
-def read_trials(uri: str, run_id: str) -> List[Trial]:
-    """The sweep's child runs, or the run itself when it has none."""
-    trials = []
-    runs = tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)]
-    for r in sorted(runs, key=lambda r: r.info.start_time):
-        curves, p = tracking.run_metrics(uri, r.info.run_id, METRICS), r.data.params
-        start, end = r.info.start_time, r.info.end_time
-        settings = {"warmup_tokens": _number(p, "schedule.warmup_tokens", int), "decay": p.get("schedule.decay"),
-                    "min_lr_ratio": _number(p, "schedule.min_lr_ratio")}
-        trials.append(Trial(r.info.run_id, r.info.run_name or r.info.run_id[:8], r.info.status,
-                            _number(p, "batch.tokens_per_update", int), _number(p, "optim.lr"), settings,
-                            *(curves[k] for k in METRICS), (end - start) / 1000 if end and start else None))
-    return trials
-
-
 def read_trials(uri: str, run_id: str) -> List[analysis.Trial]:
     """The sweep's child runs, or the run itself when it has none."""
     trials = []

@@ -456,13 +456,12 @@ def test_every_batch_size_of_the_demo_trains_on_the_same_stream():
     reference = consumed(trials[0], tokens)
     for cfg in trials[1:]:
         other = consumed(cfg, tokens)
+        # the same tokens, sources and (document, offset) origins in the same order
         assert same(other, reference), f"B={cfg.batch.tokens_per_update} sees other sequences than B={trials[0].batch.tokens_per_update}"
-        assert torch.equal(other.origins, reference.origins)
     # (source, document, offset) of each sequence is what the token windows say it is
-    ds, S = D.TokenDataset(trials[0]), trials[0].data.seq_len
+    S = trials[0].data.seq_len
     for row in range(0, len(reference.inputs), 37):
         source, (doc, offset) = int(reference.source_ids[row]), reference.origins[row].tolist()
-        data = ds.sources[source]
         document = np.append(C.load_source(trials[0], source).document(doc), C.EOS)
         n = min(S, len(document) - offset)
         assert reference.inputs[row, :n].tolist() == document[offset:offset + n].tolist()
