@@ -145,8 +145,9 @@ class TokenDataset:
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         self.split, self.seq_len = split, cfg.data.seq_len
         self.names = [s.name for s in cfg.data.sources]
-        weights = np.array([s.weight for s in cfg.data.sources], np.float64)
-        self.weights = weights / weights.sum()
+        # As configured, not normalised: mixture.shares reads 7 and 2 as 7/9 exactly, where the
+        # floats 0.777...8 and 0.222...2 would only be kept to 1/65,536.
+        self.weights = np.array([s.weight for s in cfg.data.sources], np.float64)
         self.seed = cfg.train.seed if split == "train" else EVAL_SEED
         self.sources: List[PackedSource] = []
         for i, src in enumerate(cfg.data.sources):

@@ -31,9 +31,8 @@ MAX_PERIOD = 1 << 16
 """Longest period laid out; weights needing a longer one are rounded to multiples of 1/MAX_PERIOD."""
 
 
-def shares(weights: Sequence[float]) -> Tuple[int, ...]:
-    """Integer shares p_i of one period (sum = the period Q) for positive weights."""
-    weights = [float(w) for w in weights]
+@lru_cache(maxsize=16)
+def _shares(weights: Tuple[float, ...]) -> Tuple[int, ...]:
     if not weights or any(not w > 0 for w in weights):
         raise ValueError(f"weights must be positive, got {list(weights)}")
     exact = [Fraction(repr(w)) for w in weights]  # 0.45 -> 9/20, not the binary float
@@ -49,6 +48,12 @@ def shares(weights: Sequence[float]) -> Tuple[int, ...]:
     while counts.sum() > MAX_PERIOD:
         counts[int(np.argmax(np.where(counts > 1, counts - quota, -np.inf)))] -= 1
     return tuple(int(c) for c in counts)
+
+
+def shares(weights: Sequence[float]) -> Tuple[int, ...]:
+    """Integer shares p_i of one period (sum = the period Q) for positive weights (any scale:
+    pass them as configured, not normalised to floats, so that 7 and 2 stay exactly 7/9)."""
+    return _shares(tuple(float(w) for w in weights))
 
 
 @lru_cache(maxsize=16)

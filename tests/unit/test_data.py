@@ -277,6 +277,14 @@ def test_weights_that_are_decimals_are_kept_exactly():
         mixture.shares([1.0, 0.0])
 
 
+def test_the_stream_keeps_configured_weights_exactly():
+    """Weights 7 and 2 are a period of 9: 900,000 positions hold exactly 700,000 and 200,000 (the
+    normalised floats 0.777...8 and 0.222...2 would be rounded to 1/65,536 instead)."""
+    cfg = make_cfg(SourceConfig(name="a", kind="arithmetic", weight=7.0), SourceConfig(name="b", kind="prose", weight=2.0))
+    sources, _ = D.TokenDataset(cfg).stream_slots(0, 900_000)
+    assert np.bincount(sources).tolist() == [700_000, 200_000]
+
+
 def test_stream_counters_cover_each_epoch_once():
     cfg = make_cfg(seq_len=16, max_docs=30)
     ds = D.TokenDataset(cfg)
