@@ -62,6 +62,8 @@ class Trial:
     duration_s: Optional[float] = None
     stopped_at: Optional[int] = None
     """Tokens of the scheduler's rung at which the run was stopped early."""
+    trial_id: Optional[str] = None
+    """The Ray Tune trial the run belongs to (sweeps only)."""
 
     def _number(self, key: str, kind=float) -> Any:
         try:

@@ -73,15 +73,19 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
 
 def read_trials(uri: str, run_id: str) -> List[analysis.Trial]:
     """The sweep's child runs, or the run itself when it has none."""
+    return trials_of(uri, tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)])
+
+
+def trials_of(uri: str, runs: Sequence[Any]) -> List[analysis.Trial]:
+    """MLflow runs as analysis records, oldest first: params, tags and the curves the analysis reads."""
     trials = []
-    runs = tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)]
     for r in sorted(runs, key=lambda r: r.info.start_time):
         curves = tracking.run_metrics(uri, r.info.run_id, METRICS)
         start, end = r.info.start_time, r.info.end_time
         stopped = r.data.tags.get(tracking.STOPPED_AT_TAG)
         trials.append(analysis.Trial(r.info.run_id, r.info.run_name or r.info.run_id[:8], r.info.status, dict(r.data.params),
                                      *(curves[k] for k in METRICS), (end - start) / 1000 if end and start else None,
-                                     int(stopped) if stopped else None))
+                                     int(stopped) if stopped else None, r.data.tags.get(tracking.TRIAL_TAG)))
     return trials
 
 

@@ -69,25 +69,22 @@ class ProgressTable(tune.Callback):
         print("\n".join(lines), flush=True)
 
 
-def _close_unfinished_runs(uri: str, parent: str, stopped_at: Dict[str, int]) -> None:
+def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None:
     """A scheduler stops a trial by ending its actor, so its MLflow run is still RUNNING; this can
     happen right after the last report too (ASHA stops every trial at max_t). Close such runs:
     FINISHED when they saw the budget, else KILLED and tagged with the rung that stopped them
-    (as the scheduler decided; after a --resume, the last evaluation it logged)."""
-    for run in tracking.child_runs(uri, parent):
-        if run.info.status != "RUNNING":
+    (as the scheduler decided; after a --resume, the last evaluation it logged). The records
+    are updated to match, so they need not be read again."""
+    for t in trials:
+        if t.status != "RUNNING":
             continue
-        p, m = run.data.params, run.data.metrics
-        budget = int(p.get("train.total_tokens_rounded", p.get("train.total_tokens", 0)))
-        tokens = int(m.get("train/tokens", 0))
-        if tokens >= budget:
-            status = "FINISHED"
+        if t.tokens_seen >= t.budget:
+            t.status = "FINISHED"
         else:
-            status = "KILLED"
-            evals = tracking.metric_history(uri, run.info.run_id, "eval/loss")
-            rung = stopped_at.get(run.data.tags.get(tracking.TRIAL_TAG, ""), evals[-1][0] if evals else tokens)
-            tracking.set_tags(uri, run.info.run_id, {tracking.STOPPED_AT_TAG: str(rung)})
-        launch.close_run(uri, run.info.run_id, status, title=run.info.run_name or "")
+            t.status = "KILLED"
+            t.stopped_at = stopped_at.get(t.trial_id or "", t.eval[-1][0] if t.eval else t.tokens_seen)
+            tracking.set_tags(uri, t.run_id, {tracking.STOPPED_AT_TAG: str(t.stopped_at)})
+        launch.close_run(uri, t.run_id, t.status, title=t.name)
 
 
 def finish(sweep: search_space.Sweep, base, parent: str, error: Optional[BaseException],
@@ -96,8 +93,8 @@ def finish(sweep: search_space.Sweep, base, parent: str, error: Optional[BaseExc
     from orchestrator import analysis, report
 
     uri = base.tracking.uri
-    _close_unfinished_runs(uri, parent, stopped_at or {})
-    trials = report.read_trials(uri, parent) if tracking.child_runs(uri, parent) else []
+    trials = report.trials_of(uri, tracking.child_runs(uri, parent))
+    _close_unfinished_runs(uri, trials, stopped_at or {})
     finished = [t for t in trials if t.outcome == "finished"]
     print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
     if trials:
