@@ -177,6 +177,5 @@ def test_early_stopping_groups_share_batch_size_decay_shape_and_seed(tmp_path):
     groups = {search_space.comparison_group(keys, t.values) for t in trials}
     assert len(groups) == 2 * 2 * 2 and all(len([t for t in trials if search_space.comparison_group(keys, t.values) == g]) == 2
                                             for g in groups)  # the two learning rates of each group
-    lone = search_space.lone_groups(search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}})),
-                                    search_space.expand(search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))))
-    assert len(lone) == 2
+    one_per_batch = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))
+    assert len(search_space.lone_groups(one_per_batch, search_space.expand(one_per_batch))) == 2
