@@ -127,8 +127,10 @@ def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
     search = wait(browser, lambda: browser.find_elements(By.XPATH, "//input[@placeholder='Search metric charts']"),
                   "the metric charts")[0]
     search.send_keys("train/loss")
-    title = wait(browser, lambda: browser.find_elements(By.XPATH, "//h4[@title='train/loss']"), "the train/loss chart")[0]
-    card = title.find_element(By.XPATH, "./ancestor::*[.//*[contains(@class, 'js-plotly-plot')]][1]")
+    # The chart's title renders before its plot does (charts load lazily): wait for the card.
+    card = wait(browser, lambda: browser.find_elements(
+        By.XPATH, "//h4[@title='train/loss']/ancestor::*[.//*[contains(@class, 'js-plotly-plot')]][1]"),
+        "the train/loss chart")[0]
 
     def drawn():  # the SVG has a size and one marker per logged point on a non-empty line
         svg = card.find_elements(By.CSS_SELECTOR, "svg.main-svg")
