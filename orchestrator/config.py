@@ -20,6 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from orchestrator import batching, schedules
+from orchestrator.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
 from orchestrator.errors import ConfigError
 
 
@@ -103,6 +104,9 @@ class ClusterConfig:
     """CPUs Ray reserves per worker (fractions allowed); torch threads follow it."""
     use_gpu: bool = False
     """One GPU per worker."""
+    placement_strategy: str = "PACK"
+    """How Ray places the workers: PACK (fewest nodes), SPREAD, STRICT_PACK (one node) or
+    STRICT_SPREAD (one node each)."""
 
 
 @dataclass
@@ -152,7 +156,9 @@ class TrainConfig:
     run_name: Optional[str] = None
     """Name of the run; re-running with the same name resumes it."""
     storage_path: str = "runs"
-    """Ray Train storage (checkpoints, results), relative to the working directory."""
+    """Checkpoints and run records: a path (relative to the working directory) or a URI
+    (`s3://`, `gs://`, `file://`), which Ray reads through pyarrow. More than one node needs
+    storage every node sees: a shared filesystem or an object store."""
     max_failures: int = 1
     """Restarts of a failed worker group, each from the latest checkpoint."""
     loss_normalization: str = "token"
@@ -391,6 +397,7 @@ def to_yaml(cfg: Config) -> str:
 MODEL_NAMES = ("gpt", "linreg")
 SOURCE_KINDS = ("code", "prose", "arithmetic", "files")
 PRECISIONS = ("fp32", "bf16", "fp16")
+STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs", "abfss")  # what pyarrow.fs opens
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -434,6 +441,11 @@ def validate(cfg: Config) -> None:
     _positive("data.max_documents_per_source", d.max_documents_per_source, allow_zero=True)
     _positive("cluster.num_workers", cfg.cluster.num_workers)
     _positive("cluster.cpus_per_worker", cfg.cluster.cpus_per_worker)
+    _choice("cluster.placement_strategy", cfg.cluster.placement_strategy, PLACEMENT_STRATEGIES)
+    scheme = t.storage_path.partition("://")[0] if "://" in t.storage_path else None
+    if not t.storage_path or (scheme is not None and scheme not in STORAGE_SCHEMES):
+        raise ConfigError("train.storage_path", f"got {t.storage_path!r}; use a path or a URI with scheme "
+                          + ", ".join(f"{s}://" for s in STORAGE_SCHEMES))
     _positive("optim.lr", cfg.optim.lr, allow_zero=True)
     _positive("optim.weight_decay", cfg.optim.weight_decay, allow_zero=True)
     _positive("optim.grad_clip", cfg.optim.grad_clip, allow_zero=True)

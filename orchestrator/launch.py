@@ -9,14 +9,13 @@ kept beside them.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from orchestrator import batching, ds_config, plan as planning, tracking
+from orchestrator import batching, ds_config, feasibility, plan as planning, storage, tracking
 from orchestrator.config import Config, batch_plan, flatten, to_dict, to_yaml
 from orchestrator.errors import ConfigError
 
@@ -61,6 +60,57 @@ def ray_init(address: Optional[str] = None) -> None:
                  configure_logging=True, logging_level="WARNING")
 
 
+def shape(cfg: Config, trial: Optional[Dict[str, float]] = None) -> feasibility.Shape:
+    """What a run of `cfg` holds: D worker bundles, plus `trial` (a Tune trial's own resources)."""
+    per_worker = {"CPU": cfg.cluster.cpus_per_worker, **({"GPU": 1.0} if cfg.cluster.use_gpu else {})}
+    return feasibility.Shape(cfg.cluster.num_workers, per_worker, cfg.cluster.placement_strategy, dict(trial or {}))
+
+
+def cluster_nodes() -> List[Dict[str, float]]:
+    """Total resources of the alive nodes, plus the nodes Ray's autoscaler may still add."""
+    import ray
+
+    alive = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n["Alive"]]
+    groups = []
+    try:
+        config = ray._private.state.state.get_cluster_config()  # None without an autoscaler
+    except Exception:  # an older GCS without the autoscaler's key: judge the nodes there are
+        config = None
+    for group in getattr(config, "node_group_configs", []):
+        groups.append(({k: float(v) for k, v in group.resources.items()}, group.max_count))
+    return feasibility.node_groups(alive, groups)
+
+
+def _node_sees(marker: str) -> Dict[str, bool]:
+    """{node address: whether a task pinned to that node finds `marker`} for every alive node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def exists(path: str) -> bool:
+        return os.path.exists(path)
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    refs = [exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker)
+            for n in nodes]
+    return {f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": ok for n, ok in zip(nodes, ray.get(refs, timeout=120))}
+
+
+def check_cluster(cfg: Config, shapes: List[feasibility.Shape]) -> None:
+    """Before anything waits on Ray: every shape can be placed, and a path storage is seen by
+    every node. ConfigError (exit 2) otherwise."""
+    import ray
+
+    nodes = cluster_nodes()
+    where = f"the Ray cluster at {cfg.cluster.address}" if on_cluster(cfg) else "this machine's Ray"
+    for s in {s.describe(): s for s in shapes}.values():  # each distinct shape once
+        problem = feasibility.problem(s, nodes, where)
+        if problem:
+            raise ConfigError("cluster", problem)
+    if len([n for n in ray.nodes() if n["Alive"]]) > 1:
+        storage.check_visible(cfg.train.storage_path, _node_sees)
+
+
 def run_params(cfg: Config) -> Dict[str, Any]:
     """MLflow params: the whole resolved config flattened (secrets redacted) plus derived values."""
     plan = batch_plan(cfg)
@@ -88,7 +138,7 @@ def worker_config(cfg: Config) -> Dict[str, Any]:
     return to_dict(cfg, redact=False)
 
 
-def build_trainer(cfg: Config, run_id: str, storage: Path, name: str, callbacks: List[Any] = (),
+def build_trainer(cfg: Config, run_id: str, storage_path: str, name: str, callbacks: List[Any] = (),
                   local_mode: bool = False):
     """The TorchTrainer of one run. `local_mode` (single-worker sweep trials only): Ray Train's
     local mode runs the one worker in this process, the Tune trial's, without a worker group
@@ -103,17 +153,19 @@ def build_trainer(cfg: Config, run_id: str, storage: Path, name: str, callbacks:
     assert not local_mode or plan.num_workers == 1, "local mode runs exactly one worker"
     # Fault injection for tests is read here, in the driver: Ray workers inherit the
     # environment of the Ray instance, not of the command that submits to it.
-    fault = {"at_tokens": os.environ.get(FAULT_ENV), "marker": str(storage / name / ".fault_injected")}
+    marker = storage.local_path(storage.join(storage_path, name, ".fault_injected"))
+    fault = {"at_tokens": os.environ.get(FAULT_ENV), "marker": str(marker) if marker else None}
     payload = {"config": worker_config(cfg), "run_id": run_id, "fault": fault, "local_mode": local_mode}
     return TorchTrainer(
         train_worker,
         train_loop_config=payload,
         scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=cfg.cluster.use_gpu,
-                                     resources_per_worker={"CPU": cfg.cluster.cpus_per_worker}),
+                                     resources_per_worker={"CPU": cfg.cluster.cpus_per_worker},
+                                     placement_strategy=cfg.cluster.placement_strategy),
         torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
         run_config=RunConfig(
             name=name,
-            storage_path=str(storage),
+            storage_path=storage_path,
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
             callbacks=list(callbacks),
@@ -155,7 +207,7 @@ def resolve_paths(cfg: Config) -> None:
             src.path = str(Path(src.path).expanduser().resolve())
     if cfg.data.shard_dir:
         cfg.data.shard_dir = str(Path(cfg.data.shard_dir).resolve())
-    cfg.train.storage_path = str(Path(cfg.train.storage_path).resolve())
+    cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = tracking.resolve_uri(cfg.tracking.uri)
     # The token cache (workloads/corpus.py) is shared by the driver's preflight and all workers.
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
@@ -184,33 +236,32 @@ def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: 
 
 def recorded_run_id(storage_path: str | Path, name: str) -> Optional[str]:
     """The MLflow run id kept beside the checkpoints of run `name` (None before its first start)."""
-    record = Path(storage_path) / name / RUN_RECORD
-    return json.loads(record.read_text())["mlflow_run_id"] if record.exists() else None
+    record = storage.read_json(storage.join(str(storage_path), name, RUN_RECORD))
+    return record["mlflow_run_id"] if record else None
 
 
 def train(cfg: Config) -> int:
     resolve_paths(cfg)
     preflight(cfg)
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    storage = Path(cfg.train.storage_path).resolve()
-    record = storage / name / RUN_RECORD
-    run_id = recorded_run_id(storage, name)
+    ray_init(cfg.cluster.address)
+    check_cluster(cfg, [shape(cfg)])
+    folder = storage.join(cfg.train.storage_path, name)
+    run_id = recorded_run_id(cfg.train.storage_path, name)
     if run_id:
         tracking.reopen_run(cfg.tracking.uri, run_id)  # RUNNING again, so system metrics resume
-        print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {record.parent}")
+        print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {folder}")
     else:
         run_id = open_run(cfg, name)
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment}))
-        print(f"run {name!r}: MLflow run {run_id}, checkpoints in {record.parent}")
+        storage.write_json(storage.join(folder, RUN_RECORD), {"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment})
+        print(f"run {name!r}: MLflow run {run_id}, checkpoints in {folder}")
     print(planning.format_table(planning.describe(cfg)), flush=True)
 
-    ray_init(cfg.cluster.address)
     outcome: Dict[str, Any] = {}
 
     def fit() -> None:
         try:
-            result = build_trainer(cfg, run_id, storage, name).fit()
+            result = build_trainer(cfg, run_id, cfg.train.storage_path, name).fit()
             outcome.update(metrics=result.metrics, error=result.error)
         except Exception as exc:  # TrainingFailedError and friends: the run failed, not the input
             outcome.update(error=exc)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from orchestrator import config as config_lib
-from orchestrator import launch, search_space, tracking
+from orchestrator import launch, search_space, storage, tracking
 from orchestrator.errors import ConfigError
 
 RECORD = "sweep_run.json"
@@ -69,7 +69,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
         tracking.reopen_run(cfg.tracking.uri, run_id)  # a retried trial: RUNNING again
     run_id = run_id or launch.open_run(cfg, trial.name, tags)
     local = in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
-    trainer = launch.build_trainer(cfg, run_id, Path(setup["train_storage"]), trial_id,
+    trainer = launch.build_trainer(cfg, run_id, setup["train_storage"], trial_id,
                                    callbacks=[] if local else [TuneReportCallback()], local_mode=local)
     error = None
     try:
@@ -84,13 +84,23 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
 # ---------------------------------------------------------------- the driver
 
 
-def _sweep_dir(root: Path, name: str, resume: bool) -> Path:
-    runs = sorted(p for p in (root / name).glob("*") if (p / RECORD).exists())
+def _sweep_dir(root: str, name: str, resume: bool) -> str:
+    """The folder (path or URI) of this run of the sweep: a new one, or with --resume the latest."""
     if resume:
+        runs = [f for f in storage.subfolders(storage.join(root, name))
+                if storage.read_json(storage.join(root, name, f, RECORD))]
         if not runs:
-            raise ConfigError("--resume", f"no earlier run of sweep {name!r} under {root / name}")
-        return runs[-1]
-    return root / name / time.strftime("%Y%m%d-%H%M%S")
+            raise ConfigError("--resume", f"no earlier run of sweep {name!r} under {storage.join(root, name)}")
+        return storage.join(root, name, runs[-1])
+    return storage.join(root, name, time.strftime("%Y%m%d-%H%M%S"))
+
+
+def trial_shape(sweep: search_space.Sweep, cfg: config_lib.Config):
+    """What one trial holds: its worker bundles and the Tune trial's own CPU, or, when the
+    worker runs inside the trial, one bundle for both."""
+    if in_trial_process(sweep, cfg):
+        return launch.shape(cfg)
+    return launch.shape(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
 
 
 def _preflight(trials: List[search_space.Trial]) -> None:
@@ -168,19 +178,18 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     else:
         _preflight([search_space.Trial({}, base)])
     _say_how_early_stopping_compares(sweep, trials)
+    launch.ray_init(base.cluster.address)
+    launch.check_cluster(base, [trial_shape(sweep, t.cfg) for t in trials or [search_space.Trial({}, base)]])
 
-    folder = _sweep_dir(Path(base.train.storage_path) / "sweeps", sweep.name, resume)
+    folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume:
-        record = json.loads((folder / RECORD).read_text())
-        parent = record["parent_run_id"]
+        parent = storage.read_json(storage.join(folder, RECORD))["parent_run_id"]
         print(f"resuming sweep {sweep.name!r} from {folder} (MLflow parent run {parent})")
     else:
         parent = _open_parent(sweep, base, trials)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / RECORD).write_text(json.dumps({"parent_run_id": parent, "sweep": str(sweep.path)}))
+        storage.write_json(storage.join(folder, RECORD), {"parent_run_id": parent, "sweep": str(sweep.path)})
         print(f"sweep {sweep.name!r}: {len(trials) if trials else sweep.search.num_samples} trials, MLflow parent run {parent}, results in {folder}")
 
-    launch.ray_init(base.cluster.address)
     # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
     scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
     try:
@@ -192,15 +201,15 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     return sweep_summary.finish(sweep, base, parent, error, getattr(scheduler, "stopped_at", None))
 
 
-def _tuner(sweep, trials, base, parent: str, folder: Path, resume: bool, scheduler):
+def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, scheduler):
     from ray import tune
 
     from orchestrator.sweep_summary import ProgressTable
 
-    setup = {"sweep": sweep, "parent_run_id": parent, "train_storage": str(folder / "train"), "cwd": os.getcwd()}
+    setup = {"sweep": sweep, "parent_run_id": parent, "train_storage": storage.join(folder, "train"), "cwd": os.getcwd()}
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), lambda params: trial_resources(sweep, params))
     if resume:
-        return tune.Tuner.restore(str(folder / "tune"), trainable, resume_unfinished=True, resume_errored=True)
+        return tune.Tuner.restore(storage.join(folder, "tune"), trainable, resume_unfinished=True, resume_errored=True)
     space, searcher = _param_space(sweep, trials)
     return tune.Tuner(
         trainable,
@@ -215,7 +224,7 @@ def _tuner(sweep, trials, base, parent: str, folder: Path, resume: bool, schedul
         ),
         run_config=tune.RunConfig(
             name="tune",
-            storage_path=str(folder),
+            storage_path=folder,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             # Checkpoints of trials in local mode (multi-worker trials keep theirs with Ray Train).
             checkpoint_config=tune.CheckpointConfig(num_to_keep=base.train.keep_checkpoints),

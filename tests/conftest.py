@@ -38,6 +38,27 @@ def cli():
     return run_cli
 
 
+BUCKET = "runs"
+
+
+@pytest.fixture(scope="session")
+def object_store():
+    """An S3-compatible object store on 127.0.0.1 (moto in server mode) holding one bucket,
+    BUCKET. Yields the environment that points pyarrow (so Ray) and boto3 at it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_ports(1)[0], verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL_S3": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id="test", aws_secret_access_key="test",
+                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    yield env
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the in-process integration tests (2 CPUs, fractional per worker)."""

@@ -262,9 +262,9 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
         system = cfg.tracking.system_metrics if cfg.tracking.system_metrics is not None else cfg.cluster.use_gpu
         monitor = tracking.start_system_metrics(uri, state.run_id, cfg.tracking.system_metrics_interval_s) if system else None
         if cfg.gns.enabled and probe is None:
-            print("gns: D x A = 1, so there is no small batch to compare with; B_simple is not measured")
+            print("gns: D x A = 1, so there is no small batch to compare with; B_simple is not measured", flush=True)
         if state.update:
-            print(f"resuming at update {state.update:,} ({state.tokens:,} tokens) from the latest checkpoint")
+            print(f"resuming at update {state.update:,} ({state.tokens:,} tokens) from the latest checkpoint", flush=True)
 
     last_eval = float("nan")
     if state.update == 0:  # the curve starts at the initial loss (ln 257 for bytes)

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from tests.conftest import TINY, run_cli
+from orchestrator import cli
+from tests.conftest import ROOT, TINY, run_cli
 
 CASES = [
     # (extra args, text the message must contain)
@@ -38,6 +39,8 @@ CASES = [
     (["data.eval_fraction=1.5"], "data.eval_fraction"),
     (["optim.beta2=1.0"], "optim.beta2"),
     (["not-an-override"], "not-an-override"),
+    (["cluster.placement_strategy=pack"], "cluster.placement_strategy"),
+    (["train.storage_path=ftp://host/runs"], "train.storage_path"),
 ]
 
 
@@ -130,3 +133,21 @@ def test_train_rejects_an_empty_or_too_small_corpus(tmp_path):
 def test_train_rejects_seq_len_beyond_positions(tmp_path):
     code, _, err = run_cli("train", TINY, "data.seq_len=256", cwd=tmp_path, timeout=120)
     assert code == 2 and "data.seq_len" in err and "model.max_seq_len" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verb,target,shape,hint", [
+    ("sweep", ROOT / "conf" / "sweep" / "smoke.yaml", "4 x {CPU: 1} (PACK) + {CPU: 0.2} for the trial",
+     "nearest that fits: cluster.cpus_per_worker=0.45 or cluster.num_workers=1"),
+    ("train", TINY, "4 x {CPU: 1} (PACK)", "nearest that fits: cluster.cpus_per_worker=0.5 or cluster.num_workers=2"),
+])
+def test_a_shape_ray_can_never_place_exits_2_before_any_run(verb, target, shape, hint, ray_session, tmp_path,
+                                                            monkeypatch, capsys):
+    """4 workers of 1 CPU on the 2-CPU Ray: Ray Train would wait for them forever."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main([verb, str(target), f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "cluster.num_workers=4",
+                     "cluster.cpus_per_worker=1"])
+    err = capsys.readouterr().err
+    assert_one_clean_line(code, err, shape)
+    assert hint in err, err
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists(), "something was written"
