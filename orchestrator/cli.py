@@ -50,14 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("submit", help="send a sweep to a Ray cluster (Ray Jobs API)")
     _config_args(p, "SWEEP")
     p.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
-    p.add_argument("--follow", action="store_true", help="stream logs; exit code follows the job's")
+    p.add_argument("--follow", action="store_true",
+                   help="stream logs; exit code follows the job's (3: lost contact, the job may still run)")
     p.add_argument("--resume", action="store_true", help="pass --resume to the sweep")
+    p.add_argument("--insecure", action="store_true", help="send the Ray auth token over plain http to another machine")
+    p.add_argument("--no-fit-check", dest="fit_check", action="store_false",
+                   help="skip checking the trial shapes against the cluster's nodes (a cluster that autoscales)")
 
     p = verbs.add_parser("jobs", help="status | logs | stop | list of submitted jobs")
     p.add_argument("action", choices=["status", "logs", "stop", "list"])
     p.add_argument("job_id", nargs="?", help="submission id (not for list)")
     p.add_argument("--address", required=True, help="Ray dashboard address")
-    p.add_argument("--follow", action="store_true", help="logs: stream until the job ends")
+    p.add_argument("--follow", action="store_true", help="logs: stream until the job ends (3: lost contact)")
+    p.add_argument("--insecure", action="store_true", help="send the Ray auth token over plain http to another machine")
 
     p = verbs.add_parser("ui", help="MLflow UI on 127.0.0.1 over the project's tracking store")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
@@ -99,13 +104,14 @@ def _report(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from orchestrator import submit
 
-    return submit.submit(args.sweep, args.overrides, address=args.address, follow=args.follow, resume=args.resume)
+    return submit.submit(args.sweep, args.overrides, address=args.address, follow=args.follow, resume=args.resume,
+                         insecure=args.insecure, fit_check=args.fit_check)
 
 
 def _jobs(args: argparse.Namespace) -> int:
     from orchestrator import submit
 
-    return submit.jobs(args.action, args.job_id, address=args.address, follow=args.follow)
+    return submit.jobs(args.action, args.job_id, address=args.address, follow=args.follow, insecure=args.insecure)
 
 
 def _ui(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import re
 import secrets
@@ -35,16 +36,48 @@ import yaml
 
 from orchestrator.errors import ConfigError
 
-# Left out of the uploaded working directory (gitignore syntax, relative to the project root).
-# Ray also honours the project's .gitignore unless RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1.
+# Left out of the uploaded working directory (gitignore syntax, relative to the project root;
+# a pattern without a slash matches at any depth). Ray also honours the project's .gitignore
+# (unless RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1) and .rayignore files.
 EXCLUDES = [
     ".git", ".venv", "venv", "**/__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis",
     ".cache", "runs", "mlruns", "mlartifacts", "mlflow.db", "reports", "ray_results",
     "build", "dist", ".whl", ".gl", "*.ckpt",
 ]
+# Secrets never travel with a job, wherever they lie (deploy/mlflow/.env holds the PostgreSQL
+# password): the job gets what it needs as runtime_env env_vars. Names only, never a pattern
+# like *token* that would also drop source files (workloads/tokenizer.py).
+SECRET_EXCLUDES = [
+    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_ecdsa*",
+    "id_ed25519*", ".ssh", ".aws", ".azure", ".kube", "kubeconfig", ".docker", ".netrc", ".pypirc",
+    ".git-credentials", "credentials", "credentials.json", "auth_token",
+]
+EXCLUDES += SECRET_EXCLUDES
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+LOST_CONTACT = 3
+"""Exit code of `--follow` that lost contact with a job that may still be running (DESIGN.md 3)."""
+RECONNECT_WINDOW_S = 600.0
+"""How long `--follow` keeps trying to reach the dashboard again (a port-forward restarted, a
+dashboard back up) before it gives up with LOST_CONTACT."""
+BACKOFF_CAP_S = 30.0
+"""Longest wait between two attempts to reconnect; the waits double from 1 s."""
+IDLE_CHECK_S = 30.0
+"""A log stream quiet this long is checked with a status request on a new connection: a
+half-open tunnel (a dead SSH session) would otherwise block the stream forever."""
+HTTP_TIMEOUT_S = 30.0
+"""Timeout of the requests `--follow` makes itself."""
+POLL_S = 2.0
+"""Status polling interval of `--follow` once the log stream is given up."""
 _ENV_REF_RE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
 _USERINFO_RE = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^\s/@]+@", re.IGNORECASE)
+
+
+class ClusterError(Exception):
+    """The cluster answered with an error that is not a bad argument: exit 1, one line."""
+
+
+class _Lost(Exception):
+    """Contact with the dashboard broke off; the job may run on."""
 
 
 @dataclass
@@ -216,6 +249,87 @@ def command_spec(argv: Sequence[str], name: str = "command", env: Optional[Dict[
     return JobSpec(entrypoint=shlex.join(list(argv)), runtime_env=runtime_env, submission_id=_submission_id("cmd", name))
 
 
+# ---------------------------------------------------------------- what the upload holds (no cluster)
+
+def upload_files(root: Path, excludes: Sequence[str] = EXCLUDES) -> Dict[str, int]:
+    """{path relative to root: bytes} of what Ray ships as the working directory, found by Ray's
+    own walk (its gitignore matcher over `excludes`, .gitignore and .rayignore files)."""
+    import logging
+
+    from ray._private import ray_constants
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+
+    root = Path(root).absolute()
+    include_gitignore = os.environ.get(ray_constants.RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
+    sizes: Dict[str, int] = {}
+
+    def add(path: Path) -> None:
+        if path.is_file():  # Ray zips files (and empty folders, which weigh nothing)
+            sizes[path.relative_to(root).as_posix()] = path.stat().st_size
+
+    quiet = logging.getLogger("orchestrator.upload")
+    quiet.setLevel(logging.WARNING)  # Ray logs every ignore file it reads at INFO
+    _dir_travel(root, [_get_excludes(root, list(excludes))], add, include_gitignore=include_gitignore, logger=quiet)
+    return sizes
+
+
+def upload_limit() -> int:
+    """Bytes Ray accepts for a working directory sent through the Jobs API: the dashboard's
+    largest request body (100 MiB in Ray 2.60), and the GCS's largest package behind it."""
+    from ray._private import ray_constants
+    from ray._private.runtime_env import packaging
+
+    limits = [getattr(ray_constants, "DASHBOARD_CLIENT_MAX_SIZE", None), getattr(packaging, "GCS_STORAGE_MAX_SIZE", None)]
+    return min(x for x in limits if x) if any(limits) else 100 * 1024**2
+
+
+def _mib(n: float) -> str:
+    return f"{n / 1024**2:,.1f} MiB"
+
+
+def _biggest(sizes: Dict[str, int], n: int = 3) -> List[Tuple[str, int]]:
+    """The n largest top-level entries, each followed down while one child holds 90% of it, so
+    that a single huge file deep in a folder is named, not just its folder."""
+    def grouped(prefix: str) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for path, size in sizes.items():
+            if path.startswith(prefix):
+                head, sep, _ = path[len(prefix):].partition("/")
+                out[prefix + head + sep] = out.get(prefix + head + sep, 0) + size
+        return out
+
+    picked = []
+    for name, size in sorted(grouped("").items(), key=lambda kv: -kv[1])[:n]:
+        while name.endswith("/"):
+            child, child_size = max(grouped(name).items(), key=lambda kv: kv[1])
+            if child_size < 0.9 * size:
+                break
+            name, size = child, child_size
+        picked.append((name, size))
+    return picked
+
+
+def check_upload_size(spec: JobSpec) -> None:
+    """Refuse, before contacting the cluster, a working directory Ray would refuse to take."""
+    root = spec.runtime_env.get("working_dir")
+    if not root:
+        return
+    try:
+        sizes = upload_files(Path(root), spec.runtime_env.get("excludes", []))
+    except (ImportError, AttributeError):  # another Ray without these helpers: its upload decides
+        return
+    except OSError as exc:
+        raise ConfigError("working_dir", f"cannot read {exc.filename or root} to upload it: {exc.strerror or exc}") from None
+    # Ray stores files uncompressed; each adds two zip headers (about 100 bytes and its name twice).
+    total = sum(size + 100 + 2 * len(name) for name, size in sizes.items())
+    limit = upload_limit()
+    if total >= limit:
+        largest = ", ".join(f"{name} ({_mib(size)})" for name, size in _biggest(sizes))
+        raise ConfigError("working_dir", f"the project folder {root} would upload {_mib(total)} ({len(sizes)} files), above "
+                          f"Ray's limit of {_mib(limit)}; largest: {largest}; exclude them in {Path(root) / '.rayignore'} "
+                          "(gitignore syntax) or move them out of the project folder")
+
+
 # ---------------------------------------------------------------- talking to the cluster
 
 def ray_auth_token() -> Tuple[Optional[str], str]:
@@ -251,9 +365,39 @@ def normalise_address(address: str) -> str:
     return address
 
 
+def _loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1: traffic that never leaves this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    """The gist of an error in one short line: requests nests the OS's reason ("[Errno 111]
+    Connection refused") deep inside a long repr."""
+    text = str(exc).strip()
+    errno = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if errno:
+        return errno.group(1).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
 def _unreachable(address: str, why: str) -> ConfigError:
     return ConfigError("--address", f"cannot reach the Ray dashboard at {mask(address)} (unreachable address: {why}); "
                        "is the cluster up and its dashboard port forwarded (`ray dashboard CLUSTER.yaml`, `kubectl port-forward`)?")
+
+
+def _token_refused(address: str, token_source: str) -> ConfigError:
+    return ConfigError("--address", f"the Ray cluster at {mask(address)} refused the auth token from {token_source}; "
+                       "use the cluster's token (`ray get-auth-token` on the head node)")
+
+
+def _no_job(address: str, job_id: str) -> ConfigError:
+    return ConfigError("JOB_ID", f"no job {job_id!r} on {mask(address)}; "
+                       f"list them with `orchestrator jobs list --address {mask(address)}`")
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> None:
@@ -279,40 +423,89 @@ def _cluster_errors(address: str, token_source: str) -> Iterator[None]:
             raise ConfigError("--address", f"the Ray cluster at {mask(address)} requires an auth token (token authentication "
                               f"is on) and none was sent: {token_source}; set RAY_AUTH_TOKEN_PATH to a file holding it "
                               "(`ray get-auth-token` prints it on the head node)") from None
-        raise ConfigError("--address", f"the Ray cluster at {mask(address)} refused the auth token from {token_source}; "
-                          "use the cluster's token (`ray get-auth-token` on the head node)") from None
+        raise _token_refused(address, token_source) from None
     except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
-        raise _unreachable(address, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        raise _unreachable(address, _first_line(exc)) from None
 
 
-def connect(address: str):
-    """A JobSubmissionClient that sends the Ray auth token when one is found."""
+def connect(address: str, insecure: bool = False):
+    """A JobSubmissionClient that sends the Ray auth token when one is found, but never over
+    plain http to another machine unless `insecure`: anyone on the path could read it there."""
     address = normalise_address(address)
+    token, source = ray_auth_token()
+    host = urlparse(address).hostname or ""
+    if token and address.startswith("http://") and not _loopback(host) and not insecure:
+        raise ConfigError("--address", f"{mask(address)} is plain http to another machine, so the Ray auth token (from {source}) "
+                          "would cross the network readable by anyone on the path; use https://, or a port-forward or SSH tunnel "
+                          "to 127.0.0.1 (`kubectl port-forward svc/CLUSTER-head-svc 8265`, `ssh -L 8265:127.0.0.1:8265 HEAD`) "
+                          "with --address http://127.0.0.1:8265, or pass --insecure to send it anyway")
     _probe(address)
     import logging
 
     from ray.job_submission import JobSubmissionClient
 
-    logging.getLogger("ray").setLevel(logging.ERROR)  # upload chatter; failures surface as exceptions
-    token, source = ray_auth_token()
+    # Upload chatter, "WebSocket closed": failures surface as exceptions. Ray's job client modules
+    # set their own loggers to INFO, so the parent's level is not enough.
+    for name in ("ray", "ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     headers = {"Authorization": f"Bearer {token}"} if token else None
     with _cluster_errors(address, source):
         client = JobSubmissionClient(address, headers=headers)
     client._orchestrator_token_source = source  # for error messages of later calls
+    client._orchestrator_headers = headers or {}  # for the requests made here (_get)
     return client
 
 
 @contextlib.contextmanager
 def _calls(client, job_id: Optional[str] = None) -> Iterator[None]:
-    """Errors of one call: auth and connection as in connect, an unknown job id as exit 2."""
+    """Errors of one call: auth and connection as in connect, an unknown job id as exit 2, any
+    other error answer of the dashboard as ClusterError (exit 1, one line)."""
     try:
         with _cluster_errors(client.get_address(), getattr(client, "_orchestrator_token_source", "")):
             yield
     except RuntimeError as exc:
         if job_id and "404" in str(exc):
-            raise ConfigError("JOB_ID", f"no job {job_id!r} on {mask(client.get_address())}; "
-                              f"list them with `orchestrator jobs list --address {mask(client.get_address())}`") from None
-        raise
+            raise _no_job(client.get_address(), job_id) from None
+        raise ClusterError(f"the Ray dashboard at {mask(client.get_address())} answered: {mask(_first_line(exc))}") from None
+
+
+def _get(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
+    """GET a dashboard endpoint as JSON, with a timeout (Ray's job client sets none, so a
+    half-open tunnel would hang it). _Lost when the dashboard cannot be reached."""
+    import requests
+
+    address = client.get_address()
+    headers = getattr(client, "_orchestrator_headers", None) or getattr(client, "_headers", None)
+    try:
+        r = requests.get(address + path, headers=headers, timeout=HTTP_TIMEOUT_S)
+        if r.status_code == 200:
+            return r.json()
+    except (requests.RequestException, ValueError) as exc:  # refused, reset, timed out, cut off mid-answer
+        raise _Lost(_first_line(exc)) from None
+    if r.status_code in (401, 403):
+        raise _token_refused(address, getattr(client, "_orchestrator_token_source", "the request headers"))
+    if r.status_code == 404 and job_id:
+        raise _no_job(address, job_id)
+    if r.status_code >= 500:  # a proxy in front of a dashboard that is restarting
+        raise _Lost(f"HTTP {r.status_code}")
+    body = (r.text.strip().splitlines() or [""])[0][:200]
+    raise ClusterError(f"the Ray dashboard at {mask(address)} answered GET {path} with HTTP {r.status_code}: {mask(body)}")
+
+
+def _lost_reason(exc: BaseException) -> Optional[str]:
+    """Why contact broke off, when `exc` says it did (else None): refused, reset, timed out, a
+    websocket closed abnormally, an HTTP 5xx from a proxy."""
+    import aiohttp
+
+    if isinstance(exc, _Lost):
+        return str(exc)
+    if isinstance(exc, aiohttp.ClientResponseError):  # the websocket handshake got an HTTP error
+        return f"HTTP {exc.status}" if exc.status >= 500 else None
+    if isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, OSError)):
+        return _first_line(exc)
+    if isinstance(exc, RuntimeError) and "WebSocket" in str(exc):  # Ray's tail_job_logs, cut off
+        return _first_line(exc)
+    return None
 
 
 def wait_for(client, job_id: str, statuses: Sequence[str] = TERMINAL, timeout_s: float = 60.0, poll_s: float = 1.0) -> str:
@@ -327,39 +520,185 @@ def wait_for(client, job_id: str, statuses: Sequence[str] = TERMINAL, timeout_s:
 
 
 def follow_job(client, job_id: str) -> int:
-    """Stream the job's logs until it ends; 0 when it SUCCEEDED, 1 when FAILED or STOPPED."""
-    async def tail() -> None:
-        async for chunk in client.tail_job_logs(job_id):
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
+    """Stream the job's logs until it ends; 0 when it SUCCEEDED, 1 when FAILED or STOPPED, and
+    LOST_CONTACT (3) when the dashboard stayed unreachable for RECONNECT_WINDOW_S.
 
+    A dropped connection (a port-forward that died, a restarted dashboard) is retried with
+    doubling waits. Ray's log stream always starts again at the job's first line, so the
+    characters already written are counted and skipped: every line is printed once.
+    """
+    address = mask(client.get_address())
+    written = 0  # characters of the job's log written to stdout so far
+    lost_since: Optional[float] = None  # when contact broke off; None while in contact
+    delay = 1.0
+    streaming = True  # False: only poll the status and print the logs at the end
+
+    def in_contact() -> None:
+        nonlocal lost_since, delay
+        if lost_since is not None:
+            print(f"reconnected to the Ray dashboard at {address}", file=sys.stderr, flush=True)
+        lost_since, delay = None, 1.0
+
+    async def tail() -> None:
+        nonlocal written
+        seen = 0  # characters of this stream so far
+        stream = client.tail_job_logs(job_id)
+        try:
+            while True:
+                chunk = asyncio.ensure_future(stream.__anext__())
+                while not (await asyncio.wait({chunk}, timeout=IDLE_CHECK_S))[0]:
+                    try:  # a quiet stream: is the dashboard still there?
+                        await asyncio.to_thread(_get, client, f"/api/jobs/{job_id}", job_id)
+                    except BaseException:
+                        chunk.cancel()
+                        await asyncio.wait({chunk})
+                        raise
+                    in_contact()
+                try:
+                    text = chunk.result()
+                except StopAsyncIteration:
+                    return
+                in_contact()
+                if seen + len(text) > written:
+                    sys.stdout.write(text[written - seen:])
+                    sys.stdout.flush()
+                    written = seen + len(text)
+                seen += len(text)
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+
+    ended = False  # the log stream ended normally, yet the job's status still said running
+    answered = 0.0  # when the dashboard last answered a status request
     try:
-        with _calls(client, job_id):
+        while True:
             try:
-                asyncio.run(tail())
-            except RuntimeError as exc:  # the log stream broke off: keep waiting for the status
-                if "404" in str(exc):
+                job = _get(client, f"/api/jobs/{job_id}", job_id)
+                answered = time.monotonic()
+                if job.get("status") in TERMINAL:
+                    logs = _get(client, f"/api/jobs/{job_id}/logs", job_id).get("logs") or ""
+                    in_contact()
+                    sys.stdout.write(logs[written:])
+                    break
+                if ended:  # the stream ends when the job does; its status may lag a moment
+                    time.sleep(1.0)
+                if streaming:
+                    ended = False
+                    asyncio.run(tail())  # returns when the job's log stream ends
+                    ended = True
+                else:
+                    in_contact()
+                    time.sleep(POLL_S)
+            except Exception as exc:
+                why = _lost_reason(exc)
+                if why is None and streaming and not isinstance(exc, (ConfigError, ClusterError)):
+                    # the log stream failed in another way (e.g. a proxy without websockets)
+                    print(f"log stream unavailable ({mask(_first_line(exc))}); waiting for the job to end", file=sys.stderr)
+                    streaming = False
+                    continue
+                if why is None:
                     raise
-                print(f"log stream interrupted ({exc}); waiting for the job to end", file=sys.stderr)
-        status = wait_for(client, job_id, timeout_s=float("inf"), poll_s=2.0)
+                lost_since = lost_since or time.monotonic()
+                left = RECONNECT_WINDOW_S - (time.monotonic() - lost_since)
+                if left <= 0 and streaming and answered > lost_since:
+                    # the dashboard answers, only its log stream keeps breaking off: poll the status
+                    print(f"the log stream keeps breaking off ({mask(why)}); waiting for the job to end", file=sys.stderr)
+                    streaming, lost_since, delay = False, None, 1.0
+                    continue
+                if left <= 0:
+                    print(f"lost contact with the Ray dashboard at {address}; job {job_id} may still be running: "
+                          f"orchestrator jobs status {job_id} --address {address}", file=sys.stderr, flush=True)
+                    return LOST_CONTACT
+                print(f"connection to the Ray dashboard at {address} lost ({mask(why)}); reconnecting in {delay:g} s",
+                      file=sys.stderr, flush=True)
+                time.sleep(min(delay, left))
+                delay = min(2 * delay, BACKOFF_CAP_S)
     except KeyboardInterrupt:
         print(f"stopped following; job {job_id} keeps running (orchestrator jobs stop {job_id} "
-              f"--address {mask(client.get_address())})", file=sys.stderr)
+              f"--address {address})", file=sys.stderr)
         raise
-    with _calls(client, job_id):
-        message = client.get_job_info(job_id).message or ""
-    print(f"job {job_id} {status}" + (f": {mask(message)}" if status != "SUCCEEDED" and message else ""))
+    status, message = job["status"], job.get("message") or ""
+    print(f"job {job_id} {status}" + (f": {mask(message)}" if status != "SUCCEEDED" and message else ""), flush=True)
     return 0 if status == "SUCCEEDED" else 1
 
 
-def run(spec: JobSpec, address: str, follow_logs: bool = False) -> int:
-    """Submit `spec`, print its id and the commands to follow and stop it; follow if asked."""
-    client = connect(address)
+# ---------------------------------------------------------------- submitting
+
+def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[Any]:
+    """The distinct shapes (feasibility.Shape) of the sweep's trials, computed as `orchestrator
+    sweep` does: every feasible trial of a grid or random sweep, the base config for optuna."""
+    from orchestrator import config as config_lib
+    from orchestrator import search_space
+    from orchestrator import sweep as sweep_lib
+
+    sweep = search_space.load(sweep_path)
+    sweep.base_overrides += list(overrides)
+    if sweep.search.algorithm == "optuna":
+        cfgs = [config_lib.load(sweep.base_config, sweep.base_overrides)]
+    else:
+        cfgs = [t.cfg for t in search_space.split_feasible(sweep, search_space.expand(sweep))[0]]
+    shapes = [sweep_lib.trial_shape(sweep, cfg) for cfg in cfgs]
+    return list({s.describe(): s for s in shapes}.values())
+
+
+def cluster_nodes(client) -> Optional[List[Dict[str, float]]]:
+    """Total resources of the cluster's alive nodes (the dashboard's state API), or None when
+    they cannot be read (an older Ray, no permission): then only the sweep on the cluster checks."""
+    try:
+        data = _get(client, "/api/v0/nodes?detail=1&limit=10000")
+        return [{k: float(v) for k, v in (n.get("resources_total") or {}).items()}
+                for n in data["data"]["result"]["result"] if n.get("state") == "ALIVE"]
+    except (_Lost, ClusterError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"warning: cannot read the nodes of the Ray cluster at {mask(client.get_address())} ({mask(_first_line(exc))}); "
+              "not checking that the trials fit before uploading", file=sys.stderr, flush=True)
+        return None
+
+
+def check_fit(client, shapes: Sequence[Any]) -> None:
+    """ConfigError (exit 2) when a trial shape can never be placed on the cluster's alive nodes."""
+    from orchestrator import feasibility
+
+    nodes = cluster_nodes(client)
+    if nodes is None:
+        return
+    for shape in shapes:
+        problem = feasibility.problem(shape, nodes, f"the Ray cluster at {mask(client.get_address())}")
+        if problem:
+            # The dashboard reports the nodes that are up, not an autoscaler's limits.
+            raise ConfigError("cluster", f"{problem} (judged on the nodes that are up; if the cluster autoscales, "
+                              "--no-fit-check leaves the check to the sweep on the cluster)")
+
+
+def _submit_job(client, spec: JobSpec) -> str:
+    """client.submit_job, with upload failures as one line: exit 2 for what can be fixed here."""
+    root = spec.runtime_env.get("working_dir", "")
+    try:
+        with _calls(client):
+            return client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env,
+                                     submission_id=spec.submission_id, metadata=spec.metadata)
+    except ConfigError:
+        raise
+    except ClusterError as exc:
+        if "status code 413" in str(exc):
+            raise ConfigError("working_dir", f"the Ray dashboard at {mask(client.get_address())} refused the upload of "
+                              f"{root} as too large (Ray's limit: {_mib(upload_limit())}); exclude large files in "
+                              f"{root}/.rayignore") from None
+        raise
+    except (OSError, ValueError) as exc:  # reading or zipping the working directory, Ray's own size check
+        raise ConfigError("working_dir", f"cannot upload {root}: {mask(_first_line(exc))}") from None
+
+
+def run(spec: JobSpec, address: str, follow_logs: bool = False, insecure: bool = False,
+        shapes: Optional[Sequence[Any]] = None) -> int:
+    """Submit `spec`, print its id and the commands to follow and stop it; follow if asked.
+    `shapes`: trial shapes to check against the cluster's nodes before uploading."""
+    check_upload_size(spec)  # before any contact
+    client = connect(address, insecure=insecure)
+    if shapes:
+        check_fit(client, shapes)
     if "working_dir" in spec.runtime_env:
         print(f"uploading {spec.runtime_env['working_dir']} as the job's working directory", flush=True)
-    with _calls(client):
-        job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env,
-                                   submission_id=spec.submission_id, metadata=spec.metadata)
+    job_id = _submit_job(client, spec)
     addr = mask(client.get_address())
     print(f"submitted job {job_id} to {addr}")
     print(f"  entrypoint: {mask(spec.entrypoint)}")
@@ -374,10 +713,16 @@ def run(spec: JobSpec, address: str, follow_logs: bool = False) -> int:
 
 
 def submit(sweep: str, overrides: Optional[List[str]] = None, address: str = "", follow: bool = False,
-           resume: bool = False) -> int:
+           resume: bool = False, insecure: bool = False, fit_check: bool = True) -> int:
     """`orchestrator submit`: check the sweep here, then run it on the cluster at `address`."""
-    spec = job_spec("sweep", sweep, overrides or [], resume=resume)  # before any contact
-    return run(spec, address, follow_logs=follow)
+    overrides = overrides or []
+    spec = job_spec("sweep", sweep, overrides, resume=resume)  # before any contact
+    shapes = trial_shapes(sweep, overrides) if fit_check else None
+    try:
+        return run(spec, address, follow_logs=follow, insecure=insecure, shapes=shapes)
+    except ClusterError as exc:
+        print(f"orchestrator submit: error: {exc}", file=sys.stderr)
+        return 1
 
 
 # ---------------------------------------------------------------- jobs status | logs | stop | list
@@ -401,13 +746,21 @@ def format_table(jobs: Sequence[Any], width: int = 72) -> str:
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
 
 
-def jobs(action: str, job_id: Optional[str] = None, address: str = "", follow: bool = False) -> int:
+def jobs(action: str, job_id: Optional[str] = None, address: str = "", follow: bool = False,
+         insecure: bool = False) -> int:
     """`orchestrator jobs status|logs|stop|list`."""
     if action == "list" and job_id:
         raise ConfigError("JOB_ID", f"`jobs list` takes no submission id (got {job_id!r})")
     if action != "list" and not job_id:
         raise ConfigError("JOB_ID", f"`jobs {action}` needs a submission id; see `orchestrator jobs list --address URL`")
-    client = connect(address)
+    try:
+        return _jobs(action, job_id, connect(address, insecure=insecure), follow)
+    except ClusterError as exc:
+        print(f"orchestrator jobs: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _jobs(action: str, job_id: Optional[str], client, follow: bool) -> int:
     if action == "list":
         with _calls(client):
             print(format_table(client.list_jobs()))

@@ -16,9 +16,11 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -217,6 +219,152 @@ def test_jobs_id_argument_checked_before_any_contact():
     _one_line(code, err, "takes no submission id")
 
 
+def _project(root: Path, files=()) -> Path:
+    """A project folder holding a sweep file (a YAML mapping is all job_spec needs) and `files`."""
+    for rel in ("conf/sweep/s.yaml", *files):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("name: s\n" if rel.endswith("s.yaml") else "x\n")
+    return root / "conf/sweep/s.yaml"
+
+
+def test_uploads_leave_secrets_out_and_source_in(tmp_path):
+    from orchestrator import submit
+
+    secrets_ = ["deploy/mlflow/.env", ".env", ".env.local", "conf/prod.env", ".envrc", "certs/server.pem",
+                "certs/server.key", ".aws/credentials", "deploy/credentials", "gcp/credentials.json", ".netrc",
+                ".ssh/id_rsa", ".ssh/id_ed25519.pub", "auth_token", ".ray/auth_token", ".git-credentials",
+                ".kube/config", ".pypirc"]
+    kept = ["orchestrator/submit.py", "workloads/tokenizer.py", "workloads/tokens.py", "conf/train/tiny.yaml",
+            "deploy/mlflow/docker-compose.yaml", "deploy/mlflow/README.md", "docs/keys.md"]
+    spec = submit.job_spec("sweep", _project(tmp_path, secrets_ + kept), root=tmp_path)
+    # Ray's own walk and matcher decide what is zipped: the same call here
+    shipped = submit.upload_files(Path(spec.runtime_env["working_dir"]), spec.runtime_env["excludes"])
+    assert not set(secrets_) & set(shipped), sorted(set(secrets_) & set(shipped))
+    assert set(kept) <= set(shipped), sorted(set(kept) - set(shipped))
+    # the real project: every source and config file travels
+    shipped = submit.upload_files(ROOT, submit.EXCLUDES)
+    sources = [p.relative_to(ROOT).as_posix() for pattern in ("orchestrator/*.py", "workloads/*.py", "conf/**/*.yaml")
+               for p in ROOT.glob(pattern)]
+    assert sources and not set(sources) - set(shipped), sorted(set(sources) - set(shipped))
+
+
+def test_oversized_working_directory_refused_before_contact(tmp_path):
+    from orchestrator import submit
+    from orchestrator.errors import ConfigError
+
+    sweep = _project(tmp_path, ["orchestrator/a.py"])
+    big = tmp_path / "data" / "shards" / "big.bin"
+    big.parent.mkdir(parents=True)
+    with open(big, "wb") as f:  # sparse: no disk used
+        os.truncate(f.fileno(), submit.upload_limit() + 2**20)
+    spec = submit.job_spec("sweep", sweep, root=tmp_path)
+    with pytest.raises(ConfigError) as err:
+        submit.run(spec, "http://127.0.0.1:9")  # nothing listens there: refused before any contact
+    message = str(err.value)
+    assert message.startswith("working_dir:") and "data/shards/big.bin" in message and ".rayignore" in message, message
+    assert f"{submit.upload_limit() / 2**20:,.1f} MiB" in message and "unreachable" not in message, message
+    (tmp_path / ".rayignore").write_text("data/\n")  # the fix the message suggests
+    submit.check_upload_size(spec)
+
+
+def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
+    from orchestrator import cli, submit
+    from orchestrator.errors import ConfigError
+
+    class Probed(Exception):
+        pass
+
+    def probe(address, timeout_s=5.0):
+        raise Probed(address)  # connect() got past the check and would contact the address
+
+    for var in SCRUB:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.setattr(submit, "_probe", probe)
+    for address in ("http://127.0.0.1:8265", "http://127.3.4.5:8265", "localhost:8265", "http://[::1]:8265",
+                    "http://10.1.2.3:8265", "https://ray.example.com"):
+        with pytest.raises(Probed):  # no token: nothing to protect
+            submit.connect(address)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "t0k3n")
+    for address in ("http://10.1.2.3:8265", "ray-head:8265", "http://ray.example.com"):
+        with pytest.raises(ConfigError) as err:
+            submit.connect(address)
+        for text in ("--address", "plain http", "https://", "127.0.0.1", "--insecure"):
+            assert text in str(err.value), str(err.value)
+        assert "t0k3n" not in str(err.value)
+    for address in ("http://127.0.0.1:8265", "http://127.3.4.5:8265", "localhost:8265", "http://[::1]:8265",
+                    "https://ray.example.com:8443"):
+        with pytest.raises(Probed):
+            submit.connect(address)
+    with pytest.raises(Probed):
+        submit.connect("http://10.1.2.3:8265", insecure=True)
+    # the command line: one line, exit 2; --insecure on both verbs
+    assert cli.main(["jobs", "list", "--address", "http://10.1.2.3:8265"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--insecure" in err, err
+    with pytest.raises(Probed):
+        cli.main(["jobs", "list", "--address", "http://10.1.2.3:8265", "--insecure"])
+    assert cli.build_parser().parse_args(["submit", "s.yaml", "--address", "x", "--insecure"]).insecure
+
+
+def test_unreadable_nodes_warn_and_go_on(monkeypatch, capsys):
+    from orchestrator import feasibility, submit
+
+    class Client:
+        def get_address(self):
+            return "http://127.0.0.1:8265"
+
+    def refused(client, path, job_id=None):
+        raise submit.ClusterError("the Ray dashboard answered GET /api/v0/nodes with HTTP 404")
+
+    monkeypatch.setattr(submit, "_get", refused)
+    submit.check_fit(Client(), [feasibility.Shape(64, {"CPU": 1.0})])  # no error: cannot judge
+    err = capsys.readouterr().err
+    assert err.startswith("warning: cannot read the nodes") and "HTTP 404" in err and len(err.splitlines()) == 1, err
+
+
+class _FakeJobs:
+    """A job client whose log streams and answers are scripted: each stream is (chunks, error)."""
+
+    def __init__(self, streams, statuses, logs):
+        self.streams, self.statuses, self.logs = list(streams), iter(statuses), logs
+
+    def get_address(self):
+        return "http://127.0.0.1:8265"
+
+    async def tail_job_logs(self, job_id):
+        chunks, error = self.streams.pop(0)
+        for chunk in chunks:
+            yield chunk
+        if error:
+            raise error
+
+    def get(self, client, path, job_id=None):
+        return {"logs": self.logs} if path.endswith("/logs") else {"status": next(self.statuses), "message": ""}
+
+
+def test_follow_skips_what_it_printed_and_falls_back_to_polling(monkeypatch, capsys):
+    from orchestrator import submit
+
+    cut = RuntimeError("WebSocket connection closed unexpectedly with close code 1006")  # what Ray raises
+    # a stream cut off after two lines; the next one starts again at the first line (as Ray's does)
+    fake = _FakeJobs([(["a\n", "b\n"], cut), (["a\nb", "\nc\n"], None)], ["RUNNING", "RUNNING", "SUCCEEDED"],
+                     "a\nb\nc\nd\n")
+    monkeypatch.setattr(submit, "_get", fake.get)
+    assert submit.follow_job(fake, "j1") == 0
+    out, err = capsys.readouterr()
+    assert out == "a\nb\nc\nd\njob j1 SUCCEEDED\n", out
+    assert "lost (WebSocket connection closed" in err and "reconnecting in 1 s" in err and "reconnected" in err, err
+    # a stream that always breaks while the status answers: after the window, poll the status
+    monkeypatch.setattr(submit, "RECONNECT_WINDOW_S", 0.2)
+    monkeypatch.setattr(submit, "POLL_S", 0.0)
+    fake = _FakeJobs([([], cut)] * 20, ["RUNNING"] * 8 + ["FAILED"], "x\n")
+    monkeypatch.setattr(submit, "_get", fake.get)
+    assert submit.follow_job(fake, "j2") == 1
+    out, err = capsys.readouterr()
+    assert out == "x\njob j2 FAILED\n" and "log stream keeps breaking off" in err, out + err
+
+
 # ---------------------------------------------------------------- against the cluster
 
 @pytest.mark.slow
@@ -327,3 +475,166 @@ def test_smoke_sweep_runs_on_the_cluster(cluster, tmp_path):
     assert len(parents) == 1, [r.info.run_id for r in parents]
     children = mlflow.search_runs(experiments, filter_string=f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
     assert children, "the sweep logged no trial runs"
+
+
+@pytest.mark.slow
+def test_infeasible_trial_shape_refused_before_upload(cluster):
+    client = cluster.client()
+    before = {j.submission_id for j in client.list_jobs()}
+    started = time.monotonic()
+    code, out, err = cluster.cli("submit", SMOKE, "cluster.num_workers=4", "cluster.cpus_per_worker=1",
+                                 "--address", cluster.address)
+    line = _one_line(code, err, "cluster:", "4 x {CPU: 1}", "{CPU: 2}", "nearest that fits")
+    assert "cluster.num_workers=1" in line and "uploading" not in out, out + err
+    assert time.monotonic() - started < 30
+    assert {j.submission_id for j in client.list_jobs()} == before
+
+
+class DroppingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the dashboard that can drop every connection and
+    refuse new ones for a while (or for good): a `kubectl port-forward` that dies and is started
+    again. It forwards bytes only; the token header travels inside them."""
+
+    def __init__(self, target_port: int):
+        self.target = ("127.0.0.1", target_port)
+        (self.port,) = free_ports(1)
+        self.address = f"http://127.0.0.1:{self.port}"
+        self.dropped = 0
+        self._live, self._lock = [], threading.Lock()
+        self._closed_until = 0.0  # no listener until then (connections refused)
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _listen(self):
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        listener.settimeout(0.05)
+        return listener
+
+    def _serve(self):
+        listener = self._listen()
+        while not self._stop:
+            if time.monotonic() < self._closed_until:
+                if listener:
+                    listener.close()
+                    listener = None
+                time.sleep(0.05)
+                continue
+            listener = listener or self._listen()
+            try:
+                down, _ = listener.accept()
+                up = socket.create_connection(self.target)
+            except OSError:
+                continue
+            with self._lock:
+                self._live += [down, up]
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+        if listener:
+            listener.close()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            DroppingProxy._close(s)
+
+    @staticmethod
+    def _close(s):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+    def drop(self, refuse_s: float) -> None:
+        """Close both sockets of every live connection, and refuse new ones for refuse_s."""
+        self._closed_until = time.monotonic() + refuse_s
+        with self._lock:
+            live, self._live = self._live, []
+        for s in live:
+            self._close(s)
+        self.dropped += len(live) // 2
+
+    def close(self) -> None:
+        self._stop = True
+        self.drop(float("inf"))
+        self._thread.join(5)
+
+
+def _when_logged(client, job_id, text, then):
+    """In a thread: once the job's log holds `text`, call `then` (the proxy drops, mid-follow)."""
+    def watch():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and text not in client.get_job_logs(job_id):
+            time.sleep(0.2)
+        then()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
+    from orchestrator import submit
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
+    script = "import time\nfor i in range(9):\n    print(f'line-{i}', flush=True)\n    time.sleep(1)\n"
+    spec = submit.command_spec(["python", "-c", script], name="chatty")
+    client = cluster.client()
+    job_id = client.submit_job(entrypoint=spec.entrypoint, submission_id=spec.submission_id)
+    proxy = DroppingProxy(int(cluster.address.rsplit(":", 1)[1]))
+    try:
+        watcher = _when_logged(client, job_id, "line-2", lambda: proxy.drop(refuse_s=2.0))
+        code = submit.follow_job(submit.connect(proxy.address), job_id)
+        watcher.join(5)
+    finally:
+        proxy.close()
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert proxy.dropped >= 1 and "reconnecting in" in err and "reconnected" in err, err
+    assert "Traceback" not in out + err and "WebSocket closed" not in err
+    for i in range(9):
+        assert out.count(f"line-{i}\n") == 1, out
+    assert out.rstrip().endswith(f"job {job_id} SUCCEEDED"), out
+
+
+@pytest.mark.slow
+def test_follow_exits_3_when_contact_is_lost_for_good(cluster, monkeypatch, capsys):
+    from orchestrator import submit
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
+    monkeypatch.setattr(submit, "RECONNECT_WINDOW_S", 3.0)
+    script = "import time\nfor i in range(120):\n    print(f'line-{i}', flush=True)\n    time.sleep(1)\n"
+    spec = submit.command_spec(["python", "-c", script], name="long")
+    client = cluster.client()
+    job_id = client.submit_job(entrypoint=spec.entrypoint, submission_id=spec.submission_id)
+    proxy = DroppingProxy(int(cluster.address.rsplit(":", 1)[1]))
+    try:
+        watcher = _when_logged(client, job_id, "line-3", lambda: proxy.drop(refuse_s=float("inf")))
+        started = time.monotonic()
+        code = submit.follow_job(submit.connect(proxy.address), job_id)
+        lost_after = time.monotonic() - started
+        watcher.join(5)
+        assert client.get_job_status(job_id).value == "RUNNING"  # it runs on: "may still be running" is true
+    finally:
+        proxy.close()
+        client.stop_job(job_id)
+        _wait(client, job_id, {"STOPPED", "FAILED", "SUCCEEDED"})
+    out, err = capsys.readouterr()
+    assert code == 3, out + err
+    assert "line-0\n" in out and "Traceback" not in out + err and "WebSocket closed" not in err
+    assert err.strip().splitlines()[-1] == (f"lost contact with the Ray dashboard at {proxy.address}; job {job_id} may still "
+                                            f"be running: orchestrator jobs status {job_id} --address {proxy.address}")
+    assert lost_after < 30, lost_after
