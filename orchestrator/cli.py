@@ -1,7 +1,8 @@
 """Command line: parse argv, call one function per verb, map errors to exit codes.
 
 Exit codes: 0 success, 2 bad config or arguments (one line on stderr, no traceback),
-1 a failure during the run. Heavy imports (Ray, DeepSpeed, MLflow) happen inside the verbs so
+1 a failure during the run, 3 `submit --follow` / `jobs logs --follow` lost contact with a job
+that may still be running. Heavy imports (Ray, DeepSpeed, MLflow) happen inside the verbs so
 that `plan` and argument errors answer at once.
 """
 
@@ -109,9 +110,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from orchestrator import submit
+    from orchestrator import ray_jobs
 
-    return submit.jobs(args.action, args.job_id, address=args.address, follow=args.follow, insecure=args.insecure)
+    return ray_jobs.jobs(args.action, args.job_id, address=args.address, follow=args.follow, insecure=args.insecure)
 
 
 def _ui(args: argparse.Namespace) -> int:

@@ -179,22 +179,22 @@ def test_job_spec_env_and_excludes(monkeypatch):
 
 
 def test_token_lookup_follows_ray(monkeypatch, tmp_path):
-    from orchestrator import submit
+    from orchestrator import ray_jobs
 
     monkeypatch.setenv("HOME", str(tmp_path))
     for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
         monkeypatch.delenv(var, raising=False)
-    assert submit.ray_auth_token()[0] is None
+    assert ray_jobs.ray_auth_token()[0] is None
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text("home\n")
-    assert submit.ray_auth_token()[0] == "home"
+    assert ray_jobs.ray_auth_token()[0] == "home"
     (tmp_path / "tok").write_text("file")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "tok"))
-    assert submit.ray_auth_token()[0] == "file"
+    assert ray_jobs.ray_auth_token()[0] == "file"
     monkeypatch.setenv("RAY_AUTH_TOKEN", "env")
-    assert submit.ray_auth_token()[0] == "env"
+    assert ray_jobs.ray_auth_token()[0] == "env"
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    assert submit.ray_auth_token()[0] is None
+    assert ray_jobs.ray_auth_token()[0] is None
 
 
 def test_missing_sweep_file_exits_2_before_any_contact(tmp_path):
@@ -268,7 +268,7 @@ def test_oversized_working_directory_refused_before_contact(tmp_path):
 
 
 def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
-    from orchestrator import cli, submit
+    from orchestrator import cli, ray_jobs
     from orchestrator.errors import ConfigError
 
     class Probed(Exception):
@@ -280,24 +280,24 @@ def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
     for var in SCRUB:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", "/nonexistent")
-    monkeypatch.setattr(submit, "_probe", probe)
+    monkeypatch.setattr(ray_jobs, "_probe", probe)
     for address in ("http://127.0.0.1:8265", "http://127.3.4.5:8265", "localhost:8265", "http://[::1]:8265",
                     "http://10.1.2.3:8265", "https://ray.example.com"):
         with pytest.raises(Probed):  # no token: nothing to protect
-            submit.connect(address)
+            ray_jobs.connect(address)
     monkeypatch.setenv("RAY_AUTH_TOKEN", "t0k3n")
     for address in ("http://10.1.2.3:8265", "ray-head:8265", "http://ray.example.com"):
         with pytest.raises(ConfigError) as err:
-            submit.connect(address)
+            ray_jobs.connect(address)
         for text in ("--address", "plain http", "https://", "127.0.0.1", "--insecure"):
             assert text in str(err.value), str(err.value)
         assert "t0k3n" not in str(err.value)
     for address in ("http://127.0.0.1:8265", "http://127.3.4.5:8265", "localhost:8265", "http://[::1]:8265",
                     "https://ray.example.com:8443"):
         with pytest.raises(Probed):
-            submit.connect(address)
+            ray_jobs.connect(address)
     with pytest.raises(Probed):
-        submit.connect("http://10.1.2.3:8265", insecure=True)
+        ray_jobs.connect("http://10.1.2.3:8265", insecure=True)
     # the command line: one line, exit 2; --insecure on both verbs
     assert cli.main(["jobs", "list", "--address", "http://10.1.2.3:8265"]) == 2
     err = capsys.readouterr().err
@@ -308,16 +308,16 @@ def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
 
 
 def test_unreadable_nodes_warn_and_go_on(monkeypatch, capsys):
-    from orchestrator import feasibility, submit
+    from orchestrator import feasibility, ray_jobs, submit
 
     class Client:
         def get_address(self):
             return "http://127.0.0.1:8265"
 
     def refused(client, path, job_id=None):
-        raise submit.ClusterError("the Ray dashboard answered GET /api/v0/nodes with HTTP 404")
+        raise ray_jobs.ClusterError("the Ray dashboard answered GET /api/v0/nodes with HTTP 404")
 
-    monkeypatch.setattr(submit, "_get", refused)
+    monkeypatch.setattr(ray_jobs, "_get", refused)
     submit.check_fit(Client(), [feasibility.Shape(64, {"CPU": 1.0})])  # no error: cannot judge
     err = capsys.readouterr().err
     assert err.startswith("warning: cannot read the nodes") and "HTTP 404" in err and len(err.splitlines()) == 1, err
@@ -344,23 +344,23 @@ class _FakeJobs:
 
 
 def test_follow_skips_what_it_printed_and_falls_back_to_polling(monkeypatch, capsys):
-    from orchestrator import submit
+    from orchestrator import ray_jobs
 
     cut = RuntimeError("WebSocket connection closed unexpectedly with close code 1006")  # what Ray raises
     # a stream cut off after two lines; the next one starts again at the first line (as Ray's does)
     fake = _FakeJobs([(["a\n", "b\n"], cut), (["a\nb", "\nc\n"], None)], ["RUNNING", "RUNNING", "SUCCEEDED"],
                      "a\nb\nc\nd\n")
-    monkeypatch.setattr(submit, "_get", fake.get)
-    assert submit.follow_job(fake, "j1") == 0
+    monkeypatch.setattr(ray_jobs, "_get", fake.get)
+    assert ray_jobs.follow_job(fake, "j1") == 0
     out, err = capsys.readouterr()
     assert out == "a\nb\nc\nd\njob j1 SUCCEEDED\n", out
     assert "lost (WebSocket connection closed" in err and "reconnecting in 1 s" in err and "reconnected" in err, err
     # a stream that always breaks while the status answers: after the window, poll the status
-    monkeypatch.setattr(submit, "RECONNECT_WINDOW_S", 0.2)
-    monkeypatch.setattr(submit, "POLL_S", 0.0)
+    monkeypatch.setattr(ray_jobs, "RECONNECT_WINDOW_S", 0.2)
+    monkeypatch.setattr(ray_jobs, "POLL_S", 0.0)
     fake = _FakeJobs([([], cut)] * 20, ["RUNNING"] * 8 + ["FAILED"], "x\n")
-    monkeypatch.setattr(submit, "_get", fake.get)
-    assert submit.follow_job(fake, "j2") == 1
+    monkeypatch.setattr(ray_jobs, "_get", fake.get)
+    assert ray_jobs.follow_job(fake, "j2") == 1
     out, err = capsys.readouterr()
     assert out == "x\njob j2 FAILED\n" and "log stream keeps breaking off" in err, out + err
 
@@ -587,7 +587,7 @@ def _when_logged(client, job_id, text, then):
 
 @pytest.mark.slow
 def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
-    from orchestrator import submit
+    from orchestrator import ray_jobs, submit
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     script = "import time\nfor i in range(9):\n    print(f'line-{i}', flush=True)\n    time.sleep(1)\n"
@@ -597,7 +597,7 @@ def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
     proxy = DroppingProxy(int(cluster.address.rsplit(":", 1)[1]))
     try:
         watcher = _when_logged(client, job_id, "line-2", lambda: proxy.drop(refuse_s=2.0))
-        code = submit.follow_job(submit.connect(proxy.address), job_id)
+        code = ray_jobs.follow_job(ray_jobs.connect(proxy.address), job_id)
         watcher.join(5)
     finally:
         proxy.close()
@@ -612,10 +612,10 @@ def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_follow_exits_3_when_contact_is_lost_for_good(cluster, monkeypatch, capsys):
-    from orchestrator import submit
+    from orchestrator import ray_jobs, submit
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
-    monkeypatch.setattr(submit, "RECONNECT_WINDOW_S", 3.0)
+    monkeypatch.setattr(ray_jobs, "RECONNECT_WINDOW_S", 3.0)
     script = "import time\nfor i in range(120):\n    print(f'line-{i}', flush=True)\n    time.sleep(1)\n"
     spec = submit.command_spec(["python", "-c", script], name="long")
     client = cluster.client()
@@ -624,7 +624,7 @@ def test_follow_exits_3_when_contact_is_lost_for_good(cluster, monkeypatch, caps
     try:
         watcher = _when_logged(client, job_id, "line-3", lambda: proxy.drop(refuse_s=float("inf")))
         started = time.monotonic()
-        code = submit.follow_job(submit.connect(proxy.address), job_id)
+        code = ray_jobs.follow_job(ray_jobs.connect(proxy.address), job_id)
         lost_after = time.monotonic() - started
         watcher.join(5)
         assert client.get_job_status(job_id).value == "RUNNING"  # it runs on: "may still be running" is true

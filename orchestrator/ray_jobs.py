@@ -1,0 +1,429 @@
+"""The Ray Jobs API client: auth token, connect, follow with reconnects, and the `jobs` verb.
+
+`connect` checks the dashboard address, probes it and returns Ray's JobSubmissionClient; the
+client's failures become one-line errors (ConfigError, exit 2, for what can be fixed here;
+ClusterError, exit 1, for other answers of the dashboard). `follow_job` streams a job's logs and
+reconnects with backoff when contact breaks off, exiting LOST_CONTACT (3) when it cannot.
+`jobs` is `orchestrator jobs status|logs|stop|list`.
+
+Ray token authentication (Ray >= 2.52, RAY_AUTH_MODE=token on the cluster): the dashboard wants
+`Authorization: Bearer <token>`. The token is looked up as Ray does (RAY_AUTH_TOKEN, the file
+named by RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) and sent whenever one is found; Ray's own client
+sends it only when RAY_AUTH_MODE=token is set in the submitting process too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from urllib.parse import urlparse
+
+from orchestrator.errors import ConfigError
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+LOST_CONTACT = 3
+"""Exit code of `--follow` that lost contact with a job that may still be running (DESIGN.md 3)."""
+RECONNECT_WINDOW_S = 600.0
+"""How long `--follow` keeps trying to reach the dashboard again (a port-forward restarted, a
+dashboard back up) before it gives up with LOST_CONTACT."""
+BACKOFF_CAP_S = 30.0
+"""Longest wait between two attempts to reconnect; the waits double from 1 s."""
+IDLE_CHECK_S = 30.0
+"""A log stream quiet this long is checked with a status request on a new connection: a
+half-open tunnel (a dead SSH session) would otherwise block the stream forever."""
+HTTP_TIMEOUT_S = 30.0
+"""Timeout of the requests `--follow` makes itself."""
+POLL_S = 2.0
+"""Status polling interval of `--follow` once the log stream is given up."""
+_USERINFO_RE = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^\s/@]+@", re.IGNORECASE)
+
+
+class ClusterError(Exception):
+    """The cluster answered with an error that is not a bad argument: exit 1, one line."""
+
+
+class _Lost(Exception):
+    """Contact with the dashboard broke off; the job may run on."""
+
+
+def mask(text: str) -> str:
+    """Hide URL credentials (scheme://user:pass@host) in anything printed."""
+    return _USERINFO_RE.sub(r"\1***@", text)
+
+
+# ---------------------------------------------------------------- talking to the cluster
+
+def ray_auth_token() -> Tuple[Optional[str], str]:
+    """(token or None, where it came from): RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return None, "RAY_AUTH_MODE=disabled"
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        path = Path(os.environ["RAY_AUTH_TOKEN_PATH"]).expanduser()
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError("RAY_AUTH_TOKEN_PATH", f"{path} cannot be read: {exc.strerror or exc}") from None
+        if not token:
+            raise ConfigError("RAY_AUTH_TOKEN_PATH", f"{path} is empty")
+        return token, f"RAY_AUTH_TOKEN_PATH ({path})"
+    default = Path.home() / ".ray" / "auth_token"
+    with contextlib.suppress(OSError):
+        token = default.read_text().strip()
+        if token:
+            return token, str(default)
+    return None, "none found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
+
+
+def normalise_address(address: str) -> str:
+    address = address.strip().rstrip("/")
+    if "://" not in address:
+        address = "http://" + address
+    parsed = urlparse(address)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError("--address", f"got {mask(address)!r}; use the Ray dashboard's http(s)://HOST:PORT (default port 8265)")
+    return address
+
+
+def _loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1: traffic that never leaves this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    """The gist of an error in one short line: requests nests the OS's reason ("[Errno 111]
+    Connection refused") deep inside a long repr."""
+    text = str(exc).strip()
+    errno = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if errno:
+        return errno.group(1).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _unreachable(address: str, why: str) -> ConfigError:
+    return ConfigError("--address", f"cannot reach the Ray dashboard at {mask(address)} (unreachable address: {why}); "
+                       "is the cluster up and its dashboard port forwarded (`ray dashboard CLUSTER.yaml`, `kubectl port-forward`)?")
+
+
+def _token_refused(address: str, token_source: str) -> ConfigError:
+    return ConfigError("--address", f"the Ray cluster at {mask(address)} refused the auth token from {token_source}; "
+                       "use the cluster's token (`ray get-auth-token` on the head node)")
+
+
+def _no_job(address: str, job_id: str) -> ConfigError:
+    return ConfigError("JOB_ID", f"no job {job_id!r} on {mask(address)}; "
+                       f"list them with `orchestrator jobs list --address {mask(address)}`")
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not minutes, when nothing listens at the address."""
+    parsed = urlparse(address)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise _unreachable(address, exc.strerror or str(exc) or type(exc).__name__) from None
+
+
+@contextlib.contextmanager
+def _cluster_errors(address: str, token_source: str) -> Iterator[None]:
+    """Map the job client's failures to one-line ConfigErrors (exit 2) naming the cause."""
+    import requests
+    from ray.exceptions import AuthenticationError
+
+    try:
+        yield
+    except AuthenticationError as exc:
+        if str(exc).startswith("Authentication required") or token_source.startswith("none found"):
+            raise ConfigError("--address", f"the Ray cluster at {mask(address)} requires an auth token (token authentication "
+                              f"is on) and none was sent: {token_source}; set RAY_AUTH_TOKEN_PATH to a file holding it "
+                              "(`ray get-auth-token` prints it on the head node)") from None
+        raise _token_refused(address, token_source) from None
+    except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+        raise _unreachable(address, _first_line(exc)) from None
+
+
+def connect(address: str, insecure: bool = False):
+    """A JobSubmissionClient that sends the Ray auth token when one is found, but never over
+    plain http to another machine unless `insecure`: anyone on the path could read it there."""
+    address = normalise_address(address)
+    token, source = ray_auth_token()
+    host = urlparse(address).hostname or ""
+    if token and address.startswith("http://") and not _loopback(host) and not insecure:
+        raise ConfigError("--address", f"{mask(address)} is plain http to another machine, so the Ray auth token (from {source}) "
+                          "would cross the network readable by anyone on the path; use https://, or a port-forward or SSH tunnel "
+                          "to 127.0.0.1 (`kubectl port-forward svc/CLUSTER-head-svc 8265`, `ssh -L 8265:127.0.0.1:8265 HEAD`) "
+                          "with --address http://127.0.0.1:8265, or pass --insecure to send it anyway")
+    _probe(address)
+    import logging
+
+    from ray.job_submission import JobSubmissionClient
+
+    # Upload chatter, "WebSocket closed": failures surface as exceptions. Ray's job client modules
+    # set their own loggers to INFO, so the parent's level is not enough.
+    for name in ("ray", "ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    with _cluster_errors(address, source):
+        client = JobSubmissionClient(address, headers=headers)
+    client._orchestrator_token_source = source  # for error messages of later calls
+    client._orchestrator_headers = headers or {}  # for the requests made here (_get)
+    return client
+
+
+@contextlib.contextmanager
+def _calls(client, job_id: Optional[str] = None) -> Iterator[None]:
+    """Errors of one call: auth and connection as in connect, an unknown job id as exit 2, any
+    other error answer of the dashboard as ClusterError (exit 1, one line)."""
+    try:
+        with _cluster_errors(client.get_address(), getattr(client, "_orchestrator_token_source", "")):
+            yield
+    except RuntimeError as exc:
+        if job_id and "404" in str(exc):
+            raise _no_job(client.get_address(), job_id) from None
+        raise ClusterError(f"the Ray dashboard at {mask(client.get_address())} answered: {mask(_first_line(exc))}") from None
+
+
+def _get(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
+    """GET a dashboard endpoint as JSON, with a timeout (Ray's job client sets none, so a
+    half-open tunnel would hang it). _Lost when the dashboard cannot be reached."""
+    import requests
+
+    address = client.get_address()
+    headers = getattr(client, "_orchestrator_headers", None) or getattr(client, "_headers", None)
+    try:
+        r = requests.get(address + path, headers=headers, timeout=HTTP_TIMEOUT_S)
+        if r.status_code == 200:
+            return r.json()
+    except (requests.RequestException, ValueError) as exc:  # refused, reset, timed out, cut off mid-answer
+        raise _Lost(_first_line(exc)) from None
+    if r.status_code in (401, 403):
+        raise _token_refused(address, getattr(client, "_orchestrator_token_source", "the request headers"))
+    if r.status_code == 404 and job_id:
+        raise _no_job(address, job_id)
+    if r.status_code >= 500:  # a proxy in front of a dashboard that is restarting
+        raise _Lost(f"HTTP {r.status_code}")
+    body = (r.text.strip().splitlines() or [""])[0][:200]
+    raise ClusterError(f"the Ray dashboard at {mask(address)} answered GET {path} with HTTP {r.status_code}: {mask(body)}")
+
+
+def _lost_reason(exc: BaseException) -> Optional[str]:
+    """Why contact broke off, when `exc` says it did (else None): refused, reset, timed out, a
+    websocket closed abnormally, an HTTP 5xx from a proxy."""
+    import aiohttp
+
+    if isinstance(exc, _Lost):
+        return str(exc)
+    if isinstance(exc, aiohttp.ClientResponseError):  # the websocket handshake got an HTTP error
+        return f"HTTP {exc.status}" if exc.status >= 500 else None
+    if isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, OSError)):
+        return _first_line(exc)
+    if isinstance(exc, RuntimeError) and "WebSocket" in str(exc):  # Ray's tail_job_logs, cut off
+        return _first_line(exc)
+    return None
+
+
+def wait_for(client, job_id: str, statuses: Sequence[str] = TERMINAL, timeout_s: float = 60.0, poll_s: float = 1.0) -> str:
+    """Poll until the job's status is one of `statuses` (or the timeout); the last status seen."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _calls(client, job_id):
+            status = _value(client.get_job_status(job_id))
+        if status in statuses or time.monotonic() >= deadline:
+            return status
+        time.sleep(poll_s)
+
+
+def follow_job(client, job_id: str) -> int:
+    """Stream the job's logs until it ends; 0 when it SUCCEEDED, 1 when FAILED or STOPPED, and
+    LOST_CONTACT (3) when the dashboard stayed unreachable for RECONNECT_WINDOW_S.
+
+    A dropped connection (a port-forward that died, a restarted dashboard) is retried with
+    doubling waits. Ray's log stream always starts again at the job's first line, so the
+    characters already written are counted and skipped: every line is printed once.
+    """
+    address = mask(client.get_address())
+    written = 0  # characters of the job's log written to stdout so far
+    lost_since: Optional[float] = None  # when contact broke off; None while in contact
+    delay = 1.0
+    streaming = True  # False: only poll the status and print the logs at the end
+
+    def in_contact() -> None:
+        nonlocal lost_since, delay
+        if lost_since is not None:
+            print(f"reconnected to the Ray dashboard at {address}", file=sys.stderr, flush=True)
+        lost_since, delay = None, 1.0
+
+    async def tail() -> None:
+        nonlocal written
+        seen = 0  # characters of this stream so far
+        stream = client.tail_job_logs(job_id)
+        try:
+            while True:
+                chunk = asyncio.ensure_future(stream.__anext__())
+                while not (await asyncio.wait({chunk}, timeout=IDLE_CHECK_S))[0]:
+                    try:  # a quiet stream: is the dashboard still there?
+                        await asyncio.to_thread(_get, client, f"/api/jobs/{job_id}", job_id)
+                    except BaseException:
+                        chunk.cancel()
+                        await asyncio.wait({chunk})
+                        raise
+                    in_contact()
+                try:
+                    text = chunk.result()
+                except StopAsyncIteration:
+                    return
+                in_contact()
+                if seen + len(text) > written:
+                    sys.stdout.write(text[written - seen:])
+                    sys.stdout.flush()
+                    written = seen + len(text)
+                seen += len(text)
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+
+    ended = False  # the log stream ended normally, yet the job's status still said running
+    answered = 0.0  # when the dashboard last answered a status request
+    try:
+        while True:
+            try:
+                job = _get(client, f"/api/jobs/{job_id}", job_id)
+                answered = time.monotonic()
+                if job.get("status") in TERMINAL:
+                    logs = _get(client, f"/api/jobs/{job_id}/logs", job_id).get("logs") or ""
+                    in_contact()
+                    sys.stdout.write(logs[written:])
+                    break
+                if ended:  # the stream ends when the job does; its status may lag a moment
+                    time.sleep(1.0)
+                if streaming:
+                    ended = False
+                    asyncio.run(tail())  # returns when the job's log stream ends
+                    ended = True
+                else:
+                    in_contact()
+                    time.sleep(POLL_S)
+            except Exception as exc:
+                why = _lost_reason(exc)
+                if why is None and streaming and not isinstance(exc, (ConfigError, ClusterError)):
+                    # the log stream failed in another way (e.g. a proxy without websockets)
+                    print(f"log stream unavailable ({mask(_first_line(exc))}); waiting for the job to end", file=sys.stderr)
+                    streaming = False
+                    continue
+                if why is None:
+                    raise
+                lost_since = lost_since or time.monotonic()
+                left = RECONNECT_WINDOW_S - (time.monotonic() - lost_since)
+                if left <= 0 and streaming and answered > lost_since:
+                    # the dashboard answers, only its log stream keeps breaking off: poll the status
+                    print(f"the log stream keeps breaking off ({mask(why)}); waiting for the job to end", file=sys.stderr)
+                    streaming, lost_since, delay = False, None, 1.0
+                    continue
+                if left <= 0:
+                    print(f"lost contact with the Ray dashboard at {address}; job {job_id} may still be running: "
+                          f"orchestrator jobs status {job_id} --address {address}", file=sys.stderr, flush=True)
+                    return LOST_CONTACT
+                print(f"connection to the Ray dashboard at {address} lost ({mask(why)}); reconnecting in {delay:g} s",
+                      file=sys.stderr, flush=True)
+                time.sleep(min(delay, left))
+                delay = min(2 * delay, BACKOFF_CAP_S)
+    except KeyboardInterrupt:
+        print(f"stopped following; job {job_id} keeps running (orchestrator jobs stop {job_id} "
+              f"--address {address})", file=sys.stderr)
+        raise
+    status, message = job["status"], job.get("message") or ""
+    print(f"job {job_id} {status}" + (f": {mask(message)}" if status != "SUCCEEDED" and message else ""), flush=True)
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def cluster_nodes(client) -> Optional[List[Dict[str, float]]]:
+    """Total resources of the cluster's alive nodes (the dashboard's state API), or None when
+    they cannot be read (an older Ray, no permission): then only the sweep on the cluster checks."""
+    try:
+        data = _get(client, "/api/v0/nodes?detail=1&limit=10000")
+        return [{k: float(v) for k, v in (n.get("resources_total") or {}).items()}
+                for n in data["data"]["result"]["result"] if n.get("state") == "ALIVE"]
+    except (_Lost, ClusterError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"warning: cannot read the nodes of the Ray cluster at {mask(client.get_address())} ({mask(_first_line(exc))}); "
+              "not checking that the trials fit before uploading", file=sys.stderr, flush=True)
+        return None
+
+
+# ---------------------------------------------------------------- jobs status | logs | stop | list
+
+def _when(ms: Optional[int]) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
+
+
+def _value(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def format_table(jobs: Sequence[Any], width: int = 72) -> str:
+    """id, status, entrypoint, start time; newest last."""
+    rows = [("ID", "STATUS", "ENTRYPOINT", "START")]
+    for j in sorted(jobs, key=lambda j: j.start_time or 0):
+        entry = mask(j.entrypoint or "")
+        entry = entry if len(entry) <= width else entry[: width - 3] + "..."
+        rows.append((j.submission_id or j.job_id or "-", _value(j.status), entry, _when(j.start_time)))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
+
+
+def jobs(action: str, job_id: Optional[str] = None, address: str = "", follow: bool = False,
+         insecure: bool = False) -> int:
+    """`orchestrator jobs status|logs|stop|list`."""
+    if action == "list" and job_id:
+        raise ConfigError("JOB_ID", f"`jobs list` takes no submission id (got {job_id!r})")
+    if action != "list" and not job_id:
+        raise ConfigError("JOB_ID", f"`jobs {action}` needs a submission id; see `orchestrator jobs list --address URL`")
+    try:
+        return _jobs(action, job_id, connect(address, insecure=insecure), follow)
+    except ClusterError as exc:
+        print(f"orchestrator jobs: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _jobs(action: str, job_id: Optional[str], client, follow: bool) -> int:
+    if action == "list":
+        with _calls(client):
+            print(format_table(client.list_jobs()))
+        return 0
+    if action == "logs":
+        if follow:
+            return follow_job(client, job_id)
+        with _calls(client, job_id):
+            sys.stdout.write(client.get_job_logs(job_id))
+        return 0
+    if action == "stop":
+        with _calls(client, job_id):
+            stopping = client.stop_job(job_id)
+        status = wait_for(client, job_id, timeout_s=60.0)
+        if not stopping:
+            print(f"job {job_id} was not running: {status}")
+        else:
+            print(f"job {job_id} {status}" + ("" if status in TERMINAL else " (stop requested; not ended within 60 s)"))
+        return 0 if status in TERMINAL else 1
+    with _calls(client, job_id):
+        info = client.get_job_info(job_id)
+    for key, value in (("id", job_id), ("status", _value(info.status)), ("entrypoint", mask(info.entrypoint or "")),
+                       ("start", _when(info.start_time)), ("end", _when(info.end_time)),
+                       ("message", mask(info.message or "")), ("exit code", info.driver_exit_code)):
+        if value not in (None, ""):
+            print(f"{key:<11} {value}")
+    return 0
