@@ -585,16 +585,23 @@ def _when_logged(client, job_id, text, then):
     return thread
 
 
-@pytest.mark.slow
-def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
-    from orchestrator import ray_jobs, submit
+def counting_job_behind_a_proxy(cluster, seconds):
+    """A job printing line-0, line-1, ... one a second, and a DroppingProxy to the dashboard."""
+    from orchestrator import submit
 
-    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
-    script = "import time\nfor i in range(9):\n    print(f'line-{i}', flush=True)\n    time.sleep(1)\n"
-    spec = submit.command_spec(["python", "-c", script], name="chatty")
+    script = f"import time\nfor i in range({seconds}):\n    print(f'line-{{i}}', flush=True)\n    time.sleep(1)\n"
+    spec = submit.command_spec(["python", "-c", script], name="counting")
     client = cluster.client()
     job_id = client.submit_job(entrypoint=spec.entrypoint, submission_id=spec.submission_id)
-    proxy = DroppingProxy(int(cluster.address.rsplit(":", 1)[1]))
+    return client, job_id, DroppingProxy(int(cluster.address.rsplit(":", 1)[1]))
+
+
+@pytest.mark.slow
+def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
+    from orchestrator import ray_jobs
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
+    client, job_id, proxy = counting_job_behind_a_proxy(cluster, seconds=9)
     try:
         watcher = _when_logged(client, job_id, "line-2", lambda: proxy.drop(refuse_s=2.0))
         code = ray_jobs.follow_job(ray_jobs.connect(proxy.address), job_id)
@@ -612,15 +619,11 @@ def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_follow_exits_3_when_contact_is_lost_for_good(cluster, monkeypatch, capsys):
-    from orchestrator import ray_jobs, submit
+    from orchestrator import ray_jobs
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     monkeypatch.setattr(ray_jobs, "RECONNECT_WINDOW_S", 3.0)
-    script = "import time\nfor i in range(120):\n    print(f'line-{i}', flush=True)\n    time.sleep(1)\n"
-    spec = submit.command_spec(["python", "-c", script], name="long")
-    client = cluster.client()
-    job_id = client.submit_job(entrypoint=spec.entrypoint, submission_id=spec.submission_id)
-    proxy = DroppingProxy(int(cluster.address.rsplit(":", 1)[1]))
+    client, job_id, proxy = counting_job_behind_a_proxy(cluster, seconds=120)
     try:
         watcher = _when_logged(client, job_id, "line-3", lambda: proxy.drop(refuse_s=float("inf")))
         started = time.monotonic()
