@@ -13,6 +13,7 @@ import json
 import sys
 from typing import List, Optional
 
+from orchestrator import logs
 from orchestrator.errors import ConfigError
 
 
@@ -145,6 +146,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logs.setup()
     try:
         return VERBS[args.verb](args)
     except ConfigError as exc:

@@ -1,8 +1,11 @@
-"""The one typed configuration schema, its loader and its validation.
+"""The one typed configuration schema, its loader, and the config as a dict (redacted).
 
 Loading order (later wins): schema defaults <- YAML file (which may build on another YAML
 through a top-level `extends: other.yaml`, resolved relative to the file) <- dotlist overrides
 (`optim.lr=3e-4`). Every error is a ConfigError naming the key, the value and what is valid.
+
+Reading the YAML files and overrides is orchestrator.yaml_files; the cross-field checks are
+orchestrator.validation. Every public name of both stays importable from here.
 
 Pure: imports no Ray, DeepSpeed or MLflow.
 """
@@ -15,13 +18,19 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
-from orchestrator import batching, schedules
-from orchestrator.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
+from orchestrator import batching
 from orchestrator.errors import ConfigError
+from orchestrator.yaml_files import (  # noqa: F401  (re-exported: callers import them from here)
+    ALLOWED_RESOLVERS,
+    dotlist,
+    dotlist_value,
+    extends_chain,
+    parse_overrides,
+    read_mapping,
+)
 
 
 @dataclass
@@ -218,10 +227,6 @@ class Config:
 
 # ---------------------------------------------------------------- loading
 
-# Resolvers a config may use. OmegaConf ships `oc.env`, `oc.select`, ... ; we register no
-# `eval` (or any code-running) resolver, and reject any resolver outside this list.
-ALLOWED_RESOLVERS = ("oc.env", "oc.select", "oc.decode", "oc.create", "oc.dict.keys", "oc.dict.values")
-_RESOLVER_RE = re.compile(r"\$\{([\w.]+):")
 _SECRET_RE = re.compile(r"\$\{oc\.env:")
 REDACTED = "***"
 
@@ -239,7 +244,8 @@ def schema_keys(schema: Any = Config, prefix: str = "") -> List[str]:
     return keys
 
 
-def _did_you_mean(key: str) -> str:
+def did_you_mean(key: str) -> str:
+    """`; did you mean <closest schema key>?` (or the valid sections), to end an unknown-key message."""
     close = difflib.get_close_matches(key, schema_keys(), n=1, cutoff=0.6)
     if close:
         return f"; did you mean {close[0]}?"
@@ -247,51 +253,9 @@ def _did_you_mean(key: str) -> str:
     return f"; valid sections: {', '.join(sections)}"
 
 
-def _read_yaml(path: Path, seen: tuple = ()) -> DictConfig:
-    """Read one YAML file and, first, the file it `extends`."""
-    if not path.is_file():
-        raise ConfigError("CONFIG", f"config file {str(path)!r} not found")
-    if path.resolve() in seen:
-        raise ConfigError("extends", f"{path} extends itself (cycle through {', '.join(map(str, seen))})")
-    text = path.read_text()
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError("CONFIG", f"YAML syntax error in {path}{where}: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError("CONFIG", f"{path} must hold a mapping of config sections, got {type(raw).__name__}")
-    for match in _RESOLVER_RE.finditer(text):
-        if match.group(1) not in ALLOWED_RESOLVERS:
-            raise ConfigError("CONFIG", f"{path} uses resolver ${{{match.group(1)}:...}}; allowed: {', '.join(ALLOWED_RESOLVERS)}")
-    parent = raw.pop("extends", None)
-    layers = []
-    if parent is not None:
-        layers.append(_read_yaml((path.parent / str(parent)), seen + (path.resolve(),)))
-    layers.append(OmegaConf.create(raw))
-    return OmegaConf.merge(*layers) if len(layers) > 1 else layers[0]
-
-
-def parse_overrides(overrides: List[str]) -> List[tuple]:
-    """key=value strings -> [(key, value)], values parsed as YAML like OmegaConf's dotlist."""
-    parsed = []
-    for item in overrides:
-        key, sep, _ = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(item, "an override must look like key=value (e.g. optim.lr=3e-4)")
-        match = _RESOLVER_RE.search(item)
-        if match and match.group(1) not in ALLOWED_RESOLVERS:
-            raise ConfigError(key, f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}")
-        try:
-            # resolve=False keeps `${oc.env:...}` as written, so it can be redacted later.
-            value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
-        except OmegaConfBaseException as exc:
-            raise ConfigError(key, str(exc).splitlines()[0]) from None
-        for part in key.split("."):
-            value = value[part]
-        parsed.append((key, value))
-    return parsed
+def _read_yaml(path: Path) -> DictConfig:
+    """One YAML train config merged over the files it `extends`."""
+    return OmegaConf.merge(*(OmegaConf.create(raw) for _, raw, _ in reversed(extends_chain(path))))
 
 
 def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
@@ -305,14 +269,14 @@ def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
             inner = getattr(exc, "full_key", None)
             if inner and not key.startswith(inner):  # an unknown key inside a list or dict value
                 raise _omegaconf_error(exc) from None
-            raise ConfigError(key, f"unknown key{_did_you_mean(key)}") from None
+            raise ConfigError(key, f"unknown key{did_you_mean(key)}") from None
 
 
 def _omegaconf_error(exc: OmegaConfBaseException) -> ConfigError:
     key = getattr(exc, "full_key", None) or ""
     first = str(exc).splitlines()[0]
     if isinstance(exc, ConfigKeyError):
-        return ConfigError(key, f"unknown key{_did_you_mean(key)}")
+        return ConfigError(key, f"unknown key{did_you_mean(key)}")
     if isinstance(exc, ValidationError):
         return ConfigError(key, f"{first}")
     if isinstance(exc, InterpolationResolutionError):
@@ -392,98 +356,25 @@ def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
 
 
-# ---------------------------------------------------------------- validation
+# ---------------------------------------------------------------- validation (orchestrator.validation)
 
-MODEL_NAMES = ("gpt", "linreg")
-SOURCE_KINDS = ("code", "prose", "arithmetic", "files")
-PRECISIONS = ("fp32", "bf16", "fp16")
-STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs", "abfss")  # what pyarrow.fs opens
-
-
-def _positive(key: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(key, f"got {value}; must be {'>= 0' if allow_zero else '> 0'}")
-
-
-def _choice(key: str, value: str, valid: tuple) -> None:
-    if value not in valid:
-        raise ConfigError(key, f"got {value!r}; valid: {', '.join(valid)}")
+_VALIDATION_NAMES = ("SOURCE_KINDS", "PRECISIONS", "STORAGE_SCHEMES")
 
 
 def validate(cfg: Config) -> None:
-    """Cross-field checks the types alone cannot express. Raises ConfigError."""
-    m, d, t = cfg.model, cfg.data, cfg.train
-    _choice("model.name", m.name, MODEL_NAMES)
-    for key in ("n_layers", "n_heads", "d_model", "mlp_ratio", "max_seq_len", "vocab_size", "dim"):
-        _positive(f"model.{key}", getattr(m, key))
-    if m.d_model % m.n_heads:
-        raise ConfigError("model.n_heads", f"got {m.n_heads}; must divide model.d_model={m.d_model}")
-    _positive("model.noise_std", m.noise_std, allow_zero=True)
-    _positive("model.w_star_norm", m.w_star_norm, allow_zero=True)
-    _positive("data.seq_len", d.seq_len)
-    if m.name == "gpt" and d.seq_len > m.max_seq_len:
-        raise ConfigError("data.seq_len", f"got {d.seq_len}; beyond model.max_seq_len={m.max_seq_len} positions; use <= {m.max_seq_len} or raise model.max_seq_len")
-    if m.name == "gpt" and m.vocab_size < 257:
-        raise ConfigError("model.vocab_size", f"got {m.vocab_size}; the byte tokenizer needs >= 257")
-    if not d.sources:
-        raise ConfigError("data.sources", "empty; name at least one source")
-    names = [src.name for src in d.sources]
-    for i, src in enumerate(d.sources):
-        if src.name in names[:i]:
-            raise ConfigError(f"data.sources.{i}.name", f"{src.name!r} is also data.sources.{names.index(src.name)}.name; "
-                              "each source needs its own name (it labels data/share/<name>)")
-        _choice(f"data.sources.{i}.kind", src.kind, SOURCE_KINDS)
-        _positive(f"data.sources.{i}.weight", src.weight)
-        if src.kind == "files" and not src.path:
-            raise ConfigError(f"data.sources.{i}.path", "missing; a `files` source needs a directory, file or glob")
-    if not 0 < d.eval_fraction < 1:
-        raise ConfigError("data.eval_fraction", f"got {d.eval_fraction}; must be strictly between 0 and 1")
-    _positive("data.max_documents_per_source", d.max_documents_per_source, allow_zero=True)
-    _positive("cluster.num_workers", cfg.cluster.num_workers)
-    _positive("cluster.cpus_per_worker", cfg.cluster.cpus_per_worker)
-    _choice("cluster.placement_strategy", cfg.cluster.placement_strategy, PLACEMENT_STRATEGIES)
-    scheme = t.storage_path.partition("://")[0] if "://" in t.storage_path else None
-    if not t.storage_path or (scheme is not None and scheme not in STORAGE_SCHEMES):
-        raise ConfigError("train.storage_path", f"got {t.storage_path!r}; use a path or a URI with scheme "
-                          + ", ".join(f"{s}://" for s in STORAGE_SCHEMES))
-    _positive("optim.lr", cfg.optim.lr, allow_zero=True)
-    _positive("optim.weight_decay", cfg.optim.weight_decay, allow_zero=True)
-    _positive("optim.grad_clip", cfg.optim.grad_clip, allow_zero=True)
-    for key in ("beta1", "beta2"):
-        if not 0 <= getattr(cfg.optim, key) < 1:
-            raise ConfigError(f"optim.{key}", f"got {getattr(cfg.optim, key)}; must be in [0, 1)")
-    s = cfg.schedule
-    _choice("schedule.decay", s.decay, schedules.DECAYS)
-    _positive("schedule.warmup_tokens", s.warmup_tokens, allow_zero=True)
-    if not 0 <= s.min_lr_ratio <= 1:
-        raise ConfigError("schedule.min_lr_ratio", f"got {s.min_lr_ratio}; must be in [0, 1]")
-    if not 0 < s.wsd_decay_share <= 1:
-        raise ConfigError("schedule.wsd_decay_share", f"got {s.wsd_decay_share}; must be in (0, 1]")
-    for key in ("total_tokens", "report_every_tokens", "eval_every_tokens", "eval_tokens", "keep_checkpoints"):
-        _positive(f"train.{key}", getattr(t, key))
-    _positive("train.checkpoint_every_tokens", t.checkpoint_every_tokens, allow_zero=True)
-    _positive("train.max_failures", t.max_failures, allow_zero=True)
-    _choice("train.loss_normalization", t.loss_normalization, ("token", "micro_batch"))
-    plan = batch_plan(cfg)
-    batching.total_steps(plan, t.total_tokens)
-    if s.warmup_tokens > t.total_tokens:
-        raise ConfigError("schedule.warmup_tokens", f"got {s.warmup_tokens:,}; longer than the budget train.total_tokens={t.total_tokens:,}")
-    if 0 < s.warmup_tokens <= plan.tokens_per_update:
-        # An update's LR is the schedule at the tokens seen after it: the first would get the peak.
-        tpu = plan.tokens_per_update
-        raise ConfigError("schedule.warmup_tokens", f"got {s.warmup_tokens:,}; not more than one update ({tpu:,} tokens), so no update "
-                          f"would warm up; use 0 (no warmup) or at least {tpu + 1:,} (e.g. {2 * tpu:,}: the first update at half the peak)")
-    ds = cfg.deepspeed
-    if ds.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError("deepspeed.zero_stage", f"got {ds.zero_stage}; valid: 0, 1, 2, 3")
-    _choice("deepspeed.precision", ds.precision, PRECISIONS)
-    if ds.precision == "fp16" and not cfg.cluster.use_gpu:
-        raise ConfigError("deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16")
-    _positive("tracking.flush_every_s", cfg.tracking.flush_every_s)
-    _positive("tracking.max_buffered_points", cfg.tracking.max_buffered_points)
-    _positive("tracking.system_metrics_interval_s", cfg.tracking.system_metrics_interval_s)
-    if cfg.gns.ema_tokens is not None:
-        _positive("gns.ema_tokens", cfg.gns.ema_tokens)
+    """Cross-field checks the types alone cannot express (orchestrator.validation). Raises ConfigError."""
+    from orchestrator import validation  # lazy: validation imports this module's schema
+
+    validation.validate(cfg)
+
+
+def __getattr__(name: str) -> Any:
+    """validation's public names stay importable from here."""
+    if name in _VALIDATION_NAMES:
+        from orchestrator import validation
+
+        return getattr(validation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gns_ema_tokens(cfg: Config) -> int:

@@ -9,17 +9,19 @@ kept beside them.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from orchestrator import batching, ds_config, feasibility, plan as planning, storage, tracking
 from orchestrator.config import Config, batch_plan, flatten, to_dict, to_yaml
 from orchestrator.errors import ConfigError
 
 RUN_RECORD = "orchestrator_run.json"
+log = logging.getLogger(__name__)
 
 
 def preflight(cfg: Config) -> None:
@@ -44,8 +46,11 @@ def on_cluster(cfg: Config) -> bool:
 def ray_init(address: Optional[str] = None) -> None:
     """Join a cluster, or start a local Ray whose dashboard listens on 127.0.0.1 only.
 
-    Worker output is not forwarded (log_to_driver=False): progress comes from MLflow, the
-    source of truth, and a failing worker's traceback comes back with the Train error.
+    Worker output is not forwarded (log_to_driver=False): DeepSpeed's and Ray's worker chatter
+    would bury the progress lines, and in Ray Train's local mode the worker is the Tune trial's
+    own process anyway. What the user must see comes through MLflow, the source of truth:
+    progress, the worker's warnings (rank 0 records them as run tags, `_show_worker_warnings`
+    prints them) and a failing worker's traceback, which comes back with the Train error.
     """
     import ray
 
@@ -147,6 +152,7 @@ def build_trainer(cfg: Config, run_id: str, storage_path: str, name: str, callba
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from workloads import registry
     from workloads.train_loop import FAULT_ENV, train_worker
 
     plan = batch_plan(cfg)
@@ -155,7 +161,8 @@ def build_trainer(cfg: Config, run_id: str, storage_path: str, name: str, callba
     # environment of the Ray instance, not of the command that submits to it.
     marker = storage.local_path(storage.join(storage_path, name, ".fault_injected"))
     fault = {"at_tokens": os.environ.get(FAULT_ENV), "marker": str(marker) if marker else None}
-    payload = {"config": worker_config(cfg), "run_id": run_id, "fault": fault, "local_mode": local_mode}
+    payload = {"config": worker_config(cfg), "run_id": run_id, "fault": fault, "local_mode": local_mode,
+               "workloads": registry.importable()}
     return TorchTrainer(
         train_worker,
         train_loop_config=payload,
@@ -213,15 +220,28 @@ def resolve_paths(cfg: Config) -> None:
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
 
 
+def _show_worker_warnings(cfg: Config, tags: Dict[str, str], shown: Set[str]) -> None:
+    """Print the warnings the run's workers recorded (run tags) that were not shown yet."""
+    for tag, message in tracking.warnings_in(tags).items():
+        if tag not in shown:
+            shown.add(tag)
+            log.warning("[%s] worker: %s", cfg.train.run_name, message)
+
+
 def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: float = 5.0) -> None:
-    """Tokens, loss, tokens/s and ETA from what the run has logged, until training ends."""
+    """Tokens, loss, tokens/s and ETA from what the run has logged, and the workers' warnings,
+    until training ends."""
     budget, shown, started = planning.rounded_budget(cfg), None, time.monotonic()
+    # A resumed run's earlier warnings were shown by the command that ran it then.
+    warned = set(_run_tags(cfg, run_id))
     while worker.is_alive():
         worker.join(every_s)
         try:
-            latest = tracking.get_run(cfg.tracking.uri, run_id).data.metrics
+            run = tracking.get_run(cfg.tracking.uri, run_id)
         except Exception:  # the store is busy or away: try again at the next tick
             continue
+        _show_worker_warnings(cfg, run.data.tags, warned)
+        latest = run.data.metrics
         tokens = int(latest.get("train/tokens", 0))
         if not tokens or tokens == shown:
             continue
@@ -232,6 +252,14 @@ def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: 
         print(f"[{cfg.train.run_name}] {tokens:,}/{budget:,} tokens ({100 * tokens / budget:.0f}%) "
               f"loss {latest.get('train/loss', float('nan')):.4f}{evaluation} {speed:,.0f} tok/s ETA {eta} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
+    _show_worker_warnings(cfg, _run_tags(cfg, run_id), warned)  # those sent at the workers' teardown
+
+
+def _run_tags(cfg: Config, run_id: str) -> Dict[str, str]:
+    try:
+        return tracking.get_run(cfg.tracking.uri, run_id).data.tags
+    except Exception:  # the store is busy or away: the progress loop tries again
+        return {}
 
 
 def recorded_run_id(storage_path: str | Path, name: str) -> Optional[str]:

@@ -35,21 +35,16 @@ TOKEN_KEYS = {"batch.tokens_per_update", "schedule.warmup_tokens"}
 def _tracking_for(target: str, overrides: List[str]) -> Tuple[Optional[str], str, str]:
     """(sweep name when target is a sweep file, tracking uri, experiment). The `tracking.*` entries
     of a sweep file's `base.overrides` name its store; the command line's overrides win."""
-    import yaml
-
-    from orchestrator import config
+    from orchestrator import config, sweep_file
 
     name, extra = None, []
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
         if not Path(target).is_file():
             raise ConfigError("SWEEP_OR_RUN", f"sweep file {target} not found")
-        data = yaml.safe_load(Path(target).read_text())
-        if not isinstance(data, dict) or not data.get("name"):
+        sweep = sweep_file.load(target, check=False)  # its base config need not resolve here
+        if not sweep.raw.get("name"):
             raise ConfigError("name", f"sweep file {target} has no top-level `name:`; valid: a sweep YAML with name")
-        base = data.get("base") if isinstance(data.get("base"), dict) else {}
-        raw = base.get("overrides") or []
-        raw = [f"{k}={v}" for k, v in raw.items()] if isinstance(raw, dict) else raw
-        name, extra = str(data["name"]), [str(o) for o in raw if str(o).startswith("tracking.")]
+        name, extra = sweep.name, [o for o in sweep.base_overrides if o.startswith("tracking.")]
     cfg = config.load(None, extra + list(overrides))
     return name, tracking.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
 
@@ -65,8 +60,8 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
     sweep_name = sweep_name or target
     run_id = tracking.find_sweep_run_anywhere(uri, sweep_name, experiment)
     if run_id is None:
-        raise ConfigError("SWEEP_OR_RUN", f"no sweep named {sweep_name!r} (run tagged orchestrator.role=sweep, "
-                          f"orchestrator.sweep={sweep_name!r}) and no run with that id in {uri} "
+        raise ConfigError("SWEEP_OR_RUN", f"no sweep named {sweep_name!r} (run tagged {tracking.ROLE_TAG}={tracking.SWEEP_ROLE}, "
+                          f"{tracking.SWEEP_TAG}={sweep_name!r}) and no run with that id in {uri} "
                           f"(searched experiment {experiment!r}, then all)")
     return uri, sweep_name, run_id
 

@@ -14,7 +14,6 @@ nodes; talking to the cluster (auth token, connect, follow) is orchestrator.ray_
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import secrets
@@ -24,8 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-import yaml
 
 from orchestrator.errors import ConfigError
 from orchestrator.ray_jobs import ClusterError, _calls, _first_line, cluster_nodes, connect, follow_job, mask
@@ -86,58 +83,34 @@ def _inside(path: Path, root: Path, what: str) -> str:
         raise ConfigError(what, f"{path} lies outside the project folder {root}, the only files the job receives; move it under {root}") from None
 
 
-def _read_mapping(path: Path, what: str) -> Dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(what, f"YAML syntax error in {path}: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(what, f"{path} must hold a mapping, got {type(data).__name__}")
-    return data
-
-
-def _config_chain(path: Path) -> List[Path]:
-    """A train config and the files it `extends`, nearest first."""
-    chain: List[Path] = []
-    while path.is_file() and path.resolve() not in chain and len(chain) < 20:
-        chain.append(path.resolve())
-        with contextlib.suppress(yaml.YAMLError, OSError):
-            parent = (yaml.safe_load(path.read_text()) or {}).get("extends")
-            if parent:
-                path = path.parent / str(parent)
-                continue
-        break
-    return chain
-
-
-def _base_config(sweep: Dict[str, Any], sweep_path: Path, root: Path) -> Optional[Path]:
+def _base_config(sweep: Any, root: Path) -> Optional[Path]:
     """The train config a sweep builds on (`base.config`), which the job must find too."""
-    base = sweep.get("base")
-    name = base.get("config") if isinstance(base, dict) else None
+    name = sweep.raw["base"].get("config") if sweep.base_config else None
     if not name:
         return None
-    candidates = [Path(name)] if Path(name).is_absolute() else [root / name, sweep_path.parent / name, Path.cwd() / name]
+    name = str(name)
+    candidates = [Path(name)] if Path(name).is_absolute() else [root / name, sweep.path.parent / name, Path.cwd() / name]
     found = next((c for c in candidates if c.is_file()), None)
     if found is None:
-        raise ConfigError("base.config", f"{name!r} (named in {sweep_path}) not found")
+        raise ConfigError("base.config", f"{name!r} (named in {sweep.path}) not found")
     _inside(found, root, "base.config")
     return found
 
 
-def _effective_tracking_uri(overrides: Sequence[str], sweep: Dict[str, Any], base: Optional[Path]) -> str:
-    """Best guess of tracking.uri on the cluster (for the note on relative local stores)."""
-    base_overrides = sweep.get("base", {}).get("overrides") if isinstance(sweep.get("base"), dict) else None
-    if isinstance(base_overrides, dict):  # sweep files write them as a mapping
-        base_overrides = [f"{k}={v}" for k, v in base_overrides.items()]
-    for item in [*(base_overrides or []), *overrides][::-1]:
+def _effective_tracking_uri(overrides: Sequence[str], chain: Sequence[Tuple[Path, Dict[str, Any], str]]) -> str:
+    """Best guess of tracking.uri on the cluster (for the note on relative local stores): the last
+    tracking.uri override, else the nearest file of the config's `extends` chain naming one, else
+    the schema's default."""
+    from orchestrator import config
+
+    for item in list(overrides)[::-1]:
         if str(item).startswith("tracking.uri="):
             return str(item).partition("=")[2]
-    for path in _config_chain(base) if base else []:
-        with contextlib.suppress(Exception):
-            uri = ((yaml.safe_load(path.read_text()) or {}).get("tracking") or {}).get("uri")
-            if uri:
-                return str(uri)
-    return "sqlite:///mlflow.db"  # the schema's default
+    for _, raw, _ in chain:
+        tracking = raw.get("tracking")
+        if isinstance(tracking, dict) and tracking.get("uri"):
+            return str(tracking["uri"])
+    return config.TrackingConfig.uri
 
 
 def _relative_local(uri: str) -> bool:
@@ -175,7 +148,7 @@ def job_spec(verb: str, target: str | Path, overrides: Sequence[str] = (), resum
              root: Optional[Path] = None) -> JobSpec:
     """A job running `orchestrator VERB TARGET overrides` in a copy of the project; checks TARGET
     (exists, inside the project, a YAML mapping, its base config present) and the overrides."""
-    from orchestrator import config
+    from orchestrator import config, sweep_file
 
     root = (root or project_root()).resolve()
     path = Path(target)
@@ -184,12 +157,16 @@ def job_spec(verb: str, target: str | Path, overrides: Sequence[str] = (), resum
         raise ConfigError("SWEEP" if verb == "sweep" else "CONFIG", f"file {str(target)!r} not found")
     rel = _inside(path, root, "SWEEP" if verb == "sweep" else "CONFIG")
     config.parse_overrides(list(overrides))  # key=value shape and the resolver allow-list
-    data = _read_mapping(path, rel)
-    base = _base_config(data, path, root) if verb == "sweep" else path
-    texts = [path.read_text()] + [p.read_text() for p in (_config_chain(base) if base else [])]
+    if verb == "sweep":
+        sweep = sweep_file.load(path, check=False)  # the rest is checked by trial_shapes and on the cluster
+        name, base, base_overrides, texts = sweep.name, _base_config(sweep, root), sweep.base_overrides, [sweep.text]
+    else:
+        name, base, base_overrides, texts = path.stem, path, [], []
+    chain = config.extends_chain(base) if base else []
+    texts += [text for _, _, text in chain]
     env, extra = job_env(overrides, texts)
     notes = []
-    uri = _effective_tracking_uri(overrides, data if verb == "sweep" else {}, base)
+    uri = _effective_tracking_uri([*base_overrides, *overrides], chain)
     uri = os.environ["MLFLOW_TRACKING_URI"] if extra else uri  # the job resolves ${oc.env:...} to it
     if _relative_local(uri):
         notes.append(f"tracking.uri={uri} is relative: on the cluster it resolves inside the job's working directory on the "
@@ -198,7 +175,6 @@ def job_spec(verb: str, target: str | Path, overrides: Sequence[str] = (), resum
     runtime_env: Dict[str, Any] = {"working_dir": str(root), "excludes": list(EXCLUDES)}
     if env:
         runtime_env["env_vars"] = env
-    name = str(data.get("name") or path.stem)
     return JobSpec(
         entrypoint=build_entrypoint(verb, rel, [*overrides, *extra], resume=resume),
         runtime_env=runtime_env,

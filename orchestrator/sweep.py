@@ -13,6 +13,7 @@ MLflow run is created.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from orchestrator import config as config_lib
 from orchestrator import launch, search_space, storage, tracking
 from orchestrator.errors import ConfigError
 
+log = logging.getLogger(__name__)
 RECORD = "sweep_run.json"
 TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the workers hold the CPUs
 
@@ -115,8 +117,8 @@ def _preflight(trials: List[search_space.Trial]) -> None:
 
 def _open_parent(sweep: search_space.Sweep, cfg, trials) -> str:
     uri = cfg.tracking.uri
-    tags = {"orchestrator.role": "sweep", tracking.SWEEP_TAG: sweep.name, "orchestrator.search": sweep.search.algorithm,
-            "orchestrator.scheduler": sweep.scheduler.type}
+    tags = {tracking.ROLE_TAG: tracking.SWEEP_ROLE, tracking.SWEEP_TAG: sweep.name, tracking.SEARCH_TAG: sweep.search.algorithm,
+            tracking.SCHEDULER_TAG: sweep.scheduler.type}
     run_id = tracking.create_run(uri, cfg.tracking.experiment, f"sweep {sweep.name}", tags)
     params = config_lib.flatten({k: v for k, v in sweep.raw.items() if k != "description"})
     params["trials"] = len(trials) if trials is not None else sweep.search.num_samples
@@ -172,7 +174,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     if sweep.search.algorithm != "optuna":
         trials, skipped = search_space.split_feasible(sweep, search_space.expand(sweep))
         for t in skipped:
-            print(f"skipping infeasible trial [{t.name}]: {t.problem}")
+            log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
         search_space.check_asha_alignment(sweep, trials)
         _preflight(trials)
     else:

@@ -24,10 +24,16 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 PARENT_TAG = "mlflow.parentRunId"
+ROLE_TAG = "orchestrator.role"  # SWEEP_ROLE on a sweep's parent run
+SWEEP_ROLE = "sweep"
+SEARCH_TAG = "orchestrator.search"  # a sweep's search algorithm
+SCHEDULER_TAG = "orchestrator.scheduler"  # ... and its early-stopping scheduler
+SWEEP_RUN_FILTER = f"tags.`{ROLE_TAG}` = '{SWEEP_ROLE}'"  # MLflow search filter of sweep parent runs
 TRIAL_TAG = "orchestrator.trial_id"
 SWEEP_TAG = "orchestrator.sweep"
 FAILURE_TAG = "orchestrator.failure_reason"
 STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a trial was stopped at
+WARNING_TAG_PREFIX = "orchestrator.warning."  # + a 3-digit index: what a worker warned about, in order
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAMS = 100  # ... and on params per call
 # MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)
@@ -106,6 +112,25 @@ def set_tags(uri: str, run_id: str, tags: Dict[str, str]) -> None:
     client(uri).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def warning_tags(messages: Dict[int, str]) -> Dict[str, str]:
+    """{index: message} as tags that sort in the order the warnings were raised."""
+    return {f"{WARNING_TAG_PREFIX}{i:03d}": m[:5000] for i, m in messages.items()}
+
+
+def log_warnings(uri: str, run_id: str, messages: Dict[int, str]) -> None:
+    """Record a worker's warnings on its run (see workloads/worker_warnings.py)."""
+    set_tags(uri, run_id, warning_tags(messages))
+
+
+def warnings_in(tags: Dict[str, str]) -> Dict[str, str]:
+    """{tag: message} of the worker warnings among a run's tags, in the order they were raised."""
+    return {k: tags[k] for k in sorted(tags) if k.startswith(WARNING_TAG_PREFIX)}
+
+
+def run_warnings(uri: str, run_id: str) -> Dict[str, str]:
+    return warnings_in(client(uri).get_run(run_id).data.tags)
+
+
 def finish_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(uri).set_terminated(run_id, status=status)
 
@@ -168,7 +193,7 @@ def find_sweep_run(uri: str, experiment: str, sweep_name: str) -> Optional[str]:
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_name}' and tags.`orchestrator.role` = 'sweep'",
+    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_name}' and {SWEEP_RUN_FILTER}",
                          max_results=1, order_by=["attributes.start_time DESC"])
     return runs[0].info.run_id if runs else None
 
@@ -375,7 +400,7 @@ def find_sweep_run_anywhere(uri: str, sweep_name: str, experiment: Optional[str]
     exp_ids = [e.experiment_id for e in c.search_experiments(max_results=1000)]
     if not exp_ids:
         return None
-    query = f"tags.`{SWEEP_TAG}` = '{sweep_name}' and tags.`orchestrator.role` = 'sweep'"
+    query = f"tags.`{SWEEP_TAG}` = '{sweep_name}' and {SWEEP_RUN_FILTER}"
     runs = c.search_runs(exp_ids, filter_string=query, max_results=1, order_by=["attributes.start_time DESC"])
     return runs[0].info.run_id if runs else None
 

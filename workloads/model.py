@@ -12,19 +12,21 @@ Choices, in the spirit of nanoGPT's model.py:
 
 Attention goes through `scaled_dot_product_attention` with a dense boolean [b, 1, S, S] mask
 on CPU; on CUDA through compiled flex attention with a block mask, which never builds S x S.
+
+The file stands alone (torch only): its shape is a GPTConfig, which the `gpt` workload
+(workloads/workload.py) builds from the orchestrator's `model.*` keys.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Dict, List, Tuple, Union
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from orchestrator.config import ModelConfig
 
 try:  # flex attention (torch >= 2.5); without it every device uses the dense mask
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
@@ -34,6 +36,34 @@ except ImportError:  # pragma: no cover - depends on the torch build
 
 HAS_FLEX = flex_attention is not None
 AttentionMask = Union[torch.Tensor, "BlockMask"]
+
+
+# ---------------------------------------------------------------- the shape
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The hyperparameters that fix the model's shape."""
+
+    n_layers: int = 2
+    """Transformer blocks."""
+    n_heads: int = 4
+    """Attention heads; must divide d_model."""
+    d_model: int = 128
+    """Residual stream width."""
+    mlp_ratio: int = 4
+    """MLP hidden width as a multiple of d_model."""
+    max_seq_len: int = 256
+    """Positions the model can embed."""
+    vocab_size: int = 257
+    """Vocabulary size (257: 256 bytes + EOS)."""
+
+    @classmethod
+    def of(cls, shape: Any) -> "GPTConfig":
+        """A GPTConfig from any object with these fields as attributes (e.g. a config section)."""
+        if isinstance(shape, cls):
+            return shape
+        return cls(**{f.name: getattr(shape, f.name) for f in fields(cls)})
 
 
 # ---------------------------------------------------------------- the document mask
@@ -78,7 +108,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
         assert cfg.d_model % cfg.n_heads == 0
         self.n_heads = cfg.n_heads
@@ -95,7 +125,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
         self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
@@ -107,7 +137,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.d_model, bias=False)
         self.attn = CausalSelfAttention(cfg)
@@ -120,9 +150,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPTConfig):
+        """cfg: a GPTConfig, or anything GPTConfig.of accepts."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg = GPTConfig.of(cfg)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -153,7 +184,9 @@ class GPT(nn.Module):
 # ---------------------------------------------------------------- loss, size, FLOPs
 
 
-def token_losses(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def token_losses(
+    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy over loss-bearing positions, number of such positions).
 
     The sum, not the mean: the trainer divides by the update's global real-token count, so
@@ -179,21 +212,23 @@ def num_params(model: nn.Module, exclude_embeddings: bool = True) -> int:
     return n
 
 
-def count_params(cfg: ModelConfig, exclude_embeddings: bool = True) -> int:
+def count_params(cfg: GPTConfig, exclude_embeddings: bool = True) -> int:
     """num_params(GPT(cfg)) without building the model."""
+    cfg = GPTConfig.of(cfg)
     d, f = cfg.d_model, cfg.mlp_ratio * cfg.d_model
     per_block = 4 * d * d + 2 * d * f + 2 * d  # qkv + proj, MLP, two LayerNorm weights
     n = cfg.n_layers * per_block + d + cfg.vocab_size * d  # final norm, tied token table
     return n if exclude_embeddings else n + cfg.max_seq_len * d
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+def flops_per_token(cfg: GPTConfig, seq_len: int) -> float:
     """Training FLOPs per token: 6N + 12 L H Q T (PaLM appendix B, nanoGPT's estimate_mfu).
 
     6N: forward + backward matmuls against the weights. 12 L H Q T: attention scores and
     values over a full causal window T = seq_len; document masking skips some of that work,
     which this estimate (like everyone's) ignores.
     """
+    cfg = GPTConfig.of(cfg)
     L, H, Q = cfg.n_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
     return 6.0 * count_params(cfg) + 12.0 * L * H * Q * seq_len
 

@@ -1,5 +1,8 @@
 """What each Ray Train worker runs: build the DeepSpeed engine, accumulate, step, report,
-checkpoint. `train_worker` reads top to bottom; `train_update` is one optimizer update.
+checkpoint. `_train` reads top to bottom: set-up, the loop, and teardown that always runs (an
+ExitStack owns the process group, MLflow logger, system-metrics sampler and warning capture);
+`train_update` is one optimizer update; `MetricsWindow` turns the updates between two reports
+into their metrics.
 
 Token-weighted accumulation (DESIGN.md 4.2): before the first backward of an update we count
 the real tokens of all its micro-batches on all workers (N). Each micro-batch's *summed* token
@@ -10,11 +13,11 @@ gradient is exactly the mean over every real token, however the batch is split. 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
-import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -23,41 +26,104 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from orchestrator import batching, ds_config, noise, tracking
+from orchestrator import batching, ds_config, logs, noise, tracking
 from orchestrator.config import Config, batch_plan, from_dict, gns_ema_tokens
 from orchestrator.schedules import lr_at
+from workloads import registry, worker_warnings
 from workloads import workload as workloads
+from workloads.checkpoint import TrainState, restore, save_and_report
 from workloads.gns_probe import GradNormProbe
+from workloads.metrics_window import MetricsWindow, due
 
-CHECKPOINT_TAG = "state"
 FAULT_ENV = "ORCHESTRATOR_FAULT_AT_TOKENS"
+log = logging.getLogger(__name__)
 
 
 @dataclass
-class TrainState:
-    """Everything besides model and optimizer that a resumed run needs (checkpoint client state)."""
+class Run:
+    """What the training loop works with; built by `_set_up`, released by its ExitStack."""
 
-    update: int = 0
-    tokens: int = 0
-    run_id: str = ""
-    gns: Dict[str, Any] = field(default_factory=dict)
-    mlflow_watermarks: Dict[str, int] = field(default_factory=dict)
-    mlflow_pending: List[Any] = field(default_factory=list)
-    torch_rng: Optional[Any] = None
+    cfg: Config
+    api: Any  # ray.train, or ray.tune in local mode (see `_ray`)
+    rank: int
+    world: int
+    plan: Any
+    steps: int
+    budget: int
+    work: Any
+    engine: Any
+    state: TrainState
+    gns: noise.NoiseScaleEMA
+    probe: Optional[GradNormProbe] = None
+    logger: Optional[tracking.MetricLogger] = None  # rank 0 only, like everything sent to MLflow
+    warnings: Optional[worker_warnings.WarningCollector] = None
+    last_eval: float = float("nan")
 
 
-@dataclass
-class Window:
-    """Accumulators between two reports."""
+def train_worker(payload: Dict[str, Any]) -> None:
+    """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, the driver's
+    registered `workloads`, optional `fault`, `local_mode` (Ray Train's local mode inside a
+    Tune trial)."""
+    logs.setup()
+    registry.register_all(payload.get("workloads", {}))
+    _train(from_dict(payload["config"]), payload, _ray(payload))
 
-    loss_sum: float = 0.0
-    real_tokens: int = 0
-    slots: int = 0
-    source_tokens: Dict[str, int] = field(default_factory=dict)
-    started: float = field(default_factory=time.perf_counter)
-    tokens_at_start: int = 0
-    eval_s: float = 0.0
-    """Time spent evaluating inside the window: not training, so not in tokens/s."""
+
+def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
+    with contextlib.ExitStack() as resources:  # teardown runs however the run ends
+        run = _set_up(cfg, payload, api, resources)
+        window = MetricsWindow(run.state.tokens)
+        for update in range(run.state.update, run.steps):
+            _maybe_inject_fault(run.state.tokens, run.rank, payload.get("fault", {}), run.logger)
+            before = run.state.tokens
+            lr, stats = _update(run, update)
+            if not math.isfinite(stats["loss"]):  # end the run; the driver marks it failed
+                _report_divergence(run, stats)
+                break
+            _log_update(run, stats, lr)
+            window.add(stats)
+            _update_noise_scale(run, stats)
+
+            last, tokens, every = run.state.update == run.steps, run.state.tokens, cfg.train
+            evaluated = due(before, tokens, every.eval_every_tokens) or last
+            if evaluated:
+                with window.evaluating():
+                    _evaluate(run)
+            checkpoint = due(before, tokens, every.checkpoint_every_tokens) or last
+            if evaluated or checkpoint or due(before, tokens, every.report_every_tokens):
+                _report(run, window, lr, evaluated, checkpoint)
+                window = MetricsWindow(tokens)
+
+
+def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.ExitStack) -> Run:
+    """Process group, tracking, workload, engine, restored state; resources go on `resources`."""
+    if ensure_process_group(cfg):
+        resources.callback(dist.destroy_process_group)
+    rank, world = dist.get_rank(), dist.get_world_size()  # Ray Train's world rank and size
+    collector = _capture_warnings(cfg, payload["run_id"], resources) if rank == 0 else None
+    torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
+    plan = batch_plan(cfg)
+    assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
+    steps = batching.total_steps(plan, cfg.train.total_tokens)
+    device = torch.device("cuda", torch.cuda.current_device()) if cfg.cluster.use_gpu else torch.device("cpu")
+
+    work = workloads.build(cfg, plan, device)
+    probe = _gns_probe(cfg, plan, work)
+    if probe:
+        resources.callback(probe.remove)
+    engine = _engine(cfg, plan, work)
+    state = restore(engine, TrainState(run_id=payload["run_id"]), api)
+    gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
+    if state.gns:
+        gns.load_state_dict(state.gns)
+    run = Run(cfg, api, rank, world, plan, steps, plan.tokens_for_steps(steps), work, engine, state, gns, probe,
+              warnings=collector)
+    if rank == 0:
+        run.logger = _open_tracking(cfg, state, resources)
+        _say_what_is_not_measured(cfg, plan, probe, state)
+    if state.update == 0:  # the curve starts at the initial loss (ln 257 for bytes)
+        _evaluate(run)
+    return run
 
 
 def _all_reduce(values: List[float]) -> List[float]:
@@ -101,7 +167,8 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
             # ZeRO 0 with a torch optimizer keeps no global norm, but after the boundary
             # backward every rank's p.grad holds the all-reduced update gradient.
             # Summed on the device: one host sync, not one per parameter.
-            big_sq = float(sum(p.grad.double().square().sum() for p in engine.module.parameters() if p.grad is not None))
+            grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+            big_sq = float(sum(g.double().square().sum() for g in grads))
             big_sq /= loss_scale**2
         engine.step()
         loss_sum += float(summed.detach())
@@ -112,7 +179,8 @@ def train_update(engine, work, plan, update: int, rank: int, probe: Optional[Gra
     grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
     sources = list(work.source_names)
     local_source_tokens = [sum(mb.source_tokens.get(k, 0) for mb in batches) for k in sources]
-    total_loss, total_small_sq, total_small, *source_tokens = _all_reduce([loss_sum, small_sq_sum, small_count, *local_source_tokens])
+    totals = _all_reduce([loss_sum, small_sq_sum, small_count, *local_source_tokens])
+    total_loss, total_small_sq, total_small, *source_tokens = totals
     return {
         "loss_sum": total_loss,
         "real_tokens": global_real,
@@ -142,11 +210,6 @@ def evaluate(engine, work, rank: int, world: int) -> float:
     engine.train()
     loss_sum, count = _all_reduce([loss_sum, count])
     return loss_sum / max(count, 1.0)
-
-
-def _due(before: int, after: int, every: int) -> bool:
-    """Did the tokens pass a multiple of `every` during this update?"""
-    return every > 0 and after // every > before // every
 
 
 def _maybe_inject_fault(tokens: int, rank: int, fault: Dict[str, Any], logger) -> None:
@@ -195,163 +258,129 @@ def ensure_process_group(cfg: Config) -> bool:
     return True
 
 
-def _restore(engine, state: TrainState, api) -> TrainState:
-    checkpoint = api.get_checkpoint()
-    if checkpoint is None:
-        return state
-    with checkpoint.as_directory() as folder:
-        _, client = engine.load_checkpoint(folder, tag=CHECKPOINT_TAG)
-    restored = TrainState(**{k: v for k, v in client.items() if k in TrainState.__dataclass_fields__})
-    if restored.torch_rng is not None:
-        torch.set_rng_state(restored.torch_rng)
-    return restored
+def _gns_probe(cfg: Config, plan, work) -> Optional[GradNormProbe]:
+    """The per-micro-batch gradient norm hook, when B_simple can be measured: it needs more than
+    one micro-batch per update, and its rescaling assumes token-weighted losses."""
+    measurable = plan.micro_batches_per_update > 1 and cfg.train.loss_normalization == "token"
+    return GradNormProbe(work.model) if cfg.gns.enabled and measurable else None
 
 
-def _save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger, api) -> None:
-    """DeepSpeed checkpoint on every rank (ZeRO shards its state), merged and persisted by Ray
-    Train (by Ray Tune in local mode)."""
-    if logger is not None:
-        logger.flush(timeout_s=10)  # best effort; what stays unsent goes into the checkpoint
-        state.mlflow_pending = logger.pending_state()
-        state.mlflow_watermarks = logger.watermarks
-    state.torch_rng = torch.get_rng_state()
-    with tempfile.TemporaryDirectory() as folder:
-        engine.save_checkpoint(folder, tag=CHECKPOINT_TAG, client_state=asdict(state))
-        api.report(metrics, checkpoint=api.Checkpoint.from_directory(folder))
+def _capture_warnings(cfg: Config, run_id: str, resources: contextlib.ExitStack) -> worker_warnings.WarningCollector:
+    """Warnings of this worker go to the run's MLflow tags, where the driver reads them."""
+    uri = tracking.resolve_uri(cfg.tracking.uri)
+    collector = worker_warnings.WarningCollector(lambda messages: tracking.log_warnings(uri, run_id, messages),
+                                                 already=tracking.run_warnings(uri, run_id).values())
+    resources.callback(worker_warnings.install(collector))
+    return collector
 
 
-def train_worker(payload: Dict[str, Any]) -> None:
-    """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, optional `fault`,
-    `local_mode` (Ray Train's local mode inside a Tune trial)."""
-    cfg = from_dict(payload["config"])
-    own_group = ensure_process_group(cfg)
-    try:
-        _train(cfg, payload, _ray(payload))
-    finally:
-        if own_group:
-            dist.destroy_process_group()
+def _open_tracking(cfg: Config, state: TrainState, resources: contextlib.ExitStack) -> tracking.MetricLogger:
+    """Rank 0's MLflow logger (and system-metrics sampler), closed when the run ends."""
+    uri = tracking.resolve_uri(cfg.tracking.uri)
+    # Resume watermark: what MLflow already holds wins over what the checkpoint remembers.
+    held = tracking.last_steps(uri, state.run_id)
+    logger = tracking.MetricLogger(uri, state.run_id, cfg.tracking.flush_every_s, cfg.tracking.max_buffered_points,
+                                   watermarks={**state.mlflow_watermarks, **held})
+    logger.restore_pending(state.mlflow_pending, held)
+    resources.push(_closing(logger))
+    system = cfg.tracking.system_metrics if cfg.tracking.system_metrics is not None else cfg.cluster.use_gpu
+    if system:
+        monitor = tracking.start_system_metrics(uri, state.run_id, cfg.tracking.system_metrics_interval_s)
+        resources.callback(monitor.finish)
+    return logger
 
 
-def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
-    rank, world = dist.get_rank(), dist.get_world_size()  # Ray Train's world rank and size
-    torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
-    plan = batch_plan(cfg)
-    assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
-    steps = batching.total_steps(plan, cfg.train.total_tokens)
-    budget = plan.tokens_for_steps(steps)
-    device = torch.device("cuda", torch.cuda.current_device()) if cfg.cluster.use_gpu else torch.device("cpu")
+def _closing(logger: tracking.MetricLogger):
+    """ExitStack exit callback: a run that ends well waits for every point (and fails if they
+    stay unsent); a failing run sends what it can quickly, so its own error is the one reported."""
 
-    work = workloads.build(cfg, plan, device)
-    # The probe's rescaling assumes token-weighted losses; the naive mode measures nothing.
-    probe = (GradNormProbe(work.model) if cfg.gns.enabled and plan.micro_batches_per_update > 1
-             and cfg.train.loss_normalization == "token" else None)
-    engine = _engine(cfg, plan, work)
-    state = _restore(engine, TrainState(run_id=payload["run_id"]), api)
-    gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
-    if state.gns:
-        gns.load_state_dict(state.gns)
+    def close(exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            logger.close()
+            return False
+        try:
+            logger.close(timeout_s=10)
+        except Exception as error:
+            log.warning("MLflow logger not closed cleanly after the run failed: %s", error)
+        return False
 
-    logger = monitor = None
-    if rank == 0:
-        uri = tracking.resolve_uri(cfg.tracking.uri)
-        # Resume watermark: what MLflow already holds wins over what the checkpoint remembers.
-        held = tracking.last_steps(uri, state.run_id)
-        logger = tracking.MetricLogger(uri, state.run_id, cfg.tracking.flush_every_s, cfg.tracking.max_buffered_points,
-                                       watermarks={**state.mlflow_watermarks, **held})
-        logger.restore_pending(state.mlflow_pending, held)
-        system = cfg.tracking.system_metrics if cfg.tracking.system_metrics is not None else cfg.cluster.use_gpu
-        monitor = tracking.start_system_metrics(uri, state.run_id, cfg.tracking.system_metrics_interval_s) if system else None
-        if cfg.gns.enabled and probe is None:
-            print("gns: D x A = 1, so there is no small batch to compare with; B_simple is not measured", flush=True)
-        if state.update:
-            print(f"resuming at update {state.update:,} ({state.tokens:,} tokens) from the latest checkpoint", flush=True)
-
-    last_eval = float("nan")
-    if state.update == 0:  # the curve starts at the initial loss (ln 257 for bytes)
-        last_eval = evaluate(engine, work, rank, world)
-        if logger:
-            logger.log({"eval/loss": last_eval}, 0)
-    window = Window(tokens_at_start=state.tokens)
-    for update in range(state.update, steps):
-        _maybe_inject_fault(state.tokens, rank, payload.get("fault", {}), logger)
-        before = state.tokens
-        lr = lr_at(before + plan.tokens_per_update, peak=cfg.optim.lr, total_tokens=budget,
-                   warmup_tokens=cfg.schedule.warmup_tokens, decay=cfg.schedule.decay,
-                   min_lr_ratio=cfg.schedule.min_lr_ratio, wsd_decay_share=cfg.schedule.wsd_decay_share)
-        _set_lr(engine, lr)
-        stats = train_update(engine, work, plan, update, rank, probe, cfg.train.loss_normalization == "micro_batch")
-        state.update, state.tokens = update + 1, before + plan.tokens_per_update
-
-        if not math.isfinite(stats["loss"]):  # end the run; the driver marks it failed
-            if logger:
-                tracking.set_tags(logger.uri, state.run_id, {tracking.FAILURE_TAG: f"non-finite loss at {state.tokens:,} tokens"})
-            api.report({"tokens": state.tokens, "diverged": 1.0, "loss": stats["loss"]})
-            break
-        if logger:  # the loss of this update, at the tokens seen after it (DESIGN.md 3)
-            logger.log({"train/loss": stats["loss"], "train/lr": lr, "train/grad_norm": stats["grad_norm"]}, state.tokens)
-        window.loss_sum += stats["loss_sum"]
-        window.real_tokens += stats["real_tokens"]
-        window.slots += stats["local_slots"]
-        for k, v in stats["source_tokens"].items():
-            window.source_tokens[k] = window.source_tokens.get(k, 0) + v
-        if probe:
-            b_big, b_small = stats["real_tokens"], stats["real_tokens"] / plan.micro_batches_per_update
-            if math.isfinite(stats["grad_norm"]) and b_big > b_small:
-                gns.update(*noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big),
-                           tokens=plan.tokens_per_update)
-
-        last = state.update == steps
-        evaluated = _due(before, state.tokens, cfg.train.eval_every_tokens) or last
-        if evaluated:
-            eval_started = time.perf_counter()
-            last_eval = evaluate(engine, work, rank, world)
-            window.eval_s += time.perf_counter() - eval_started
-            if logger:
-                logger.log({"eval/loss": last_eval}, state.tokens)
-        checkpoint_due = _due(before, state.tokens, cfg.train.checkpoint_every_tokens) or last
-        if not (_due(before, state.tokens, cfg.train.report_every_tokens) or evaluated or checkpoint_due):
-            continue
-
-        elapsed = time.perf_counter() - window.started - window.eval_s
-        tokens_per_s = (state.tokens - window.tokens_at_start) / max(elapsed, 1e-9)
-        metrics = {
-            "train/optimizer_step": state.update,
-            "train/tokens": state.tokens,
-            "perf/tokens_per_s": tokens_per_s,
-            "perf/mfu": _mfu(work.flops_per_token, tokens_per_s, cfg),
-            # every worker holds the same number of token slots per update
-            "data/packing_efficiency": window.real_tokens / max(window.slots * world, 1),
-        }
-        real = sum(window.source_tokens.values())
-        metrics.update({f"data/share/{k}": v / real for k, v in window.source_tokens.items() if real})
-        if probe and gns.b_simple is not None:
-            metrics.update({"gns/b_simple": gns.b_simple, "gns/g_squared": gns.g_squared, "gns/trace_sigma": gns.trace_sigma})
-        if logger:
-            logger.log(metrics, state.tokens)
-        ray_metrics = {"tokens": state.tokens, "loss": window.loss_sum / max(window.real_tokens, 1), "eval_loss": last_eval,
-                       "lr": lr, "step": state.update, "b_simple": metrics.get("gns/b_simple", float("nan"))}
-        state.gns = gns.state_dict()
-        # A Ray Train report is a barrier across workers (about a second here), so Ray hears
-        # only at evaluations and checkpoints: that is where Tune's schedulers decide.
-        if checkpoint_due:
-            _save_and_report(engine, state, ray_metrics, logger, api)
-        elif evaluated:
-            if logger:  # a scheduler may stop this trial on this report: what it decided on is in MLflow
-                logger.flush(timeout_s=10)
-            api.report(ray_metrics)
-        window = Window(tokens_at_start=state.tokens)
-
-    if probe:
-        probe.remove()
-    if monitor:
-        monitor.finish()
-    if logger:
-        logger.close()
+    return close
 
 
-def _mfu(flops_per_token: float, tokens_per_s: float, cfg: Config) -> float:
-    """Model FLOPs utilisation against a named peak (H100/H200 bf16 dense: 989 TFLOP/s per GPU)."""
+def _say_what_is_not_measured(cfg: Config, plan, probe: Optional[GradNormProbe], state: TrainState) -> None:
+    if cfg.gns.enabled and probe is None:
+        why = ("D x A = 1, so there is no small batch to compare with" if plan.micro_batches_per_update == 1
+               else "train.loss_normalization is not 'token'")
+        log.warning("gns: %s; B_simple is not measured", why)
+    if state.update:
+        log.info("resuming at update %d (%d tokens) from the latest checkpoint", state.update, state.tokens)
+
+
+def _update(run: Run, update: int):
+    """One optimizer update at the scheduled learning rate; returns (lr, train_update's stats)."""
+    before, cfg = run.state.tokens, run.cfg
+    lr = lr_at(before + run.plan.tokens_per_update, peak=cfg.optim.lr, total_tokens=run.budget,
+               warmup_tokens=cfg.schedule.warmup_tokens, decay=cfg.schedule.decay,
+               min_lr_ratio=cfg.schedule.min_lr_ratio, wsd_decay_share=cfg.schedule.wsd_decay_share)
+    _set_lr(run.engine, lr)
+    naive = cfg.train.loss_normalization == "micro_batch"
+    stats = train_update(run.engine, run.work, run.plan, update, run.rank, run.probe, naive)
+    run.state.update, run.state.tokens = update + 1, before + run.plan.tokens_per_update
+    return lr, stats
+
+
+def _report_divergence(run: Run, stats: Dict[str, float]) -> None:
+    if run.logger:
+        reason = f"non-finite loss at {run.state.tokens:,} tokens"
+        tracking.set_tags(run.logger.uri, run.state.run_id, {tracking.FAILURE_TAG: reason})
+    run.api.report({"tokens": run.state.tokens, "diverged": 1.0, "loss": stats["loss"]})
+
+
+def _log_update(run: Run, stats: Dict[str, float], lr: float) -> None:
+    if run.logger:  # the loss of this update, at the tokens seen after it (DESIGN.md 3)
+        run.logger.log({"train/loss": stats["loss"], "train/lr": lr, "train/grad_norm": stats["grad_norm"]},
+                       run.state.tokens)
+
+
+def _update_noise_scale(run: Run, stats: Dict[str, float]) -> None:
+    if not run.probe:
+        return
+    b_big, b_small = stats["real_tokens"], stats["real_tokens"] / run.plan.micro_batches_per_update
+    if math.isfinite(stats["grad_norm"]) and b_big > b_small:
+        run.gns.update(*noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big),
+                       tokens=run.plan.tokens_per_update)
+
+
+def _evaluate(run: Run) -> None:
+    run.last_eval = evaluate(run.engine, run.work, run.rank, run.world)
+    if run.logger:
+        run.logger.log({"eval/loss": run.last_eval}, run.state.tokens)
+
+
+def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpoint: bool) -> None:
+    """The window's metrics to MLflow; to Ray (with a checkpoint when one is due)."""
+    state, gns = run.state, run.gns if run.probe else None
+    metrics = window.metrics(state.update, state.tokens, run.world, run.work.flops_per_token, _peak_flops(run.cfg), gns)
+    if run.logger:
+        run.logger.log(metrics, state.tokens)
+    if run.warnings:
+        run.warnings.flush()
+    ray_metrics = {"tokens": state.tokens, "loss": window.mean_loss(), "eval_loss": run.last_eval, "lr": lr,
+                   "step": state.update, "b_simple": metrics.get("gns/b_simple", float("nan"))}
+    state.gns = run.gns.state_dict()
+    # A Ray Train report is a barrier across workers (about a second here), so Ray hears
+    # only at evaluations and checkpoints: that is where Tune's schedulers decide.
+    if checkpoint:
+        save_and_report(run.engine, state, ray_metrics, run.logger, run.api)
+    elif evaluated:
+        if run.logger:  # a scheduler may stop this trial on this report: what it decided on is in MLflow
+            run.logger.flush(timeout_s=10)
+        run.api.report(ray_metrics)
+
+
+def _peak_flops(cfg: Config) -> Optional[float]:
+    """The named peak MFU is measured against (H100/H200 bf16 dense: 989 TFLOP/s per GPU);
+    None on CPU, where a shared machine has no meaningful peak."""
     if not cfg.cluster.use_gpu:
-        return float("nan")  # no meaningful peak for a shared CPU
-    peak = float(os.environ.get("ORCHESTRATOR_PEAK_FLOPS", 989e12)) * cfg.cluster.num_workers
-    return flops_per_token * tokens_per_s / peak
+        return None
+    return float(os.environ.get("ORCHESTRATOR_PEAK_FLOPS", 989e12)) * cfg.cluster.num_workers

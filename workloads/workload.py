@@ -1,20 +1,24 @@
-"""The two workloads behind one small interface, so the train loop does not care which runs.
+"""What the train loop needs from a workload (the `Workload` protocol), the two built-in ones,
+and `build`, which makes the one that `model.name` names through workloads/registry.py.
 
 A workload owns its model and its data and answers three questions: which micro-batch does
 worker r see at accumulation step a of update u, what is the *summed* token loss of a
-micro-batch (and how many real tokens it holds), and what is the held-out loss.
+micro-batch (and how many real tokens it holds), and what is the held-out loss. A third one is
+a class with the members of `Workload` and a constructor `(cfg, plan, device)`, registered
+with `@registry.register("name")`; `model.name: name` then validates and builds it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 from torch import nn
 
 from orchestrator.batching import BatchPlan
 from orchestrator.config import Config
+from workloads import registry
 
 
 @dataclass
@@ -29,26 +33,72 @@ class MicroBatch:
     """Real tokens per data source (mixture shares)."""
 
 
+@runtime_checkable
+class Workload(Protocol):
+    """What the trainer needs from a workload. Built by a factory `(cfg, plan, device)`, after
+    `build` has seeded torch with train.seed (so every rank and every split starts alike)."""
+
+    model: nn.Module
+    """The module DeepSpeed wraps; `summed_loss` calls it through the engine."""
+    flops_per_token: float
+    """Training FLOPs per token (forward + backward), for perf/mfu."""
+    source_names: Sequence[str]
+    """Names of the data sources that MicroBatch.source_tokens counts (empty: no mixture)."""
+
+    def param_groups(self) -> List[Dict[str, Any]]:
+        """AdamW parameter groups of `model`, each with its own weight_decay."""
+        ...
+
+    def micro_batch(self, update: int, rank: int, accum_step: int) -> MicroBatch:
+        """The training micro-batch of worker `rank` at accumulation step `accum_step` of update
+        `update`: a pure function of these three and the config, so that every split b x D x A
+        of an update sees the same examples (DESIGN.md 4.1, 4.5)."""
+        ...
+
+    def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(loss summed over mb's real tokens, their count), under the document mask: the sum,
+        not the mean, since the trainer divides by the update's global real-token count (4.2)."""
+        ...
+
+    def eval_batches(self, rank: int, world: int) -> List[MicroBatch]:
+        """This rank's share of the held-out set, the same for every batch size and split."""
+        ...
+
+
+def missing_members(obj: object) -> List[str]:
+    """The members of `Workload` that obj lacks (empty when it satisfies the protocol)."""
+    members = [*Workload.__annotations__, "param_groups", "micro_batch", "summed_loss", "eval_batches"]
+    return [m for m in members if not hasattr(obj, m)]
+
+
+def token_micro_batch(batch, source_names: Sequence[str], device: torch.device) -> MicroBatch:
+    """A MicroBatch of a packed token batch of workloads/data.py, for workloads on that data."""
+    tensors = {k: getattr(batch, k).to(device) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
+    per_source = batch.loss_mask.sum(dim=1)
+    source_tokens = {name: int(per_source[batch.source_ids == i].sum()) for i, name in enumerate(source_names)}
+    return MicroBatch(tensors, int(batch.real_tokens), batch.loss_mask.numel(), source_tokens)
+
+
 class GPTWorkload:
+    """`gpt`: the decoder-only transformer of workloads/model.py over packed documents."""
+
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
         from workloads import data, model
 
-        self._data, self._model_lib = data, model
+        self._model_lib = model
         self.cfg, self.plan, self.device = cfg, plan, device
-        self.model: nn.Module = model.GPT(cfg.model)
+        shape = model.GPTConfig.of(cfg.model)
+        self.model: nn.Module = model.GPT(shape)
         self.train_data = data.TokenDataset(cfg, "train")
         self.eval_data = data.TokenDataset(cfg, "eval")
         self.source_names = [s.name for s in cfg.data.sources]
-        self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
+        self.flops_per_token = model.flops_per_token(shape, cfg.data.seq_len)
 
     def param_groups(self) -> List[Dict[str, Any]]:
         return self._model_lib.param_groups(self.model, self.cfg.optim.weight_decay)
 
     def _wrap(self, batch) -> MicroBatch:
-        tensors = {k: getattr(batch, k).to(self.device) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
-        per_source = batch.loss_mask.sum(dim=1)
-        source_tokens = {name: int(per_source[batch.source_ids == i].sum()) for i, name in enumerate(self.source_names)}
-        return MicroBatch(tensors, int(batch.real_tokens), batch.loss_mask.numel(), source_tokens)
+        return token_micro_batch(batch, self.source_names, self.device)
 
     def micro_batch(self, update: int, rank: int, accum_step: int) -> MicroBatch:
         return self._wrap(self.train_data.micro_batch(update, self.plan, rank, accum_step))
@@ -65,7 +115,7 @@ class GPTWorkload:
 
 
 class LinRegWorkload:
-    """Linear regression with a known gradient noise scale; one example = one token."""
+    """`linreg`: linear regression with a known gradient noise scale; one example = one token."""
 
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
         from workloads import linreg
@@ -98,7 +148,12 @@ class LinRegWorkload:
         return [self._wrap(x.tensor_split(world)[rank], y.tensor_split(world)[rank])]
 
 
-def build(cfg: Config, plan: BatchPlan, device: torch.device):
-    """Seeds the model init from train.seed, so every split and every rank starts alike."""
+def build(cfg: Config, plan: BatchPlan, device: torch.device) -> Workload:
+    """The workload registered as model.name. Seeds the model init from train.seed, so every
+    split and every rank starts alike."""
     torch.manual_seed(cfg.train.seed)
-    return (LinRegWorkload if cfg.model.name == "linreg" else GPTWorkload)(cfg, plan, device)
+    work = registry.factory(cfg.model.name)(cfg, plan, device)
+    missing = missing_members(work)
+    if missing:
+        raise TypeError(f"workload {cfg.model.name!r} lacks {', '.join(missing)} of the Workload protocol")
+    return work

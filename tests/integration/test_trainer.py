@@ -152,3 +152,18 @@ def test_tiny_config_through_the_cli(tmp_path):
     assert evals[0][0] == 0 and abs(evals[0][1] - 5.55) < 0.3, evals  # starts at ln(257)
     assert evals[-1][1] < 0.6 * evals[0][1], evals
     print(f"tiny train took {elapsed:.0f} s")  # the 2-minute goal is a benchmark, not an assertion
+
+
+def test_a_worker_warning_reaches_the_driver_and_the_run(tmp_path):
+    """gns.enabled with D x A = 1 leaves no small batch to measure B_simple with: rank 0 warns in
+    its Ray worker (whose output is not forwarded), and `orchestrator train` still shows it."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    code, out, err = run_cli("train", TINY, "gns.enabled=true", "batch.micro_batch_size=32", "train.total_tokens=8192",
+                             "schedule.warmup_tokens=0",
+                             f"tracking.uri={uri}", f"train.storage_path={tmp_path}/runs", "train.run_name=warned",
+                             cwd=tmp_path)
+    assert code == 0, err[-3000:]
+    message = "no small batch to compare with; B_simple is not measured"
+    assert message in out + err
+    recorded = tracking.run_warnings(uri, launch.recorded_run_id(tmp_path / "runs", "warned"))
+    assert [m for m in recorded.values() if message in m], recorded

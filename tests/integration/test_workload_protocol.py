@@ -1,0 +1,117 @@
+"""Workloads behind one protocol: a third one, registered here in a few lines, validates and
+trains end to end through `orchestrator.launch.train`, like the built-in `gpt` and `linreg`."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from orchestrator import config, launch, tracking
+from orchestrator.errors import ConfigError
+from tests.conftest import ROOT, TINY, varied_corpus
+from workloads import registry
+from workloads.model import token_losses
+from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build, token_micro_batch
+
+UPDATES = 8
+
+
+@registry.register("bigram")
+class Bigram:
+    """The next byte from the previous one (an embedding and a linear layer) on the gpt data path."""
+
+    def __init__(self, cfg, plan, device):
+        from workloads.data import TokenDataset
+
+        self.cfg, self.plan, self.device = cfg, plan, device
+        self.model = nn.Sequential(nn.Embedding(cfg.model.vocab_size, cfg.model.d_model),
+                                   nn.Linear(cfg.model.d_model, cfg.model.vocab_size))
+        self.data = {split: TokenDataset(cfg, split) for split in ("train", "eval")}
+        self.source_names = [s.name for s in cfg.data.sources]
+        self.flops_per_token = 6.0 * sum(p.numel() for p in self.model.parameters())
+
+    def param_groups(self):
+        return [{"params": list(self.model.parameters()), "weight_decay": 0.0}]
+
+    def micro_batch(self, update, rank, accum_step):
+        batch = self.data["train"].micro_batch(update, self.plan, rank, accum_step)
+        return token_micro_batch(batch, self.source_names, self.device)
+
+    def summed_loss(self, engine, mb):
+        t = mb.tensors  # one token of context never crosses a document: no mask needed beyond loss_mask
+        return token_losses(engine(t["inputs"]), t["targets"], t["loss_mask"])
+
+    def eval_batches(self, rank, world):
+        batches = self.data["eval"].eval_batches(self.cfg.train.eval_tokens, self.plan.micro_batch_size, rank, world)
+        return [token_micro_batch(b, self.source_names, self.device) for b in batches]
+
+
+def bigram_config(tmp_path, *extra):
+    corpus = varied_corpus(tmp_path / "corpus")
+    return config.load(TINY, [
+        "model.name=bigram", "model.d_model=16", "model.max_seq_len=32", "data.seq_len=32",
+        f"data.sources=[{{name: varied, kind: files, path: '{corpus}', weight: 1}}]", "data.eval_fraction=0.1",
+        "batch.tokens_per_update=128", "batch.micro_batch_size=2", f"train.total_tokens={128 * UPDATES}",
+        "train.report_every_tokens=128", "train.eval_every_tokens=512", "train.eval_tokens=256",
+        f"train.checkpoint_every_tokens={128 * UPDATES}", "schedule.warmup_tokens=0", "schedule.decay=constant",
+        "optim.lr=0.05", "gns.enabled=false", "cluster.cpus_per_worker=0.5", "train.run_name=bigram",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.flush_every_s=0.2",
+        f"train.storage_path={tmp_path}/runs", *extra,
+    ])
+
+
+def test_registered_names_are_what_validation_accepts(tmp_path):
+    assert {"gpt", "linreg", "bigram"} <= set(registry.names())
+    assert registry.factory("gpt") is GPTWorkload and registry.factory("linreg") is LinRegWorkload
+    assert bigram_config(tmp_path).model.name == "bigram"
+    with pytest.raises(ConfigError, match="model.name.*bigram") as err:
+        config.load(TINY, ["model.name=trigram"])
+    assert "gpt" in str(err.value) and "linreg" in str(err.value)
+
+
+def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, monkeypatch):
+    cfg = bigram_config(tmp_path)
+    work = build(cfg, config.batch_plan(cfg), torch.device("cpu"))
+    assert isinstance(work, Bigram) and isinstance(work, Workload)
+    mb = work.micro_batch(0, 0, 0)
+    summed, count = work.summed_loss(work.model, mb)
+    assert count == mb.real_tokens > 0 and summed.item() > 0
+
+    monkeypatch.setattr(registry, "_entries", dict(registry._entries))  # forget "empty" afterwards
+    registry.register("empty", lambda cfg, plan, device: object())
+    with pytest.raises(TypeError, match="'empty' lacks model, flops_per_token, source_names, param_groups, "
+                                        "micro_batch, summed_loss, eval_batches of the Workload protocol"):
+        build(config.load(TINY, ["model.name=empty"]), config.batch_plan(cfg), torch.device("cpu"))
+    with pytest.raises(ValueError, match="'bigram' is already registered as tests.integration"):
+        registry.register("bigram", lambda cfg, plan, device: object())
+
+
+@pytest.mark.parametrize("code", [
+    # the model file stands alone, like nanoGPT's
+    "import sys, workloads.model; assert not [m for m in sys.modules if m.startswith('orchestrator')]",
+    # the schema, its validation and the workload names need no torch
+    "import sys, orchestrator.config, orchestrator.validation, workloads.registry as r; "
+    "assert 'torch' not in sys.modules and r.names() == ('gpt', 'linreg')",
+], ids=["model-without-orchestrator", "config-without-torch"])
+def test_imports_stay_light(code):
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+@pytest.mark.slow
+def test_a_registered_workload_trains_end_to_end(ray_session, tmp_path):
+    cfg = bigram_config(tmp_path, "batch.grad_accum_steps=2")
+    assert launch.train(cfg) == 0  # the Ray worker found "bigram" through the registry
+    uri, run_id = cfg.tracking.uri, launch.recorded_run_id(cfg.train.storage_path, "bigram")
+    run = tracking.get_run(uri, run_id)
+    assert run.info.status == "FINISHED" and run.data.params["model.name"] == "bigram"
+    loss = tracking.metric_history(uri, run_id, "train/loss")
+    assert [s for s, _ in loss] == [128 * (i + 1) for i in range(UPDATES)]
+    assert loss[-1][1] < loss[0][1] - 1.0, loss  # from about ln 257 towards the corpus's bigram entropy
+    assert tracking.metric_history(uri, run_id, "eval/loss")
+    # The weights the workers trained and checkpointed are the bigram's, not a GPT's.
+    states = sorted((tmp_path / "runs").rglob("mp_rank_00_model_states.pt"))
+    assert states, list((tmp_path / "runs").rglob("*"))
+    module = torch.load(states[-1], map_location="cpu", weights_only=False)["module"]
+    assert set(module) == {"0.weight", "1.weight", "1.bias"}

@@ -1,0 +1,58 @@
+"""A worker's warnings are collected once each, bounded, and published in order."""
+
+import logging
+import warnings
+
+from workloads import worker_warnings
+from workloads.worker_warnings import MAX_WARNINGS, WarningCollector
+
+
+def test_warnings_and_log_records_are_published_once_each_in_order():
+    published = {}
+    collector = WarningCollector(published.update)
+    uninstall = worker_warnings.install(collector)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            for _ in range(3):
+                warnings.warn("the thing is deprecated")
+        logging.getLogger("workloads.test").warning("gns: %s", "not measured")
+        logging.getLogger("workloads.test").info("not a warning")
+        collector.flush()
+    finally:
+        uninstall()
+    assert list(published) == [0, 1]
+    assert "UserWarning: the thing is deprecated" in published[0] and "\n" not in published[0]
+    assert published[1] == "WARNING workloads.test: gns: not measured"
+
+
+def test_a_resumed_run_continues_the_numbering_and_the_bound_holds():
+    published = {}
+    collector = WarningCollector(published.update, already=["WARNING x: old"])
+    logger = logging.getLogger("workloads.test.bound")
+    logger.addHandler(collector)
+    try:
+        logger.warning("old")
+        for i in range(2 * MAX_WARNINGS):
+            logger.warning("new %d", i)
+    finally:
+        logger.removeHandler(collector)
+    collector.flush()
+    assert min(published) == 1 and len(published) == MAX_WARNINGS - 1
+
+
+def test_a_failed_publish_is_retried_at_the_next_flush():
+    published, calls = {}, []
+
+    def flaky(messages):
+        calls.append(messages)
+        if len(calls) == 1:
+            raise ConnectionError("store away")
+        published.update(messages)
+
+    collector = WarningCollector(flaky)
+    record = {"levelno": logging.ERROR, "levelname": "ERROR", "name": "w", "msg": "boom"}
+    collector.handle(logging.makeLogRecord(record))
+    collector.flush()
+    collector.flush()
+    assert list(published.values()) == ["ERROR w: boom"]

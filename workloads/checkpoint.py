@@ -1,0 +1,51 @@
+"""What a worker checkpoints besides model and optimizer, and how: a DeepSpeed checkpoint on
+every rank (ZeRO shards its state), merged and persisted by Ray Train (by Ray Tune in local mode).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+CHECKPOINT_TAG = "state"
+
+
+@dataclass
+class TrainState:
+    """Everything besides model and optimizer that a resumed run needs (checkpoint client state)."""
+
+    update: int = 0
+    tokens: int = 0
+    run_id: str = ""
+    gns: Dict[str, Any] = field(default_factory=dict)
+    mlflow_watermarks: Dict[str, int] = field(default_factory=dict)
+    mlflow_pending: List[Any] = field(default_factory=list)
+    torch_rng: Optional[Any] = None
+
+
+def restore(engine, state: TrainState, api) -> TrainState:
+    checkpoint = api.get_checkpoint()
+    if checkpoint is None:
+        return state
+    with checkpoint.as_directory() as folder:
+        _, client = engine.load_checkpoint(folder, tag=CHECKPOINT_TAG)
+    restored = TrainState(**{k: v for k, v in client.items() if k in TrainState.__dataclass_fields__})
+    if restored.torch_rng is not None:
+        torch.set_rng_state(restored.torch_rng)
+    return restored
+
+
+def save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger, api) -> None:
+    """DeepSpeed checkpoint on every rank (ZeRO shards its state), merged and persisted by Ray
+    Train (by Ray Tune in local mode)."""
+    if logger is not None:
+        logger.flush(timeout_s=10)  # best effort; what stays unsent goes into the checkpoint
+        state.mlflow_pending = logger.pending_state()
+        state.mlflow_watermarks = logger.watermarks
+    state.torch_rng = torch.get_rng_state()
+    with tempfile.TemporaryDirectory() as folder:
+        engine.save_checkpoint(folder, tag=CHECKPOINT_TAG, client_state=asdict(state))
+        api.report(metrics, checkpoint=api.Checkpoint.from_directory(folder))

@@ -1,0 +1,81 @@
+"""What the worker reports between two reports: a window of updates, and when things are due.
+
+`MetricsWindow` accumulates the updates since the last report and turns them into the MLflow
+metrics of a report (throughput, MFU, packing efficiency, data shares, noise scale) and the
+smaller dict Ray Tune's schedulers decide on. `due` is the cadence of evaluations, reports and
+checkpoints, in tokens. Pure: no Ray, DeepSpeed or MLflow here.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, Mapping, Optional
+
+from workloads.model import mfu
+
+
+def due(before: int, after: int, every: int) -> bool:
+    """Did the tokens seen pass a multiple of `every` during this update? (`every` <= 0: never.)
+    In tokens, not steps, so every batch size evaluates and checkpoints at the same points."""
+    return every > 0 and after // every > before // every
+
+
+@dataclass
+class MetricsWindow:
+    """Accumulators over the updates since the last report."""
+
+    tokens_at_start: int = 0
+    loss_sum: float = 0.0
+    real_tokens: float = 0.0
+    slots: int = 0
+    source_tokens: Dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+    eval_s: float = 0.0
+    """Time spent evaluating inside the window: not training, so not in tokens/s."""
+
+    def add(self, stats: Mapping[str, Any]) -> None:
+        """One update's statistics, as `train_loop.train_update` returns them."""
+        self.loss_sum += stats["loss_sum"]
+        self.real_tokens += stats["real_tokens"]
+        self.slots += stats["local_slots"]
+        for name, tokens in stats["source_tokens"].items():
+            self.source_tokens[name] = self.source_tokens.get(name, 0) + tokens
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Time the block as evaluation, which tokens/s leaves out."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.eval_s += time.perf_counter() - started
+
+    def tokens_per_s(self, tokens: int) -> float:
+        elapsed = time.perf_counter() - self.started - self.eval_s
+        return (tokens - self.tokens_at_start) / max(elapsed, 1e-9)
+
+    def mean_loss(self) -> float:
+        return self.loss_sum / max(self.real_tokens, 1)
+
+    def metrics(self, update: int, tokens: int, world: int, flops_per_token: float, peak_flops: Optional[float],
+                gns: Any = None) -> Dict[str, float]:
+        """The MLflow metrics of a report at `tokens`. `peak_flops` None: MFU is not measured
+        (NaN, which the logger drops). `gns`: a NoiseScaleEMA with an estimate, or None."""
+        tokens_per_s = self.tokens_per_s(tokens)
+        metrics = {
+            "train/optimizer_step": update,
+            "train/tokens": tokens,
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/mfu": mfu(tokens_per_s, flops_per_token, peak_flops) if peak_flops else float("nan"),
+            # every worker holds the same number of token slots per update
+            "data/packing_efficiency": self.real_tokens / max(self.slots * world, 1),
+        }
+        real = sum(self.source_tokens.values())
+        if real:
+            metrics.update({f"data/share/{name}": v / real for name, v in self.source_tokens.items()})
+        if gns is not None and gns.b_simple is not None:
+            metrics.update({"gns/b_simple": gns.b_simple, "gns/g_squared": gns.g_squared,
+                            "gns/trace_sigma": gns.trace_sigma})
+        return metrics

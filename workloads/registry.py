@@ -1,0 +1,95 @@
+"""Workloads by name: the one table that both building (workloads/workload.py) and config
+validation (`model.name` in orchestrator/config.py) read.
+
+A name maps to a factory `(cfg, plan, device) -> Workload` (the protocol of workload.py),
+held as an import path "package.module:attribute" and imported only when a workload is built,
+so this module needs nothing beyond the standard library: the config schema can ask for the
+names without importing torch.
+
+    @registry.register("bigram")           # or register("bigram", "my_pkg.bigram:Bigram")
+    class Bigram: ...                      # anything that satisfies workload.Workload
+
+Training runs in other processes (Ray workers), which do not see this process's table: the
+driver sends `importable()` with the run's config and the worker `register_all`s it. A
+factory defined in `__main__` or inside a function cannot be imported elsewhere and works only
+in this process.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+BUILTIN = ("gpt", "linreg")
+"""Registered below, by import path; known to every process without being sent."""
+
+_entries: Dict[str, Union[str, Callable[..., Any]]] = {}
+
+
+def _import_path(obj: Any) -> Optional[str]:
+    """'module:qualname' of obj when another process can import it, else None."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not module or module == "__main__" or "<locals>" in qualname:
+        return None
+    return f"{module}:{qualname}"
+
+
+def register(name: str, factory: Union[str, Callable[..., Any], None] = None):
+    """Register `factory` (a callable or a "module:attr" path) under `name`; without a factory,
+    a decorator. Registering a name again with a different factory is an error."""
+    if factory is None:
+
+        def decorator(f: Callable[..., Any]) -> Callable[..., Any]:
+            register(name, f)
+            return f
+
+        return decorator
+    if not name or "," in name or "=" in name:
+        raise ValueError(f"workload name {name!r}: must be non-empty, without ',' or '='")
+    if isinstance(factory, str) and ":" not in factory:
+        raise ValueError(f"workload {name!r}: {factory!r} is not an import path 'package.module:attribute'")
+    path = factory if isinstance(factory, str) else _import_path(factory)
+    known = _entries.get(name)
+    if known is not None and known is not factory and (path is None or _target(known) != path):
+        raise ValueError(f"workload {name!r} is already registered as {_target(known)}")
+    _entries.setdefault(name, factory)
+    return factory
+
+
+def importable() -> Dict[str, str]:
+    """{name: "module:attr"} of the registered workloads another process can import."""
+    paths = {name: entry if isinstance(entry, str) else _import_path(entry) for name, entry in _entries.items()}
+    return {name: path for name, path in paths.items() if path and name not in BUILTIN}
+
+
+def register_all(paths: Dict[str, str]) -> None:
+    """Register what another process's `importable()` listed (a Ray worker, from its driver)."""
+    for name, path in paths.items():
+        register(name, path)
+
+
+def _target(entry: Union[str, Callable[..., Any]]) -> str:
+    return entry if isinstance(entry, str) else (_import_path(entry) or repr(entry))
+
+
+def names() -> Tuple[str, ...]:
+    """Every registered name: the built-in ones first, then the others in registration order."""
+    return tuple(_entries)
+
+
+def factory(name: str) -> Callable[..., Any]:
+    """The factory registered under `name`, imported on first use."""
+    entry = _entries.get(name)
+    if entry is None:
+        raise KeyError(f"unknown workload {name!r}; registered: {', '.join(names())}")
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        entry = _entries[name] = obj
+    return entry
+
+
+register("gpt", "workloads.workload:GPTWorkload")  # decoder-only transformer over packed documents
+register("linreg", "workloads.workload:LinRegWorkload")  # noise scale known in closed form
