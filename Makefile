@@ -28,7 +28,10 @@ demo: $(STAMP)
 test-services:
 	@bash tests/setup_services.sh
 
+# Formatting and lint first (pyproject.toml [tool.ruff]): a failing check fails the run.
 test: $(STAMP) test-services
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 clean:

@@ -18,12 +18,20 @@ def machine(load_before: float) -> Dict[str, Any]:
     """Recorded with every figure: on a shared machine the load explains most of the spread."""
     import torch
 
-    return {"cpus": os.cpu_count(), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
-            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    return {
+        "cpus": os.cpu_count(),
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": os.getloadavg()[0],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
 
 
-def abba(run_period: Callable[[bool], Optional[Dict[str, Any]]], seconds: float, min_periods: int = 8) -> List[Dict[str, Any]]:
+def abba(
+    run_period: Callable[[bool], Optional[Dict[str, Any]]], seconds: float, min_periods: int = 8
+) -> List[Dict[str, Any]]:
     """Run periods on/off in ABBA order (on, off, off, on, ...) for at least `seconds`, whole
     groups of four only, so a load that drifts during the run hits both sides alike. Each
     period: `on`, its process CPU and wall seconds, plus whatever `run_period(on)` returns."""
@@ -39,7 +47,7 @@ def abba(run_period: Callable[[bool], Optional[Dict[str, Any]]], seconds: float,
 
 def abba_group_ratios(periods: List[Dict[str, Any]], key: str = "cpu_s") -> List[float]:
     """on / off of `key`, per ABBA group."""
-    groups = [periods[j:j + 4] for j in range(0, len(periods), 4)]
+    groups = [periods[j : j + 4] for j in range(0, len(periods), 4)]
     return [sum(q[key] for q in g if q["on"]) / sum(q[key] for q in g if not q["on"]) for g in groups]
 
 
@@ -70,8 +78,15 @@ def report_windows(uri: str, run_id: str) -> List[Dict[str, Any]]:
     windows, previous = [], 0
     for m in sorted(c.get_metric_history(run_id, "perf/tokens_per_s"), key=lambda m: m.step):
         tokens = m.step - previous
-        windows.append({"step": m.step, "tokens": tokens, "seconds": tokens / m.value, "eval": m.step in evals,
-                        "logged_at": m.timestamp / 1000.0})
+        windows.append(
+            {
+                "step": m.step,
+                "tokens": tokens,
+                "seconds": tokens / m.value,
+                "eval": m.step in evals,
+                "logged_at": m.timestamp / 1000.0,
+            }
+        )
         previous = m.step
     return windows
 

@@ -36,6 +36,7 @@ from typing import List
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
+
 DEFAULT_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
 GOAL = 0.97
 UPDATES_PER_PERIOD = 2
@@ -71,7 +72,9 @@ class ReplayedData:
 
     def __init__(self, work, plan):
         self.work = work
-        self._batches = {(u, a): work.micro_batch(u, 0, a) for u in range(DATA_UPDATES) for a in range(plan.grad_accum_steps)}
+        self._batches = {
+            (u, a): work.micro_batch(u, 0, a) for u in range(DATA_UPDATES) for a in range(plan.grad_accum_steps)
+        }
 
     def micro_batch(self, update: int, rank: int, accum_step: int):
         return self._batches[(update % DATA_UPDATES, accum_step)]
@@ -92,12 +95,15 @@ def main(argv: List[str] | None = None) -> int:
     import torch
 
     from orchestrator import config, noise
-    from workloads import train_loop, workload as workloads
+    from workloads import train_loop
+    from workloads import workload as workloads
 
     cfg = config.load(args.config, [*args.overrides, "cluster.num_workers=1"])
     plan = config.batch_plan(cfg)
     if plan.micro_batches_per_update < 2:
-        raise SystemExit(f"D x A = {plan.micro_batches_per_update}: the trainer measures no noise scale; use a config with A >= 2")
+        raise SystemExit(
+            f"D x A = {plan.micro_batches_per_update}: the trainer measures no noise scale; use a config with A >= 2"
+        )
     train_loop.ensure_process_group(cfg)  # a DeepSpeed world of one, as in Ray Train's local mode
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     work = workloads.build(cfg, plan, torch.device("cpu"))
@@ -116,8 +122,12 @@ def main(argv: List[str] | None = None) -> int:
             stats = train_loop.train_update(engine, data, plan, update, 0, probe, naive)
             if probe:  # what train_worker does after each update
                 b_big = stats["real_tokens"]
-                gns.update(*noise.estimate(stats["small_sq_mean"], b_big / plan.micro_batches_per_update,
-                                           stats["grad_norm"] ** 2, b_big), tokens=plan.tokens_per_update)
+                gns.update(
+                    *noise.estimate(
+                        stats["small_sq_mean"], b_big / plan.micro_batches_per_update, stats["grad_norm"] ** 2, b_big
+                    ),
+                    tokens=plan.tokens_per_update,
+                )
             update += 1
         if probe:
             probe.remove()
@@ -135,7 +145,9 @@ def main(argv: List[str] | None = None) -> int:
     group_ratios = [1 / r for r in common.abba_group_ratios(periods)]  # tokens/s on/off = CPU off/on
     result = {
         "benchmark": "gns_overhead",
-        "measures": "tokens/s of workloads.train_loop.train_update (DeepSpeed engine, one process) with the GNS probe on vs off",
+        "measures": (
+            "tokens/s of workloads.train_loop.train_update (DeepSpeed engine, one process) with the GNS probe on vs off"
+        ),
         "ratio": rate(on_p, "cpu_s") / rate(off_p, "cpu_s"),
         "ratio_wall": rate(on_p, "wall_s") / rate(off_p, "wall_s"),
         "ratio_median_abba_group": statistics.median(group_ratios),
@@ -147,28 +159,44 @@ def main(argv: List[str] | None = None) -> int:
         "updates": {"on": len(on_p) * UPDATES_PER_PERIOD, "off": len(off_p) * UPDATES_PER_PERIOD},
         "b_simple_after_run": gns.b_simple,
         "wall_s": time.perf_counter() - started,
-        "config": {"file": os.path.relpath(args.config, ROOT), "overrides": args.overrides, "model": cfg.model.name,
-                   "seq_len": plan.seq_len, "micro_batch_size": plan.micro_batch_size, "grad_accum_steps": plan.grad_accum_steps,
-                   "tokens_per_update": plan.tokens_per_update, "zero_stage": cfg.deepspeed.zero_stage,
-                   "precision": cfg.deepspeed.precision, "torch_threads": torch.get_num_threads(),
-                   "parameters": sum(p.numel() for p in work.model.parameters())},
+        "config": {
+            "file": os.path.relpath(args.config, ROOT),
+            "overrides": args.overrides,
+            "model": cfg.model.name,
+            "seq_len": plan.seq_len,
+            "micro_batch_size": plan.micro_batch_size,
+            "grad_accum_steps": plan.grad_accum_steps,
+            "tokens_per_update": plan.tokens_per_update,
+            "zero_stage": cfg.deepspeed.zero_stage,
+            "precision": cfg.deepspeed.precision,
+            "torch_threads": torch.get_num_threads(),
+            "parameters": sum(p.numel() for p in work.model.parameters()),
+        },
         "machine": common.machine(load_before),
     }
     cpu, wall = result["tokens_per_cpu_s"], result["tokens_per_wall_s"]
-    rows = [("tokens/s", "off", "on", "on/off"),
-            ("per CPU second", f"{cpu['off']:,.0f}", f"{cpu['on']:,.0f}", f"{result['ratio']:.4f}"),
-            ("per wall second", f"{wall['off']:,.0f}", f"{wall['on']:,.0f}", f"{result['ratio_wall']:.4f}"),
-            ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
-            ("1 - probe's own CPU share", "", "", f"{1 - result['probe_share_of_on_cpu']:.4f}")]
+    rows = [
+        ("tokens/s", "off", "on", "on/off"),
+        ("per CPU second", f"{cpu['off']:,.0f}", f"{cpu['on']:,.0f}", f"{result['ratio']:.4f}"),
+        ("per wall second", f"{wall['off']:,.0f}", f"{wall['on']:,.0f}", f"{result['ratio_wall']:.4f}"),
+        ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
+        ("1 - probe's own CPU share", "", "", f"{1 - result['probe_share_of_on_cpu']:.4f}"),
+    ]
     common.print_table(rows)
-    print(f"\n{result['updates']['on']} updates on, {result['updates']['off']} off, {plan.tokens_per_update:,} tokens each "
-          f"(b={plan.micro_batch_size} x A={plan.grad_accum_steps} micro-batches, ZeRO {cfg.deepspeed.zero_stage}); "
-          f"B_simple at the end {result['b_simple_after_run'] or float('nan'):.0f} tokens; the probe's hooks and read-out "
-          f"took {result['probe_cpu_ms_per_update']:.2f} ms CPU per update")
+    print(
+        f"\n{result['updates']['on']} updates on, {result['updates']['off']} off, "
+        f"{plan.tokens_per_update:,} tokens each "
+        f"(b={plan.micro_batch_size} x A={plan.grad_accum_steps} micro-batches, ZeRO {cfg.deepspeed.zero_stage}); "
+        f"B_simple at the end {result['b_simple_after_run'] or float('nan'):.0f} tokens; "
+        "the probe's hooks and read-out "
+        f"took {result['probe_cpu_ms_per_update']:.2f} ms CPU per update"
+    )
     verdict = "meets" if result["ratio"] >= GOAL else "misses"
-    print(f"ratio (tokens/s per CPU second, on/off) = {result['ratio']:.4f} -> {verdict} the goal >= {GOAL}  "
-          f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs)")
+    print(
+        f"ratio (tokens/s per CPU second, on/off) = {result['ratio']:.4f} -> {verdict} the goal >= {GOAL}  "
+        f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} CPUs)"
+    )
     return common.finish(result, args.json)
 
 

@@ -36,9 +36,11 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_CONFIG = ROOT / "conf" / "train" / "gpt-350m.yaml"
 TINY_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
 PEAKS = (("H100", 989e12), ("H200", 989e12), ("GH200", 989e12), ("A100", 312e12))  # bf16 dense, per GPU
-NO_CUDA = ("gpu_throughput: no CUDA device is visible (torch {torch}, CUDA build {cuda}); this benchmark needs one GPU. "
-           "Install the CUDA build of torch (README, GPU install) on a GPU machine, or run "
-           "`--device cpu --tiny` for a smoke check of the benchmark's logic (no meaningful figure).")
+NO_CUDA = (
+    "gpu_throughput: no CUDA device is visible (torch {torch}, CUDA build {cuda}); this benchmark needs one GPU. "
+    "Install the CUDA build of torch (README, GPU install) on a GPU machine, or run "
+    "`--device cpu --tiny` for a smoke check of the benchmark's logic (no meaningful figure)."
+)
 
 
 def detect_peak(name: str) -> Optional[float]:
@@ -58,9 +60,18 @@ def load_config(args):
     plan = batch_plan(cfg)
     per_worker = plan.tokens_per_update // plan.num_workers
     precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
-    return config.load(path, [*args.overrides, "cluster.num_workers=1", f"batch.tokens_per_update={per_worker}",
-                              f"batch.micro_batch_size={plan.micro_batch_size}", f"batch.grad_accum_steps={plan.grad_accum_steps}",
-                              f"cluster.use_gpu={str(args.device == 'cuda').lower()}", f"deepspeed.precision={precision}"])
+    return config.load(
+        path,
+        [
+            *args.overrides,
+            "cluster.num_workers=1",
+            f"batch.tokens_per_update={per_worker}",
+            f"batch.micro_batch_size={plan.micro_batch_size}",
+            f"batch.grad_accum_steps={plan.grad_accum_steps}",
+            f"cluster.use_gpu={str(args.device == 'cuda').lower()}",
+            f"deepspeed.precision={precision}",
+        ],
+    )
 
 
 def _sync(device) -> None:
@@ -87,7 +98,21 @@ def _measure(step, device, warmup: int, steps: int, max_seconds: float, label: s
         if time.perf_counter() - started > max_seconds and len(times) >= 2:
             print(f"  {label}: time limit reached after {len(times)} measured updates", flush=True)
             break
-    return {"update_s": times, "warmup_updates": warmup, "measured_updates": len(times), "elapsed_s": time.perf_counter() - started}
+    return {
+        "update_s": times,
+        "warmup_updates": warmup,
+        "measured_updates": len(times),
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def _release(device) -> None:
+    """Free what a finished run_plain/run_deepspeed left behind (reference cycles, cached device memory)."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def run_plain(cfg, device, args) -> Dict[str, Any]:
@@ -101,8 +126,13 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
     torch.manual_seed(cfg.train.seed)
     model = gpt.GPT(cfg.model).to(device)
     o = cfg.optim
-    opt = torch.optim.AdamW(gpt.param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                            fused=device.type == "cuda" or None)
+    opt = torch.optim.AdamW(
+        gpt.param_groups(model, o.weight_decay),
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        fused=device.type == "cuda" or None,
+    )
     data = TokenDataset(cfg, "train")
     bf16 = cfg.deepspeed.precision == "bf16"
 
@@ -111,7 +141,10 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
         real = max(sum(b.real_tokens for b in batches), 1)
         total = torch.zeros((), device=device)
         for b in batches:
-            t = {k: getattr(b, k).to(device, non_blocking=True) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
+            t = {
+                k: getattr(b, k).to(device, non_blocking=True)
+                for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")
+            }
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = model(t["inputs"], t["positions"], t["doc_ids"])
             summed, _ = gpt.token_losses(logits, t["targets"], t["loss_mask"])
@@ -123,20 +156,15 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         float(total)  # one host sync per update, as a logging loop has
 
-    try:
-        return _measure(step, device, args.warmup, args.steps, args.max_seconds, "plain")
-    finally:
-        del model, opt
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    return _measure(step, device, args.warmup, args.steps, args.max_seconds, "plain")
 
 
 def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     import torch
 
     from orchestrator.config import batch_plan
-    from workloads import train_loop, workload as workloads
+    from workloads import train_loop
+    from workloads import workload as workloads
     from workloads.gns_probe import GradNormProbe
 
     train_loop.ensure_process_group(cfg)  # a world of one, as in Ray Train's local mode
@@ -155,17 +183,18 @@ def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     finally:
         if probe:
             probe.remove()
-        del engine, work
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
 
 
-def summarise(run: Dict[str, Any], tokens_per_update: int, flops_per_token: float, peak: Optional[float]) -> Dict[str, Any]:
+def summarise(
+    run: Dict[str, Any], tokens_per_update: int, flops_per_token: float, peak: Optional[float]
+) -> Dict[str, Any]:
     times = run["update_s"]
     tokens_per_s = tokens_per_update * len(times) / sum(times)
-    run.update(tokens_per_s=tokens_per_s, median_update_s=statistics.median(times),
-               mfu=tokens_per_s * flops_per_token / peak if peak else None)
+    run.update(
+        tokens_per_s=tokens_per_s,
+        median_update_s=statistics.median(times),
+        mfu=tokens_per_s * flops_per_token / peak if peak else None,
+    )
     return run
 
 
@@ -179,7 +208,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="default bf16 on cuda, fp32 on cpu")
     p.add_argument("--warmup", type=int, default=3, help="updates excluded from the figure")
     p.add_argument("--steps", type=int, default=10, help="measured updates")
-    p.add_argument("--max-seconds", type=float, default=100.0, help="per engine, warm-up included; stops measuring early")
+    p.add_argument(
+        "--max-seconds", type=float, default=100.0, help="per engine, warm-up included; stops measuring early"
+    )
     p.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s of the device (default: detected)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
@@ -190,7 +221,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         message = NO_CUDA.format(torch=torch.__version__, cuda=torch.version.cuda)
         print(message, file=sys.stderr)
         if args.json:
-            Path(args.json).write_text(json.dumps({"benchmark": "gpu_throughput", "measured": False, "reason": message}, indent=2))
+            Path(args.json).write_text(
+                json.dumps({"benchmark": "gpu_throughput", "measured": False, "reason": message}, indent=2)
+            )
         return 2
 
     from orchestrator.config import batch_plan
@@ -208,9 +241,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"no known peak for {name!r}: MFU is not computed (pass --peak-flops)", flush=True)
     fpt = gpt.flops_per_token(cfg.model, cfg.data.seq_len)
     tokens_per_update = plan.tokens_per_update
-    print(f"{name}: {Path(TINY_CONFIG if args.tiny else args.config).name}, {gpt.count_params(cfg.model) / 1e6:.1f}M params, "
-          f"S={cfg.data.seq_len} b={plan.micro_batch_size} A={plan.grad_accum_steps} ({tokens_per_update:,} tokens/update), "
-          f"{cfg.deepspeed.precision}, {fpt / 1e9:.2f} GFLOP/token", flush=True)
+    print(
+        f"{name}: {Path(TINY_CONFIG if args.tiny else args.config).name}, "
+        f"{gpt.count_params(cfg.model) / 1e6:.1f}M params, "
+        f"S={cfg.data.seq_len} b={plan.micro_batch_size} A={plan.grad_accum_steps} "
+        f"({tokens_per_update:,} tokens/update), "
+        f"{cfg.deepspeed.precision}, {fpt / 1e9:.2f} GFLOP/token",
+        flush=True,
+    )
     from workloads import data
 
     data.check_corpus(cfg, tokens_per_update)  # tokenizes the corpus once, outside the timing
@@ -224,6 +262,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except Exception as exc:  # one engine failing must not hide the other's figure
             results[engine] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"  {engine} failed: {results[engine]['error']}", flush=True)
+        _release(device)  # the engine's model and optimizer, unreferenced once run_* has returned
         if device.type == "cuda" and "error" not in results[engine]:
             results[engine]["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             torch.cuda.reset_peak_memory_stats(device)
@@ -235,16 +274,32 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{engine:10s} failed: {r['error']}")
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-        print(f"{engine:10s} {r['tokens_per_s']:12,.0f} {mfu:>7s} {r['median_update_s']:16.3f} {r['measured_updates']:8d}")
+        print(
+            f"{engine:10s} {r['tokens_per_s']:12,.0f} {mfu:>7s} {r['median_update_s']:16.3f} {r['measured_updates']:8d}"
+        )
     ok = [r for r in results.values() if "error" not in r]
     result = {
-        "benchmark": "gpu_throughput", "measured": bool(ok), "smoke_check": args.device == "cpu",
+        "benchmark": "gpu_throughput",
+        "measured": bool(ok),
+        "smoke_check": args.device == "cpu",
         "tokens_per_s": max((r["tokens_per_s"] for r in ok), default=None),
-        "engines": results, "device": name, "peak_flops": peak, "flops_per_token": fpt,
-        "config": {"file": "conf/train/tiny.yaml" if args.tiny else os.path.relpath(args.config, ROOT), "overrides": args.overrides,
-                   "seq_len": cfg.data.seq_len, "micro_batch_size": plan.micro_batch_size, "grad_accum_steps": plan.grad_accum_steps,
-                   "precision": cfg.deepspeed.precision, "zero_stage": cfg.deepspeed.zero_stage, "gns": cfg.gns.enabled},
-        "torch": torch.__version__, "wall_s": time.perf_counter() - started, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "engines": results,
+        "device": name,
+        "peak_flops": peak,
+        "flops_per_token": fpt,
+        "config": {
+            "file": "conf/train/tiny.yaml" if args.tiny else os.path.relpath(args.config, ROOT),
+            "overrides": args.overrides,
+            "seq_len": cfg.data.seq_len,
+            "micro_batch_size": plan.micro_batch_size,
+            "grad_accum_steps": plan.grad_accum_steps,
+            "precision": cfg.deepspeed.precision,
+            "zero_stage": cfg.deepspeed.zero_stage,
+            "gns": cfg.gns.enabled,
+        },
+        "torch": torch.__version__,
+        "wall_s": time.perf_counter() - started,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
     if "plain" in results and "deepspeed" in results and len(ok) == 2:
         result["ratio_deepspeed_over_plain"] = results["deepspeed"]["tokens_per_s"] / results["plain"]["tokens_per_s"]

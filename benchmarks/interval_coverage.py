@@ -44,14 +44,33 @@ def main(argv: List[str] | None = None) -> int:
         covered += lo <= synthetic.B_CRIT <= hi
         below, above = below + (hi < synthetic.B_CRIT), above + (lo > synthetic.B_CRIT)
         widths.append(hi / lo)
-    result = {"benchmark": "interval_coverage", "coverage": covered / args.draws, "nominal": 0.9,
-              "missed_low": below / args.draws, "missed_high": above / args.draws,
-              "median_width_ratio": float(np.median(widths)), "draws": args.draws, "seeds": args.seeds,
-              "noise": args.noise, "target": args.target, "wall_s": time.perf_counter() - started,
-              "machine": common.machine(load_before)}
-    common.print_table([("seeds", "draws", "coverage", "interval above truth", "below", "median hi / lo"),
-                        (str(args.seeds), str(args.draws), f"{result['coverage']:.3f}", f"{result['missed_high']:.3f}",
-                         f"{result['missed_low']:.3f}", f"{result['median_width_ratio']:.2f}")])
+    result = {
+        "benchmark": "interval_coverage",
+        "coverage": covered / args.draws,
+        "nominal": 0.9,
+        "missed_low": below / args.draws,
+        "missed_high": above / args.draws,
+        "median_width_ratio": float(np.median(widths)),
+        "draws": args.draws,
+        "seeds": args.seeds,
+        "noise": args.noise,
+        "target": args.target,
+        "wall_s": time.perf_counter() - started,
+        "machine": common.machine(load_before),
+    }
+    common.print_table(
+        [
+            ("seeds", "draws", "coverage", "interval above truth", "below", "median hi / lo"),
+            (
+                str(args.seeds),
+                str(args.draws),
+                f"{result['coverage']:.3f}",
+                f"{result['missed_high']:.3f}",
+                f"{result['missed_low']:.3f}",
+                f"{result['median_width_ratio']:.2f}",
+            ),
+        ]
+    )
     return common.finish(result, args.json)
 
 

@@ -36,12 +36,13 @@ from typing import Any, Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
+
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 GOAL = 1.15
 TRIAL_OVERRIDES = {
     "cluster.cpus_per_worker": 0.8,
-    "train.total_tokens": 655360,            # 160 updates of 4096 tokens: about a minute alone
+    "train.total_tokens": 655360,  # 160 updates of 4096 tokens: about a minute alone
     "train.report_every_tokens": 16384,
     "train.eval_every_tokens": 131072,
     "train.checkpoint_every_tokens": 327680,
@@ -56,8 +57,13 @@ def write_sweep(tmp: Path, trials: int, concurrency: int, overrides: List[str], 
         key, _, value = item.partition("=")
         base[key] = yaml.safe_load(value)
     lrs = [round(2e-3 + 1e-3 * i, 6) for i in range(trials)]
-    sweep = {"name": "bench-overhead", "base": {"config": str(ROOT / "conf" / "train" / "tiny.yaml"), "overrides": base},
-             "space": {"optim.lr": {"grid": lrs}}, "search": {"algorithm": "grid", "max_concurrent": concurrency}, "local_mode": local_mode}
+    sweep = {
+        "name": "bench-overhead",
+        "base": {"config": str(ROOT / "conf" / "train" / "tiny.yaml"), "overrides": base},
+        "space": {"optim.lr": {"grid": lrs}},
+        "search": {"algorithm": "grid", "max_concurrent": concurrency},
+        "local_mode": local_mode,
+    }
     path = tmp / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
     return path
@@ -75,10 +81,18 @@ def phases(uri: str, run_id: str) -> Dict[str, float]:
     steady = [w for w in windows[1:] if not w["eval"]]
     start, end = run.info.start_time / 1000.0, run.info.end_time / 1000.0
     first = windows[0]["logged_at"] - windows[0]["seconds"]
-    return {"start": start, "end": end, "total_s": end - start, "startup_s": first - start,
-            "windows_s": sum(w["seconds"] for w in windows), "eval_windows_s": sum(w["seconds"] for w in windows if w["eval"]),
-            "teardown_s": end - windows[-1]["logged_at"],
-            "steady_tokens_per_s": sum(w["tokens"] for w in steady) / sum(w["seconds"] for w in steady) if steady else float("nan")}
+    return {
+        "start": start,
+        "end": end,
+        "total_s": end - start,
+        "startup_s": first - start,
+        "windows_s": sum(w["seconds"] for w in windows),
+        "eval_windows_s": sum(w["seconds"] for w in windows if w["eval"]),
+        "teardown_s": end - windows[-1]["logged_at"],
+        "steady_tokens_per_s": sum(w["tokens"] for w in steady) / sum(w["seconds"] for w in steady)
+        if steady
+        else float("nan"),
+    }
 
 
 def run_alone(trial_cfg, name: str) -> Dict[str, Any]:
@@ -100,13 +114,19 @@ def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
         raise SystemExit(f"sweep failed (exit {code}):\n{out.getvalue()[-3000:]}")
     uri = overrides[0].split("=", 1)[1]
     parent = tracking.find_sweep_run(tracking.resolve_uri(uri), "bench-sweep-overhead", "bench-overhead")
-    trials = [{"name": run.info.run_name, **phases(tracking.resolve_uri(uri), run.info.run_id)}
-              for run in tracking.child_runs(tracking.resolve_uri(uri), parent)]
+    trials = [
+        {"name": run.info.run_name, **phases(tracking.resolve_uri(uri), run.info.run_id)}
+        for run in tracking.child_runs(tracking.resolve_uri(uri), parent)
+    ]
     # Outside every trial's run: sweep preflight, parent run, Tune start, trial actors; summary.
     before = min(t["start"] for t in trials) - clock
     after = clock + wall - max(t["end"] for t in trials)
-    return {"wall_s": wall, "before_first_trial_s": before, "after_last_trial_s": after,
-            "trials": sorted(trials, key=lambda t: t["name"])}
+    return {
+        "wall_s": wall,
+        "before_first_trial_s": before,
+        "after_last_trial_s": after,
+        "trials": sorted(trials, key=lambda t: t["name"]),
+    }
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -114,8 +134,12 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides of every trial's config")
     p.add_argument("--trials", type=int, default=2, help="N trials (default 2)")
     p.add_argument("--concurrency", type=int, default=2, help="c trials at a time (default 2)")
-    p.add_argument("--no-local-mode", dest="local_mode", action="store_false",
-                   help="trials start a Ray Train worker group instead of running in Ray Train's local mode")
+    p.add_argument(
+        "--no-local-mode",
+        dest="local_mode",
+        action="store_false",
+        help="trials start a Ray Train worker group instead of running in Ray Train's local mode",
+    )
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
@@ -123,7 +147,11 @@ def main(argv: List[str] | None = None) -> int:
     from orchestrator import launch, search_space
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
-    shared = [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"train.storage_path={tmp}/runs", "tracking.experiment=bench-sweep-overhead"]
+    shared = [
+        f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+        f"train.storage_path={tmp}/runs",
+        "tracking.experiment=bench-sweep-overhead",
+    ]
     path = write_sweep(tmp, args.trials, args.concurrency, args.overrides, args.local_mode)
     spec = search_space.load(path)
     spec.base_overrides += shared
@@ -156,30 +184,56 @@ def main(argv: List[str] | None = None) -> int:
     alone_speed = statistics.mean(a["steady_tokens_per_s"] for a in alone)
     sweep_speed = statistics.mean(t["steady_tokens_per_s"] for t in sweep["trials"])
     result = {
-        "benchmark": "sweep_overhead", "ratio": ratio, "ratio_with_ray_init": ratio_cli, "goal": f"ratio <= {GOAL}",
-        "trials": n, "concurrency": c, "local_mode": args.local_mode, "sweep_wall_s": sweep["wall_s"], "alone_wall_s": [a["wall_s"] for a in alone],
-        "alone_sum_s": alone_sum, "ray_init_s": ray_init_s,
-        "steady_tokens_per_s_alone": alone_speed, "steady_tokens_per_s_in_sweep": sweep_speed,
-        "sweep_before_first_trial_s": sweep["before_first_trial_s"], "sweep_after_last_trial_s": sweep["after_last_trial_s"],
-        "sweep_trials": sweep["trials"], "alone": alone,
-        "config": {"base": "conf/train/tiny.yaml", "overrides": {**TRIAL_OVERRIDES, **dict(o.split("=", 1) for o in args.overrides)}},
+        "benchmark": "sweep_overhead",
+        "ratio": ratio,
+        "ratio_with_ray_init": ratio_cli,
+        "goal": f"ratio <= {GOAL}",
+        "trials": n,
+        "concurrency": c,
+        "local_mode": args.local_mode,
+        "sweep_wall_s": sweep["wall_s"],
+        "alone_wall_s": [a["wall_s"] for a in alone],
+        "alone_sum_s": alone_sum,
+        "ray_init_s": ray_init_s,
+        "steady_tokens_per_s_alone": alone_speed,
+        "steady_tokens_per_s_in_sweep": sweep_speed,
+        "sweep_before_first_trial_s": sweep["before_first_trial_s"],
+        "sweep_after_last_trial_s": sweep["after_last_trial_s"],
+        "sweep_trials": sweep["trials"],
+        "alone": alone,
+        "config": {
+            "base": "conf/train/tiny.yaml",
+            "overrides": {**TRIAL_OVERRIDES, **dict(o.split("=", 1) for o in args.overrides)},
+        },
         "machine": common.machine(load_before),
     }
     print()
     header = f"{'run':30s}{'total s':>9s}{'start-up':>10s}{'windows':>9s}{'(evals)':>9s}{'teardown':>10s}{'tok/s':>9s}"
     print(header)
     for label, r in [(f"alone {a['name']}", a) for a in alone] + [(f"sweep {t['name']}", t) for t in sweep["trials"]]:
-        print(f"{label[:30]:30s}{r['total_s']:9.1f}{r['startup_s']:10.1f}{r['windows_s']:9.1f}{r['eval_windows_s']:9.1f}"
-              f"{r['teardown_s']:10.1f}{r['steady_tokens_per_s']:9,.0f}")
-    print(f"\nalone: {' + '.join(f'{a:.1f}' for a in result['alone_wall_s'])} = {alone_sum:.1f} s (launch.train wall), / c = {alone_sum / c:.1f} s")
-    print(f"sweep: {sweep['wall_s']:.1f} s (sweep.run wall; {sweep['before_first_trial_s']:.1f} s before the first trial's run opens, "
-          f"{sweep['after_last_trial_s']:.1f} s after the last closes)")
+        print(
+            f"{label[:30]:30s}{r['total_s']:9.1f}{r['startup_s']:10.1f}{r['windows_s']:9.1f}{r['eval_windows_s']:9.1f}"
+            f"{r['teardown_s']:10.1f}{r['steady_tokens_per_s']:9,.0f}"
+        )
+    print(
+        f"\nalone: {' + '.join(f'{a:.1f}' for a in result['alone_wall_s'])} = {alone_sum:.1f} s "
+        f"(launch.train wall), / c = {alone_sum / c:.1f} s"
+    )
+    print(
+        f"sweep: {sweep['wall_s']:.1f} s (sweep.run wall; "
+        f"{sweep['before_first_trial_s']:.1f} s before the first trial's run opens, "
+        f"{sweep['after_last_trial_s']:.1f} s after the last closes)"
+    )
     print(f"ray.init: {ray_init_s:.1f} s, once, counted on neither side")
-    print(f"steady tokens/s per trial: alone {alone_speed:,.0f}, inside the sweep {sweep_speed:,.0f} "
-          f"({sweep_speed / alone_speed:.2f}x: {c} trials share the CPUs)")
+    print(
+        f"steady tokens/s per trial: alone {alone_speed:,.0f}, inside the sweep {sweep_speed:,.0f} "
+        f"({sweep_speed / alone_speed:.2f}x: {c} trials share the CPUs)"
+    )
     verdict = "meets" if ratio <= GOAL else "misses"
-    print(f"ratio = sweep / (sum alone / c) = {ratio:.3f} -> {verdict} the goal <= {GOAL}; "
-          f"counting ray.init as the commands do: {ratio_cli:.3f}")
+    print(
+        f"ratio = sweep / (sum alone / c) = {ratio:.3f} -> {verdict} the goal <= {GOAL}; "
+        f"counting ray.init as the commands do: {ratio_cli:.3f}"
+    )
     return common.finish(result, args.json, tmp, args.keep)
 
 

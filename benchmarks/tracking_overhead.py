@@ -38,6 +38,7 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
+
 DEFAULT_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
 GOAL = 1.01
 
@@ -84,8 +85,13 @@ def update_metrics(loss: float) -> Dict[str, float]:
 
 def report(update: int, tokens: int, sources: List[str]) -> Dict[str, float]:
     """What train_loop.py logs at a report (perf/mfu is NaN on CPU and dropped by log())."""
-    metrics = {"train/optimizer_step": update, "train/tokens": tokens, "perf/tokens_per_s": 12345.0,
-               "perf/mfu": float("nan"), "data/packing_efficiency": 0.98}
+    metrics = {
+        "train/optimizer_step": update,
+        "train/tokens": tokens,
+        "perf/tokens_per_s": 12345.0,
+        "perf/mfu": float("nan"),
+        "data/packing_efficiency": 0.98,
+    }
     metrics.update({f"data/share/{s}": 1 / len(sources) for s in sources})
     return metrics
 
@@ -154,43 +160,63 @@ def main(argv: List[str] | None = None) -> int:
         "ratio": per_update(on_p, "cpu_s") / per_update(off_p, "cpu_s"),
         "ratio_wall": per_update(on_p, "wall_s") / per_update(off_p, "wall_s"),
         "ratio_median_abba_group": statistics.median(group_ratios),
-        "ratio_from_tracking_wall_time": 1 + sum(q["log_s"] + q["send_s"] for q in on_p) / sum(q["cpu_s"] for q in on_p),
+        "ratio_from_tracking_wall_time": 1
+        + sum(q["log_s"] + q["send_s"] for q in on_p) / sum(q["cpu_s"] for q in on_p),
         "goal": f"ratio <= {GOAL}",
         "update_cpu_ms": {"off": 1000 * per_update(off_p, "cpu_s"), "on": 1000 * per_update(on_p, "cpu_s")},
         "update_wall_ms": {"off": 1000 * per_update(off_p, "wall_s"), "on": 1000 * per_update(on_p, "wall_s")},
         "log_us_per_report_median_wall": 1e6 * statistics.median(q["log_s"] for q in on_p),
-        "send_ms": {"wall_median": 1000 * statistics.median(x["wall_s"] for x in sends) if sends else None,
-                    "cpu_median": 1000 * statistics.median(x["cpu_s"] for x in sends) if sends else None},
-        "sends": len(sends), "final_send_ms": 1000 * last_send,
-        "updates": {"on": len(on_p) * every, "off": len(off_p) * every}, "updates_per_report": every,
+        "send_ms": {
+            "wall_median": 1000 * statistics.median(x["wall_s"] for x in sends) if sends else None,
+            "cpu_median": 1000 * statistics.median(x["cpu_s"] for x in sends) if sends else None,
+        },
+        "sends": len(sends),
+        "final_send_ms": 1000 * last_send,
+        "updates": {"on": len(on_p) * every, "off": len(off_p) * every},
+        "updates_per_report": every,
         "metrics_per_update": len(update_metrics(1.0)),
         "metrics_per_report": len([v for v in report(1, 1, sources).values() if v == v]),
         "points_sent": logger.sent_points,
         "wall_s": time.perf_counter() - started,
-        "config": {"file": os.path.relpath(args.config, ROOT), "overrides": args.overrides, "seq_len": plan.seq_len,
-                   "micro_batch_size": plan.micro_batch_size, "grad_accum_steps": plan.grad_accum_steps,
-                   "tokens_per_update": plan.tokens_per_update, "report_every_tokens": cfg.train.report_every_tokens,
-                   "flush_every_s": cfg.tracking.flush_every_s, "torch_threads": max(1, int(cfg.cluster.cpus_per_worker)),
-                   "store": "sqlite (embedded)",
-                   "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads}},
+        "config": {
+            "file": os.path.relpath(args.config, ROOT),
+            "overrides": args.overrides,
+            "seq_len": plan.seq_len,
+            "micro_batch_size": plan.micro_batch_size,
+            "grad_accum_steps": plan.grad_accum_steps,
+            "tokens_per_update": plan.tokens_per_update,
+            "report_every_tokens": cfg.train.report_every_tokens,
+            "flush_every_s": cfg.tracking.flush_every_s,
+            "torch_threads": max(1, int(cfg.cluster.cpus_per_worker)),
+            "store": "sqlite (embedded)",
+            "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads},
+        },
         "machine": common.machine(load_before),
     }
     cpu, wall = result["update_cpu_ms"], result["update_wall_ms"]
-    rows = [("per update", "off", "on", "on/off"),
-            ("CPU time, ms", f"{cpu['off']:.2f}", f"{cpu['on']:.2f}", f"{result['ratio']:.4f}"),
-            ("wall clock, ms", f"{wall['off']:.2f}", f"{wall['on']:.2f}", f"{result['ratio_wall']:.4f}"),
-            ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
-            ("tracking's own wall time", "", "", f"{result['ratio_from_tracking_wall_time']:.4f}")]
+    rows = [
+        ("per update", "off", "on", "on/off"),
+        ("CPU time, ms", f"{cpu['off']:.2f}", f"{cpu['on']:.2f}", f"{result['ratio']:.4f}"),
+        ("wall clock, ms", f"{wall['off']:.2f}", f"{wall['on']:.2f}", f"{result['ratio_wall']:.4f}"),
+        ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
+        ("tracking's own wall time", "", "", f"{result['ratio_from_tracking_wall_time']:.4f}"),
+    ]
     common.print_table(rows)
-    print(f"\n{result['updates']['on']} updates on, {result['updates']['off']} off; {result['metrics_per_update']} metrics "
-          f"every update and a report of {result['metrics_per_report']} every {every} updates: log() calls "
-          f"{result['log_us_per_report_median_wall']:.0f} us per report period (median); {len(sends)} sends of the buffered "
-          f"points, median {result['send_ms']['wall_median'] or 0:.1f} ms wall, "
-          f"{result['send_ms']['cpu_median'] or 0:.1f} ms CPU; {logger.sent_points:,} points")
+    print(
+        f"\n{result['updates']['on']} updates on, {result['updates']['off']} off; "
+        f"{result['metrics_per_update']} metrics "
+        f"every update and a report of {result['metrics_per_report']} every {every} updates: log() calls "
+        f"{result['log_us_per_report_median_wall']:.0f} us per report period (median); "
+        f"{len(sends)} sends of the buffered "
+        f"points, median {result['send_ms']['wall_median'] or 0:.1f} ms wall, "
+        f"{result['send_ms']['cpu_median'] or 0:.1f} ms CPU; {logger.sent_points:,} points"
+    )
     verdict = "meets" if result["ratio"] <= GOAL else "misses"
-    print(f"ratio (CPU time per update, on/off) = {result['ratio']:.4f} -> {verdict} the goal <= {GOAL}  "
-          f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs)")
+    print(
+        f"ratio (CPU time per update, on/off) = {result['ratio']:.4f} -> {verdict} the goal <= {GOAL}  "
+        f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} CPUs)"
+    )
     return common.finish(result, args.json, tmp)
 
 

@@ -21,6 +21,7 @@ runs either side; ratio = real / plain of the steady figure (geometric mean over
 --diagnose adds per round the plain loop inside a 1-worker Ray Train worker (Ray's process
 without the trainer's code) and the real path with gns.enabled=false.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,6 +38,7 @@ from typing import Any, Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
+
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 DEFAULT_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
@@ -46,8 +48,15 @@ GOAL = 0.90
 def load_config(path: str, overrides: List[str], tmp: Path):
     from orchestrator import config, launch
 
-    cfg = config.load(path, [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"train.storage_path={tmp}/runs",
-                             "tracking.experiment=bench-trainer-overhead", *overrides])
+    cfg = config.load(
+        path,
+        [
+            f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+            f"train.storage_path={tmp}/runs",
+            "tracking.experiment=bench-trainer-overhead",
+            *overrides,
+        ],
+    )
     launch.resolve_paths(cfg)
     launch.preflight(cfg)  # builds the token cache outside any timing
     return cfg
@@ -100,9 +109,15 @@ def run_plain(cfg) -> Dict[str, Any]:
             clock = _clocks()
             before = tokens
             for group in opt.param_groups:
-                group["lr"] = lr_at(before + plan.tokens_per_update, peak=o.lr, total_tokens=budget,
-                                    warmup_tokens=cfg.schedule.warmup_tokens, decay=cfg.schedule.decay,
-                                    min_lr_ratio=cfg.schedule.min_lr_ratio, wsd_decay_share=cfg.schedule.wsd_decay_share)
+                group["lr"] = lr_at(
+                    before + plan.tokens_per_update,
+                    peak=o.lr,
+                    total_tokens=budget,
+                    warmup_tokens=cfg.schedule.warmup_tokens,
+                    decay=cfg.schedule.decay,
+                    min_lr_ratio=cfg.schedule.min_lr_ratio,
+                    wsd_decay_share=cfg.schedule.wsd_decay_share,
+                )
             batches = [train.micro_batch(update, plan, 0, a) for a in range(plan.grad_accum_steps)]
             real = max(sum(b.real_tokens for b in batches), 1)  # token-weighted, as DESIGN.md 4.2
             for batch in batches:
@@ -122,7 +137,9 @@ def run_plain(cfg) -> Dict[str, Any]:
                 evaluate()
             if _due(before, tokens, cfg.train.report_every_tokens) or evaluated:
                 now = time.perf_counter()
-                windows.append({"step": tokens, "tokens": window_tokens, "seconds": now - window_start, "eval": evaluated})
+                windows.append(
+                    {"step": tokens, "tokens": window_tokens, "seconds": now - window_start, "eval": evaluated}
+                )
                 window_start, window_tokens = time.perf_counter(), 0
     finally:
         torch.set_num_threads(threads)
@@ -207,9 +224,16 @@ def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
     plan = batch_plan(cfg)
     budget = plan.tokens_for_steps(batching.total_steps(plan, cfg.train.total_tokens))
     updates = json.loads(timings.read_text()) if timings.exists() else []
-    return {"windows": windows, "wall_s": wall, "budget": budget, "run_id": run_id, "updates": updates,
-            "startup_s": first_start - wall_clock, "between_windows_s": between,
-            "teardown_s": wall_clock + wall - windows[-1]["logged_at"]}
+    return {
+        "windows": windows,
+        "wall_s": wall,
+        "budget": budget,
+        "run_id": run_id,
+        "updates": updates,
+        "startup_s": first_start - wall_clock,
+        "between_windows_s": between,
+        "teardown_s": wall_clock + wall - windows[-1]["logged_at"],
+    }
 
 
 def _plain_in_worker(payload: Dict[str, Any]) -> None:
@@ -229,10 +253,13 @@ def run_plain_in_worker(cfg, tmp: Path, i: int) -> Dict[str, Any]:
 
     out = tmp / f"plain-in-worker-{i}.json"
     _pickle_by_value()
-    TorchTrainer(_plain_in_worker, train_loop_config={"config": launch.worker_config(cfg), "out": str(out), "root": str(ROOT)},
-                 scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": cfg.cluster.cpus_per_worker}),
-                 torch_config=TorchConfig(backend="gloo"),
-                 run_config=RunConfig(name=f"plain-in-worker-{i}", storage_path=str(tmp / "runs"))).fit()
+    TorchTrainer(
+        _plain_in_worker,
+        train_loop_config={"config": launch.worker_config(cfg), "out": str(out), "root": str(ROOT)},
+        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": cfg.cluster.cpus_per_worker}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(name=f"plain-in-worker-{i}", storage_path=str(tmp / "runs")),
+    ).fit()
     return json.loads(out.read_text())
 
 
@@ -247,19 +274,24 @@ def throughput(windows: List[Dict[str, float]], steady: bool) -> float:
 def figures(run: Dict[str, Any]) -> Dict[str, float]:
     steady = [w["tokens"] / w["seconds"] for i, w in enumerate(run["windows"]) if i > 0 and not w["eval"]]
     evals = [w["tokens"] / w["seconds"] for i, w in enumerate(run["windows"]) if i > 0 and w["eval"]]
-    out = {"steady_tokens_per_s": throughput(run["windows"], True),
-           "steady_median_window_tokens_per_s": statistics.median(steady),
-           "train_phase_tokens_per_s": throughput(run["windows"], False),
-           "whole_run_tokens_per_s": run["budget"] / run["wall_s"], "wall_s": run["wall_s"],
-           "eval_window_tokens_per_s": statistics.mean(evals) if evals else float("nan"),
-           "first_window_tokens_per_s": run["windows"][0]["tokens"] / run["windows"][0]["seconds"]}
+    out = {
+        "steady_tokens_per_s": throughput(run["windows"], True),
+        "steady_median_window_tokens_per_s": statistics.median(steady),
+        "train_phase_tokens_per_s": throughput(run["windows"], False),
+        "whole_run_tokens_per_s": run["budget"] / run["wall_s"],
+        "wall_s": run["wall_s"],
+        "eval_window_tokens_per_s": statistics.mean(evals) if evals else float("nan"),
+        "first_window_tokens_per_s": run["windows"][0]["tokens"] / run["windows"][0]["seconds"],
+    }
     for k in ("startup_s", "between_windows_s", "teardown_s", "run_id"):
         if k in run:
             out[k] = run[k]
     steady_updates = run.get("updates", [])[2:]  # the first two carry lazy set-up
     if steady_updates:  # per optimizer update, median: tokens per second of wall, of thread CPU, of process CPU
         per_update = run["budget"] / len(run["updates"])
-        for i, key in enumerate(("update_tokens_per_s", "update_tokens_per_thread_cpu_s", "update_tokens_per_process_cpu_s")):
+        for i, key in enumerate(
+            ("update_tokens_per_s", "update_tokens_per_thread_cpu_s", "update_tokens_per_process_cpu_s")
+        ):
             out[key] = per_update / statistics.median(u[i] for u in steady_updates)
     out["windows"] = [[w["step"], round(w["seconds"], 4), int(w["eval"])] for w in run["windows"]]  # [tokens, s, eval]
     return out
@@ -285,8 +317,11 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (OmegaConf dotlist)")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="train config (default conf/train/tiny.yaml)")
     p.add_argument("--pairs", type=int, default=3, help="real runs, interleaved with pairs + 1 plain runs")
-    p.add_argument("--diagnose", action="store_true",
-                   help="also run the plain loop inside a Ray Train worker and the real path with gns.enabled=false")
+    p.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="also run the plain loop inside a Ray Train worker and the real path with gns.enabled=false",
+    )
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
@@ -304,16 +339,24 @@ def main(argv: List[str] | None = None) -> int:
     # runs just before and after it, which cancels a load that drifts during the benchmark.
     for i in range(args.pairs):
         plain.append(figures(run_plain(cfg)))
-        print(f"plain {i + 1}: {plain[-1]['steady_tokens_per_s']:,.0f} tok/s (load {os.getloadavg()[0]:.1f})", flush=True)
+        print(
+            f"plain {i + 1}: {plain[-1]['steady_tokens_per_s']:,.0f} tok/s (load {os.getloadavg()[0]:.1f})", flush=True
+        )
         real.append(figures(run_real(cfg, f"real-{i}")))
         print(f"real  {i + 1}: {real[-1]['steady_tokens_per_s']:,.0f} tok/s", flush=True)
         if args.diagnose:
             extra["plain_in_ray_worker"].append(figures(run_plain_in_worker(cfg, tmp, i)))
             extra["real_gns_off"].append(figures(run_real(cfg, f"real-nogns-{i}", gns=False)))
-            print(f"diag  {i + 1}: plain in a Ray worker {extra['plain_in_ray_worker'][-1]['steady_tokens_per_s']:,.0f}, "
-                  f"real without GNS {extra['real_gns_off'][-1]['steady_tokens_per_s']:,.0f} tok/s", flush=True)
+            print(
+                f"diag  {i + 1}: plain in a Ray worker {extra['plain_in_ray_worker'][-1]['steady_tokens_per_s']:,.0f}, "
+                f"real without GNS {extra['real_gns_off'][-1]['steady_tokens_per_s']:,.0f} tok/s",
+                flush=True,
+            )
     plain.append(figures(run_plain(cfg)))
-    print(f"plain {args.pairs + 1}: {plain[-1]['steady_tokens_per_s']:,.0f} tok/s (load {os.getloadavg()[0]:.1f})", flush=True)
+    print(
+        f"plain {args.pairs + 1}: {plain[-1]['steady_tokens_per_s']:,.0f} tok/s (load {os.getloadavg()[0]:.1f})",
+        flush=True,
+    )
 
     def against_plain(runs: List[Dict[str, float]], key: str) -> List[float]:
         return [r[key] / ((plain[i][key] + plain[i + 1][key]) / 2) for i, r in enumerate(runs)]
@@ -327,17 +370,35 @@ def main(argv: List[str] | None = None) -> int:
         "ratio_train_phase": geomean(ratios["train_phase_tokens_per_s"]),
         "ratio_whole_run": geomean(ratios["whole_run_tokens_per_s"]),
         "ratio_steady_median_window": geomean(ratios["steady_median_window_tokens_per_s"]),
-        "ratio_update_thread_cpu": geomean(ratios["update_tokens_per_thread_cpu_s"]) if "update_tokens_per_thread_cpu_s" in ratios else None,
+        "ratio_update_thread_cpu": geomean(ratios["update_tokens_per_thread_cpu_s"])
+        if "update_tokens_per_thread_cpu_s" in ratios
+        else None,
         "goal": f"ratio >= {GOAL}",
-        "plain": plain, "real": real,
-        **({"diagnose": {k: {"runs": v, "ratio_steady": geomean(against_plain(v, "steady_tokens_per_s"))} for k, v in extra.items()}}
-           if args.diagnose else {}),
-        "config": {"file": os.path.relpath(args.config, ROOT), "overrides": args.overrides, "seq_len": cfg.data.seq_len,
-                   "micro_batch_size": plan.micro_batch_size, "grad_accum_steps": plan.grad_accum_steps,
-                   "tokens_per_update": plan.tokens_per_update, "total_tokens": cfg.train.total_tokens,
-                   "zero_stage": cfg.deepspeed.zero_stage, "gns": cfg.gns.enabled,
-                   "torch_threads": max(1, int(cfg.cluster.cpus_per_worker)),
-                   "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads}},
+        "plain": plain,
+        "real": real,
+        **(
+            {
+                "diagnose": {
+                    k: {"runs": v, "ratio_steady": geomean(against_plain(v, "steady_tokens_per_s"))}
+                    for k, v in extra.items()
+                }
+            }
+            if args.diagnose
+            else {}
+        ),
+        "config": {
+            "file": os.path.relpath(args.config, ROOT),
+            "overrides": args.overrides,
+            "seq_len": cfg.data.seq_len,
+            "micro_batch_size": plan.micro_batch_size,
+            "grad_accum_steps": plan.grad_accum_steps,
+            "tokens_per_update": plan.tokens_per_update,
+            "total_tokens": cfg.train.total_tokens,
+            "zero_stage": cfg.deepspeed.zero_stage,
+            "gns": cfg.gns.enabled,
+            "torch_threads": max(1, int(cfg.cluster.cpus_per_worker)),
+            "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads},
+        },
         "machine": common.machine(load_before),
     }
     rows = [("tokens per second (of wall or CPU)", "plain", "real", "real/plain")]
@@ -346,17 +407,25 @@ def main(argv: List[str] | None = None) -> int:
         rows.append((label, f"{a:,.0f}", f"{b:,.0f}", f"{geomean(ratios[key]):.3f}"))
     common.print_table(rows)
     r0 = real[-1]
-    print(f"\nreal run wall {statistics.mean(x['wall_s'] for x in real):.1f} s: start-up to first window "
-          f"{statistics.mean(x['startup_s'] for x in real):.1f} s, checkpoints/reports between windows "
-          f"{statistics.mean(x['between_windows_s'] for x in real):.1f} s, teardown {statistics.mean(x['teardown_s'] for x in real):.1f} s")
-    print(f"perf/tokens_per_s in windows that end at an evaluation: {r0['eval_window_tokens_per_s']:,.0f} "
-          f"(steady {r0['steady_tokens_per_s']:,.0f}); first window: {r0['first_window_tokens_per_s']:,.0f}")
+    print(
+        f"\nreal run wall {statistics.mean(x['wall_s'] for x in real):.1f} s: start-up to first window "
+        f"{statistics.mean(x['startup_s'] for x in real):.1f} s, checkpoints/reports between windows "
+        f"{statistics.mean(x['between_windows_s'] for x in real):.1f} s, "
+        f"teardown {statistics.mean(x['teardown_s'] for x in real):.1f} s"
+    )
+    print(
+        f"perf/tokens_per_s in windows that end at an evaluation: {r0['eval_window_tokens_per_s']:,.0f} "
+        f"(steady {r0['steady_tokens_per_s']:,.0f}); first window: {r0['first_window_tokens_per_s']:,.0f}"
+    )
     if args.diagnose:
         for k, v in result["diagnose"].items():
             print(f"diagnose: {k} / plain = {v['ratio_steady']:.3f}")
     verdict = "meets" if result["ratio"] >= GOAL else "misses"
-    print(f"ratio (steady, real/plain) = {result['ratio']:.3f}  per real run {', '.join(f'{x:.3f}' for x in result['ratio_per_real_run'])}  "
-          f"-> {verdict} the goal >= {GOAL}")
+    print(
+        f"ratio (steady, real/plain) = {result['ratio']:.3f}  "
+        f"per real run {', '.join(f'{x:.3f}' for x in result['ratio_per_real_run'])}  "
+        f"-> {verdict} the goal >= {GOAL}"
+    )
     return common.finish(result, args.json, tmp, args.keep)
 
 

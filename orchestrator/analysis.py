@@ -42,8 +42,14 @@ TRUSTED_SHARE = 0.5
 TARGET_FRACTIONS = (0.02, 0.1, 0.25)
 MIN_BATCH_SIZES = 3
 BATCH_KEY, SEED_KEY = "batch.tokens_per_update", "train.seed"
-DERIVED = {"train.run_name", "train.total_steps", "train.total_tokens_rounded", "batch.grad_accum_steps",
-           "batch.micro_batch_size", SEED_KEY}
+DERIVED = {
+    "train.run_name",
+    "train.total_steps",
+    "train.total_tokens_rounded",
+    "batch.grad_accum_steps",
+    "batch.micro_batch_size",
+    SEED_KEY,
+}
 """Params that differ between runs without being swept (or, the seed, that are replicates)."""
 Curve = List[Tuple[int, float]]
 
@@ -86,7 +92,11 @@ class Trial:
     @property
     def budget(self) -> int:
         """The run's budget rounded down to whole updates (what it would see if it finished)."""
-        return self._number("train.total_tokens_rounded", int) or self._number("train.total_tokens", int) or self.tokens_seen
+        return (
+            self._number("train.total_tokens_rounded", int)
+            or self._number("train.total_tokens", int)
+            or self.tokens_seen
+        )
 
     @property
     def outcome(self) -> str:
@@ -134,8 +144,11 @@ class Trial:
 def swept_axes(trials: Sequence[Trial]) -> List[str]:
     """Config keys whose values differ between the runs, the batch size first."""
     keys = set().union(*(t.params for t in trials)) if trials else set()
-    varied = [k for k in sorted(keys - DERIVED) if not k.startswith(("tracking.", "train.storage_path"))
-              and len({t.params.get(k) for t in trials}) > 1]
+    varied = [
+        k
+        for k in sorted(keys - DERIVED)
+        if not k.startswith(("tracking.", "train.storage_path")) and len({t.params.get(k) for t in trials}) > 1
+    ]
     return sorted(varied, key=lambda k: k != BATCH_KEY)
 
 
@@ -177,10 +190,20 @@ def best_per_batch(finished: Sequence[Trial], axes: Sequence[str], metric: str, 
         if scored:
             loss, spread, runs = min(scored, key=lambda s: s[0])
             best = min(runs, key=lambda t: t.final(metric, width))
-            rows.append({"batch": b, "settings": {k: best.params.get(k) for k in axes}, "final_loss": loss,
-                         "spread": spread if len(runs) > 1 else None, "seeds": len(runs), "lr": best.lr,
-                         "run_id": best.run_id, "run_name": best.name, "configurations": len(scored),
-                         "edges": _edges(best, group, axes)})
+            rows.append(
+                {
+                    "batch": b,
+                    "settings": {k: best.params.get(k) for k in axes},
+                    "final_loss": loss,
+                    "spread": spread if len(runs) > 1 else None,
+                    "seeds": len(runs),
+                    "lr": best.lr,
+                    "run_id": best.run_id,
+                    "run_name": best.name,
+                    "configurations": len(scored),
+                    "edges": _edges(best, group, axes),
+                }
+            )
     return rows
 
 
@@ -227,8 +250,11 @@ def choose_targets(trials: Sequence[Trial], width: float) -> List[float]:
     """Loss levels the best run of every batch size reaches within its trusted part."""
     ends = {}
     for b, group in by_batch(trials).items():
-        at_horizon = [float(np.interp(t.trusted_tokens(), *t.smoothed(width))) for t in group
-                      if t.tokens_seen >= t.trusted_tokens()]
+        at_horizon = [
+            float(np.interp(t.trusted_tokens(), *t.smoothed(width)))
+            for t in group
+            if t.tokens_seen >= t.trusted_tokens()
+        ]
         if at_horizon:
             ends[b] = min(at_horizon)
     if not ends:
@@ -257,16 +283,30 @@ def critical_batch(trials: Sequence[Trial], axes: Sequence[str], target: float, 
         steps_by_batch[b] = [s for s in steps if all(x is not None for x in s)]
         b_simple = [x for t, (_, tok) in zip(runs, hits) if (x := t.b_simple_at(tok)) is not None]
         walls = [t.duration_s * min(1.0, tok / t.tokens_seen) for t, (_, tok) in zip(runs, hits) if t.duration_s]
-        points.append({"batch": b, "steps": mean_steps, "tokens": mean_steps * b, "lr": runs[0].lr, "seeds": len(runs),
-                       "run_id": runs[0].run_id, "run_name": runs[0].name, "wall_s": float(np.mean(walls)) if walls else None,
-                       "b_simple": float(np.mean(b_simple)) if b_simple else None})
+        points.append(
+            {
+                "batch": b,
+                "steps": mean_steps,
+                "tokens": mean_steps * b,
+                "lr": runs[0].lr,
+                "seeds": len(runs),
+                "run_id": runs[0].run_id,
+                "run_name": runs[0].name,
+                "wall_s": float(np.mean(walls)) if walls else None,
+                "b_simple": float(np.mean(b_simple)) if b_simple else None,
+            }
+        )
     fit, interval, resolved = (None, None, None), None, False
     if len(points) >= 2:
         fit = noise.fit_critical_batch([p["batch"] for p in points], [p["steps"] for p in points])
     if len(points) < MIN_BATCH_SIZES:
-        notes.append(f"not resolved: B_crit needs {MIN_BATCH_SIZES} batch sizes that reach this loss; {len(points)} did")
+        notes.append(
+            f"not resolved: B_crit needs {MIN_BATCH_SIZES} batch sizes that reach this loss; {len(points)} did"
+        )
     elif fit[1] == 0:
-        notes.append("not resolved: steps do not fall as B grows (E_min = 0): every B here is past B_crit, or the data are noisy")
+        notes.append(
+            "not resolved: steps do not fall as B grows (E_min = 0): every B here is past B_crit, or the data are noisy"
+        )
     elif fit[0] == 0:
         notes.append("not resolved: steps fall as 1/B throughout (S_min = 0): B_crit lies beyond the largest B")
     else:
@@ -279,14 +319,25 @@ def critical_batch(trials: Sequence[Trial], axes: Sequence[str], target: float, 
         notes.append("not reached by batch sizes " + ", ".join(f"{b:,}" for b in missing))
     schedules = {t.params.get("schedule.decay") for t in trials} & {"cosine", "linear"}
     if schedules:
-        notes.append(f"steps read before {TRUSTED_SHARE:.0%} of the budget ({'/'.join(sorted(schedules))} decay from the end of "
-                     "warmup): the fit depends on the schedule; wsd or constant give one it cannot fake")
+        notes.append(
+            f"steps read before {TRUSTED_SHARE:.0%} of the budget ({'/'.join(sorted(schedules))} decay from the end of "
+            "warmup): the fit depends on the schedule; wsd or constant give one it cannot fake"
+        )
     measured = [p["b_simple"] for p in points if p["b_simple"] is not None]
     if not measured:
         notes.append("no gns/b_simple at this loss (gns.enabled=false, or D x A = 1 for every batch size)")
-    return {"target_loss": target, "points": points, "missing": missing, "s_min": fit[0], "e_min": fit[1],
-            "b_crit": fit[2] if resolved else None, "b_crit_fit": fit[2], "b_crit_interval": interval,
-            "b_simple": float(np.median(measured)) if measured else None, "notes": notes}
+    return {
+        "target_loss": target,
+        "points": points,
+        "missing": missing,
+        "s_min": fit[0],
+        "e_min": fit[1],
+        "b_crit": fit[2] if resolved else None,
+        "b_crit_fit": fit[2],
+        "b_crit_interval": interval,
+        "b_simple": float(np.median(measured)) if measured else None,
+        "notes": notes,
+    }
 
 
 # ---------------------------------------------------------------- the whole answer
@@ -304,19 +355,39 @@ def analyse(trials: Sequence[Trial], target_losses: Optional[Sequence[float]] = 
     targets = sorted(target_losses) if target_losses else choose_targets(usable, width)
     fits = [critical_batch(usable, axes, target, width) for target in targets]
     return {
-        "loss_metric": metric, "axes": axes, "targets_chosen": not target_losses, "smoothing_tokens": width,
-        "finished": len(finished), "stopped": stopped_early(usable),
-        "failed": sum(t.outcome == "failed" for t in usable), "incomplete": sum(t.outcome == "incomplete" for t in usable),
-        "best": min(best, key=lambda r: r["final_loss"]) if best else None, "best_per_batch": best,
-        "lr_scaling": lr_scaling(best, axes), "critical_batch": fits,
+        "loss_metric": metric,
+        "axes": axes,
+        "targets_chosen": not target_losses,
+        "smoothing_tokens": width,
+        "finished": len(finished),
+        "stopped": stopped_early(usable),
+        "failed": sum(t.outcome == "failed" for t in usable),
+        "incomplete": sum(t.outcome == "incomplete" for t in usable),
+        "best": min(best, key=lambda r: r["final_loss"]) if best else None,
+        "best_per_batch": best,
+        "lr_scaling": lr_scaling(best, axes),
+        "critical_batch": fits,
         "primary": next((f for f in fits if f["b_crit"] is not None), fits[0] if fits else None),
-        "trials": [row(t, metric, width) for t in usable], "skipped": [t.name for t in trials if t not in usable],
+        "trials": [row(t, metric, width) for t in usable],
+        "skipped": [t.name for t in trials if t not in usable],
     }
 
 
 def row(t: Trial, metric: str, width: float) -> Dict[str, Any]:
-    return {"run_id": t.run_id, "run_name": t.name, "status": t.status, "outcome": t.outcome, "batch": t.batch,
-            "lr": t.lr, "seed": t.params.get(SEED_KEY), "warmup_tokens": t.params.get("schedule.warmup_tokens"),
-            "decay": t.params.get("schedule.decay"), "final_loss": t.final(metric, width),
-            "final_train": t.final("train/loss", width), "final_eval": t.final("eval/loss", width),
-            "tokens": t.tokens_seen, "stopped_at": t.stopped_at, "wall_s": t.duration_s}
+    return {
+        "run_id": t.run_id,
+        "run_name": t.name,
+        "status": t.status,
+        "outcome": t.outcome,
+        "batch": t.batch,
+        "lr": t.lr,
+        "seed": t.params.get(SEED_KEY),
+        "warmup_tokens": t.params.get("schedule.warmup_tokens"),
+        "decay": t.params.get("schedule.decay"),
+        "final_loss": t.final(metric, width),
+        "final_train": t.final("train/loss", width),
+        "final_eval": t.final("eval/loss", width),
+        "tokens": t.tokens_seen,
+        "stopped_at": t.stopped_at,
+        "wall_s": t.duration_s,
+    }

@@ -52,12 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("submit", help="send a sweep to a Ray cluster (Ray Jobs API)")
     _config_args(p, "SWEEP")
     p.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
-    p.add_argument("--follow", action="store_true",
-                   help="stream logs; exit code follows the job's (3: lost contact, the job may still run)")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="stream logs; exit code follows the job's (3: lost contact, the job may still run)",
+    )
     p.add_argument("--resume", action="store_true", help="pass --resume to the sweep")
     p.add_argument("--insecure", action="store_true", help="send the Ray auth token over plain http to another machine")
-    p.add_argument("--no-fit-check", dest="fit_check", action="store_false",
-                   help="skip checking the trial shapes against the cluster's nodes (a cluster that autoscales)")
+    p.add_argument(
+        "--no-fit-check",
+        dest="fit_check",
+        action="store_false",
+        help="skip checking the trial shapes against the cluster's nodes (a cluster that autoscales)",
+    )
 
     p = verbs.add_parser("jobs", help="status | logs | stop | list of submitted jobs")
     p.add_argument("action", choices=["status", "logs", "stop", "list"])
@@ -106,8 +113,15 @@ def _report(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from orchestrator import submit
 
-    return submit.submit(args.sweep, args.overrides, address=args.address, follow=args.follow, resume=args.resume,
-                         insecure=args.insecure, fit_check=args.fit_check)
+    return submit.submit(
+        args.sweep,
+        args.overrides,
+        address=args.address,
+        follow=args.follow,
+        resume=args.resume,
+        insecure=args.insecure,
+        fit_check=args.fit_check,
+    )
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -133,8 +147,14 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 VERBS = {
-    "plan": _plan, "train": _train, "sweep": _sweep, "report": _report, "submit": _submit,
-    "jobs": _jobs, "ui": _ui, "prepare": _prepare,
+    "plan": _plan,
+    "train": _train,
+    "sweep": _sweep,
+    "report": _report,
+    "submit": _submit,
+    "jobs": _jobs,
+    "ui": _ui,
+    "prepare": _prepare,
 }
 
 

@@ -284,7 +284,9 @@ def _omegaconf_error(exc: OmegaConfBaseException) -> ConfigError:
     return ConfigError(key, first)
 
 
-def load(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None, validate_config: bool = True) -> Config:
+def load(
+    path: Optional[str | Path] = None, overrides: Optional[List[str]] = None, validate_config: bool = True
+) -> Config:
     """Schema defaults <- YAML (with `extends`) <- dotlist overrides, validated."""
     layers = [OmegaConf.structured(Config)]
     if path is not None:

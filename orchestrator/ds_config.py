@@ -55,7 +55,10 @@ def build(cfg: Config, plan: BatchPlan) -> Dict[str, Any]:
 
     micro = ds["train_micro_batch_size_per_gpu"]
     accum = ds["gradient_accumulation_steps"]
-    if ds["train_batch_size"] != micro * accum * plan.num_workers or ds["train_batch_size"] != plan.sequences_per_update:
+    if (
+        ds["train_batch_size"] != micro * accum * plan.num_workers
+        or ds["train_batch_size"] != plan.sequences_per_update
+    ):
         raise ConfigError(
             "deepspeed.extra",
             f"changes the batch: train_batch_size={ds['train_batch_size']} must equal micro {micro} x accumulation "

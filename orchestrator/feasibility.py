@@ -73,7 +73,7 @@ def fits(shape: Shape, nodes: Sequence[Resources]) -> bool:
         return _bundles_fit(shape, nodes)
     for i, node in enumerate(nodes):  # the trial's actor on node i, the bundles around it
         left = _minus(node, shape.trial)
-        if left is not None and _bundles_fit(shape, [*nodes[:i], left, *nodes[i + 1:]]):
+        if left is not None and _bundles_fit(shape, [*nodes[:i], left, *nodes[i + 1 :]]):
             return True
     return False
 
@@ -105,9 +105,11 @@ def problem(shape: Shape, nodes: Sequence[Resources], where: str) -> Optional[st
     asked = {k for k, v in (*shape.per_worker.items(), *shape.trial.items()) if v}
     cluster = ", ".join(_fmt({k: v for k, v in n.items() if k in asked}) for n in nodes) or "no nodes"
     hint = nearest(shape, nodes)
-    return (f"a trial needs {shape.describe()}, which {where} ({len(nodes)} node(s): {cluster}) can never place, "
-            f"so it would wait forever; " + (f"nearest that fits: {' or '.join(hint)}" if hint else
-                                             "no smaller shape fits either: add nodes or GPUs"))
+    return (
+        f"a trial needs {shape.describe()}, which {where} ({len(nodes)} node(s): {cluster}) can never place, "
+        f"so it would wait forever; "
+        + (f"nearest that fits: {' or '.join(hint)}" if hint else "no smaller shape fits either: add nodes or GPUs")
+    )
 
 
 def node_groups(alive: Sequence[Resources], groups: Sequence[tuple]) -> List[Dict[str, float]]:

@@ -58,4 +58,6 @@ class GroupedASHA(FIFOScheduler):
         self._scheduler(trial).on_trial_remove(tune_controller, trial)
 
     def debug_string(self) -> str:
-        return "\n".join(f"group {dict(zip(self.group_keys, key))}: {s.debug_string()}" for key, s in self._groups.items())
+        return "\n".join(
+            f"group {dict(zip(self.group_keys, key))}: {s.debug_string()}" for key, s in self._groups.items()
+        )

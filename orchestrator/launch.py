@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
-from orchestrator import batching, ds_config, feasibility, plan as planning, storage, tracking
+from orchestrator import batching, ds_config, feasibility, storage, tracking
+from orchestrator import plan as planning
 from orchestrator.config import Config, batch_plan, flatten, to_dict, to_yaml
 from orchestrator.errors import ConfigError
 
@@ -35,7 +36,11 @@ def preflight(cfg: Config) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("cluster.use_gpu", "true, but this torch build sees no CUDA device; use cluster.use_gpu=false or install the CUDA build (README)")
+            raise ConfigError(
+                "cluster.use_gpu",
+                "true, but this torch build sees no CUDA device; "
+                "use cluster.use_gpu=false or install the CUDA build (README)",
+            )
 
 
 def on_cluster(cfg: Config) -> bool:
@@ -61,8 +66,13 @@ def ray_init(address: Optional[str] = None) -> None:
     elif address:
         ray.init(address=address, runtime_env={"env_vars": tracking.env_for_workers()}, log_to_driver=False)
     else:
-        ray.init(dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", log_to_driver=False,
-                 configure_logging=True, logging_level="WARNING")
+        ray.init(
+            dashboard_host="127.0.0.1",
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            configure_logging=True,
+            logging_level="WARNING",
+        )
 
 
 def shape(cfg: Config, trial: Optional[Dict[str, float]] = None) -> feasibility.Shape:
@@ -96,8 +106,10 @@ def _node_sees(marker: str) -> Dict[str, bool]:
         return os.path.exists(path)
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
-    refs = [exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker)
-            for n in nodes]
+    refs = [
+        exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker)
+        for n in nodes
+    ]
     return {f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": ok for n, ok in zip(nodes, ray.get(refs, timeout=120))}
 
 
@@ -143,8 +155,9 @@ def worker_config(cfg: Config) -> Dict[str, Any]:
     return to_dict(cfg, redact=False)
 
 
-def build_trainer(cfg: Config, run_id: str, storage_path: str, name: str, callbacks: List[Any] = (),
-                  local_mode: bool = False):
+def build_trainer(
+    cfg: Config, run_id: str, storage_path: str, name: str, callbacks: List[Any] = (), local_mode: bool = False
+):
     """The TorchTrainer of one run. `local_mode` (single-worker sweep trials only): Ray Train's
     local mode runs the one worker in this process, the Tune trial's, without a worker group
     (no controller, worker or helper actors to start: about 15 s less per trial here); reports
@@ -161,14 +174,22 @@ def build_trainer(cfg: Config, run_id: str, storage_path: str, name: str, callba
     # environment of the Ray instance, not of the command that submits to it.
     marker = storage.local_path(storage.join(storage_path, name, ".fault_injected"))
     fault = {"at_tokens": os.environ.get(FAULT_ENV), "marker": str(marker) if marker else None}
-    payload = {"config": worker_config(cfg), "run_id": run_id, "fault": fault, "local_mode": local_mode,
-               "workloads": registry.importable()}
+    payload = {
+        "config": worker_config(cfg),
+        "run_id": run_id,
+        "fault": fault,
+        "local_mode": local_mode,
+        "workloads": registry.importable(),
+    }
     return TorchTrainer(
         train_worker,
         train_loop_config=payload,
-        scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=cfg.cluster.use_gpu,
-                                     resources_per_worker={"CPU": cfg.cluster.cpus_per_worker},
-                                     placement_strategy=cfg.cluster.placement_strategy),
+        scaling_config=ScalingConfig(
+            num_workers=0 if local_mode else plan.num_workers,
+            use_gpu=cfg.cluster.use_gpu,
+            resources_per_worker={"CPU": cfg.cluster.cpus_per_worker},
+            placement_strategy=cfg.cluster.placement_strategy,
+        ),
         torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
         run_config=RunConfig(
             name=name,
@@ -249,9 +270,12 @@ def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: 
         left = (budget - tokens) / speed if speed else float("nan")
         eta = f"{int(left) // 60}:{int(left) % 60:02d}" if left == left else "?"
         evaluation = f" eval {latest['eval/loss']:.4f}" if "eval/loss" in latest else ""
-        print(f"[{cfg.train.run_name}] {tokens:,}/{budget:,} tokens ({100 * tokens / budget:.0f}%) "
-              f"loss {latest.get('train/loss', float('nan')):.4f}{evaluation} {speed:,.0f} tok/s ETA {eta} "
-              f"({time.monotonic() - started:.0f} s)", flush=True)
+        print(
+            f"[{cfg.train.run_name}] {tokens:,}/{budget:,} tokens ({100 * tokens / budget:.0f}%) "
+            f"loss {latest.get('train/loss', float('nan')):.4f}{evaluation} {speed:,.0f} tok/s ETA {eta} "
+            f"({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
     _show_worker_warnings(cfg, _run_tags(cfg, run_id), warned)  # those sent at the workers' teardown
 
 
@@ -281,7 +305,9 @@ def train(cfg: Config) -> int:
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {folder}")
     else:
         run_id = open_run(cfg, name)
-        storage.write_json(storage.join(folder, RUN_RECORD), {"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment})
+        storage.write_json(
+            storage.join(folder, RUN_RECORD), {"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment}
+        )
         print(f"run {name!r}: MLflow run {run_id}, checkpoints in {folder}")
     print(planning.format_table(planning.describe(cfg)), flush=True)
 
@@ -301,11 +327,16 @@ def train(cfg: Config) -> int:
     outcome = finish(cfg, run_id, error)
     link = tracking.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
     if outcome != "FINISHED":
-        print(f"run {name!r} failed: {outcome}\nMLflow run {run_id}: open with `{tracking.ui_command(cfg.tracking.uri)}`, then {link}")
+        print(
+            f"run {name!r} failed: {outcome}\n"
+            f"MLflow run {run_id}: open with `{tracking.ui_command(cfg.tracking.uri)}`, then {link}"
+        )
         return 1
     final = f"final eval loss {metrics['eval_loss']:.4f}, " if metrics and "eval_loss" in metrics else ""
-    print(f"run {name!r} finished: {final}MLflow run {run_id}\n"
-          f"open it with `{tracking.ui_command(cfg.tracking.uri)}`, then {link}")
+    print(
+        f"run {name!r} finished: {final}MLflow run {run_id}\n"
+        f"open it with `{tracking.ui_command(cfg.tracking.uri)}`, then {link}"
+    )
     return 0
 
 

@@ -93,8 +93,12 @@ class NoiseScaleEMA:
 
     def state_dict(self) -> Dict[str, float]:
         """Plain floats, for a checkpoint's client state."""
-        return {"ema_tokens": self.ema_tokens, "g_squared": self._g_squared, "trace_sigma": self._trace_sigma,
-                "tokens": self.tokens}
+        return {
+            "ema_tokens": self.ema_tokens,
+            "g_squared": self._g_squared,
+            "trace_sigma": self._trace_sigma,
+            "tokens": self.tokens,
+        }
 
     def load_state_dict(self, state: Dict[str, float]) -> None:
         self.ema_tokens = float(state["ema_tokens"])
@@ -143,8 +147,9 @@ def best_config(steps: Sequence[Sequence[Optional[float]]]) -> Optional[Tuple[in
     return min(means, key=lambda m: m[1]) if means else None
 
 
-def bootstrap_b_crit(steps_by_batch: Dict[float, Sequence[Sequence[float]]], n: int = 1000, seed: int = 0,
-                     level: float = 0.9) -> Tuple[float, float]:
+def bootstrap_b_crit(
+    steps_by_batch: Dict[float, Sequence[Sequence[float]]], n: int = 1000, seed: int = 0, level: float = 0.9
+) -> Tuple[float, float]:
     """Percentile bootstrap interval of B_crit over replicate seeds.
 
     steps_by_batch[B][c] = the steps each seed of configuration c (at batch size B) took to reach
@@ -169,7 +174,9 @@ def bootstrap_b_crit(steps_by_batch: Dict[float, Sequence[Sequence[float]]], n: 
         configs = [np.log(np.asarray(s, np.float64)) for s in steps_by_batch[b]]
         if not configs or any(len(c) == 0 or not np.isfinite(c).all() for c in configs):
             raise ValueError(f"batch size {b}: every configuration needs positive, finite steps for every seed")
-        pool = np.concatenate([(c - c.mean()) * math.sqrt(len(c) / (len(c) - 1)) for c in configs if len(c) > 1] or [[0.0]])
+        pool = np.concatenate(
+            [(c - c.mean()) * math.sqrt(len(c) / (len(c) - 1)) for c in configs if len(c) > 1] or [[0.0]]
+        )
         means = [np.exp(c.mean() + pool[rng.integers(0, len(pool), size=(n, len(c)))]).mean(axis=1) for c in configs]
         best.append(np.min(means, axis=0))
     values = np.sort([fit_critical_batch(batches, row)[2] for row in np.stack(best, axis=1)])

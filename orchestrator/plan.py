@@ -69,9 +69,15 @@ def format_table(info: Dict[str, Any]) -> str:
         ("grad_accum_steps A", f"{info['grad_accum_steps']:,}"),
         ("sequences / update", f"{info['sequences_per_update']:,}  (b x D x A)"),
         ("tokens / update", f"{info['tokens_per_update']:,}  (S x b x D x A)"),
-        ("total tokens", f"{info['total_tokens']:,}"
-         + ("" if info["total_tokens"] == info["total_tokens_requested"]
-            else f"  (budget {info['total_tokens_requested']:,} rounded down to whole updates)")),
+        (
+            "total tokens",
+            f"{info['total_tokens']:,}"
+            + (
+                ""
+                if info["total_tokens"] == info["total_tokens_requested"]
+                else f"  (budget {info['total_tokens_requested']:,} rounded down to whole updates)"
+            ),
+        ),
         ("optimizer steps", f"{info['total_steps']:,}"),
         ("warmup steps", f"{info['warmup_steps']:,}"),
         (f"decay steps ({info['decay']})", f"{info['decay_steps']:,}"),

@@ -13,8 +13,13 @@ import matplotlib.ticker  # noqa: E402
 Curve = List[Tuple[float, float]]
 
 
-def loss_vs_tokens(curves: Dict[str, Curve], title: str = "", colors: Optional[Sequence] = None,
-                   xlabel: str = "tokens seen", ylabel: str = "loss"):
+def loss_vs_tokens(
+    curves: Dict[str, Curve],
+    title: str = "",
+    colors: Optional[Sequence] = None,
+    xlabel: str = "tokens seen",
+    ylabel: str = "loss",
+):
     """One line per labelled curve of (x, loss) points."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (label, points) in enumerate(curves.items()):
@@ -84,8 +89,15 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
         for key, style, width in (("train", "-", 1.2), ("eval", "--", 1.0)):
             if t.get(key):
                 xs, ys = zip(*[(p / scale, v) for p, v in t[key] if p > 0])
-                ax.plot(xs, ys, style, color=colors[t["batch"]], lw=width, alpha=0.8,
-                        label=label if key == "train" else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    style,
+                    color=colors[t["batch"]],
+                    lw=width,
+                    alpha=0.8,
+                    label=label if key == "train" else None,
+                )
     ax.plot([], [], "k-", lw=1.2, label="train/loss")
     ax.plot([], [], "k--", lw=1.0, label="eval/loss")
     # A diverged trial would squash every other curve: show losses up to the highest initial loss.
@@ -106,9 +118,15 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
     return fig
 
 
-def heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], title: str = "",
-            xlabel: str = "batch size (tokens per update)", ylabel: str = "peak learning rate",
-            cbar: str = "final loss"):
+def heatmap(
+    values,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str = "",
+    xlabel: str = "batch size (tokens per update)",
+    ylabel: str = "peak learning rate",
+    cbar: str = "final loss",
+):
     """Annotated heatmap of a 2-d array; NaN cells stay blank. Row 0 is drawn at the bottom."""
     import numpy as np
 
@@ -122,8 +140,15 @@ def heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], title:
     for i in range(values.shape[0]):
         for j in range(values.shape[1]):
             if np.isfinite(values[i, j]):
-                ax.text(j, i, f"{values[i, j]:.3f}", ha="center", va="center", fontsize=8,
-                        color="white" if values[i, j] > middle else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{values[i, j]:.3f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if values[i, j] > middle else "black",
+                )
     ax.set_xticks(range(len(col_labels)), col_labels, rotation=30)
     ax.set_yticks(range(len(row_labels)), row_labels)
     ax.set_xlabel(xlabel)
@@ -144,8 +169,13 @@ def lr_batch_heatmap(cells: Sequence[Tuple[float, float, float]], what: str = "f
     for lr, b, loss in cells:
         i, j = lrs.index(float(f"{lr:.3g}")), batches.index(b)
         grid[i, j] = np.fmin(grid[i, j], loss)
-    return heatmap(grid, [f"{lr:.3g}" for lr in lrs], [fmt_tokens(b) for b in batches],
-                   f"{what} (best over other settings)", cbar=what)
+    return heatmap(
+        grid,
+        [f"{lr:.3g}" for lr in lrs],
+        [fmt_tokens(b) for b in batches],
+        f"{what} (best over other settings)",
+        cbar=what,
+    )
 
 
 def critical_batch(fits: Sequence[Dict], title: str = "steps vs tokens to reach a target loss"):
@@ -166,8 +196,14 @@ def critical_batch(fits: Sequence[Dict], title: str = "steps vs tokens to reach 
             ax.annotate(fmt_tokens(b), (e, s), textcoords="offset points", xytext=(4, 4), fontsize=6, color=color)
         if fit.get("s_min") and fit.get("e_min"):
             grid = np.geomspace(min(bs) / 4, max(bs) * 4, 200)
-            ax.plot(fit["s_min"] * grid + fit["e_min"], fit["s_min"] + fit["e_min"] / grid, "-", color=color, lw=1,
-                    label=f"fit: B_crit = {fmt_tokens(fit['b_crit'])}")
+            ax.plot(
+                fit["s_min"] * grid + fit["e_min"],
+                fit["s_min"] + fit["e_min"] / grid,
+                "-",
+                color=color,
+                lw=1,
+                label=f"fit: B_crit = {fmt_tokens(fit['b_crit'])}",
+            )
             ax.plot([2 * fit["e_min"]], [2 * fit["s_min"]], "*", color=color, ms=12)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -182,8 +218,9 @@ def critical_batch(fits: Sequence[Dict], title: str = "steps vs tokens to reach 
     return fig
 
 
-def lr_vs_batch(tried: Sequence[Tuple[float, float]], best: Sequence[Tuple[float, float]],
-                fit: Optional[Tuple[float, float]] = None):
+def lr_vs_batch(
+    tried: Sequence[Tuple[float, float]], best: Sequence[Tuple[float, float]], fit: Optional[Tuple[float, float]] = None
+):
     """Tried (B, lr) pairs, the best lr per batch size and the power law coef * B^alpha."""
     import numpy as np
 

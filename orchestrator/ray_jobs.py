@@ -61,6 +61,7 @@ def mask(text: str) -> str:
 
 # ---------------------------------------------------------------- talking to the cluster
 
+
 def ray_auth_token() -> Tuple[Optional[str], str]:
     """(token or None, where it came from): RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
@@ -90,7 +91,9 @@ def normalise_address(address: str) -> str:
         address = "http://" + address
     parsed = urlparse(address)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError("--address", f"got {mask(address)!r}; use the Ray dashboard's http(s)://HOST:PORT (default port 8265)")
+        raise ConfigError(
+            "--address", f"got {mask(address)!r}; use the Ray dashboard's http(s)://HOST:PORT (default port 8265)"
+        )
     return address
 
 
@@ -115,18 +118,26 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _unreachable(address: str, why: str) -> ConfigError:
-    return ConfigError("--address", f"cannot reach the Ray dashboard at {mask(address)} (unreachable address: {why}); "
-                       "is the cluster up and its dashboard port forwarded (`ray dashboard CLUSTER.yaml`, `kubectl port-forward`)?")
+    return ConfigError(
+        "--address",
+        f"cannot reach the Ray dashboard at {mask(address)} (unreachable address: {why}); "
+        "is the cluster up and its dashboard port forwarded (`ray dashboard CLUSTER.yaml`, `kubectl port-forward`)?",
+    )
 
 
 def _token_refused(address: str, token_source: str) -> ConfigError:
-    return ConfigError("--address", f"the Ray cluster at {mask(address)} refused the auth token from {token_source}; "
-                       "use the cluster's token (`ray get-auth-token` on the head node)")
+    return ConfigError(
+        "--address",
+        f"the Ray cluster at {mask(address)} refused the auth token from {token_source}; "
+        "use the cluster's token (`ray get-auth-token` on the head node)",
+    )
 
 
 def _no_job(address: str, job_id: str) -> ConfigError:
-    return ConfigError("JOB_ID", f"no job {job_id!r} on {mask(address)}; "
-                       f"list them with `orchestrator jobs list --address {mask(address)}`")
+    return ConfigError(
+        "JOB_ID",
+        f"no job {job_id!r} on {mask(address)}; list them with `orchestrator jobs list --address {mask(address)}`",
+    )
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> None:
@@ -149,9 +160,12 @@ def _cluster_errors(address: str, token_source: str) -> Iterator[None]:
         yield
     except AuthenticationError as exc:
         if str(exc).startswith("Authentication required") or token_source.startswith("none found"):
-            raise ConfigError("--address", f"the Ray cluster at {mask(address)} requires an auth token (token authentication "
-                              f"is on) and none was sent: {token_source}; set RAY_AUTH_TOKEN_PATH to a file holding it "
-                              "(`ray get-auth-token` prints it on the head node)") from None
+            raise ConfigError(
+                "--address",
+                f"the Ray cluster at {mask(address)} requires an auth token (token authentication "
+                f"is on) and none was sent: {token_source}; set RAY_AUTH_TOKEN_PATH to a file holding it "
+                "(`ray get-auth-token` prints it on the head node)",
+            ) from None
         raise _token_refused(address, token_source) from None
     except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
         raise _unreachable(address, _first_line(exc)) from None
@@ -164,10 +178,13 @@ def connect(address: str, insecure: bool = False):
     token, source = ray_auth_token()
     host = urlparse(address).hostname or ""
     if token and address.startswith("http://") and not _loopback(host) and not insecure:
-        raise ConfigError("--address", f"{mask(address)} is plain http to another machine, so the Ray auth token (from {source}) "
-                          "would cross the network readable by anyone on the path; use https://, or a port-forward or SSH tunnel "
-                          "to 127.0.0.1 (`kubectl port-forward svc/CLUSTER-head-svc 8265`, `ssh -L 8265:127.0.0.1:8265 HEAD`) "
-                          "with --address http://127.0.0.1:8265, or pass --insecure to send it anyway")
+        raise ConfigError(
+            "--address",
+            f"{mask(address)} is plain http to another machine, so the Ray auth token (from {source}) "
+            "would cross the network readable by anyone on the path; use https://, or a port-forward or SSH tunnel "
+            "to 127.0.0.1 (`kubectl port-forward svc/CLUSTER-head-svc 8265`, `ssh -L 8265:127.0.0.1:8265 HEAD`) "
+            "with --address http://127.0.0.1:8265, or pass --insecure to send it anyway",
+        )
     _probe(address)
     import logging
 
@@ -195,7 +212,9 @@ def _calls(client, job_id: Optional[str] = None) -> Iterator[None]:
     except RuntimeError as exc:
         if job_id and "404" in str(exc):
             raise _no_job(client.get_address(), job_id) from None
-        raise ClusterError(f"the Ray dashboard at {mask(client.get_address())} answered: {mask(_first_line(exc))}") from None
+        raise ClusterError(
+            f"the Ray dashboard at {mask(client.get_address())} answered: {mask(_first_line(exc))}"
+        ) from None
 
 
 def _get(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
@@ -218,7 +237,9 @@ def _get(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
     if r.status_code >= 500:  # a proxy in front of a dashboard that is restarting
         raise _Lost(f"HTTP {r.status_code}")
     body = (r.text.strip().splitlines() or [""])[0][:200]
-    raise ClusterError(f"the Ray dashboard at {mask(address)} answered GET {path} with HTTP {r.status_code}: {mask(body)}")
+    raise ClusterError(
+        f"the Ray dashboard at {mask(address)} answered GET {path} with HTTP {r.status_code}: {mask(body)}"
+    )
 
 
 def _lost_reason(exc: BaseException) -> Optional[str]:
@@ -237,7 +258,9 @@ def _lost_reason(exc: BaseException) -> Optional[str]:
     return None
 
 
-def wait_for(client, job_id: str, statuses: Sequence[str] = TERMINAL, timeout_s: float = 60.0, poll_s: float = 1.0) -> str:
+def wait_for(
+    client, job_id: str, statuses: Sequence[str] = TERMINAL, timeout_s: float = 60.0, poll_s: float = 1.0
+) -> str:
     """Poll until the job's status is one of `statuses` (or the timeout); the last status seen."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -289,7 +312,7 @@ def follow_job(client, job_id: str) -> int:
                     return
                 in_contact()
                 if seen + len(text) > written:
-                    sys.stdout.write(text[written - seen:])
+                    sys.stdout.write(text[written - seen :])
                     sys.stdout.flush()
                     written = seen + len(text)
                 seen += len(text)
@@ -322,7 +345,10 @@ def follow_job(client, job_id: str) -> int:
                 why = _lost_reason(exc)
                 if why is None and streaming and not isinstance(exc, (ConfigError, ClusterError)):
                     # the log stream failed in another way (e.g. a proxy without websockets)
-                    print(f"log stream unavailable ({mask(_first_line(exc))}); waiting for the job to end", file=sys.stderr)
+                    print(
+                        f"log stream unavailable ({mask(_first_line(exc))}); waiting for the job to end",
+                        file=sys.stderr,
+                    )
                     streaming = False
                     continue
                 if why is None:
@@ -331,20 +357,31 @@ def follow_job(client, job_id: str) -> int:
                 left = RECONNECT_WINDOW_S - (time.monotonic() - lost_since)
                 if left <= 0 and streaming and answered > lost_since:
                     # the dashboard answers, only its log stream keeps breaking off: poll the status
-                    print(f"the log stream keeps breaking off ({mask(why)}); waiting for the job to end", file=sys.stderr)
+                    print(
+                        f"the log stream keeps breaking off ({mask(why)}); waiting for the job to end", file=sys.stderr
+                    )
                     streaming, lost_since, delay = False, None, 1.0
                     continue
                 if left <= 0:
-                    print(f"lost contact with the Ray dashboard at {address}; job {job_id} may still be running: "
-                          f"orchestrator jobs status {job_id} --address {address}", file=sys.stderr, flush=True)
+                    print(
+                        f"lost contact with the Ray dashboard at {address}; job {job_id} may still be running: "
+                        f"orchestrator jobs status {job_id} --address {address}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return LOST_CONTACT
-                print(f"connection to the Ray dashboard at {address} lost ({mask(why)}); reconnecting in {delay:g} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"connection to the Ray dashboard at {address} lost ({mask(why)}); reconnecting in {delay:g} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 time.sleep(min(delay, left))
                 delay = min(2 * delay, BACKOFF_CAP_S)
     except KeyboardInterrupt:
-        print(f"stopped following; job {job_id} keeps running (orchestrator jobs stop {job_id} "
-              f"--address {address})", file=sys.stderr)
+        print(
+            f"stopped following; job {job_id} keeps running (orchestrator jobs stop {job_id} --address {address})",
+            file=sys.stderr,
+        )
         raise
     status, message = job["status"], job.get("message") or ""
     print(f"job {job_id} {status}" + (f": {mask(message)}" if status != "SUCCEEDED" and message else ""), flush=True)
@@ -356,15 +393,24 @@ def cluster_nodes(client) -> Optional[List[Dict[str, float]]]:
     they cannot be read (an older Ray, no permission): then only the sweep on the cluster checks."""
     try:
         data = _get(client, "/api/v0/nodes?detail=1&limit=10000")
-        return [{k: float(v) for k, v in (n.get("resources_total") or {}).items()}
-                for n in data["data"]["result"]["result"] if n.get("state") == "ALIVE"]
+        return [
+            {k: float(v) for k, v in (n.get("resources_total") or {}).items()}
+            for n in data["data"]["result"]["result"]
+            if n.get("state") == "ALIVE"
+        ]
     except (_Lost, ClusterError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        print(f"warning: cannot read the nodes of the Ray cluster at {mask(client.get_address())} ({mask(_first_line(exc))}); "
-              "not checking that the trials fit before uploading", file=sys.stderr, flush=True)
+        print(
+            f"warning: cannot read the nodes of the Ray cluster at {mask(client.get_address())} "
+            f"({mask(_first_line(exc))}); "
+            "not checking that the trials fit before uploading",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
 
 # ---------------------------------------------------------------- jobs status | logs | stop | list
+
 
 def _when(ms: Optional[int]) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
@@ -385,13 +431,16 @@ def format_table(jobs: Sequence[Any], width: int = 72) -> str:
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
 
 
-def jobs(action: str, job_id: Optional[str] = None, address: str = "", follow: bool = False,
-         insecure: bool = False) -> int:
+def jobs(
+    action: str, job_id: Optional[str] = None, address: str = "", follow: bool = False, insecure: bool = False
+) -> int:
     """`orchestrator jobs status|logs|stop|list`."""
     if action == "list" and job_id:
         raise ConfigError("JOB_ID", f"`jobs list` takes no submission id (got {job_id!r})")
     if action != "list" and not job_id:
-        raise ConfigError("JOB_ID", f"`jobs {action}` needs a submission id; see `orchestrator jobs list --address URL`")
+        raise ConfigError(
+            "JOB_ID", f"`jobs {action}` needs a submission id; see `orchestrator jobs list --address URL`"
+        )
     try:
         return _jobs(action, job_id, connect(address, insecure=insecure), follow)
     except ClusterError as exc:
@@ -421,9 +470,15 @@ def _jobs(action: str, job_id: Optional[str], client, follow: bool) -> int:
         return 0 if status in TERMINAL else 1
     with _calls(client, job_id):
         info = client.get_job_info(job_id)
-    for key, value in (("id", job_id), ("status", _value(info.status)), ("entrypoint", mask(info.entrypoint or "")),
-                       ("start", _when(info.start_time)), ("end", _when(info.end_time)),
-                       ("message", mask(info.message or "")), ("exit code", info.driver_exit_code)):
+    for key, value in (
+        ("id", job_id),
+        ("status", _value(info.status)),
+        ("entrypoint", mask(info.entrypoint or "")),
+        ("start", _when(info.start_time)),
+        ("end", _when(info.end_time)),
+        ("message", mask(info.message or "")),
+        ("exit code", info.driver_exit_code),
+    ):
         if value not in (None, ""):
             print(f"{key:<11} {value}")
     return 0

@@ -23,9 +23,15 @@ from orchestrator import analysis, tracking
 from orchestrator.errors import ConfigError
 
 METRICS = ("train/loss", "eval/loss", "gns/b_simple")
-AXIS_LABELS = {"batch.tokens_per_update": "batch size", "optim.lr": "lr", "schedule.warmup_tokens": "warmup",
-               "schedule.decay": "decay", "schedule.min_lr_ratio": "min lr ratio", "schedule.wsd_decay_share": "wsd decay share",
-               "optim.weight_decay": "weight decay"}
+AXIS_LABELS = {
+    "batch.tokens_per_update": "batch size",
+    "optim.lr": "lr",
+    "schedule.warmup_tokens": "warmup",
+    "schedule.decay": "decay",
+    "schedule.min_lr_ratio": "min lr ratio",
+    "schedule.wsd_decay_share": "wsd decay share",
+    "optim.weight_decay": "weight decay",
+}
 TOKEN_KEYS = {"batch.tokens_per_update", "schedule.warmup_tokens"}
 
 
@@ -60,9 +66,12 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
     sweep_name = sweep_name or target
     run_id = tracking.find_sweep_run_anywhere(uri, sweep_name, experiment)
     if run_id is None:
-        raise ConfigError("SWEEP_OR_RUN", f"no sweep named {sweep_name!r} (run tagged {tracking.ROLE_TAG}={tracking.SWEEP_ROLE}, "
-                          f"{tracking.SWEEP_TAG}={sweep_name!r}) and no run with that id in {uri} "
-                          f"(searched experiment {experiment!r}, then all)")
+        raise ConfigError(
+            "SWEEP_OR_RUN",
+            f"no sweep named {sweep_name!r} (run tagged {tracking.ROLE_TAG}={tracking.SWEEP_ROLE}, "
+            f"{tracking.SWEEP_TAG}={sweep_name!r}) and no run with that id in {uri} "
+            f"(searched experiment {experiment!r}, then all)",
+        )
     return uri, sweep_name, run_id
 
 
@@ -78,9 +87,18 @@ def trials_of(uri: str, runs: Sequence[Any]) -> List[analysis.Trial]:
         curves = tracking.run_metrics(uri, r.info.run_id, METRICS)
         start, end = r.info.start_time, r.info.end_time
         stopped = r.data.tags.get(tracking.STOPPED_AT_TAG)
-        trials.append(analysis.Trial(r.info.run_id, r.info.run_name or r.info.run_id[:8], r.info.status, dict(r.data.params),
-                                     *(curves[k] for k in METRICS), (end - start) / 1000 if end and start else None,
-                                     int(stopped) if stopped else None, r.data.tags.get(tracking.TRIAL_TAG)))
+        trials.append(
+            analysis.Trial(
+                r.info.run_id,
+                r.info.run_name or r.info.run_id[:8],
+                r.info.status,
+                dict(r.data.params),
+                *(curves[k] for k in METRICS),
+                (end - start) / 1000 if end and start else None,
+                int(stopped) if stopped else None,
+                r.data.tags.get(tracking.TRIAL_TAG),
+            )
+        )
     return trials
 
 
@@ -126,8 +144,11 @@ def answer(result: Dict[str, Any]) -> str:
     best, p, n = result["best"], result["primary"], len(result["trials"])
     if best:
         seeds = f", mean of {best['seeds']} seeds" if best["seeds"] > 1 else ""
-        text = (f"Best configuration: B = {_n(best['batch'], 'tok')} tokens per update, {_describe(best['settings']) or 'the base config'}: "
-                f"final {result['loss_metric']} {_n(best['final_loss'])} (run {best['run_name']}{seeds}).")
+        text = (
+            f"Best configuration: B = {_n(best['batch'], 'tok')} tokens per update, "
+            f"{_describe(best['settings']) or 'the base config'}: "
+            f"final {result['loss_metric']} {_n(best['final_loss'])} (run {best['run_name']}{seeds})."
+        )
     else:
         text = "No trial reached its budget, so there is no best configuration."
     text += f" {result['finished']} of {n} trials reached the budget; {_stopped(result)}."
@@ -138,11 +159,18 @@ def answer(result: Dict[str, Any]) -> str:
         lo_hi = p["b_crit_interval"]
         parts = [f"90% interval over seeds {_n(lo_hi[0], 'tok')} - {_n(lo_hi[1], 'tok')}"] if lo_hi else []
         parts += [f"{len(p['points'])} batch sizes", *notes]
-        text += f" At loss {p['target_loss']:.4g} the critical batch size is B_crit = {_n(p['b_crit'], 'tok')} tokens ({'; '.join(parts)})"
+        text += (
+            f" At loss {p['target_loss']:.4g} the critical batch size is "
+            f"B_crit = {_n(p['b_crit'], 'tok')} tokens ({'; '.join(parts)})"
+        )
     else:
         why = next((note.removeprefix("not resolved: ") for note in p["notes"] if note.startswith("not resolved")), "")
         text += f" Critical batch size at loss {p['target_loss']:.4g}: not resolved ({why})"
-    text += f"; measured B_simple at that loss: {_n(p['b_simple'], 'tok')} tokens." if p["b_simple"] else "; B_simple not measured."
+    text += (
+        f"; measured B_simple at that loss: {_n(p['b_simple'], 'tok')} tokens."
+        if p["b_simple"]
+        else "; B_simple not measured."
+    )
     alpha = result["lr_scaling"]["alpha"]
     text += f" The best learning rate scales as B^{round(alpha, 2) + 0.0:.2f}." if alpha is not None else ""
     return text + _edge_warning(result["best_per_batch"])
@@ -154,18 +182,27 @@ def _edge_warning(best_per_batch: Sequence[Dict[str, Any]]) -> str:
     for r in best_per_batch:
         for key, side in r["edges"].items():
             counts[key, side] = counts.get((key, side), 0) + 1
-    return "".join(f" The best {_label(key)} is the {side} tried at {n} of {len(best_per_batch)} batch sizes: "
-                   f"the optimum may lie {'below' if side == 'lowest' else 'above'} the swept range."
-                   for (key, side), n in sorted(counts.items()))
+    return "".join(
+        f" The best {_label(key)} is the {side} tried at {n} of {len(best_per_batch)} batch sizes: "
+        f"the optimum may lie {'below' if side == 'lowest' else 'above'} the swept range."
+        for (key, side), n in sorted(counts.items())
+    )
 
 
 def per_batch_table(result: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
     """Header and rows: per batch size the best value of every swept axis and its final loss."""
     axes = [k for k in result["axes"] if k != analysis.BATCH_KEY]
     header = ["batch size", *map(_label, axes), f"final {result['loss_metric']}", "seeds", "run"]
-    rows = [[_n(r["batch"], "tok"), *(_setting(k, r["settings"].get(k)) for k in axes),
-             _n(r["final_loss"]) + (f" ± {_n(r['spread'], '{:.2g}')}" if r["spread"] is not None else ""),
-             str(r["seeds"]), r["run_name"]] for r in result["best_per_batch"]]
+    rows = [
+        [
+            _n(r["batch"], "tok"),
+            *(_setting(k, r["settings"].get(k)) for k in axes),
+            _n(r["final_loss"]) + (f" ± {_n(r['spread'], '{:.2g}')}" if r["spread"] is not None else ""),
+            str(r["seeds"]),
+            r["run_name"],
+        ]
+        for r in result["best_per_batch"]
+    ]
     return header, rows
 
 
@@ -182,37 +219,74 @@ def summary_lines(result: Dict[str, Any]) -> List[str]:
 def figures(trials: Sequence[analysis.Trial], result: Dict[str, Any], name: str) -> Dict[str, Any]:
     from orchestrator import plots
 
-    usable, metric, width = [t for t in trials if t.batch and t.train], result["loss_metric"], result["smoothing_tokens"]
+    usable, metric, width = (
+        [t for t in trials if t.batch and t.train],
+        result["loss_metric"],
+        result["smoothing_tokens"],
+    )
     curves = [{"batch": t.batch, "train": t.train, "eval": t.eval} for t in usable]
-    figs = {"loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
-            "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps")}
-    cells = [(t.lr, t.batch, t.final(metric, width)) for t in usable
-             if t.lr and t.outcome == "finished" and t.final(metric, width) is not None]
+    figs = {
+        "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
+        "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
+    }
+    cells = [
+        (t.lr, t.batch, t.final(metric, width))
+        for t in usable
+        if t.lr and t.outcome == "finished" and t.final(metric, width) is not None
+    ]
     if cells:
         figs["eval_heatmap.png"] = plots.lr_batch_heatmap(cells, f"final {metric}")
-    fits = [{**f, "b_crit": f["b_crit_fit"], "points": [(p["batch"], p["steps"], p["tokens"]) for p in f["points"]]}
-            for f in result["critical_batch"] if f["points"]]
+    fits = [
+        {**f, "b_crit": f["b_crit_fit"], "points": [(p["batch"], p["steps"], p["tokens"]) for p in f["points"]]}
+        for f in result["critical_batch"]
+        if f["points"]
+    ]
     if fits:
         figs["critical_batch.png"] = plots.critical_batch(fits)
     best, scaling = result["best_per_batch"], result["lr_scaling"]
     if any(r["lr"] for r in best):
         fit = (scaling["coef"], scaling["alpha"]) if scaling["alpha"] is not None else None
-        figs["lr_vs_batch.png"] = plots.lr_vs_batch([(t.batch, t.lr) for t in usable if t.lr],
-                                                    [(r["batch"], r["lr"]) for r in best if r["lr"]], fit)
+        figs["lr_vs_batch.png"] = plots.lr_vs_batch(
+            [(t.batch, t.lr) for t in usable if t.lr], [(r["batch"], r["lr"]) for r in best if r["lr"]], fit
+        )
     return figs
 
 
 G, S, TOK = "{:.4g}", "{}", "tok"  # cell formats: number, text, token count
-TARGET_COLUMNS = [("target loss", "target_loss", G), ("B_crit", "b_crit", TOK), ("90% interval", "interval", S),
-                  ("B_simple", "b_simple", TOK), ("S_min", "s_min", G), ("E_min", "e_min", TOK),
-                  ("batch sizes", "n", S), ("notes", "note", S)]
-COST_COLUMNS = [("batch size", "batch", TOK), ("mean steps", "steps", "{:,.0f}"), ("tokens", "tokens", "{:,.0f}"),
-                ("wall time (s)", "wall_s", "{:.1f}"), ("lr", "lr", G), ("seeds", "seeds", S), ("B_simple", "b_simple", TOK),
-                ("run", "run_name", S)]
-TRIAL_COLUMNS = [("run", "run_name", S), ("outcome", "outcome", S), ("batch", "batch", TOK), ("lr", "lr", G),
-                 ("seed", "seed", S), ("warmup", "warmup_tokens", S), ("decay", "decay", S), ("final train", "final_train", G),
-                 ("final eval", "final_eval", G), ("tokens", "tokens", "{:,}"), ("stopped at", "stopped_at", TOK),
-                 ("wall (s)", "wall_s", "{:.1f}")]
+TARGET_COLUMNS = [
+    ("target loss", "target_loss", G),
+    ("B_crit", "b_crit", TOK),
+    ("90% interval", "interval", S),
+    ("B_simple", "b_simple", TOK),
+    ("S_min", "s_min", G),
+    ("E_min", "e_min", TOK),
+    ("batch sizes", "n", S),
+    ("notes", "note", S),
+]
+COST_COLUMNS = [
+    ("batch size", "batch", TOK),
+    ("mean steps", "steps", "{:,.0f}"),
+    ("tokens", "tokens", "{:,.0f}"),
+    ("wall time (s)", "wall_s", "{:.1f}"),
+    ("lr", "lr", G),
+    ("seeds", "seeds", S),
+    ("B_simple", "b_simple", TOK),
+    ("run", "run_name", S),
+]
+TRIAL_COLUMNS = [
+    ("run", "run_name", S),
+    ("outcome", "outcome", S),
+    ("batch", "batch", TOK),
+    ("lr", "lr", G),
+    ("seed", "seed", S),
+    ("warmup", "warmup_tokens", S),
+    ("decay", "decay", S),
+    ("final train", "final_train", G),
+    ("final eval", "final_eval", G),
+    ("tokens", "tokens", "{:,}"),
+    ("stopped at", "stopped_at", TOK),
+    ("wall (s)", "wall_s", "{:.1f}"),
+]
 
 
 def _table(rows: Sequence[Dict[str, Any]], columns: Sequence[Tuple[str, str, str]]) -> tuple:
@@ -222,33 +296,62 @@ def _table(rows: Sequence[Dict[str, Any]], columns: Sequence[Tuple[str, str, str
 def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[tuple]:
     """The summary as blocks: ("h1".."h3", text), ("p", text), ("table", header, rows), ("img", file)."""
     metric, src, scaling = result["loss_metric"], result.get("source", {}), result["lr_scaling"]
-    targets = [{**f, "n": len(f["points"]), "note": "; ".join(f["notes"]) or "-",
-                "interval": " - ".join(_n(x, TOK) for x in f["b_crit_interval"] or [])}
-               for f in result["critical_batch"]]
+    targets = [
+        {
+            **f,
+            "n": len(f["points"]),
+            "note": "; ".join(f["notes"]) or "-",
+            "interval": " - ".join(_n(x, TOK) for x in f["b_crit_interval"] or []),
+        }
+        for f in result["critical_batch"]
+    ]
     how = "chosen automatically" if result["targets_chosen"] else "given"
     law = scaling["note"] if scaling["alpha"] is None else f"lr_opt ~ {scaling['coef']:.3g} x B^{scaling['alpha']:.3f}"
     swept = ", ".join(map(_label, result["axes"])) or "nothing"
-    doc = [("h1", f"Report: {name}"), ("p", answer(result)),
-           ("p", f"{len(result['trials'])} trials of {src.get('kind', '?')} run {src.get('run_id', '?')} in {src.get('uri', '?')}; "
-                 f"swept: {swept}. Final losses compare the {result['finished']} trials that reached the budget, on {metric}; "
-                 f"{_stopped(result)}, {result['failed']} failed, {result['incomplete']} incomplete."),
-           ("h2", "Best configuration per batch size"),
-           ("p", "Per batch size, the configuration (one value of every swept axis) with the lowest final loss, "
-                 "averaged over its seeds (± their standard deviation)."),
-           ("table", *per_batch_table(result)),
-           ("h2", "Critical batch size"),
-           ("p", f"Target losses {how}. Per batch size, the configuration reaching a target in the fewest optimizer steps "
-                 "(mean over its seeds) gives S_j; S = S_min + E_min / B is fitted and B_crit = E_min / S_min. Steps are read "
-                 "only where the schedule cannot fake them: before the decay of wsd, anywhere for constant, in the first "
-                 f"{analysis.TRUSTED_SHARE:.0%} of the budget for cosine and linear. The interval is a bootstrap over seeds that "
-                 "redoes the choice of the best configuration in every resample: how far B_crit would move with other seeds. "
-                 "B_simple is the measured gradient noise scale where those trials reach the target (rules: "
-                 "orchestrator/analysis.py)."),
-           _table(targets, TARGET_COLUMNS)]
+    doc = [
+        ("h1", f"Report: {name}"),
+        ("p", answer(result)),
+        (
+            "p",
+            f"{len(result['trials'])} trials of {src.get('kind', '?')} run {src.get('run_id', '?')} "
+            f"in {src.get('uri', '?')}; "
+            f"swept: {swept}. Final losses compare the {result['finished']} trials that reached the budget, "
+            f"on {metric}; "
+            f"{_stopped(result)}, {result['failed']} failed, {result['incomplete']} incomplete.",
+        ),
+        ("h2", "Best configuration per batch size"),
+        (
+            "p",
+            "Per batch size, the configuration (one value of every swept axis) with the lowest final loss, "
+            "averaged over its seeds (± their standard deviation).",
+        ),
+        ("table", *per_batch_table(result)),
+        ("h2", "Critical batch size"),
+        (
+            "p",
+            f"Target losses {how}. Per batch size, the configuration reaching a target in the fewest optimizer steps "
+            "(mean over its seeds) gives S_j; S = S_min + E_min / B is fitted and B_crit = E_min / S_min. "
+            "Steps are read "
+            "only where the schedule cannot fake them: before the decay of wsd, anywhere for constant, in the first "
+            f"{analysis.TRUSTED_SHARE:.0%} of the budget for cosine and linear. "
+            "The interval is a bootstrap over seeds that "
+            "redoes the choice of the best configuration in every resample: "
+            "how far B_crit would move with other seeds. "
+            "B_simple is the measured gradient noise scale where those trials reach the target (rules: "
+            "orchestrator/analysis.py).",
+        ),
+        _table(targets, TARGET_COLUMNS),
+    ]
     for f in targets:
         doc += [("h3", f"Cost to reach loss {f['target_loss']:.4g}"), _table(f["points"], COST_COLUMNS)]
-    doc += [("h2", "Learning rate vs batch size"), ("p", f"Best configuration's lr per batch size: {law}."),
-            ("h2", "Figures"), *[("img", f) for f in images], ("h2", "All trials"), _table(result["trials"], TRIAL_COLUMNS)]
+    doc += [
+        ("h2", "Learning rate vs batch size"),
+        ("p", f"Best configuration's lr per batch size: {law}."),
+        ("h2", "Figures"),
+        *[("img", f) for f in images],
+        ("h2", "All trials"),
+        _table(result["trials"], TRIAL_COLUMNS),
+    ]
     if result["skipped"]:
         doc.append(("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result["skipped"])))
     return doc
@@ -274,9 +377,11 @@ def to_html(doc: Sequence[tuple], title: str) -> str:
     def cells(row: Sequence[Any], tag: str) -> str:
         return "<tr>" + "".join(f"<{tag}>{e(str(c))}</{tag}>" for c in row) + "</tr>"
 
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>body{{font-family:"
-             "sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-             "padding:3px 8px;text-align:right}img{max-width:100%}</style></head><body>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>body{{font-family:"
+        "sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:3px 8px;text-align:right}img{max-width:100%}</style></head><body>"
+    ]
     for kind, *rest in doc:
         if kind == "table":
             parts.append("<table>" + cells(rest[0], "th") + "".join(cells(r, "td") for r in rest[1]) + "</table>")
@@ -307,21 +412,26 @@ def write_report(trials: Sequence[analysis.Trial], result: Dict[str, Any], name:
         plt.close(fig)
         written.append(out / file)
     doc = document(result, name, [p.name for p in written])
-    for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}")),
-                       ("report.json", json.dumps(_json_safe({"name": name, **result}), indent=2))):
+    for file, text in (
+        ("summary.md", to_markdown(doc)),
+        ("summary.html", to_html(doc, f"Report: {name}")),
+        ("report.json", json.dumps(_json_safe({"name": name, **result}), indent=2)),
+    ):
         (out / file).write_text(text)
         written.append(out / file)
     return written
 
 
-def run(target: str, overrides: List[str], out: Optional[str] = None,
-        target_losses: Optional[List[float]] = None) -> int:
+def run(
+    target: str, overrides: List[str], out: Optional[str] = None, target_losses: Optional[List[float]] = None
+) -> int:
     """The `report` verb: target is a sweep file, a sweep name or a run id; returns the exit code."""
     uri, name, run_id = resolve(target, list(overrides))
     trials = read_trials(uri, run_id)
     if not any(t.batch and t.train for t in trials):
-        print(f"orchestrator report: nothing to report: no run under {run_id} has train/loss and "
-              "batch.tokens_per_update")
+        print(
+            f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
+        )
         return 1
     result = analysis.analyse(trials, target_losses)
     result["source"] = {"uri": uri, "run_id": run_id, "kind": "single" if trials[0].run_id == run_id else "sweep"}

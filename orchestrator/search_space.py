@@ -72,7 +72,7 @@ def _short(x: float) -> str:
 
 
 def _draw(spec: Dict[str, Any], rng: np.random.Generator) -> Any:
-    (kind, args), = spec.items()
+    ((kind, args),) = spec.items()
     if kind == "choice":
         return args[int(rng.integers(len(args)))]
     if kind == "uniform":
@@ -129,7 +129,9 @@ def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
             overrides[tokens_key] = int(round(values[share_key] * base.train.total_tokens))
     if sweep.lr_scaling:
         tokens = overrides.get("batch.tokens_per_update", base.batch.tokens_per_update)
-        lr = values["lr_scaling.base_lr"] * (tokens / sweep.lr_scaling["reference_tokens"]) ** values["lr_scaling.alpha"]
+        lr = (
+            values["lr_scaling.base_lr"] * (tokens / sweep.lr_scaling["reference_tokens"]) ** values["lr_scaling.alpha"]
+        )
         overrides["optim.lr"] = float(f"{lr:.6g}")
     trial = Trial(overrides, values=dict(values))
     try:
@@ -150,8 +152,12 @@ def split_feasible(sweep: Sweep, trials: List[Trial]) -> Tuple[List[Trial], List
     good = [t for t in trials if t.cfg is not None]
     bad = [t for t in trials if t.cfg is None]
     if bad and sweep.infeasible == "error":
-        listing = "; ".join(f"[{t.name}] {t.problem}" for t in bad[:5]) + (f"; ... {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise ConfigError("space", f"{len(bad)} of {len(trials)} trials infeasible (set `infeasible: skip` to drop them): {listing}")
+        listing = "; ".join(f"[{t.name}] {t.problem}" for t in bad[:5]) + (
+            f"; ... {len(bad) - 5} more" if len(bad) > 5 else ""
+        )
+        raise ConfigError(
+            "space", f"{len(bad)} of {len(trials)} trials infeasible (set `infeasible: skip` to drop them): {listing}"
+        )
     if not good:
         raise ConfigError("space", "no feasible trial left")
     return good, bad
@@ -199,4 +205,6 @@ def check_asha_alignment(sweep: Sweep, trials: List[Trial]) -> None:
             raise ConfigError(
                 "train.eval_every_tokens",
                 f"{every:,} must be a multiple of every trial's batch.tokens_per_update (trial {t.name}) and divide "
-                f"scheduler.grace_period_tokens={sweep.scheduler.grace_period_tokens:,}, so ASHA compares trials at equal tokens")
+                f"scheduler.grace_period_tokens={sweep.scheduler.grace_period_tokens:,}, "
+                "so ASHA compares trials at equal tokens",
+            )

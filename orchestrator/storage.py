@@ -39,7 +39,7 @@ def local_path(location: str) -> Optional[Path]:
     """The local path behind a location (a path or file://), None for remote URIs."""
     if not is_uri(location):
         return Path(location)
-    return Path(location[len("file://"):]) if str(location).startswith("file://") else None
+    return Path(location[len("file://") :]) if str(location).startswith("file://") else None
 
 
 def _fs(location: str):
@@ -95,6 +95,9 @@ def check_visible(location: str, node_sees: Callable[[str], Dict[str, bool]]) ->
         marker.unlink(missing_ok=True)
     blind: Sequence[str] = sorted(node for node, ok in seen.items() if not ok)
     if blind:
-        raise ConfigError("train.storage_path", f"{location} is not visible from {len(blind)} of {len(seen)} nodes "
-                          f"({', '.join(blind)}): checkpoints there would be lost or unreadable on resume; use a "
-                          "filesystem every node mounts or an object store (s3://, gs://)")
+        raise ConfigError(
+            "train.storage_path",
+            f"{location} is not visible from {len(blind)} of {len(seen)} nodes "
+            f"({', '.join(blind)}): checkpoints there would be lost or unreadable on resume; use a "
+            "filesystem every node mounts or an object store (s3://, gs://)",
+        )

@@ -31,17 +31,53 @@ from orchestrator.ray_jobs import ClusterError, _calls, _first_line, cluster_nod
 # a pattern without a slash matches at any depth). Ray also honours the project's .gitignore
 # (unless RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1) and .rayignore files.
 EXCLUDES = [
-    ".git", ".venv", "venv", "**/__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis",
-    ".cache", "runs", "mlruns", "mlartifacts", "mlflow.db", "reports", "ray_results",
-    "build", "dist", ".whl", ".gl", "*.ckpt",
+    ".git",
+    ".venv",
+    "venv",
+    "**/__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".hypothesis",
+    ".cache",
+    "runs",
+    "mlruns",
+    "mlartifacts",
+    "mlflow.db",
+    "reports",
+    "ray_results",
+    "build",
+    "dist",
+    ".whl",
+    ".gl",
+    "*.ckpt",
 ]
 # Secrets never travel with a job, wherever they lie (deploy/mlflow/.env holds the PostgreSQL
 # password): the job gets what it needs as runtime_env env_vars. Names only, never a pattern
 # like *token* that would also drop source files (workloads/tokenizer.py).
 SECRET_EXCLUDES = [
-    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_ecdsa*",
-    "id_ed25519*", ".ssh", ".aws", ".azure", ".kube", "kubeconfig", ".docker", ".netrc", ".pypirc",
-    ".git-credentials", "credentials", "credentials.json", "auth_token",
+    ".env",
+    ".env.*",
+    "*.env",
+    ".envrc",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".kube",
+    "kubeconfig",
+    ".docker",
+    ".netrc",
+    ".pypirc",
+    ".git-credentials",
+    "credentials",
+    "credentials.json",
+    "auth_token",
 ]
 EXCLUDES += SECRET_EXCLUDES
 _ENV_REF_RE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
@@ -64,6 +100,7 @@ class JobSpec:
 
 # ---------------------------------------------------------------- building a job (no cluster)
 
+
 def build_entrypoint(verb: str, target: str, overrides: Sequence[str] = (), resume: bool = False) -> str:
     """The job's shell command; every argument quoted, so `${oc.env:X}` reaches OmegaConf as text."""
     argv = ["python", "-m", "orchestrator", verb, target, *overrides]
@@ -80,7 +117,10 @@ def _inside(path: Path, root: Path, what: str) -> str:
     try:
         return path.resolve().relative_to(root).as_posix()
     except ValueError:
-        raise ConfigError(what, f"{path} lies outside the project folder {root}, the only files the job receives; move it under {root}") from None
+        raise ConfigError(
+            what,
+            f"{path} lies outside the project folder {root}, the only files the job receives; move it under {root}",
+        ) from None
 
 
 def _base_config(sweep: Any, root: Path) -> Optional[Path]:
@@ -89,7 +129,9 @@ def _base_config(sweep: Any, root: Path) -> Optional[Path]:
     if not name:
         return None
     name = str(name)
-    candidates = [Path(name)] if Path(name).is_absolute() else [root / name, sweep.path.parent / name, Path.cwd() / name]
+    candidates = (
+        [Path(name)] if Path(name).is_absolute() else [root / name, sweep.path.parent / name, Path.cwd() / name]
+    )
     found = next((c for c in candidates if c.is_file()), None)
     if found is None:
         raise ConfigError("base.config", f"{name!r} (named in {sweep.path}) not found")
@@ -144,8 +186,9 @@ def _submission_id(verb: str, name: str) -> str:
     return f"{verb}-{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def job_spec(verb: str, target: str | Path, overrides: Sequence[str] = (), resume: bool = False,
-             root: Optional[Path] = None) -> JobSpec:
+def job_spec(
+    verb: str, target: str | Path, overrides: Sequence[str] = (), resume: bool = False, root: Optional[Path] = None
+) -> JobSpec:
     """A job running `orchestrator VERB TARGET overrides` in a copy of the project; checks TARGET
     (exists, inside the project, a YAML mapping, its base config present) and the overrides."""
     from orchestrator import config, sweep_file
@@ -169,9 +212,11 @@ def job_spec(verb: str, target: str | Path, overrides: Sequence[str] = (), resum
     uri = _effective_tracking_uri([*base_overrides, *overrides], chain)
     uri = os.environ["MLFLOW_TRACKING_URI"] if extra else uri  # the job resolves ${oc.env:...} to it
     if _relative_local(uri):
-        notes.append(f"tracking.uri={uri} is relative: on the cluster it resolves inside the job's working directory on the "
-                     "head node (a temporary copy of the project); pass tracking.uri=sqlite:////ABSOLUTE/PATH/mlflow.db "
-                     "or an MLflow server URL to keep the runs")
+        notes.append(
+            f"tracking.uri={uri} is relative: on the cluster it resolves inside the job's working directory on the "
+            "head node (a temporary copy of the project); pass tracking.uri=sqlite:////ABSOLUTE/PATH/mlflow.db "
+            "or an MLflow server URL to keep the runs"
+        )
     runtime_env: Dict[str, Any] = {"working_dir": str(root), "excludes": list(EXCLUDES)}
     if env:
         runtime_env["env_vars"] = env
@@ -187,10 +232,13 @@ def job_spec(verb: str, target: str | Path, overrides: Sequence[str] = (), resum
 def command_spec(argv: Sequence[str], name: str = "command", env: Optional[Dict[str, str]] = None) -> JobSpec:
     """A job running an arbitrary command with no working directory (tests: a job that sleeps)."""
     runtime_env: Dict[str, Any] = {"env_vars": dict(env)} if env else {}
-    return JobSpec(entrypoint=shlex.join(list(argv)), runtime_env=runtime_env, submission_id=_submission_id("cmd", name))
+    return JobSpec(
+        entrypoint=shlex.join(list(argv)), runtime_env=runtime_env, submission_id=_submission_id("cmd", name)
+    )
 
 
 # ---------------------------------------------------------------- what the upload holds (no cluster)
+
 
 def upload_files(root: Path, excludes: Sequence[str] = EXCLUDES) -> Dict[str, int]:
     """{path relative to root: bytes} of what Ray ships as the working directory, found by Ray's
@@ -220,7 +268,10 @@ def upload_limit() -> int:
     from ray._private import ray_constants
     from ray._private.runtime_env import packaging
 
-    limits = [getattr(ray_constants, "DASHBOARD_CLIENT_MAX_SIZE", None), getattr(packaging, "GCS_STORAGE_MAX_SIZE", None)]
+    limits = [
+        getattr(ray_constants, "DASHBOARD_CLIENT_MAX_SIZE", None),
+        getattr(packaging, "GCS_STORAGE_MAX_SIZE", None),
+    ]
     return min(x for x in limits if x) if any(limits) else 100 * 1024**2
 
 
@@ -231,11 +282,12 @@ def _mib(n: float) -> str:
 def _biggest(sizes: Dict[str, int], n: int = 3) -> List[Tuple[str, int]]:
     """The n largest top-level entries, each followed down while one child holds 90% of it, so
     that a single huge file deep in a folder is named, not just its folder."""
+
     def grouped(prefix: str) -> Dict[str, int]:
         out: Dict[str, int] = {}
         for path, size in sizes.items():
             if path.startswith(prefix):
-                head, sep, _ = path[len(prefix):].partition("/")
+                head, sep, _ = path[len(prefix) :].partition("/")
                 out[prefix + head + sep] = out.get(prefix + head + sep, 0) + size
         return out
 
@@ -260,18 +312,24 @@ def check_upload_size(spec: JobSpec) -> None:
     except (ImportError, AttributeError):  # another Ray without these helpers: its upload decides
         return
     except OSError as exc:
-        raise ConfigError("working_dir", f"cannot read {exc.filename or root} to upload it: {exc.strerror or exc}") from None
+        raise ConfigError(
+            "working_dir", f"cannot read {exc.filename or root} to upload it: {exc.strerror or exc}"
+        ) from None
     # Ray stores files uncompressed; each adds two zip headers (about 100 bytes and its name twice).
     total = sum(size + 100 + 2 * len(name) for name, size in sizes.items())
     limit = upload_limit()
     if total >= limit:
         largest = ", ".join(f"{name} ({_mib(size)})" for name, size in _biggest(sizes))
-        raise ConfigError("working_dir", f"the project folder {root} would upload {_mib(total)} ({len(sizes)} files), above "
-                          f"Ray's limit of {_mib(limit)}; largest: {largest}; exclude them in {Path(root) / '.rayignore'} "
-                          "(gitignore syntax) or move them out of the project folder")
+        raise ConfigError(
+            "working_dir",
+            f"the project folder {root} would upload {_mib(total)} ({len(sizes)} files), above "
+            f"Ray's limit of {_mib(limit)}; largest: {largest}; exclude them in {Path(root) / '.rayignore'} "
+            "(gitignore syntax) or move them out of the project folder",
+        )
 
 
 # ---------------------------------------------------------------- submitting
+
 
 def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[Any]:
     """The distinct shapes (feasibility.Shape) of the sweep's trials, computed as `orchestrator
@@ -301,8 +359,11 @@ def check_fit(client, shapes: Sequence[Any]) -> None:
         problem = feasibility.problem(shape, nodes, f"the Ray cluster at {mask(client.get_address())}")
         if problem:
             # The dashboard reports the nodes that are up, not an autoscaler's limits.
-            raise ConfigError("cluster", f"{problem} (judged on the nodes that are up; if the cluster autoscales, "
-                              "--no-fit-check leaves the check to the sweep on the cluster)")
+            raise ConfigError(
+                "cluster",
+                f"{problem} (judged on the nodes that are up; if the cluster autoscales, "
+                "--no-fit-check leaves the check to the sweep on the cluster)",
+            )
 
 
 def _submit_job(client, spec: JobSpec) -> str:
@@ -310,22 +371,34 @@ def _submit_job(client, spec: JobSpec) -> str:
     root = spec.runtime_env.get("working_dir", "")
     try:
         with _calls(client):
-            return client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env,
-                                     submission_id=spec.submission_id, metadata=spec.metadata)
+            return client.submit_job(
+                entrypoint=spec.entrypoint,
+                runtime_env=spec.runtime_env,
+                submission_id=spec.submission_id,
+                metadata=spec.metadata,
+            )
     except ConfigError:
         raise
     except ClusterError as exc:
         if "status code 413" in str(exc):
-            raise ConfigError("working_dir", f"the Ray dashboard at {mask(client.get_address())} refused the upload of "
-                              f"{root} as too large (Ray's limit: {_mib(upload_limit())}); exclude large files in "
-                              f"{root}/.rayignore") from None
+            raise ConfigError(
+                "working_dir",
+                f"the Ray dashboard at {mask(client.get_address())} refused the upload of "
+                f"{root} as too large (Ray's limit: {_mib(upload_limit())}); exclude large files in "
+                f"{root}/.rayignore",
+            ) from None
         raise
     except (OSError, ValueError) as exc:  # reading or zipping the working directory, Ray's own size check
         raise ConfigError("working_dir", f"cannot upload {root}: {mask(_first_line(exc))}") from None
 
 
-def run(spec: JobSpec, address: str, follow_logs: bool = False, insecure: bool = False,
-        shapes: Optional[Sequence[Any]] = None) -> int:
+def run(
+    spec: JobSpec,
+    address: str,
+    follow_logs: bool = False,
+    insecure: bool = False,
+    shapes: Optional[Sequence[Any]] = None,
+) -> int:
     """Submit `spec`, print its id and the commands to follow and stop it; follow if asked.
     `shapes`: trial shapes to check against the cluster's nodes before uploading."""
     check_upload_size(spec)  # before any contact
@@ -348,8 +421,15 @@ def run(spec: JobSpec, address: str, follow_logs: bool = False, insecure: bool =
     return follow_job(client, job_id) if follow_logs else 0
 
 
-def submit(sweep: str, overrides: Optional[List[str]] = None, address: str = "", follow: bool = False,
-           resume: bool = False, insecure: bool = False, fit_check: bool = True) -> int:
+def submit(
+    sweep: str,
+    overrides: Optional[List[str]] = None,
+    address: str = "",
+    follow: bool = False,
+    resume: bool = False,
+    insecure: bool = False,
+    fit_check: bool = True,
+) -> int:
     """`orchestrator submit`: check the sweep here, then run it on the cluster at `address`."""
     overrides = overrides or []
     spec = job_spec("sweep", sweep, overrides, resume=resume)  # before any contact

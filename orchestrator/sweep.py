@@ -65,14 +65,26 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     if run_id and tracking.get_run(cfg.tracking.uri, run_id).info.status == "FINISHED":
         # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
         latest = tracking.get_run(cfg.tracking.uri, run_id).data.metrics
-        tune.report({"tokens": int(latest.get("train/tokens", 0)), "eval_loss": latest.get("eval/loss"), "loss": latest.get("train/loss")})
+        tune.report(
+            {
+                "tokens": int(latest.get("train/tokens", 0)),
+                "eval_loss": latest.get("eval/loss"),
+                "loss": latest.get("train/loss"),
+            }
+        )
         return
     if run_id:
         tracking.reopen_run(cfg.tracking.uri, run_id)  # a retried trial: RUNNING again
     run_id = run_id or launch.open_run(cfg, trial.name, tags)
     local = in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
-    trainer = launch.build_trainer(cfg, run_id, setup["train_storage"], trial_id,
-                                   callbacks=[] if local else [TuneReportCallback()], local_mode=local)
+    trainer = launch.build_trainer(
+        cfg,
+        run_id,
+        setup["train_storage"],
+        trial_id,
+        callbacks=[] if local else [TuneReportCallback()],
+        local_mode=local,
+    )
     error = None
     try:
         error = trainer.fit().error
@@ -89,8 +101,11 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
 def _sweep_dir(root: str, name: str, resume: bool) -> str:
     """The folder (path or URI) of this run of the sweep: a new one, or with --resume the latest."""
     if resume:
-        runs = [f for f in storage.subfolders(storage.join(root, name))
-                if storage.read_json(storage.join(root, name, f, RECORD))]
+        runs = [
+            f
+            for f in storage.subfolders(storage.join(root, name))
+            if storage.read_json(storage.join(root, name, f, RECORD))
+        ]
         if not runs:
             raise ConfigError("--resume", f"no earlier run of sweep {name!r} under {storage.join(root, name)}")
         return storage.join(root, name, runs[-1])
@@ -108,7 +123,9 @@ def trial_shape(sweep: search_space.Sweep, cfg: config_lib.Config):
 def _preflight(trials: List[search_space.Trial]) -> None:
     seen = set()
     for t in trials:
-        key = json.dumps([config_lib.to_dict(t.cfg)["data"], t.cfg.batch.tokens_per_update], sort_keys=True, default=str)
+        key = json.dumps(
+            [config_lib.to_dict(t.cfg)["data"], t.cfg.batch.tokens_per_update], sort_keys=True, default=str
+        )
         if key not in seen:
             seen.add(key)
             launch.resolve_paths(t.cfg)
@@ -117,8 +134,12 @@ def _preflight(trials: List[search_space.Trial]) -> None:
 
 def _open_parent(sweep: search_space.Sweep, cfg, trials) -> str:
     uri = cfg.tracking.uri
-    tags = {tracking.ROLE_TAG: tracking.SWEEP_ROLE, tracking.SWEEP_TAG: sweep.name, tracking.SEARCH_TAG: sweep.search.algorithm,
-            tracking.SCHEDULER_TAG: sweep.scheduler.type}
+    tags = {
+        tracking.ROLE_TAG: tracking.SWEEP_ROLE,
+        tracking.SWEEP_TAG: sweep.name,
+        tracking.SEARCH_TAG: sweep.search.algorithm,
+        tracking.SCHEDULER_TAG: sweep.scheduler.type,
+    }
     run_id = tracking.create_run(uri, cfg.tracking.experiment, f"sweep {sweep.name}", tags)
     params = config_lib.flatten({k: v for k, v in sweep.raw.items() if k != "description"})
     params["trials"] = len(trials) if trials is not None else sweep.search.num_samples
@@ -134,8 +155,13 @@ def _param_space(sweep: search_space.Sweep, trials):
         return {"trial": tune.grid_search([t.values for t in trials])}, None
     from ray.tune.search.optuna import OptunaSearch
 
-    dists = {"grid": tune.choice, "choice": tune.choice, "uniform": lambda a: tune.uniform(*a),
-             "loguniform": lambda a: tune.loguniform(*a), "randint": lambda a: tune.randint(a[0], a[1] + 1)}
+    dists = {
+        "grid": tune.choice,
+        "choice": tune.choice,
+        "uniform": lambda a: tune.uniform(*a),
+        "loguniform": lambda a: tune.loguniform(*a),
+        "randint": lambda a: tune.randint(a[0], a[1] + 1),
+    }
     space = {"trial": {k: dists[next(iter(s))](next(iter(s.values()))) for k, s in sweep.space.items()}}
     searcher = OptunaSearch(metric=sweep.search.metric, mode="min", seed=sweep.search.seed)
     return space, searcher
@@ -148,9 +174,15 @@ def _scheduler(sweep: search_space.Sweep, budget: int):
 
     # time_attr = tokens: rungs are token counts, so trials are compared after the same number
     # of tokens; and only within their group (search_space.comparison_keys says why).
-    return GroupedASHA(search_space.comparison_keys(sweep), time_attr="tokens", metric=sweep.search.metric, mode="min",
-                       max_t=budget, grace_period=sweep.scheduler.grace_period_tokens,
-                       reduction_factor=sweep.scheduler.reduction_factor)
+    return GroupedASHA(
+        search_space.comparison_keys(sweep),
+        time_attr="tokens",
+        metric=sweep.search.metric,
+        mode="min",
+        max_t=budget,
+        grace_period=sweep.scheduler.grace_period_tokens,
+        reduction_factor=sweep.scheduler.reduction_factor,
+    )
 
 
 def _say_how_early_stopping_compares(sweep: search_space.Sweep, trials) -> None:
@@ -160,9 +192,12 @@ def _say_how_early_stopping_compares(sweep: search_space.Sweep, trials) -> None:
     print(f"early stopping (ASHA) compares a trial only with trials of the same {keys}")
     lone = search_space.lone_groups(sweep, trials) if trials is not None else []
     if lone:
-        print(f"  {len(lone)} of {len(trials)} trials have no such peer and are never stopped early: "
-              + ", ".join(t.name for t in lone[:6]) + (" ..." if len(lone) > 6 else "")
-              + "; sweep at least two configurations per batch size for early stopping to act")
+        print(
+            f"  {len(lone)} of {len(trials)} trials have no such peer and are never stopped early: "
+            + ", ".join(t.name for t in lone[:6])
+            + (" ..." if len(lone) > 6 else "")
+            + "; sweep at least two configurations per batch size for early stopping to act"
+        )
 
 
 def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
@@ -190,7 +225,10 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     else:
         parent = _open_parent(sweep, base, trials)
         storage.write_json(storage.join(folder, RECORD), {"parent_run_id": parent, "sweep": str(sweep.path)})
-        print(f"sweep {sweep.name!r}: {len(trials) if trials else sweep.search.num_samples} trials, MLflow parent run {parent}, results in {folder}")
+        print(
+            f"sweep {sweep.name!r}: {len(trials) if trials else sweep.search.num_samples} trials, "
+            f"MLflow parent run {parent}, results in {folder}"
+        )
 
     # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
     scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
@@ -208,8 +246,15 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
 
     from orchestrator.sweep_summary import ProgressTable
 
-    setup = {"sweep": sweep, "parent_run_id": parent, "train_storage": storage.join(folder, "train"), "cwd": os.getcwd()}
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), lambda params: trial_resources(sweep, params))
+    setup = {
+        "sweep": sweep,
+        "parent_run_id": parent,
+        "train_storage": storage.join(folder, "train"),
+        "cwd": os.getcwd(),
+    }
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, setup=setup), lambda params: trial_resources(sweep, params)
+    )
     if resume:
         return tune.Tuner.restore(storage.join(folder, "tune"), trainable, resume_unfinished=True, resume_errored=True)
     space, searcher = _param_space(sweep, trials)

@@ -46,8 +46,19 @@ SCHEDULERS = ("none", "asha")
 ALPHA_PRESETS = {"sqrt": 0.5, "linear": 1.0}
 SHARE_KEYS = {"schedule.warmup_share": "schedule.warmup_tokens"}  # share of train.total_tokens
 LR_KEYS = ("lr_scaling.base_lr", "lr_scaling.alpha")
-TOP_KEYS = ("name", "description", "base", "space", "lr_scaling", "constraints", "infeasible", "search", "scheduler", "max_failures",
-            "local_mode")
+TOP_KEYS = (
+    "name",
+    "description",
+    "base",
+    "space",
+    "lr_scaling",
+    "constraints",
+    "infeasible",
+    "search",
+    "scheduler",
+    "max_failures",
+    "local_mode",
+)
 
 
 @dataclass
@@ -108,7 +119,7 @@ def _distribution(key: str, spec: Any, numeric: bool = False) -> Dict[str, Any]:
     sweep computes with (shares, lr scaling), so their values must be numbers."""
     if not isinstance(spec, dict) or len(spec) != 1:
         spec = {"grid": [spec]}
-    (kind, args), = spec.items()
+    ((kind, args),) = spec.items()
     if kind not in DISTRIBUTIONS:
         raise ConfigError(f"space.{key}", f"unknown distribution {kind!r}; valid: {', '.join(DISTRIBUTIONS)}")
     if kind in ("grid", "choice"):
@@ -145,7 +156,9 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     if not isinstance(raw.get("base") or {}, dict) or "config" not in base:
         raise ConfigError("base.config", "missing: the train config every trial starts from")
     if not isinstance(raw.get("space") or {}, dict):
-        raise ConfigError("space", "must be a mapping of train-config keys to distributions, e.g. optim.lr: {grid: [1e-3, 3e-3]}")
+        raise ConfigError(
+            "space", "must be a mapping of train-config keys to distributions, e.g. optim.lr: {grid: [1e-3, 3e-3]}"
+        )
     space = {k: _distribution(k, v, numeric=k in SHARE_KEYS) for k, v in (raw.get("space") or {}).items()}
     valid_keys = set(config_lib.schema_keys()) | set(SHARE_KEYS)
     for key in space:
@@ -159,8 +172,11 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     if search.seeds < 1:
         raise ConfigError("search.seeds", f"got {search.seeds}; valid: 1 (no replicates) or more")
     if search.seeds > 1 and search.algorithm == "optuna":
-        raise ConfigError("search.seeds", f"got {search.seeds}; replicates need search.algorithm grid or random "
-                          "(optuna proposes one configuration at a time)")
+        raise ConfigError(
+            "search.seeds",
+            f"got {search.seeds}; replicates need search.algorithm grid or random "
+            "(optuna proposes one configuration at a time)",
+        )
     if search.seeds > 1 and "train.seed" in space:
         raise ConfigError("search.seeds", "train.seed is also in space; sweep seeds either way, not both")
     if search.algorithm == "grid" and any(next(iter(s)) != "grid" for s in space.values()):
@@ -178,13 +194,19 @@ def load(path: str | Path, check: bool = True) -> Sweep:
             raise ConfigError("lr_scaling", "sweep either optim.lr or lr_scaling, not both")
         unknown = set(lr_scaling) - {"reference_tokens", "base_lr", "alpha"}
         if unknown or "base_lr" not in lr_scaling or "reference_tokens" not in lr_scaling:
-            raise ConfigError("lr_scaling", "needs reference_tokens and base_lr (and optional alpha: sqrt, linear or a number)")
+            raise ConfigError(
+                "lr_scaling", "needs reference_tokens and base_lr (and optional alpha: sqrt, linear or a number)"
+            )
         if not _is_number(lr_scaling["reference_tokens"]) or lr_scaling["reference_tokens"] <= 0:
-            raise ConfigError("lr_scaling.reference_tokens", f"got {lr_scaling['reference_tokens']!r}; valid: tokens per update > 0")
+            raise ConfigError(
+                "lr_scaling.reference_tokens", f"got {lr_scaling['reference_tokens']!r}; valid: tokens per update > 0"
+            )
         alpha = lr_scaling.get("alpha", "sqrt")
         lr_scaling["alpha"] = ALPHA_PRESETS.get(alpha, alpha) if isinstance(alpha, str) else alpha
         if isinstance(lr_scaling["alpha"], str):
-            raise ConfigError("lr_scaling.alpha", f"got {alpha!r}; valid presets: {', '.join(ALPHA_PRESETS)} or a number")
+            raise ConfigError(
+                "lr_scaling.alpha", f"got {alpha!r}; valid presets: {', '.join(ALPHA_PRESETS)} or a number"
+            )
         for key in ("base_lr", "alpha"):
             space[f"lr_scaling.{key}"] = _distribution(f"lr_scaling.{key}", lr_scaling[key], numeric=True)
     constraints = raw.get("constraints") or []
@@ -197,12 +219,30 @@ def load(path: str | Path, check: bool = True) -> Sweep:
         raise ConfigError("infeasible", f"got {infeasible!r}; valid: error, skip")
     local_mode = raw.get("local_mode", True)
     if not isinstance(local_mode, bool):
-        raise ConfigError("local_mode", f"got {local_mode!r}; valid: true (single-worker trials in the trial's process) or false")
+        raise ConfigError(
+            "local_mode", f"got {local_mode!r}; valid: true (single-worker trials in the trial's process) or false"
+        )
     max_failures = raw.get("max_failures", 1)
     if not isinstance(max_failures, int) or isinstance(max_failures, bool) or max_failures < 0:
-        raise ConfigError("max_failures", f"got {max_failures!r}; valid: an integer >= 0 (Tune retries of a failed trial)")
-    return Sweep(name, path, raw, (path.parent / base["config"]).resolve(), overrides, space, search, scheduler,
-                 lr_scaling, constraints, infeasible, max_failures, local_mode, text)
+        raise ConfigError(
+            "max_failures", f"got {max_failures!r}; valid: an integer >= 0 (Tune retries of a failed trial)"
+        )
+    return Sweep(
+        name,
+        path,
+        raw,
+        (path.parent / base["config"]).resolve(),
+        overrides,
+        space,
+        search,
+        scheduler,
+        lr_scaling,
+        constraints,
+        infeasible,
+        max_failures,
+        local_mode,
+        text,
+    )
 
 
 def _section(cls, data: Any, name: str):
@@ -224,7 +264,11 @@ def _check_constraint(i: int, c: Any, valid_keys: set) -> None:
         raise ConfigError(where, "a constraint is {key: K, max|min: factor, of: OTHER_KEY} (of is optional)")
     bound = c.get("max", c.get("min"))
     if not _is_number(bound):
-        raise ConfigError(f"{where}.{'max' if 'max' in c else 'min'}", f"got {bound!r}; valid: a number (the factor of `of`)")
+        raise ConfigError(
+            f"{where}.{'max' if 'max' in c else 'min'}", f"got {bound!r}; valid: a number (the factor of `of`)"
+        )
     for field_name in ("key", "of"):
         if field_name in c and c[field_name] not in valid_keys:
-            raise ConfigError(f"{where}.{field_name}", f"unknown key {c[field_name]!r}{config_lib.did_you_mean(str(c[field_name]))}")
+            raise ConfigError(
+                f"{where}.{field_name}", f"unknown key {c[field_name]!r}{config_lib.did_you_mean(str(c[field_name]))}"
+            )

@@ -32,9 +32,15 @@ class ProgressTable(tune.Callback):
             resolved = search_space.resolve(self.sweep, trial.config["trial"])
             c = resolved.cfg
             self.rows[trial.trial_id] = {
-                "name": resolved.name, "B": c.batch.tokens_per_update if c else None, "lr": c.optim.lr if c else None,
-                "warmup": c.schedule.warmup_tokens if c else None, "budget": c.train.total_tokens if c else None,
-                "tokens": 0, "loss": None, "eval": None, "status": "PENDING",
+                "name": resolved.name,
+                "B": c.batch.tokens_per_update if c else None,
+                "lr": c.optim.lr if c else None,
+                "warmup": c.schedule.warmup_tokens if c else None,
+                "budget": c.train.total_tokens if c else None,
+                "tokens": 0,
+                "loss": None,
+                "eval": None,
+                "status": "PENDING",
             }
         return self.rows[trial.trial_id]
 
@@ -43,8 +49,12 @@ class ProgressTable(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         row = self._row(trial)
-        row.update(tokens=result.get("tokens", row["tokens"]), loss=result.get("loss"), eval=result.get("eval_loss"),
-                   status="RUNNING")
+        row.update(
+            tokens=result.get("tokens", row["tokens"]),
+            loss=result.get("loss"),
+            eval=result.get("eval_loss"),
+            status="RUNNING",
+        )
         if time.monotonic() - self.last_print > PRINT_EVERY_S:
             self.print()
 
@@ -59,13 +69,21 @@ class ProgressTable(tune.Callback):
 
     def print(self) -> None:
         self.last_print = time.monotonic()
-        header = f"{'trial':<28} {'tokens/update':>13} {'lr':>9} {'warmup':>9} {'tokens done':>13} {'loss':>7} {'eval':>7}  status"
-        lines = [f"--- sweep {self.sweep.name}: {sum(r['status'] in ('DONE', 'STOPPED') for r in self.rows.values())}"
-                 f"/{len(self.rows)} trials ended ---", header]
+        header = (
+            f"{'trial':<28} {'tokens/update':>13} {'lr':>9} {'warmup':>9} "
+            f"{'tokens done':>13} {'loss':>7} {'eval':>7}  status"
+        )
+        lines = [
+            f"--- sweep {self.sweep.name}: {sum(r['status'] in ('DONE', 'STOPPED') for r in self.rows.values())}"
+            f"/{len(self.rows)} trials ended ---",
+            header,
+        ]
         for row in self.rows.values():
-            lines.append(f"{row['name'][:28]:<28} {_fmt(row['B'], ',d'):>13} {_fmt(row['lr'], '.2e'):>9} "
-                         f"{_fmt(row['warmup'], ',d'):>9} {_fmt(row['tokens'], ',d'):>13} {_fmt(row['loss'], '.3f'):>7} "
-                         f"{_fmt(row['eval'], '.3f'):>7}  {row['status']}")
+            lines.append(
+                f"{row['name'][:28]:<28} {_fmt(row['B'], ',d'):>13} {_fmt(row['lr'], '.2e'):>9} "
+                f"{_fmt(row['warmup'], ',d'):>9} {_fmt(row['tokens'], ',d'):>13} {_fmt(row['loss'], '.3f'):>7} "
+                f"{_fmt(row['eval'], '.3f'):>7}  {row['status']}"
+            )
         print("\n".join(lines), flush=True)
 
 
@@ -87,8 +105,13 @@ def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None
         launch.close_run(uri, t.run_id, t.status, title=t.name)
 
 
-def finish(sweep: search_space.Sweep, base, parent: str, error: Optional[BaseException],
-           stopped_at: Optional[Dict[str, int]] = None) -> int:
+def finish(
+    sweep: search_space.Sweep,
+    base,
+    parent: str,
+    error: Optional[BaseException],
+    stopped_at: Optional[Dict[str, int]] = None,
+) -> int:
     """Close the parent run and print the answer, the same as `orchestrator report` gives."""
     from orchestrator import analysis, report
 
@@ -118,4 +141,6 @@ def _log_parent_artifacts(uri: str, parent: str, trials) -> None:
     from orchestrator import plots
 
     curves = {t.name: t.train for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0))}
-    tracking.log_figure(uri, parent, plots.loss_vs_tokens(curves, title="train loss of every trial"), "loss_vs_tokens.png")
+    tracking.log_figure(
+        uri, parent, plots.loss_vs_tokens(curves, title="train loss of every trial"), "loss_vs_tokens.png"
+    )

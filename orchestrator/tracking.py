@@ -40,8 +40,11 @@ MAX_PARAMS = 100  # ... and on params per call
 # before it raises. MetricLogger keeps unsent points and retries them itself, so such a long
 # in-call backoff would only stall flush() at checkpoints and close(): a process that runs a
 # MetricLogger against a server gets these defaults (an explicit environment setting wins).
-HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+HTTP_RETRY_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
 
 
 class TrackingError(RuntimeError):
@@ -51,7 +54,7 @@ class TrackingError(RuntimeError):
 def resolve_uri(uri: str) -> str:
     """Make a relative SQLite/file store absolute: Ray workers do not share the driver's cwd."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
     if "://" not in uri:
         return str(Path(uri).resolve())
     return uri
@@ -95,7 +98,9 @@ def find_run(uri: str, experiment: str, tags: Dict[str, str]) -> Optional[str]:
     if exp is None:
         return None
     query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    runs = c.search_runs([exp.experiment_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"])
+    runs = c.search_runs(
+        [exp.experiment_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"]
+    )
     return runs[0].info.run_id if runs else None
 
 
@@ -105,7 +110,7 @@ def log_params(uri: str, run_id: str, params: Dict[str, Any]) -> None:
     existing = c.get_run(run_id).data.params
     todo = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k not in existing]
     for i in range(0, len(todo), MAX_PARAMS):
-        c.log_batch(run_id, params=todo[i:i + MAX_PARAMS])
+        c.log_batch(run_id, params=todo[i : i + MAX_PARAMS])
 
 
 def set_tags(uri: str, run_id: str, tags: Dict[str, str]) -> None:
@@ -193,8 +198,12 @@ def find_sweep_run(uri: str, experiment: str, sweep_name: str) -> Optional[str]:
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_name}' and {SWEEP_RUN_FILTER}",
-                         max_results=1, order_by=["attributes.start_time DESC"])
+    runs = c.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_name}' and {SWEEP_RUN_FILTER}",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
     return runs[0].info.run_id if runs else None
 
 
@@ -220,8 +229,20 @@ def serve_ui(cfg: Any, host: str = "127.0.0.1", port: int = 5000) -> int:
     print(f"runs of experiment {cfg.tracking.experiment!r}: {ui_link(uri, cfg.tracking.experiment, port)}", flush=True)
     # One worker process and no GenAI job runner: a UI for one person over training runs
     # (MLflow's defaults start four workers plus a job queue of ten).
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
-           "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     if uri.startswith("sqlite:"):
         cmd += ["--default-artifact-root", Path(uri.split("sqlite:///")[-1]).parent.joinpath("mlartifacts").as_uri()]
     return subprocess.call(cmd, env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ})
@@ -254,8 +275,14 @@ class MetricLogger:
       is stored once: MLflow's metric key includes the timestamp taken here at `log()`.
     """
 
-    def __init__(self, uri: str, run_id: str, flush_every_s: float = 5.0, max_buffered_points: int = 100_000,
-                 watermarks: Optional[Dict[str, int]] = None):
+    def __init__(
+        self,
+        uri: str,
+        run_id: str,
+        flush_every_s: float = 5.0,
+        max_buffered_points: int = 100_000,
+        watermarks: Optional[Dict[str, int]] = None,
+    ):
         self.uri, self.run_id = uri, run_id
         self.flush_every_s = flush_every_s
         self.max_buffered_points = max_buffered_points
@@ -283,7 +310,8 @@ class MetricLogger:
             if len(self._pending) >= self.max_buffered_points:
                 raise TrackingError(
                     f"MLflow at {self.uri} unreachable and {len(self._pending):,} points buffered "
-                    f"(tracking.max_buffered_points={self.max_buffered_points:,}); last error: {self.last_error}")
+                    f"(tracking.max_buffered_points={self.max_buffered_points:,}); last error: {self.last_error}"
+                )
             for key, value in metrics.items():
                 if value is None or not math.isfinite(value) or step <= self._watermarks.get(key, -1):
                     continue
@@ -331,7 +359,7 @@ class MetricLogger:
                 self.failed_sends += 1
                 return False
             with self._lock:
-                del self._pending[:len(batch)]
+                del self._pending[: len(batch)]
             self.sent_points += len(batch)
             self.last_error = None
             return True
@@ -365,8 +393,13 @@ class MetricLogger:
 
 def env_for_workers() -> Dict[str, str]:
     """Environment that tracking needs in Ray workers (credentials travel as env, never params)."""
-    keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
-            "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
+    keys = (
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_TRACKING_TOKEN",
+        "MLFLOW_TRACKING_INSECURE_TLS",
+        "MLFLOW_TRACKING_SERVER_CERT_PATH",
+    )
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
@@ -378,7 +411,7 @@ def env_for_workers() -> Dict[str, str]:
 def store_exists(uri: str) -> bool:
     """False for a local SQLite store whose file is missing (reading must not create one)."""
     if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///"):]).exists()
+        return Path(uri[len("sqlite:///") :]).exists()
     return True
 
 

@@ -39,7 +39,11 @@ def validate(cfg: Config) -> None:
     _positive("model.w_star_norm", m.w_star_norm, allow_zero=True)
     _positive("data.seq_len", d.seq_len)
     if m.name == "gpt" and d.seq_len > m.max_seq_len:
-        raise ConfigError("data.seq_len", f"got {d.seq_len}; beyond model.max_seq_len={m.max_seq_len} positions; use <= {m.max_seq_len} or raise model.max_seq_len")
+        raise ConfigError(
+            "data.seq_len",
+            f"got {d.seq_len}; beyond model.max_seq_len={m.max_seq_len} positions; "
+            f"use <= {m.max_seq_len} or raise model.max_seq_len",
+        )
     if m.name == "gpt" and m.vocab_size < 257:
         raise ConfigError("model.vocab_size", f"got {m.vocab_size}; the byte tokenizer needs >= 257")
     if not d.sources:
@@ -47,8 +51,11 @@ def validate(cfg: Config) -> None:
     names = [src.name for src in d.sources]
     for i, src in enumerate(d.sources):
         if src.name in names[:i]:
-            raise ConfigError(f"data.sources.{i}.name", f"{src.name!r} is also data.sources.{names.index(src.name)}.name; "
-                              "each source needs its own name (it labels data/share/<name>)")
+            raise ConfigError(
+                f"data.sources.{i}.name",
+                f"{src.name!r} is also data.sources.{names.index(src.name)}.name; "
+                "each source needs its own name (it labels data/share/<name>)",
+            )
         _choice(f"data.sources.{i}.kind", src.kind, SOURCE_KINDS)
         _positive(f"data.sources.{i}.weight", src.weight)
         if src.kind == "files" and not src.path:
@@ -61,8 +68,10 @@ def validate(cfg: Config) -> None:
     _choice("cluster.placement_strategy", cfg.cluster.placement_strategy, PLACEMENT_STRATEGIES)
     scheme = t.storage_path.partition("://")[0] if "://" in t.storage_path else None
     if not t.storage_path or (scheme is not None and scheme not in STORAGE_SCHEMES):
-        raise ConfigError("train.storage_path", f"got {t.storage_path!r}; use a path or a URI with scheme "
-                          + ", ".join(f"{s}://" for s in STORAGE_SCHEMES))
+        raise ConfigError(
+            "train.storage_path",
+            f"got {t.storage_path!r}; use a path or a URI with scheme " + ", ".join(f"{s}://" for s in STORAGE_SCHEMES),
+        )
     _positive("optim.lr", cfg.optim.lr, allow_zero=True)
     _positive("optim.weight_decay", cfg.optim.weight_decay, allow_zero=True)
     _positive("optim.grad_clip", cfg.optim.grad_clip, allow_zero=True)
@@ -84,18 +93,27 @@ def validate(cfg: Config) -> None:
     plan = batch_plan(cfg)
     batching.total_steps(plan, t.total_tokens)
     if s.warmup_tokens > t.total_tokens:
-        raise ConfigError("schedule.warmup_tokens", f"got {s.warmup_tokens:,}; longer than the budget train.total_tokens={t.total_tokens:,}")
+        raise ConfigError(
+            "schedule.warmup_tokens",
+            f"got {s.warmup_tokens:,}; longer than the budget train.total_tokens={t.total_tokens:,}",
+        )
     if 0 < s.warmup_tokens <= plan.tokens_per_update:
         # An update's LR is the schedule at the tokens seen after it: the first would get the peak.
         tpu = plan.tokens_per_update
-        raise ConfigError("schedule.warmup_tokens", f"got {s.warmup_tokens:,}; not more than one update ({tpu:,} tokens), so no update "
-                          f"would warm up; use 0 (no warmup) or at least {tpu + 1:,} (e.g. {2 * tpu:,}: the first update at half the peak)")
+        raise ConfigError(
+            "schedule.warmup_tokens",
+            f"got {s.warmup_tokens:,}; not more than one update ({tpu:,} tokens), so no update "
+            f"would warm up; use 0 (no warmup) or at least {tpu + 1:,} "
+            f"(e.g. {2 * tpu:,}: the first update at half the peak)",
+        )
     ds = cfg.deepspeed
     if ds.zero_stage not in (0, 1, 2, 3):
         raise ConfigError("deepspeed.zero_stage", f"got {ds.zero_stage}; valid: 0, 1, 2, 3")
     _choice("deepspeed.precision", ds.precision, PRECISIONS)
     if ds.precision == "fp16" and not cfg.cluster.use_gpu:
-        raise ConfigError("deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16")
+        raise ConfigError(
+            "deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16"
+        )
     _positive("tracking.flush_every_s", cfg.tracking.flush_every_s)
     _positive("tracking.max_buffered_points", cfg.tracking.max_buffered_points)
     _positive("tracking.system_metrics_interval_s", cfg.tracking.system_metrics_interval_s)

@@ -22,8 +22,9 @@ ALLOWED_RESOLVERS = ("oc.env", "oc.select", "oc.decode", "oc.create", "oc.dict.k
 _RESOLVER_RE = re.compile(r"\$\{([\w.]+):")
 
 
-def read_mapping(path: Path, what: str = "CONFIG", kind: str = "config",
-                 shape: str = "a mapping of config sections") -> Tuple[Dict[str, Any], str]:
+def read_mapping(
+    path: Path, what: str = "CONFIG", kind: str = "config", shape: str = "a mapping of config sections"
+) -> Tuple[Dict[str, Any], str]:
     """(mapping, text) of one YAML file; a missing file, a syntax error or a non-mapping is a
     one-line ConfigError keyed `what`. The one YAML reader of train configs and sweep files."""
     if not path.is_file():
@@ -52,7 +53,9 @@ def extends_chain(path: Path) -> List[Tuple[Path, Dict[str, Any], str]]:
         raw, text = read_mapping(path)
         for match in _RESOLVER_RE.finditer(text):
             if match.group(1) not in ALLOWED_RESOLVERS:
-                raise ConfigError("CONFIG", f"{path} uses resolver ${{{match.group(1)}:...}}; allowed: {', '.join(ALLOWED_RESOLVERS)}")
+                raise ConfigError(
+                    "CONFIG", f"{path} uses resolver ${{{match.group(1)}:...}}; allowed: {', '.join(ALLOWED_RESOLVERS)}"
+                )
         parent = raw.pop("extends", None)
         chain.append((path, raw, text))
         if parent is None:
@@ -86,7 +89,9 @@ def parse_overrides(overrides: List[str]) -> List[tuple]:
             raise ConfigError(item, "an override must look like key=value (e.g. optim.lr=3e-4)")
         match = _RESOLVER_RE.search(item)
         if match and match.group(1) not in ALLOWED_RESOLVERS:
-            raise ConfigError(key, f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}")
+            raise ConfigError(
+                key, f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}"
+            )
         try:
             # resolve=False keeps `${oc.env:...}` as written, so it can be redacted later.
             value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)

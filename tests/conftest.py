@@ -26,7 +26,11 @@ def run_cli(*args, cwd=None, env=None, timeout=600, check=False):
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator", *map(str, args)],
-        cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd or ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
@@ -51,10 +55,19 @@ def object_store():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_ports(1)[0], verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL_S3": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test",
-           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id="test", aws_secret_access_key="test",
-                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    env = {
+        "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=BUCKET)
     yield env
     server.stop()
 
@@ -65,8 +78,13 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING",
-                 log_to_driver=False)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
     yield
     ray.shutdown()
 

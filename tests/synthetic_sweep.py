@@ -44,10 +44,19 @@ def trial(b, factor, seed, luck, diverge=False, stop_at=None, decay="constant"):
     lr = lr_opt(b) * factor
     q = 1.0 / (1.0 + 2.0 * math.log2(factor) ** 2)
     steps = TOTAL_TOKENS // b
-    params = {"batch.tokens_per_update": str(b), "optim.lr": str(lr), "schedule.warmup_tokens": "0",
-              "schedule.decay": decay, "schedule.wsd_decay_share": "0.2", "train.total_tokens": str(TOTAL_TOKENS),
-              "train.total_tokens_rounded": str(TOTAL_TOKENS), "train.seed": str(seed), "data.seq_len": "128",
-              "train.total_steps": str(steps), "train.run_name": f"B{b}-lr{lr:.3g}-s{seed}"}
+    params = {
+        "batch.tokens_per_update": str(b),
+        "optim.lr": str(lr),
+        "schedule.warmup_tokens": "0",
+        "schedule.decay": decay,
+        "schedule.wsd_decay_share": "0.2",
+        "train.total_tokens": str(TOTAL_TOKENS),
+        "train.total_tokens_rounded": str(TOTAL_TOKENS),
+        "train.seed": str(seed),
+        "data.seq_len": "128",
+        "train.total_steps": str(steps),
+        "train.run_name": f"B{b}-lr{lr:.3g}-s{seed}",
+    }
     stride = max(1, steps // 200)
     train, evals, b_simple = [], [], []
     last = steps if stop_at is None else stop_at // b
@@ -60,17 +69,36 @@ def trial(b, factor, seed, luck, diverge=False, stop_at=None, decay="constant"):
         if not diverge and s % max(stride, steps // 8) < stride:
             evals.append((s * b, loss + 0.05))
     status = "FAILED" if diverge else "KILLED" if stop_at else "FINISHED"
-    return params, train, evals, b_simple, status, stop_at, TOTAL_TOKENS / (1e4 * math.log2(b))  # bigger batches run faster
+    return (
+        params,
+        train,
+        evals,
+        b_simple,
+        status,
+        stop_at,
+        TOTAL_TOKENS / (1e4 * math.log2(b)),
+    )  # bigger batches run faster
 
 
-def specs(rng: np.random.Generator, seeds: int = SEEDS, noise: float = SEED_NOISE) -> List[Tuple[int, float, int, float]]:
+def specs(
+    rng: np.random.Generator, seeds: int = SEEDS, noise: float = SEED_NOISE
+) -> List[Tuple[int, float, int, float]]:
     """The full grid with `seeds` replicates, as (B, lr factor, seed, luck)."""
-    return [(b, f, k, float(np.exp(noise * rng.standard_normal()))) for b in BATCHES for f in LR_FACTORS for k in range(seeds)]
+    return [
+        (b, f, k, float(np.exp(noise * rng.standard_normal())))
+        for b in BATCHES
+        for f in LR_FACTORS
+        for k in range(seeds)
+    ]
 
 
 def in_memory(grid, **kw) -> List[analysis.Trial]:
     out = []
     for i, (b, f, k, luck) in enumerate(grid):
         params, train, evals, b_simple, status, stopped, duration = trial(b, f, k, luck, **kw)
-        out.append(analysis.Trial(f"run{i}", params["train.run_name"], status, params, train, evals, b_simple, duration, stopped))
+        out.append(
+            analysis.Trial(
+                f"run{i}", params["train.run_name"], status, params, train, evals, b_simple, duration, stopped
+            )
+        )
     return out

@@ -125,7 +125,9 @@ def _jsonl_texts(path: Path, field: str, key: str) -> Iterator[str]:
             try:
                 text = json.loads(line)[field] if line.strip() else ""
             except (ValueError, KeyError, TypeError):
-                raise ConfigError(f"{key}.text_field", f"got {field!r}; {path}:{n} is not a JSON object with that field") from None
+                raise ConfigError(
+                    f"{key}.text_field", f"got {field!r}; {path}:{n} is not a JSON object with that field"
+                ) from None
             yield text
 
 
@@ -147,7 +149,9 @@ def _files_documents(src: SourceConfig, key: str) -> Iterator[bytes]:
             continue
         for text in (_jsonl_texts if path.suffix == ".jsonl" else _parquet_texts)(path, src.text_field, key):
             if not isinstance(text, str):
-                raise ConfigError(f"{key}.text_field", f"got {src.text_field!r}; {path} holds a {type(text).__name__} there, not text")
+                raise ConfigError(
+                    f"{key}.text_field", f"got {src.text_field!r}; {path} holds a {type(text).__name__} there, not text"
+                )
             yield text.encode("utf-8")
 
 
@@ -179,7 +183,9 @@ class SourceTokens:
 
 
 def hash64(data: bytes | str) -> int:
-    return int.from_bytes(hashlib.blake2b(data.encode() if isinstance(data, str) else data, digest_size=8).digest(), "little")
+    return int.from_bytes(
+        hashlib.blake2b(data.encode() if isinstance(data, str) else data, digest_size=8).digest(), "little"
+    )
 
 
 def _short_hash(data: object) -> str:
@@ -253,7 +259,9 @@ def load_source(cfg: Config, index: int) -> SourceTokens:
         found = _meta_hash(folder)
         if found != _config_hash(src, cap):
             why = "no shards" if found is None else "shards of a different source config"
-            raise ConfigError("data.shard_dir", f"got {cfg.data.shard_dir!r}: {why} for source {src.name!r}; run prepare_shards again")
+            raise ConfigError(
+                "data.shard_dir", f"got {cfg.data.shard_dir!r}: {why} for source {src.name!r}; run prepare_shards again"
+            )
         return _load(folder)
     folder = _cache_dir(src, cap, key)
     if _meta_hash(folder) is None:

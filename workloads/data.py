@@ -70,7 +70,11 @@ class PackedSource:
         """Counter c -> sequence: epoch c // n uses its own seeded permutation of all n sequences."""
         n = self.num_sequences
         if n == 0:
-            raise ConfigError(self.key, f"source {self.name!r} has {self.num_tokens} tokens in this split, fewer than one sequence (data.seq_len + 1 = {self.seq_len + 1})")
+            raise ConfigError(
+                self.key,
+                f"source {self.name!r} has {self.num_tokens} tokens in this split, "
+                f"fewer than one sequence (data.seq_len + 1 = {self.seq_len + 1})",
+            )
         out, epochs = np.empty(len(counters), np.int64), counters // n
         for epoch in map(int, np.unique(epochs)):
             if epoch not in self._perms:  # keep only neighbours: a permutation costs 8 bytes a sequence
@@ -89,7 +93,9 @@ class PackedSource:
         tokens = np.where(eos, EOS, self.tokens[np.where(eos, 0, self.starts[k] + off)]).astype(np.int64)
         first = np.maximum(self.cum[k[:, :S]], p[:, :1])  # a document cut by the window starts at 0
         return {
-            "origins": np.stack([self.doc_order[np.minimum(k[:, 0], len(self.doc_order) - 1)], p[:, 0] - self.cum[k[:, 0]]], 1),
+            "origins": np.stack(
+                [self.doc_order[np.minimum(k[:, 0], len(self.doc_order) - 1)], p[:, 0] - self.cum[k[:, 0]]], 1
+            ),
             "inputs": tokens[:, :S],
             "targets": tokens[:, 1:],
             "positions": p[:, :S] - first,
@@ -174,7 +180,9 @@ class TokenDataset:
 
     def sequence_batch(self, source: int, seqs: Sequence[int]) -> Batch:
         """Windows `seqs` of one source in stream order (no epoch permutation): for tests and tools."""
-        return _to_batch([self.sources[source].windows(np.asarray(seqs))], np.arange(len(seqs)), np.full(len(seqs), source))
+        return _to_batch(
+            [self.sources[source].windows(np.asarray(seqs))], np.arange(len(seqs)), np.full(len(seqs), source)
+        )
 
     def eval_batches(self, num_tokens: int, batch_size: int, rank: int = 0, world: int = 1) -> List[Batch]:
         """Worker `rank`'s share of the one held-out set: the first ceil(num_tokens / S) positions
@@ -188,7 +196,10 @@ class TokenDataset:
         n = max(1, -(-num_tokens // self.seq_len))
         have = np.array([i for i, s in enumerate(self.sources) if s.num_sequences > 0], np.int64)
         if not len(have):
-            raise ConfigError("data.eval_fraction", "no source has a full held-out sequence; raise data.eval_fraction or add documents")
+            raise ConfigError(
+                "data.eval_fraction",
+                "no source has a full held-out sequence; raise data.eval_fraction or add documents",
+            )
         picked, counters = mixture.assign(self.weights[have], np.arange(n))
         sources = have[picked]
         starts = list(range(0, n, batch_size))
@@ -218,14 +229,25 @@ def check_corpus(cfg: Config, tokens_per_update: int) -> None:
     """
     for i, src in enumerate(cfg.data.sources):
         if load_source(cfg, i).num_documents == 0:
-            key, what = (f"data.sources.{i}.path", f"got {src.path!r}") if src.kind == "files" else (f"data.sources.{i}", f"kind {src.kind!r}")
+            key, what = (
+                (f"data.sources.{i}.path", f"got {src.path!r}")
+                if src.kind == "files"
+                else (f"data.sources.{i}", f"kind {src.kind!r}")
+            )
             raise ConfigError(key, f"{what}; source {src.name!r} holds no documents (every one is empty)")
     train = TokenDataset(cfg, "train")
     for packed in train.sources:
         packed.sequence_index(np.zeros(1, np.int64))  # a one-line ConfigError if it has no sequence
     total, cap = sum(p.num_tokens for p in train.sources), cfg.data.max_documents_per_source
     if total < tokens_per_update:
-        raise ConfigError("data.sources", f"the train split of all sources holds {total:,} tokens; one update needs {tokens_per_update:,} "
-                          f"(batch.tokens_per_update); add documents, raise data.max_documents_per_source={cap} or lower batch.tokens_per_update")
+        raise ConfigError(
+            "data.sources",
+            f"the train split of all sources holds {total:,} tokens; one update needs {tokens_per_update:,} "
+            "(batch.tokens_per_update); "
+            f"add documents, raise data.max_documents_per_source={cap} or lower batch.tokens_per_update",
+        )
     if all(p.num_sequences == 0 for p in TokenDataset(cfg, "eval").sources):
-        raise ConfigError("data.eval_fraction", f"got {cfg.data.eval_fraction}; no source has a full held-out sequence; raise it or add documents")
+        raise ConfigError(
+            "data.eval_fraction",
+            f"got {cfg.data.eval_fraction}; no source has a full held-out sequence; raise it or add documents",
+        )

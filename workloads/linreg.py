@@ -94,7 +94,9 @@ class LinRegData:
         """All examples (x [N, d], y [N]) of one update: stream examples [u N, (u+1) N)."""
         return self.examples(update_index * sequences_per_update, sequences_per_update)
 
-    def micro_batch(self, update_index: int, sequences_per_update: int, slot_start: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def micro_batch(
+        self, update_index: int, sequences_per_update: int, slot_start: int, count: int
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Examples of global slots [slot_start, slot_start + count) of update `update_index`."""
         if not 0 <= slot_start <= slot_start + count <= sequences_per_update:
             raise ValueError(f"slots [{slot_start}, {slot_start + count}) outside the update's {sequences_per_update}")

@@ -59,8 +59,9 @@ class MetricsWindow:
     def mean_loss(self) -> float:
         return self.loss_sum / max(self.real_tokens, 1)
 
-    def metrics(self, update: int, tokens: int, world: int, flops_per_token: float, peak_flops: Optional[float],
-                gns: Any = None) -> Dict[str, float]:
+    def metrics(
+        self, update: int, tokens: int, world: int, flops_per_token: float, peak_flops: Optional[float], gns: Any = None
+    ) -> Dict[str, float]:
         """The MLflow metrics of a report at `tokens`. `peak_flops` None: MFU is not measured
         (NaN, which the logger drops). `gns`: a NoiseScaleEMA with an estimate, or None."""
         tokens_per_s = self.tokens_per_s(tokens)
@@ -76,6 +77,7 @@ class MetricsWindow:
         if real:
             metrics.update({f"data/share/{name}": v / real for name, v in self.source_tokens.items()})
         if gns is not None and gns.b_simple is not None:
-            metrics.update({"gns/b_simple": gns.b_simple, "gns/g_squared": gns.g_squared,
-                            "gns/trace_sigma": gns.trace_sigma})
+            metrics.update(
+                {"gns/b_simple": gns.b_simple, "gns/g_squared": gns.g_squared, "gns/trace_sigma": gns.trace_sigma}
+            )
         return metrics

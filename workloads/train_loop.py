@@ -116,8 +116,21 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
     if state.gns:
         gns.load_state_dict(state.gns)
-    run = Run(cfg, api, rank, world, plan, steps, plan.tokens_for_steps(steps), work, engine, state, gns, probe,
-              warnings=collector)
+    run = Run(
+        cfg,
+        api,
+        rank,
+        world,
+        plan,
+        steps,
+        plan.tokens_for_steps(steps),
+        work,
+        engine,
+        state,
+        gns,
+        probe,
+        warnings=collector,
+    )
     if rank == 0:
         run.logger = _open_tracking(cfg, state, resources)
         _say_what_is_not_measured(cfg, plan, probe, state)
@@ -138,8 +151,9 @@ def _set_lr(engine, lr: float) -> None:
         group["lr"] = lr
 
 
-def train_update(engine, work, plan, update: int, rank: int, probe: Optional[GradNormProbe],
-                 naive: bool = False) -> Dict[str, float]:
+def train_update(
+    engine, work, plan, update: int, rank: int, probe: Optional[GradNormProbe], naive: bool = False
+) -> Dict[str, float]:
     """One optimizer update: A micro-batches on this worker, then DeepSpeed's step."""
     batches = [work.micro_batch(update, rank, a) for a in range(plan.grad_accum_steps)]
     # The update's real-token count over all workers, known before the first backward.
@@ -228,7 +242,10 @@ def _maybe_inject_fault(tokens: int, rank: int, fault: Dict[str, Any], logger) -
 
 def _engine(cfg: Config, plan, work):
     optimizer = torch.optim.AdamW(
-        work.param_groups(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+        work.param_groups(),
+        lr=cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        eps=cfg.optim.eps,
         fused=cfg.cluster.use_gpu or None,
     )
     engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=ds_config.build(cfg, plan))
@@ -268,8 +285,10 @@ def _gns_probe(cfg: Config, plan, work) -> Optional[GradNormProbe]:
 def _capture_warnings(cfg: Config, run_id: str, resources: contextlib.ExitStack) -> worker_warnings.WarningCollector:
     """Warnings of this worker go to the run's MLflow tags, where the driver reads them."""
     uri = tracking.resolve_uri(cfg.tracking.uri)
-    collector = worker_warnings.WarningCollector(lambda messages: tracking.log_warnings(uri, run_id, messages),
-                                                 already=tracking.run_warnings(uri, run_id).values())
+    collector = worker_warnings.WarningCollector(
+        lambda messages: tracking.log_warnings(uri, run_id, messages),
+        already=tracking.run_warnings(uri, run_id).values(),
+    )
     resources.callback(worker_warnings.install(collector))
     return collector
 
@@ -279,8 +298,13 @@ def _open_tracking(cfg: Config, state: TrainState, resources: contextlib.ExitSta
     uri = tracking.resolve_uri(cfg.tracking.uri)
     # Resume watermark: what MLflow already holds wins over what the checkpoint remembers.
     held = tracking.last_steps(uri, state.run_id)
-    logger = tracking.MetricLogger(uri, state.run_id, cfg.tracking.flush_every_s, cfg.tracking.max_buffered_points,
-                                   watermarks={**state.mlflow_watermarks, **held})
+    logger = tracking.MetricLogger(
+        uri,
+        state.run_id,
+        cfg.tracking.flush_every_s,
+        cfg.tracking.max_buffered_points,
+        watermarks={**state.mlflow_watermarks, **held},
+    )
     logger.restore_pending(state.mlflow_pending, held)
     resources.push(_closing(logger))
     system = cfg.tracking.system_metrics if cfg.tracking.system_metrics is not None else cfg.cluster.use_gpu
@@ -309,8 +333,11 @@ def _closing(logger: tracking.MetricLogger):
 
 def _say_what_is_not_measured(cfg: Config, plan, probe: Optional[GradNormProbe], state: TrainState) -> None:
     if cfg.gns.enabled and probe is None:
-        why = ("D x A = 1, so there is no small batch to compare with" if plan.micro_batches_per_update == 1
-               else "train.loss_normalization is not 'token'")
+        why = (
+            "D x A = 1, so there is no small batch to compare with"
+            if plan.micro_batches_per_update == 1
+            else "train.loss_normalization is not 'token'"
+        )
         log.warning("gns: %s; B_simple is not measured", why)
     if state.update:
         log.info("resuming at update %d (%d tokens) from the latest checkpoint", state.update, state.tokens)
@@ -319,9 +346,15 @@ def _say_what_is_not_measured(cfg: Config, plan, probe: Optional[GradNormProbe],
 def _update(run: Run, update: int):
     """One optimizer update at the scheduled learning rate; returns (lr, train_update's stats)."""
     before, cfg = run.state.tokens, run.cfg
-    lr = lr_at(before + run.plan.tokens_per_update, peak=cfg.optim.lr, total_tokens=run.budget,
-               warmup_tokens=cfg.schedule.warmup_tokens, decay=cfg.schedule.decay,
-               min_lr_ratio=cfg.schedule.min_lr_ratio, wsd_decay_share=cfg.schedule.wsd_decay_share)
+    lr = lr_at(
+        before + run.plan.tokens_per_update,
+        peak=cfg.optim.lr,
+        total_tokens=run.budget,
+        warmup_tokens=cfg.schedule.warmup_tokens,
+        decay=cfg.schedule.decay,
+        min_lr_ratio=cfg.schedule.min_lr_ratio,
+        wsd_decay_share=cfg.schedule.wsd_decay_share,
+    )
     _set_lr(run.engine, lr)
     naive = cfg.train.loss_normalization == "micro_batch"
     stats = train_update(run.engine, run.work, run.plan, update, run.rank, run.probe, naive)
@@ -338,8 +371,9 @@ def _report_divergence(run: Run, stats: Dict[str, float]) -> None:
 
 def _log_update(run: Run, stats: Dict[str, float], lr: float) -> None:
     if run.logger:  # the loss of this update, at the tokens seen after it (DESIGN.md 3)
-        run.logger.log({"train/loss": stats["loss"], "train/lr": lr, "train/grad_norm": stats["grad_norm"]},
-                       run.state.tokens)
+        run.logger.log(
+            {"train/loss": stats["loss"], "train/lr": lr, "train/grad_norm": stats["grad_norm"]}, run.state.tokens
+        )
 
 
 def _update_noise_scale(run: Run, stats: Dict[str, float]) -> None:
@@ -347,8 +381,10 @@ def _update_noise_scale(run: Run, stats: Dict[str, float]) -> None:
         return
     b_big, b_small = stats["real_tokens"], stats["real_tokens"] / run.plan.micro_batches_per_update
     if math.isfinite(stats["grad_norm"]) and b_big > b_small:
-        run.gns.update(*noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big),
-                       tokens=run.plan.tokens_per_update)
+        run.gns.update(
+            *noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big),
+            tokens=run.plan.tokens_per_update,
+        )
 
 
 def _evaluate(run: Run) -> None:
@@ -365,8 +401,14 @@ def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpo
         run.logger.log(metrics, state.tokens)
     if run.warnings:
         run.warnings.flush()
-    ray_metrics = {"tokens": state.tokens, "loss": window.mean_loss(), "eval_loss": run.last_eval, "lr": lr,
-                   "step": state.update, "b_simple": metrics.get("gns/b_simple", float("nan"))}
+    ray_metrics = {
+        "tokens": state.tokens,
+        "loss": window.mean_loss(),
+        "eval_loss": run.last_eval,
+        "lr": lr,
+        "step": state.update,
+        "b_simple": metrics.get("gns/b_simple", float("nan")),
+    }
     state.gns = run.gns.state_dict()
     # A Ray Train report is a barrier across workers (about a second here), so Ray hears
     # only at evaluations and checkpoints: that is where Tune's schedulers decide.

@@ -57,7 +57,7 @@ class WarningCollector(logging.Handler):
         except Exception:  # the store is busy or away: try again at the next report
             return
         with self._mutex:
-            del self._new[:len(new)]
+            del self._new[: len(new)]
             self._published += len(new)
 
 

@@ -9,29 +9,29 @@ from tests.conftest import ROOT, TINY, run_cli
 
 CASES = [
     # (extra args, text the message must contain)
-    (["optim.lrr=1"], "optim.lr"),                       # unknown key, with a did-you-mean
-    (["bogus.key=1"], "bogus.key"),                      # unknown section
-    (["optim.lr=abc"], "optim.lr"),                      # wrong type
+    (["optim.lrr=1"], "optim.lr"),  # unknown key, with a did-you-mean
+    (["bogus.key=1"], "bogus.key"),  # unknown section
+    (["optim.lr=abc"], "optim.lr"),  # wrong type
     (["train.total_tokens=lots"], "train.total_tokens"),
-    (["optim.lr=-0.1"], "optim.lr"),                     # negative lr (0 is allowed)
-    (["data.seq_len=0"], "data.seq_len"),                # non-positive sizes
+    (["optim.lr=-0.1"], "optim.lr"),  # negative lr (0 is allowed)
+    (["data.seq_len=0"], "data.seq_len"),  # non-positive sizes
     (["batch.micro_batch_size=0"], "batch.micro_batch_size"),
     (["cluster.num_workers=-2"], "cluster.num_workers"),
     (["batch.tokens_per_update=0"], "batch.tokens_per_update"),
     (["batch.grad_accum_steps=0"], "batch.grad_accum_steps"),
     (["schedule.warmup_tokens=999999999"], "schedule.warmup_tokens"),  # warmup beyond budget
-    (["schedule.warmup_tokens=100"], "schedule.warmup_tokens"),        # warmup within the first update
+    (["schedule.warmup_tokens=100"], "schedule.warmup_tokens"),  # warmup within the first update
     (["gns.ema_tokens=0"], "gns.ema_tokens"),
     (["train.total_tokens=100", "schedule.warmup_tokens=0"], "train.total_tokens"),  # budget < 1 update
-    (["batch.tokens_per_update=4000"], "batch.tokens_per_update"),     # no exact decomposition
+    (["batch.tokens_per_update=4000"], "batch.tokens_per_update"),  # no exact decomposition
     (["batch.grad_accum_steps=3"], "batch.tokens_per_update"),
     (["deepspeed.zero_stage=4"], "deepspeed.zero_stage"),
     (["deepspeed.zero_stage=-1"], "deepspeed.zero_stage"),
-    (["deepspeed.precision=fp16"], "deepspeed.precision"),             # fp16 on CPU
+    (["deepspeed.precision=fp16"], "deepspeed.precision"),  # fp16 on CPU
     (["deepspeed.precision=fp8"], "deepspeed.precision"),
     (["schedule.decay=step"], "schedule.decay"),
     (["schedule.min_lr_ratio=2"], "schedule.min_lr_ratio"),
-    (["data.seq_len=512"], "data.seq_len"),                            # beyond the model's positions
+    (["data.seq_len=512"], "data.seq_len"),  # beyond the model's positions
     (["model.n_heads=3"], "model.n_heads"),
     (["model.name=bert"], "model.name"),
     (["data.sources.0.kind=web"], "data.sources.0.kind"),
@@ -46,7 +46,7 @@ CASES = [
 
 def assert_one_clean_line(code, stderr, must_contain):
     assert code == 2, stderr
-    lines = [l for l in stderr.splitlines() if l.strip()]
+    lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1, stderr
     assert "Traceback" not in stderr
     assert must_contain in lines[0]
@@ -84,13 +84,30 @@ def test_unknown_flag():
 
 
 def test_plan_json_contract():
-    code, out, err = run_cli("plan", TINY, "data.seq_len=4096", "model.max_seq_len=4096", "batch.micro_batch_size=4",
-                             "cluster.num_workers=128", "batch.tokens_per_update=16777216",
-                             "train.total_tokens=167772160", "schedule.warmup_tokens=33554432", "--json")
+    code, out, err = run_cli(
+        "plan",
+        TINY,
+        "data.seq_len=4096",
+        "model.max_seq_len=4096",
+        "batch.micro_batch_size=4",
+        "cluster.num_workers=128",
+        "batch.tokens_per_update=16777216",
+        "train.total_tokens=167772160",
+        "schedule.warmup_tokens=33554432",
+        "--json",
+    )
     assert code == 0, err
     info = json.loads(out)
-    for key in ("seq_len", "micro_batch_size", "num_workers", "grad_accum_steps", "tokens_per_update",
-                "total_tokens", "total_steps", "warmup_steps"):
+    for key in (
+        "seq_len",
+        "micro_batch_size",
+        "num_workers",
+        "grad_accum_steps",
+        "tokens_per_update",
+        "total_tokens",
+        "total_steps",
+        "warmup_steps",
+    ):
         assert key in info
     assert info["grad_accum_steps"] == 8 and info["total_steps"] == 10
 
@@ -112,8 +129,14 @@ def test_prepare_writes_shards_that_training_uses(tmp_path):
 
 
 def test_train_rejects_a_missing_corpus_before_ray(tmp_path):
-    code, out, err = run_cli("train", TINY, f"data.sources=[{{name: mine, kind: files, path: '{tmp_path}/nope/*.txt'}}]",
-                             f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", cwd=tmp_path, timeout=120)
+    code, out, err = run_cli(
+        "train",
+        TINY,
+        f"data.sources=[{{name: mine, kind: files, path: '{tmp_path}/nope/*.txt'}}]",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        cwd=tmp_path,
+        timeout=120,
+    )
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "data.sources.0.path" in lines[0], err
     assert not (tmp_path / "mlflow.db").exists(), "no MLflow run for bad input"
@@ -121,12 +144,20 @@ def test_train_rejects_a_missing_corpus_before_ray(tmp_path):
 
 def test_train_rejects_an_empty_or_too_small_corpus(tmp_path):
     (tmp_path / "empty").mkdir()
-    code, _, err = run_cli("train", TINY, f"data.sources=[{{name: e, kind: files, path: '{tmp_path}/empty'}}]", cwd=tmp_path, timeout=120)
+    code, _, err = run_cli(
+        "train", TINY, f"data.sources=[{{name: e, kind: files, path: '{tmp_path}/empty'}}]", cwd=tmp_path, timeout=120
+    )
     assert code == 2 and "data.sources.0" in err and "Traceback" not in err, err
     (tmp_path / "small").mkdir()
     (tmp_path / "small" / "a.txt").write_text("a tiny corpus " * 300)
-    code, _, err = run_cli("train", TINY, f"data.sources=[{{name: s, kind: files, path: '{tmp_path}/small'}}]",
-                           "data.eval_fraction=0.5", cwd=tmp_path, timeout=120)
+    code, _, err = run_cli(
+        "train",
+        TINY,
+        f"data.sources=[{{name: s, kind: files, path: '{tmp_path}/small'}}]",
+        "data.eval_fraction=0.5",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
@@ -136,17 +167,37 @@ def test_train_rejects_seq_len_beyond_positions(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("verb,target,shape,hint", [
-    ("sweep", ROOT / "conf" / "sweep" / "smoke.yaml", "4 x {CPU: 1} (PACK) + {CPU: 0.2} for the trial",
-     "nearest that fits: cluster.cpus_per_worker=0.45 or cluster.num_workers=1"),
-    ("train", TINY, "4 x {CPU: 1} (PACK)", "nearest that fits: cluster.cpus_per_worker=0.5 or cluster.num_workers=2"),
-])
-def test_a_shape_ray_can_never_place_exits_2_before_any_run(verb, target, shape, hint, ray_session, tmp_path,
-                                                            monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "verb,target,shape,hint",
+    [
+        (
+            "sweep",
+            ROOT / "conf" / "sweep" / "smoke.yaml",
+            "4 x {CPU: 1} (PACK) + {CPU: 0.2} for the trial",
+            "nearest that fits: cluster.cpus_per_worker=0.45 or cluster.num_workers=1",
+        ),
+        (
+            "train",
+            TINY,
+            "4 x {CPU: 1} (PACK)",
+            "nearest that fits: cluster.cpus_per_worker=0.5 or cluster.num_workers=2",
+        ),
+    ],
+)
+def test_a_shape_ray_can_never_place_exits_2_before_any_run(
+    verb, target, shape, hint, ray_session, tmp_path, monkeypatch, capsys
+):
     """4 workers of 1 CPU on the 2-CPU Ray: Ray Train would wait for them forever."""
     monkeypatch.chdir(tmp_path)
-    code = cli.main([verb, str(target), f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "cluster.num_workers=4",
-                     "cluster.cpus_per_worker=1"])
+    code = cli.main(
+        [
+            verb,
+            str(target),
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            "cluster.num_workers=4",
+            "cluster.cpus_per_worker=1",
+        ]
+    )
     err = capsys.readouterr().err
     assert_one_clean_line(code, err, shape)
     assert hint in err, err

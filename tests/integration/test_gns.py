@@ -12,7 +12,8 @@ gradient distribution and the EMA of the estimates converges.
   same global batches at the same (initial) weights.
 
 Statistical budget (linreg): with K = 500 updates of 1,024 examples and gns.ema_tokens = 512,000
-(a decay of 0.998 per update) the EMA averages about 460 updates' worth of estimates. Per update, the |G|^2 estimate has variance about
+(a decay of 0.998 per update) the EMA averages about 460 updates' worth of estimates. Per update, the |G|^2 estimate has
+variance about
 4 G'Sigma G / B_big, and the tr(Sigma) estimate about 2 tr(Sigma^2) / (D A) relative to
 tr(Sigma)^2 (worst for D x A = 2): so the cases use B_big = 1024..2048 examples and d >= 16.
 Their relative standard errors, measured over 12 data seeds with the same estimator, are
@@ -54,12 +55,19 @@ LINREG_CASES = [
 def common_overrides(tmp_path: Path, updates: int, tokens_per_update: int) -> List[str]:
     total = updates * tokens_per_update
     return [
-        "optim.lr=0", "schedule.warmup_tokens=0", "schedule.decay=constant",
-        f"train.total_tokens={total}", f"train.report_every_tokens={total // 4}",
-        f"train.eval_every_tokens={total}", "train.checkpoint_every_tokens=0",
-        "gns.enabled=true", "cluster.cpus_per_worker=0.5",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.flush_every_s=0.5",
-        f"train.storage_path={tmp_path}/runs", "train.run_name=gns",
+        "optim.lr=0",
+        "schedule.warmup_tokens=0",
+        "schedule.decay=constant",
+        f"train.total_tokens={total}",
+        f"train.report_every_tokens={total // 4}",
+        f"train.eval_every_tokens={total}",
+        "train.checkpoint_every_tokens=0",
+        "gns.enabled=true",
+        "cluster.cpus_per_worker=0.5",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        "tracking.flush_every_s=0.5",
+        f"train.storage_path={tmp_path}/runs",
+        "train.run_name=gns",
     ]
 
 
@@ -72,10 +80,15 @@ def train(cfg) -> str:
 
 
 def gns_history(cfg, run_id: str) -> Dict[str, List[Tuple[int, float]]]:
-    return {k: tracking.metric_history(cfg.tracking.uri, run_id, f"gns/{k}") for k in ("b_simple", "g_squared", "trace_sigma")}
+    return {
+        k: tracking.metric_history(cfg.tracking.uri, run_id, f"gns/{k}")
+        for k in ("b_simple", "g_squared", "trace_sigma")
+    }
 
 
-def replay(per_update, ema_tokens: float, report_steps: List[int], tokens_per_update: int) -> Dict[int, Tuple[float, float, float]]:
+def replay(
+    per_update, ema_tokens: float, report_steps: List[int], tokens_per_update: int
+) -> Dict[int, Tuple[float, float, float]]:
     """The trainer's estimator, recomputed: per update, `per_update(u)` gives the micro-batch
     per-token-mean gradients [D*A, P] (float64) and the update's gradient [P] with its real
     tokens; returns (|G|^2, tr(Sigma), B_simple) of the EMA at each report step (in tokens)."""
@@ -83,7 +96,9 @@ def replay(per_update, ema_tokens: float, report_steps: List[int], tokens_per_up
     for u in range(max(report_steps) // tokens_per_update):
         small, big, real = per_update(u)
         small_sq_mean = float(small.square().sum(1).mean())
-        ema.update(*noise.estimate(small_sq_mean, real / len(small), float(big.square().sum()), real), tokens=tokens_per_update)
+        ema.update(
+            *noise.estimate(small_sq_mean, real / len(small), float(big.square().sum()), real), tokens=tokens_per_update
+        )
         if (u + 1) * tokens_per_update in report_steps:
             out[(u + 1) * tokens_per_update] = (ema.g_squared, ema.trace_sigma, ema.b_simple)
     return out
@@ -92,7 +107,10 @@ def replay(per_update, ema_tokens: float, report_steps: List[int], tokens_per_up
 def assert_replayed(history, replayed, rel: float) -> None:
     """Logged gns/* == replayed at every report (none is logged while the EMA of |G|^2 <= 0)."""
     for i, key in enumerate(("g_squared", "trace_sigma", "b_simple")):
-        assert [s for s, _ in history[key]] == [s for s in sorted(replayed) if replayed[s][2] is not None], (key, history[key])
+        assert [s for s, _ in history[key]] == [s for s in sorted(replayed) if replayed[s][2] is not None], (
+            key,
+            history[key],
+        )
         for step, value in history[key]:
             assert value == pytest.approx(replayed[step][i], rel=rel), (key, step, value, replayed[step][i])
 
@@ -101,15 +119,27 @@ def assert_replayed(history, replayed, rel: float) -> None:
 
 
 @pytest.mark.parametrize("workers,accum,stage,dim,sigma,w_norm,examples", LINREG_CASES)
-def test_linreg_noise_scale_matches_closed_form(ray_session, tmp_path, workers, accum, stage, dim, sigma, w_norm, examples):
+def test_linreg_noise_scale_matches_closed_form(
+    ray_session, tmp_path, workers, accum, stage, dim, sigma, w_norm, examples
+):
     from workloads import linreg
 
-    cfg = config.load(LINREG, [
-        f"model.dim={dim}", f"model.noise_std={sigma}", f"model.w_star_norm={w_norm}",
-        f"batch.tokens_per_update={examples}", f"batch.micro_batch_size={examples // (workers * accum)}",
-        f"batch.grad_accum_steps={accum}", f"cluster.num_workers={workers}", f"deepspeed.zero_stage={stage}",
-        f"gns.ema_tokens={EMA_TOKENS}", "train.eval_tokens=1024", *common_overrides(tmp_path, UPDATES, examples),
-    ])
+    cfg = config.load(
+        LINREG,
+        [
+            f"model.dim={dim}",
+            f"model.noise_std={sigma}",
+            f"model.w_star_norm={w_norm}",
+            f"batch.tokens_per_update={examples}",
+            f"batch.micro_batch_size={examples // (workers * accum)}",
+            f"batch.grad_accum_steps={accum}",
+            f"cluster.num_workers={workers}",
+            f"deepspeed.zero_stage={stage}",
+            f"gns.ema_tokens={EMA_TOKENS}",
+            "train.eval_tokens=1024",
+            *common_overrides(tmp_path, UPDATES, examples),
+        ],
+    )
     run_id = train(cfg)
     history = gns_history(cfg, run_id)
     reports = [examples * UPDATES * (i + 1) // 4 for i in range(4)]
@@ -134,9 +164,11 @@ def test_linreg_noise_scale_matches_closed_form(ray_session, tmp_path, workers, 
     # ... and the closed form within the statistical budget of the module docstring.
     g_squared, trace_sigma, b_simple = linreg.closed_form(torch.zeros(dim), data.w_star, sigma)
     final = {k: v[-1][1] for k, v in history.items()}
-    print(f"D={workers} A={accum} ZeRO {stage} d={dim} sigma={sigma} |w*|={w_norm}: B_simple {final['b_simple']:.2f} "
-          f"vs closed form {b_simple:.2f} ({final['b_simple'] / b_simple - 1:+.2%}); |G|^2 {final['g_squared']:.4f} vs "
-          f"{g_squared:.4f}; tr(Sigma) {final['trace_sigma']:.2f} vs {trace_sigma:.2f}")
+    print(
+        f"D={workers} A={accum} ZeRO {stage} d={dim} sigma={sigma} |w*|={w_norm}: B_simple {final['b_simple']:.2f} "
+        f"vs closed form {b_simple:.2f} ({final['b_simple'] / b_simple - 1:+.2%}); |G|^2 {final['g_squared']:.4f} vs "
+        f"{g_squared:.4f}; tr(Sigma) {final['trace_sigma']:.2f} vs {trace_sigma:.2f}"
+    )
     assert final["b_simple"] == pytest.approx(b_simple, rel=0.05)
     assert final["g_squared"] == pytest.approx(g_squared, rel=0.05)
     assert final["trace_sigma"] == pytest.approx(trace_sigma, rel=0.05)
@@ -165,7 +197,8 @@ def per_sequence_gradients(model, batch) -> Tuple[torch.Tensor, torch.Tensor, to
 
     with sdpa_kernel(SDPBackend.MATH):  # the math kernel has vmap rules; the fused CPU one does not
         grads, losses = vmap(grad_and_value(summed_loss), in_dims=(None, 0, 0, 0, 0, 0))(
-            params, batch.inputs, batch.positions, batch.doc_ids, batch.targets, batch.loss_mask)
+            params, batch.inputs, batch.positions, batch.doc_ids, batch.targets, batch.loss_mask
+        )
     flat = torch.cat([g.reshape(len(batch.inputs), -1) for g in grads.values()], 1).double()
     return flat, losses.double(), batch.loss_mask.sum(1).double()
 
@@ -187,13 +220,26 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
 
     corpus = varied_corpus(tmp_path / "corpus")
     tokens = S * B * D * A
-    cfg = config.load(TINY, [
-        "model.n_layers=1", "model.d_model=32", "model.n_heads=2", f"model.max_seq_len={S}", f"data.seq_len={S}",
-        f"data.sources=[{{name: varied, kind: files, path: '{corpus}'}}]", "data.eval_fraction=0.1",
-        f"batch.tokens_per_update={tokens}", f"batch.micro_batch_size={B}", f"cluster.num_workers={D}",
-        f"batch.grad_accum_steps={A}", "deepspeed.zero_stage=1", f"gns.ema_tokens={GPT_EMA_TOKENS}", "train.eval_tokens=256",
-        *common_overrides(tmp_path, GPT_UPDATES, tokens),
-    ])
+    cfg = config.load(
+        TINY,
+        [
+            "model.n_layers=1",
+            "model.d_model=32",
+            "model.n_heads=2",
+            f"model.max_seq_len={S}",
+            f"data.seq_len={S}",
+            f"data.sources=[{{name: varied, kind: files, path: '{corpus}'}}]",
+            "data.eval_fraction=0.1",
+            f"batch.tokens_per_update={tokens}",
+            f"batch.micro_batch_size={B}",
+            f"cluster.num_workers={D}",
+            f"batch.grad_accum_steps={A}",
+            "deepspeed.zero_stage=1",
+            f"gns.ema_tokens={GPT_EMA_TOKENS}",
+            "train.eval_tokens=256",
+            *common_overrides(tmp_path, GPT_UPDATES, tokens),
+        ],
+    )
     run_id = train(cfg)
     history = gns_history(cfg, run_id)
     assert history["b_simple"], "gns/b_simple was never logged"
@@ -210,18 +256,23 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     torch.set_num_threads(1)  # tiny tensors: one thread is faster on a shared machine
     try:
         for first in range(0, GPT_UPDATES, 4):  # 32 sequences a vmap call
-            parts = [work.train_data.update_batch(u, plan.sequences_per_update) for u in range(first, min(first + 4, GPT_UPDATES))]
+            parts = [
+                work.train_data.update_batch(u, plan.sequences_per_update)
+                for u in range(first, min(first + 4, GPT_UPDATES))
+            ]
             joined = Batch(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(Batch)})
             s, losses, n = per_sequence_gradients(work.model, joined)
             m = plan.sequences_per_update
-            updates += [(s[i:i + m], losses[i:i + m], n[i:i + m]) for i in range(0, len(n), m)]
+            updates += [(s[i : i + m], losses[i : i + m], n[i : i + m]) for i in range(0, len(n), m)]
     finally:
         torch.set_num_threads(threads)
 
     # The brute force is right: one sequence by plain autograd ...
     batch = work.train_data.update_batch(0, plan.sequences_per_update)
     work.model.zero_grad()
-    token_losses(work.model(batch.inputs[:1], batch.positions[:1], batch.doc_ids[:1]), batch.targets[:1], batch.loss_mask[:1])[0].backward()
+    token_losses(
+        work.model(batch.inputs[:1], batch.positions[:1], batch.doc_ids[:1]), batch.targets[:1], batch.loss_mask[:1]
+    )[0].backward()
     autograd = torch.cat([p.grad.reshape(-1) for p in work.model.parameters()]).double()
     torch.testing.assert_close(updates[0][0][0], autograd, rtol=1e-5, atol=1e-6)  # float32 sums in other orders
     # ... and it saw the trainer's data and weights: the logged loss of every update, at the
@@ -252,9 +303,12 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     g_squared = float(g_mean.square().sum()) - trace_sigma * noise_of_mean
     b_simple = trace_sigma / g_squared
     final = {k: v[-1][1] for k, v in history.items()}
-    print(f"GPT brute force ({time.monotonic() - started:.0f} s): B_simple {b_simple:.1f} tokens, |G|^2 {g_squared:.4f}, "
-          f"tr(Sigma) {trace_sigma:.2f}; trainer: B_simple {final['b_simple']:.1f} ({final['b_simple'] / b_simple - 1:+.1%}), "
-          f"|G|^2 {final['g_squared']:.4f}, tr(Sigma) {final['trace_sigma']:.2f}")
+    print(
+        f"GPT brute force ({time.monotonic() - started:.0f} s): B_simple {b_simple:.1f} tokens, |G|^2 {g_squared:.4f}, "
+        f"tr(Sigma) {trace_sigma:.2f}; trainer: B_simple {final['b_simple']:.1f} "
+        f"({final['b_simple'] / b_simple - 1:+.1%}), "
+        f"|G|^2 {final['g_squared']:.4f}, tr(Sigma) {final['trace_sigma']:.2f}"
+    )
     assert math.isfinite(b_simple) and b_simple > 0
     assert final["b_simple"] == pytest.approx(b_simple, rel=0.15)
     assert final["g_squared"] == pytest.approx(g_squared, rel=0.15)

@@ -67,8 +67,13 @@ class Service:
 
     def start(self, timeout=180):
         out = self.log.open("ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(self.env or {})})
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(self.env or {})},
+        )
         out.close()
         deadline = time.monotonic() + timeout
         while self.health and not answers(self.health):
@@ -113,7 +118,9 @@ def postgres():
     root = os.geteuid() == 0
     if bin_dir is None:
         if not root:
-            pytest.skip("PostgreSQL binaries missing (Debian package `postgresql`); run tests/setup_services.sh as root")
+            pytest.skip(
+                "PostgreSQL binaries missing (Debian package `postgresql`); run tests/setup_services.sh as root"
+            )
         pytest.fail("PostgreSQL binaries missing although running as root: run `bash tests/setup_services.sh`")
     folder = Path(tempfile.mkdtemp(prefix="orch-pg-"))  # not under pytest's 0700 tmp: the postgres user needs it
     as_user = []
@@ -129,8 +136,19 @@ def postgres():
     try:
         done = pg(bin_dir / "initdb", "-D", data, "-U", "mlflow", "-A", "trust", "-E", "UTF8", "--no-sync")
         assert done.returncode == 0, done.stderr
-        done = pg(bin_dir / "pg_ctl", "-D", data, "-l", folder / "postgres.log", "-w", "-t", "60",
-                  "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        done = pg(
+            bin_dir / "pg_ctl",
+            "-D",
+            data,
+            "-l",
+            folder / "postgres.log",
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )
         assert done.returncode == 0, done.stderr + (folder / "postgres.log").read_text()
         done = pg(bin_dir / "createdb", "-h", "127.0.0.1", "-p", port, "-U", "mlflow", "mlflow")
         assert done.returncode == 0, done.stderr
@@ -153,9 +171,23 @@ def server(request, tmp_path_factory):
     except pytest.skip.Exception:
         service_db, store = None, f"sqlite:///{folder}/mlflow.db"
     (port,) = free_ports(1)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
-           "--artifacts-destination", str(folder / "artifacts"), "--serve-artifacts",
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        store,
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+        "--serve-artifacts",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     service = Service(cmd, folder / "server.log", env=SERVER_ENV, health=f"http://127.0.0.1:{port}/health")
     service.uri, service.store, service.db = f"http://127.0.0.1:{port}", store, service_db
     started = time.monotonic()
@@ -207,12 +239,29 @@ def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatc
     for key in tracking.HTTP_RETRY_DEFAULTS:  # the command's driver runs with MLflow's own defaults
         monkeypatch.delenv(key, raising=False)
     code, out, err = run_cli(
-        "train", TINY, "model.n_layers=1", "model.d_model=32", "data.seq_len=32", "model.max_seq_len=32",
-        "batch.tokens_per_update=512", "train.total_tokens=8192", "train.report_every_tokens=512",
-        "train.eval_every_tokens=4096", "train.checkpoint_every_tokens=4096", "data.max_documents_per_source=300",
-        "schedule.warmup_tokens=1024", "tracking.system_metrics=true", "tracking.system_metrics_interval_s=1", f"tracking.uri={server.uri}", f"tracking.experiment={EXPERIMENT}",
-        f"train.storage_path={tmp_path}/runs", "train.run_name=pg",
-        cwd=tmp_path, env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}, timeout=300)
+        "train",
+        TINY,
+        "model.n_layers=1",
+        "model.d_model=32",
+        "data.seq_len=32",
+        "model.max_seq_len=32",
+        "batch.tokens_per_update=512",
+        "train.total_tokens=8192",
+        "train.report_every_tokens=512",
+        "train.eval_every_tokens=4096",
+        "train.checkpoint_every_tokens=4096",
+        "data.max_documents_per_source=300",
+        "schedule.warmup_tokens=1024",
+        "tracking.system_metrics=true",
+        "tracking.system_metrics_interval_s=1",
+        f"tracking.uri={server.uri}",
+        f"tracking.experiment={EXPERIMENT}",
+        f"train.storage_path={tmp_path}/runs",
+        "train.run_name=pg",
+        cwd=tmp_path,
+        env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"},
+        timeout=300,
+    )
     assert code == 0, out[-3000:] + err[-3000:]
     run_id = launch.recorded_run_id(tmp_path / "runs", "pg")
     uri = server.uri
@@ -227,7 +276,9 @@ def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatc
     params = run.data.params
     assert params["batch.tokens_per_update"] == "512" and params["train.total_steps"] == "16"
     assert params["model.d_model"] == "32" and params["tracking.uri"] == uri
-    assert {"config.yaml", "deepspeed.json", "plan.txt", "loss_vs_tokens.png"} <= set(tracking.list_artifacts(uri, run_id))
+    assert {"config.yaml", "deepspeed.json", "plan.txt", "loss_vs_tokens.png"} <= set(
+        tracking.list_artifacts(uri, run_id)
+    )
     # System metrics are checked in test_tracking.py: MLflow's sampler gives up after one failed
     # request and this run is often shorter than its first sample over HTTP.
 
@@ -235,7 +286,9 @@ def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatc
     import psycopg2
 
     with psycopg2.connect(server.db) as db, db.cursor() as cur:
-        cur.execute("select count(*), count(distinct step) from metrics where run_uuid = %s and key = 'train/loss'", (run_id,))
+        cur.execute(
+            "select count(*), count(distinct step) from metrics where run_uuid = %s and key = 'train/loss'", (run_id,)
+        )
         assert cur.fetchone() == (16, 16)
     db.close()
 

@@ -45,29 +45,68 @@ class TwoNodes:
         self.second_raylet_port = None
 
     def start_head(self, gcs_port: int) -> None:
-        self._start("head", ["--head", f"--port={gcs_port}", "--include-dashboard=false", "--num-cpus=2",
-                             f"--temp-dir={self.temp}/ray"])
+        self._start(
+            "head",
+            [
+                "--head",
+                f"--port={gcs_port}",
+                "--include-dashboard=false",
+                "--num-cpus=2",
+                f"--temp-dir={self.temp}/ray",
+            ],
+        )
 
     def start_second(self) -> None:
         """The second node; on each (re)start its raylet gets a fresh port, so it can be found."""
         self.second_raylet_port, *ports = free_ports(5)
-        args = [f"--address={self.address}", "--num-cpus=1", f"--node-manager-port={self.second_raylet_port}",
-                f"--dashboard-agent-listen-port={ports[0]}", f"--dashboard-agent-grpc-port={ports[1]}",
-                f"--metrics-export-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}"]
-        hide = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                'mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@"', str(self.hidden)] if CAN_HIDE else []
+        args = [
+            f"--address={self.address}",
+            "--num-cpus=1",
+            f"--node-manager-port={self.second_raylet_port}",
+            f"--dashboard-agent-listen-port={ports[0]}",
+            f"--dashboard-agent-grpc-port={ports[1]}",
+            f"--metrics-export-port={ports[2]}",
+            f"--runtime-env-agent-port={ports[3]}",
+        ]
+        hide = (
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@"',
+                str(self.hidden),
+            ]
+            if CAN_HIDE
+            else []
+        )
         self._start("second", args, prefix=hide)
 
     def _start(self, name, args, prefix=()):
-        cmd = [*prefix, str(RAY), "start", "--block", "--node-ip-address=127.0.0.1", "--object-store-memory=150000000",
-               "--disable-usage-stats", *args]
+        cmd = [
+            *prefix,
+            str(RAY),
+            "start",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            "--object-store-memory=150000000",
+            "--disable-usage-stats",
+            *args,
+        ]
         log = open(self.temp / f"{name}-{len(self.procs)}.log", "w")
-        self.procs.append(subprocess.Popen(cmd, cwd=self.temp, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                cmd, cwd=self.temp, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
 
     def alive_nodes(self) -> int:
-        script = ("import ray; ray.init(address='%s', logging_level='ERROR'); "
-                  "print(sum(n['Alive'] for n in ray.nodes()))" % self.address)
+        script = (
+            "import ray; ray.init(address='%s', logging_level='ERROR'); "
+            "print(sum(n['Alive'] for n in ray.nodes()))" % self.address
+        )
         proc = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True, timeout=60)
         return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else 0
 
@@ -126,8 +165,13 @@ def cluster(object_store):
     token = temp / "auth_token"
     token.write_text(secrets.token_hex(16))
     env = {k: v for k, v in os.environ.items() if k not in SCRUB}
-    env.update(object_store, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0",
-               PATH=f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.update(
+        object_store,
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token),
+        RAY_USAGE_STATS_ENABLED="0",
+        PATH=f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
     (gcs_port,) = free_ports(1)
     nodes = TwoNodes(temp, env, gcs_port)
     try:
@@ -145,13 +189,28 @@ def sweep_file(folder: Path) -> Path:
     """One trial of the tiny GPT with D = 2 workers, one per node, checkpointing often."""
     body = {
         "name": "multinode",
-        "base": {"config": str(ROOT / "conf" / "train" / "tiny.yaml"), "overrides": {
-            "model.n_layers": 1, "model.d_model": 64, "model.max_seq_len": 64, "data.seq_len": 64,
-            "data.max_documents_per_source": 600, "batch.tokens_per_update": 4096,
-            "cluster.num_workers": 2, "cluster.cpus_per_worker": 1, "cluster.placement_strategy": "STRICT_SPREAD",
-            "deepspeed.zero_stage": 1, "schedule.warmup_tokens": 8192, "train.total_tokens": 32768,
-            "train.report_every_tokens": 4096, "train.eval_every_tokens": 16384, "train.eval_tokens": 4096,
-            "train.checkpoint_every_tokens": 8192, "train.max_failures": 3}},
+        "base": {
+            "config": str(ROOT / "conf" / "train" / "tiny.yaml"),
+            "overrides": {
+                "model.n_layers": 1,
+                "model.d_model": 64,
+                "model.max_seq_len": 64,
+                "data.seq_len": 64,
+                "data.max_documents_per_source": 600,
+                "batch.tokens_per_update": 4096,
+                "cluster.num_workers": 2,
+                "cluster.cpus_per_worker": 1,
+                "cluster.placement_strategy": "STRICT_SPREAD",
+                "deepspeed.zero_stage": 1,
+                "schedule.warmup_tokens": 8192,
+                "train.total_tokens": 32768,
+                "train.report_every_tokens": 4096,
+                "train.eval_every_tokens": 16384,
+                "train.eval_tokens": 4096,
+                "train.checkpoint_every_tokens": 8192,
+                "train.max_failures": 3,
+            },
+        },
         "space": {"optim.lr": {"grid": [3.0e-3]}},
         "search": {"algorithm": "grid"},
         "max_failures": 2,
@@ -164,8 +223,13 @@ def sweep_file(folder: Path) -> Path:
 def s3_keys(env, prefix):
     import boto3
 
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_DEFAULT_REGION"])
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
@@ -173,9 +237,16 @@ def s3_keys(env, prefix):
 @pytest.mark.skipif(not CAN_HIDE, reason="needs root and unshare to give the second node its own mounts")
 def test_a_path_the_second_node_cannot_see_is_refused_before_anything_starts(cluster, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code, out, err = run_cli("sweep", sweep_file(tmp_path), f"cluster.address={cluster.address}",
-                             f"train.storage_path={cluster.hidden}/runs", f"tracking.uri={uri}", cwd=tmp_path,
-                             env=cluster.env, timeout=300)
+    code, out, err = run_cli(
+        "sweep",
+        sweep_file(tmp_path),
+        f"cluster.address={cluster.address}",
+        f"train.storage_path={cluster.hidden}/runs",
+        f"tracking.uri={uri}",
+        cwd=tmp_path,
+        env=cluster.env,
+        timeout=300,
+    )
     lines = [line for line in err.splitlines() if line.startswith("orchestrator")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, out[-2000:] + err[-3000:]
     assert "train.storage_path" in lines[0] and "not visible from 1 of 2 nodes" in lines[0], lines[0]
@@ -191,11 +262,20 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, tmp_path):
     prefix = f"t-{secrets.token_hex(4)}"
     storage, uri = f"s3://{BUCKET}/{prefix}", f"sqlite:///{tmp_path}/mlflow.db"
     sweep = sweep_file(tmp_path)
-    args = [sys.executable, "-m", "orchestrator", "sweep", str(sweep), f"cluster.address={cluster.address}",
-            f"train.storage_path={storage}", f"tracking.uri={uri}"]
+    args = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "sweep",
+        str(sweep),
+        f"cluster.address={cluster.address}",
+        f"train.storage_path={storage}",
+        f"tracking.uri={uri}",
+    ]
     log = open(tmp_path / "sweep.log", "w")
-    driver = subprocess.Popen(args, cwd=tmp_path, env={**cluster.env, "PYTHONUNBUFFERED": "1"}, stdout=log,
-                              stderr=subprocess.STDOUT)
+    driver = subprocess.Popen(
+        args, cwd=tmp_path, env={**cluster.env, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         deadline = time.monotonic() + 300
         # Ray Train writes its snapshot once a checkpoint is registered (uploaded and reported).
@@ -214,8 +294,9 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, tmp_path):
     out = (tmp_path / "sweep.log").read_text()
     assert f"results in {storage}/sweeps/multinode/" in out, out[-3000:]
     resumed = [int(n.replace(",", "")) for n in re.findall(r"resuming at update (\d+)", cluster.worker_output())]
-    assert resumed and min(resumed) >= 1, "the restarted workers did not start from a checkpoint:\n" + \
-        cluster.worker_output()[-3000:]
+    assert resumed and min(resumed) >= 1, (
+        "the restarted workers did not start from a checkpoint:\n" + cluster.worker_output()[-3000:]
+    )
 
     parent = tracking.find_sweep_run(uri, "orchestrator", "multinode")
     (run,) = tracking.child_runs(uri, parent)
@@ -226,19 +307,43 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, tmp_path):
     assert not (tmp_path / "s3:").exists(), "the URI was taken for a local path"
 
     # --resume finds the sweep's record in the object store; every trial has ended already.
-    code, out, err = run_cli("sweep", sweep, f"cluster.address={cluster.address}", f"train.storage_path={storage}",
-                             f"tracking.uri={uri}", "--resume", cwd=tmp_path, env=cluster.env, timeout=300)
-    assert code == 0 and f"resuming sweep 'multinode' from {storage}/sweeps/multinode/" in out, out[-3000:] + err[-3000:]
+    code, out, err = run_cli(
+        "sweep",
+        sweep,
+        f"cluster.address={cluster.address}",
+        f"train.storage_path={storage}",
+        f"tracking.uri={uri}",
+        "--resume",
+        cwd=tmp_path,
+        env=cluster.env,
+        timeout=300,
+    )
+    assert code == 0 and f"resuming sweep 'multinode' from {storage}/sweeps/multinode/" in out, (
+        out[-3000:] + err[-3000:]
+    )
     assert len(tracking.child_runs(uri, parent)) == 1
-    code, out, err = run_cli("report", sweep, f"tracking.uri={uri}", "--out", tmp_path / "report", cwd=tmp_path,
-                             env=cluster.env, timeout=300)
+    code, out, err = run_cli(
+        "report", sweep, f"tracking.uri={uri}", "--out", tmp_path / "report", cwd=tmp_path, env=cluster.env, timeout=300
+    )
     assert code == 0 and (tmp_path / "report" / "summary.md").is_file(), out[-2000:] + err[-2000:]
 
     # `train` keeps its MLflow run id beside the checkpoints in the store, so a re-run resumes.
-    train = [ROOT / "conf" / "train" / "tiny.yaml", f"cluster.address={cluster.address}",
-             f"train.storage_path={storage}", f"tracking.uri={uri}", "train.run_name=solo", "model.n_layers=1",
-             "model.d_model=64", "model.max_seq_len=64", "data.seq_len=64", "data.max_documents_per_source=600",
-             "train.total_tokens=8192", "schedule.warmup_tokens=0", "train.eval_every_tokens=8192", "train.eval_tokens=4096"]
+    train = [
+        ROOT / "conf" / "train" / "tiny.yaml",
+        f"cluster.address={cluster.address}",
+        f"train.storage_path={storage}",
+        f"tracking.uri={uri}",
+        "train.run_name=solo",
+        "model.n_layers=1",
+        "model.d_model=64",
+        "model.max_seq_len=64",
+        "data.seq_len=64",
+        "data.max_documents_per_source=600",
+        "train.total_tokens=8192",
+        "schedule.warmup_tokens=0",
+        "train.eval_every_tokens=8192",
+        "train.eval_tokens=4096",
+    ]
     code, first, err = run_cli("train", *train, cwd=tmp_path, env=cluster.env, timeout=300)
     assert code == 0, first[-2000:] + err[-2000:]
     assert any(k.endswith("solo/orchestrator_run.json") for k in s3_keys(cluster.env, prefix))

@@ -33,8 +33,16 @@ SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
 # exists the secret test submits a train config under the sweep verb and stops the job.
 SWEEP = SMOKE if SMOKE.exists() else TINY
 RAY = Path(sys.executable).with_name("ray")
-SCRUB = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI",
-         "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+SCRUB = (
+    "RAY_ADDRESS",
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN_PATH",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+)
 
 
 def clean_env(**extra):
@@ -79,13 +87,30 @@ def cluster():
     token_file = Path(temp) / "auth_token"
     token_file.write_text(secrets.token_hex(16))
     dash, gcs, agent, client_port, metrics, rt_agent = free_ports(6)
-    env = clean_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), RAY_USAGE_STATS_ENABLED="0",
-                    PATH=f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [str(RAY), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-           f"--dashboard-port={dash}", f"--port={gcs}", f"--dashboard-agent-listen-port={agent}",
-           f"--ray-client-server-port={client_port}", f"--metrics-export-port={metrics}",
-           f"--runtime-env-agent-port={rt_agent}", "--num-cpus=2", "--object-store-memory=200000000",
-           "--disable-usage-stats", f"--temp-dir={temp}/ray"]
+    env = clean_env(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token_file),
+        RAY_USAGE_STATS_ENABLED="0",
+        PATH=f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    cmd = [
+        str(RAY),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}",
+        f"--port={gcs}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--ray-client-server-port={client_port}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={rt_agent}",
+        "--num-cpus=2",
+        "--object-store-memory=200000000",
+        "--disable-usage-stats",
+        f"--temp-dir={temp}/ray",
+    ]
     log = open(Path(temp) / "ray-start.log", "w")
     proc = subprocess.Popen(cmd, cwd=temp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
@@ -115,7 +140,9 @@ def _wait_ready(address, token_file, proc, temp, timeout_s=120):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"ray start exited {proc.returncode}:\n{(Path(temp) / 'ray-start.log').read_text()[-3000:]}")
+            raise RuntimeError(
+                f"ray start exited {proc.returncode}:\n{(Path(temp) / 'ray-start.log').read_text()[-3000:]}"
+            )
         try:
             if requests.get(f"{address}/api/jobs/", headers=headers, timeout=5).status_code == 200:
                 return
@@ -146,12 +173,21 @@ def _one_line(code, err, *must):
 
 # ---------------------------------------------------------------- no cluster needed
 
+
 def test_entrypoint_is_quoted_and_round_trips():
     from orchestrator import submit
 
     overrides = ["tracking.uri=sqlite:////tmp/a b/mlflow.db", "tracking.experiment=${oc.env:SECRET_X}", "optim.lr=3e-4"]
     entry = submit.build_entrypoint("sweep", "conf/sweep/smoke.yaml", overrides, resume=True)
-    assert shlex.split(entry) == ["python", "-m", "orchestrator", "sweep", "conf/sweep/smoke.yaml", *overrides, "--resume"]
+    assert shlex.split(entry) == [
+        "python",
+        "-m",
+        "orchestrator",
+        "sweep",
+        "conf/sweep/smoke.yaml",
+        *overrides,
+        "--resume",
+    ]
     assert "'tracking.experiment=${oc.env:SECRET_X}'" in entry  # single quotes: no shell expansion on the cluster
 
 
@@ -167,10 +203,17 @@ def test_job_spec_env_and_excludes(monkeypatch):
     assert spec.runtime_env["working_dir"] == str(ROOT)
     for skip in (".venv", ".git", "runs", "mlruns", "mlflow.db", ".cache", "reports"):
         assert skip in spec.runtime_env["excludes"]
-    assert spec.runtime_env["env_vars"] == {"SECRET_X": "hunter2", "MLFLOW_TRACKING_PASSWORD": "pw",
-                                            "MLFLOW_TRACKING_URI": "http://user:pw@mlflow:5000"}
-    assert shlex.split(spec.entrypoint)[3:] == ["plan", "conf/train/tiny.yaml", "tracking.experiment=${oc.env:SECRET_X}",
-                                                "tracking.uri=${oc.env:MLFLOW_TRACKING_URI}"]
+    assert spec.runtime_env["env_vars"] == {
+        "SECRET_X": "hunter2",
+        "MLFLOW_TRACKING_PASSWORD": "pw",
+        "MLFLOW_TRACKING_URI": "http://user:pw@mlflow:5000",
+    }
+    assert shlex.split(spec.entrypoint)[3:] == [
+        "plan",
+        "conf/train/tiny.yaml",
+        "tracking.experiment=${oc.env:SECRET_X}",
+        "tracking.uri=${oc.env:MLFLOW_TRACKING_URI}",
+    ]
     assert "hunter2" not in spec.entrypoint and "pw" not in spec.entrypoint
     # an explicit tracking.uri wins over MLFLOW_TRACKING_URI; a relative local store gets a note
     spec = submit.job_spec("plan", TINY, ["tracking.uri=sqlite:///mlflow.db"])
@@ -230,12 +273,35 @@ def _project(root: Path, files=()) -> Path:
 def test_uploads_leave_secrets_out_and_source_in(tmp_path):
     from orchestrator import submit
 
-    secrets_ = ["deploy/mlflow/.env", ".env", ".env.local", "conf/prod.env", ".envrc", "certs/server.pem",
-                "certs/server.key", ".aws/credentials", "deploy/credentials", "gcp/credentials.json", ".netrc",
-                ".ssh/id_rsa", ".ssh/id_ed25519.pub", "auth_token", ".ray/auth_token", ".git-credentials",
-                ".kube/config", ".pypirc"]
-    kept = ["orchestrator/submit.py", "workloads/tokenizer.py", "workloads/tokens.py", "conf/train/tiny.yaml",
-            "deploy/mlflow/docker-compose.yaml", "deploy/mlflow/README.md", "docs/keys.md"]
+    secrets_ = [
+        "deploy/mlflow/.env",
+        ".env",
+        ".env.local",
+        "conf/prod.env",
+        ".envrc",
+        "certs/server.pem",
+        "certs/server.key",
+        ".aws/credentials",
+        "deploy/credentials",
+        "gcp/credentials.json",
+        ".netrc",
+        ".ssh/id_rsa",
+        ".ssh/id_ed25519.pub",
+        "auth_token",
+        ".ray/auth_token",
+        ".git-credentials",
+        ".kube/config",
+        ".pypirc",
+    ]
+    kept = [
+        "orchestrator/submit.py",
+        "workloads/tokenizer.py",
+        "workloads/tokens.py",
+        "conf/train/tiny.yaml",
+        "deploy/mlflow/docker-compose.yaml",
+        "deploy/mlflow/README.md",
+        "docs/keys.md",
+    ]
     spec = submit.job_spec("sweep", _project(tmp_path, secrets_ + kept), root=tmp_path)
     # Ray's own walk and matcher decide what is zipped: the same call here
     shipped = submit.upload_files(Path(spec.runtime_env["working_dir"]), spec.runtime_env["excludes"])
@@ -243,8 +309,11 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
     assert set(kept) <= set(shipped), sorted(set(kept) - set(shipped))
     # the real project: every source and config file travels
     shipped = submit.upload_files(ROOT, submit.EXCLUDES)
-    sources = [p.relative_to(ROOT).as_posix() for pattern in ("orchestrator/*.py", "workloads/*.py", "conf/**/*.yaml")
-               for p in ROOT.glob(pattern)]
+    sources = [
+        p.relative_to(ROOT).as_posix()
+        for pattern in ("orchestrator/*.py", "workloads/*.py", "conf/**/*.yaml")
+        for p in ROOT.glob(pattern)
+    ]
     assert sources and not set(sources) - set(shipped), sorted(set(sources) - set(shipped))
 
 
@@ -281,8 +350,14 @@ def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", "/nonexistent")
     monkeypatch.setattr(ray_jobs, "_probe", probe)
-    for address in ("http://127.0.0.1:8265", "http://127.3.4.5:8265", "localhost:8265", "http://[::1]:8265",
-                    "http://10.1.2.3:8265", "https://ray.example.com"):
+    for address in (
+        "http://127.0.0.1:8265",
+        "http://127.3.4.5:8265",
+        "localhost:8265",
+        "http://[::1]:8265",
+        "http://10.1.2.3:8265",
+        "https://ray.example.com",
+    ):
         with pytest.raises(Probed):  # no token: nothing to protect
             ray_jobs.connect(address)
     monkeypatch.setenv("RAY_AUTH_TOKEN", "t0k3n")
@@ -292,8 +367,13 @@ def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
         for text in ("--address", "plain http", "https://", "127.0.0.1", "--insecure"):
             assert text in str(err.value), str(err.value)
         assert "t0k3n" not in str(err.value)
-    for address in ("http://127.0.0.1:8265", "http://127.3.4.5:8265", "localhost:8265", "http://[::1]:8265",
-                    "https://ray.example.com:8443"):
+    for address in (
+        "http://127.0.0.1:8265",
+        "http://127.3.4.5:8265",
+        "localhost:8265",
+        "http://[::1]:8265",
+        "https://ray.example.com:8443",
+    ):
         with pytest.raises(Probed):
             ray_jobs.connect(address)
     with pytest.raises(Probed):
@@ -348,8 +428,9 @@ def test_follow_skips_what_it_printed_and_falls_back_to_polling(monkeypatch, cap
 
     cut = RuntimeError("WebSocket connection closed unexpectedly with close code 1006")  # what Ray raises
     # a stream cut off after two lines; the next one starts again at the first line (as Ray's does)
-    fake = _FakeJobs([(["a\n", "b\n"], cut), (["a\nb", "\nc\n"], None)], ["RUNNING", "RUNNING", "SUCCEEDED"],
-                     "a\nb\nc\nd\n")
+    fake = _FakeJobs(
+        [(["a\n", "b\n"], cut), (["a\nb", "\nc\n"], None)], ["RUNNING", "RUNNING", "SUCCEEDED"], "a\nb\nc\nd\n"
+    )
     monkeypatch.setattr(ray_jobs, "_get", fake.get)
     assert ray_jobs.follow_job(fake, "j1") == 0
     out, err = capsys.readouterr()
@@ -366,6 +447,7 @@ def test_follow_skips_what_it_printed_and_falls_back_to_polling(monkeypatch, cap
 
 
 # ---------------------------------------------------------------- against the cluster
+
 
 @pytest.mark.slow
 def test_refused_or_missing_token_exits_2(cluster, tmp_path):
@@ -418,7 +500,9 @@ def test_jobs_stop_stops_a_running_job(cluster, monkeypatch):
     from orchestrator import submit
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
-    spec = submit.command_spec(["python", "-c", "import time; print('sleeping', flush=True); time.sleep(600)"], name="sleep")
+    spec = submit.command_spec(
+        ["python", "-c", "import time; print('sleeping', flush=True); time.sleep(600)"], name="sleep"
+    )
     assert submit.run(spec, cluster.address) == 0
     client = cluster.client()
     _wait(client, spec.submission_id, {"RUNNING"})
@@ -434,8 +518,9 @@ def test_jobs_stop_stops_a_running_job(cluster, monkeypatch):
 @pytest.mark.slow
 def test_secret_from_env_is_never_printed(cluster):
     env = {"SECRET_X": "hunter2", "MLFLOW_TRACKING_PASSWORD": "pw-s3cret"}
-    code, out, err = cluster.cli("submit", SWEEP, "tracking.experiment=${oc.env:SECRET_X}",
-                                 "--address", cluster.address, env=env)
+    code, out, err = cluster.cli(
+        "submit", SWEEP, "tracking.experiment=${oc.env:SECRET_X}", "--address", cluster.address, env=env
+    )
     client = cluster.client()
     job_id = next((line.split()[2] for line in out.splitlines() if line.startswith("submitted job ")), None)
     try:
@@ -457,13 +542,16 @@ def test_secret_from_env_is_never_printed(cluster):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOKE.exists(), reason="conf/sweep/smoke.yaml not written yet (orchestrator sweep is in progress)")
+@pytest.mark.skipif(
+    not SMOKE.exists(), reason="conf/sweep/smoke.yaml not written yet (orchestrator sweep is in progress)"
+)
 def test_smoke_sweep_runs_on_the_cluster(cluster, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code, out, err = cluster.cli("submit", SMOKE, f"tracking.uri={uri}", "--address", cluster.address, "--follow",
-                                 timeout=600)
+    code, out, err = cluster.cli(
+        "submit", SMOKE, f"tracking.uri={uri}", "--address", cluster.address, "--follow", timeout=600
+    )
     assert code == 0, out[-4000:] + err[-4000:]
     job_id = next(line.split()[2] for line in out.splitlines() if line.startswith("submitted job "))
     code, logs, err = cluster.cli("jobs", "logs", job_id, "--address", cluster.address)
@@ -482,8 +570,9 @@ def test_infeasible_trial_shape_refused_before_upload(cluster):
     client = cluster.client()
     before = {j.submission_id for j in client.list_jobs()}
     started = time.monotonic()
-    code, out, err = cluster.cli("submit", SMOKE, "cluster.num_workers=4", "cluster.cpus_per_worker=1",
-                                 "--address", cluster.address)
+    code, out, err = cluster.cli(
+        "submit", SMOKE, "cluster.num_workers=4", "cluster.cpus_per_worker=1", "--address", cluster.address
+    )
     line = _one_line(code, err, "cluster:", "4 x {CPU: 1}", "{CPU: 2}", "nearest that fits")
     assert "cluster.num_workers=1" in line and "uploading" not in out, out + err
     assert time.monotonic() - started < 30
@@ -574,6 +663,7 @@ class DroppingProxy:
 
 def _when_logged(client, job_id, text, then):
     """In a thread: once the job's log holds `text`, call `then` (the proxy drops, mid-follow)."""
+
     def watch():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and text not in client.get_job_logs(job_id):
@@ -638,6 +728,8 @@ def test_follow_exits_3_when_contact_is_lost_for_good(cluster, monkeypatch, caps
     out, err = capsys.readouterr()
     assert code == 3, out + err
     assert "line-0\n" in out and "Traceback" not in out + err and "WebSocket closed" not in err
-    assert err.strip().splitlines()[-1] == (f"lost contact with the Ray dashboard at {proxy.address}; job {job_id} may still "
-                                            f"be running: orchestrator jobs status {job_id} --address {proxy.address}")
+    assert err.strip().splitlines()[-1] == (
+        f"lost contact with the Ray dashboard at {proxy.address}; job {job_id} may still "
+        f"be running: orchestrator jobs status {job_id} --address {proxy.address}"
+    )
     assert lost_after < 30, lost_after

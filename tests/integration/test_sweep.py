@@ -42,8 +42,9 @@ def variant(tmp_path, name, **changes):
 def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     """4 trials; each fails once after its second checkpoint and is retried from it."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code, sweep_out, err = run_cli("sweep", SMOKE, f"tracking.uri={uri}", cwd=tmp_path,
-                                   env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864"})
+    code, sweep_out, err = run_cli(
+        "sweep", SMOKE, f"tracking.uri={uri}", cwd=tmp_path, env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864"}
+    )
     assert code == 0, sweep_out[-3000:] + err[-3000:]
     out = sweep_out
     assert "Best configuration: B = " in out and "best configuration per batch size (swept: batch size, lr)" in out
@@ -67,8 +68,16 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     # `report` on the finished sweep: every plot and the summary, also logged to the parent
     code, out, err = run_cli("report", SMOKE, f"tracking.uri={uri}", "--out", tmp_path / "report", cwd=tmp_path)
     assert code == 0, out[-2000:] + err[-2000:]
-    expected = {"loss_vs_tokens.png", "loss_vs_steps.png", "eval_heatmap.png", "critical_batch.png",
-                "lr_vs_batch.png", "summary.md", "summary.html", "report.json"}
+    expected = {
+        "loss_vs_tokens.png",
+        "loss_vs_steps.png",
+        "eval_heatmap.png",
+        "critical_batch.png",
+        "lr_vs_batch.png",
+        "summary.md",
+        "summary.html",
+        "report.json",
+    }
     assert expected <= {p.name for p in (tmp_path / "report").iterdir()}
     logged = {a.path.split("/")[-1] for a in MlflowClient(uri).list_artifacts(parent, "report")}
     assert expected <= logged, logged
@@ -81,9 +90,16 @@ def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
     """D = 2: the trial starts a Ray Train worker group; with no Tune retries (max_failures 0)
     only Ray Train's own restart from its checkpoint can finish the trial after the fault."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    sweep = variant(tmp_path, "workers", space={"batch.tokens_per_update": {"grid": [4096]}, "optim.lr": {"grid": [3e-3]}},
-                    overrides={"cluster.num_workers": 2, "train.max_failures": 1}, max_failures=0)
-    code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", cwd=tmp_path, env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864"})
+    sweep = variant(
+        tmp_path,
+        "workers",
+        space={"batch.tokens_per_update": {"grid": [4096]}, "optim.lr": {"grid": [3e-3]}},
+        overrides={"cluster.num_workers": 2, "train.max_failures": 1},
+        max_failures=0,
+    )
+    code, out, err = run_cli(
+        "sweep", sweep, f"tracking.uri={uri}", cwd=tmp_path, env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864"}
+    )
     assert code == 0, out[-3000:] + err[-3000:]
     _, (run,) = children(uri, "workers")
     assert run.info.status == "FINISHED" and list((tmp_path / "runs").rglob(".fault_injected"))
@@ -93,11 +109,14 @@ def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
 
 def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    sweep = variant(tmp_path, "asha", space={"batch.tokens_per_update": {"grid": [4096]},
-                                             "optim.lr": {"grid": [3e-3, 2e-3, 1e-3, 30.0]}},
-                    overrides={"optim.grad_clip": 0, "train.total_tokens": 65536},
-                    scheduler={"type": "asha", "grace_period_tokens": 16384, "reduction_factor": 2},
-                    search={"algorithm": "grid", "max_concurrent": 1})
+    sweep = variant(
+        tmp_path,
+        "asha",
+        space={"batch.tokens_per_update": {"grid": [4096]}, "optim.lr": {"grid": [3e-3, 2e-3, 1e-3, 30.0]}},
+        overrides={"optim.grad_clip": 0, "train.total_tokens": 65536},
+        scheduler={"type": "asha", "grace_period_tokens": 16384, "reduction_factor": 2},
+        search={"algorithm": "grid", "max_concurrent": 1},
+    )
     code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", cwd=tmp_path)
     assert code == 0, out[-3000:] + err[-3000:]
     _, runs = children(uri, "asha")
@@ -119,8 +138,13 @@ def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
 def test_resume_after_the_driver_is_killed(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     sweep = variant(tmp_path, "resumable", search={"algorithm": "grid", "max_concurrent": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "sweep", str(sweep), f"tracking.uri={uri}"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "sweep", str(sweep), f"tracking.uri={uri}"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     finished, deadline = [], time.monotonic() + 400
     while not finished and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(3)
@@ -146,13 +170,16 @@ def test_resume_after_the_driver_is_killed(tmp_path):
         assert steps == sorted(set(steps))
 
 
-@pytest.mark.parametrize("change,key", [
-    ({"space": {"optim.lrr": {"grid": [1e-3]}}}, "optim.lrr"),
-    ({"space": {"optim.lr": {"grid": []}}}, "optim.lr"),
-    ({"space": {"optim.lr": {"uniform": [0.1, 0.01]}}, "search": {"algorithm": "random"}}, "optim.lr"),
-    ({"constraints": [{"key": "batch.tokens_per_update", "max": 1, "of": "train.tokenz"}]}, "train.tokenz"),
-    ({"search": {"algorithm": "bayes"}}, "search.algorithm"),
-])
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        ({"space": {"optim.lrr": {"grid": [1e-3]}}}, "optim.lrr"),
+        ({"space": {"optim.lr": {"grid": []}}}, "optim.lr"),
+        ({"space": {"optim.lr": {"uniform": [0.1, 0.01]}}, "search": {"algorithm": "random"}}, "optim.lr"),
+        ({"constraints": [{"key": "batch.tokens_per_update", "max": 1, "of": "train.tokenz"}]}, "train.tokenz"),
+        ({"search": {"algorithm": "bayes"}}, "search.algorithm"),
+    ],
+)
 def test_bad_sweep_files_create_no_run(tmp_path, change, key):
     sweep = variant(tmp_path, "bad", **change)
     code, out, err = run_cli("sweep", sweep, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", cwd=tmp_path, timeout=120)

@@ -22,11 +22,25 @@ LINREG = str(ROOT / "conf" / "train" / "linreg.yaml")
 
 
 def run_sweep(tmp_path, monkeypatch, capsys, name, overrides, space, **extra):
-    """`orchestrator sweep` of a linreg sweep file written into tmp_path: (exit code, output, store uri, runs by name)."""
+    """`orchestrator sweep` of a linreg sweep file written into tmp_path.
+
+    Returns (exit code, output, store uri, runs by name).
+    """
     monkeypatch.chdir(tmp_path)
-    body = {"name": name, "base": {"config": LINREG, "overrides": {"cluster.cpus_per_worker": 0.5, "deepspeed.zero_stage": 0,
-                                                                   "train.checkpoint_every_tokens": 0, **overrides}},
-            "space": space, **extra}
+    body = {
+        "name": name,
+        "base": {
+            "config": LINREG,
+            "overrides": {
+                "cluster.cpus_per_worker": 0.5,
+                "deepspeed.zero_stage": 0,
+                "train.checkpoint_every_tokens": 0,
+                **overrides,
+            },
+        },
+        "space": space,
+        **extra,
+    }
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(body))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     code = cli.main(["sweep", f"{name}.yaml", f"tracking.uri={uri}"])
@@ -39,19 +53,31 @@ def evals(uri, run):
     return dict(tracking.metric_history(uri, run.info.run_id, "eval/loss"))
 
 
-def test_early_stopping_keeps_the_large_batch_that_starts_slower_and_ends_better(ray_session, tmp_path, monkeypatch, capsys):
+def test_early_stopping_keeps_the_large_batch_that_starts_slower_and_ends_better(
+    ray_session, tmp_path, monkeypatch, capsys
+):
     """At a constant lr, linear regression with 16 examples per update is ahead at the first rung
     (32x more steps) but settles at a higher noise floor than with 512. With one ASHA over both
     batch sizes (the old behaviour) the large batch is stopped at its first rung; grouped by batch
     size it runs to the end and ends best. The small batch sizes run first (max_concurrent 1), so
     they fill the rungs before the large batch arrives."""
     code, out, uri, runs = run_sweep(
-        tmp_path, monkeypatch, capsys, "asha-batch",
-        {"train.total_tokens": 16384, "train.eval_every_tokens": 2048, "train.report_every_tokens": 2048,
-         "schedule.decay": "constant", "batch.micro_batch_size": 1024, "gns.enabled": False},
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "asha-batch",
+        {
+            "train.total_tokens": 16384,
+            "train.eval_every_tokens": 2048,
+            "train.report_every_tokens": 2048,
+            "schedule.decay": "constant",
+            "batch.micro_batch_size": 1024,
+            "gns.enabled": False,
+        },
         {"batch.tokens_per_update": {"grid": [16, 512]}, "optim.lr": {"grid": [0.03, 0.1]}},
         scheduler={"type": "asha", "grace_period_tokens": 2048, "reduction_factor": 2},
-        search={"algorithm": "grid", "max_concurrent": 1})
+        search={"algorithm": "grid", "max_concurrent": 1},
+    )
     assert code == 0, out[-3000:]
     assert "early stopping (ASHA) compares a trial only with trials of the same batch.tokens_per_update" in out
     large, small = runs["B=512 lr=3e-2 wu=0%"], [r for n, r in runs.items() if n.startswith("B=16 ")]
@@ -70,11 +96,24 @@ def test_early_stopping_keeps_the_large_batch_that_starts_slower_and_ends_better
 
 def test_a_sweep_over_all_four_axes_names_the_best_of_each_per_batch_size(ray_session, tmp_path, monkeypatch, capsys):
     code, out, uri, runs = run_sweep(
-        tmp_path, monkeypatch, capsys, "four-axes",
-        {"train.total_tokens": 8192, "train.eval_every_tokens": 4096, "train.report_every_tokens": 4096,
-         "gns.enabled": False, "schedule.wsd_decay_share": 0.5},
-        {"batch.tokens_per_update": {"grid": [64, 256]}, "optim.lr": {"grid": [0.01, 0.05]},
-         "schedule.warmup_share": {"grid": [0.0, 0.25]}, "schedule.decay": {"grid": ["constant", "wsd"]}})
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "four-axes",
+        {
+            "train.total_tokens": 8192,
+            "train.eval_every_tokens": 4096,
+            "train.report_every_tokens": 4096,
+            "gns.enabled": False,
+            "schedule.wsd_decay_share": 0.5,
+        },
+        {
+            "batch.tokens_per_update": {"grid": [64, 256]},
+            "optim.lr": {"grid": [0.01, 0.05]},
+            "schedule.warmup_share": {"grid": [0.0, 0.25]},
+            "schedule.decay": {"grid": ["constant", "wsd"]},
+        },
+    )
     assert code == 0, out[-3000:]
     assert len(runs) == 16
     assert "best configuration per batch size (swept: batch size, lr, decay, warmup):" in out
@@ -87,7 +126,12 @@ def test_a_sweep_over_all_four_axes_names_the_best_of_each_per_batch_size(ray_se
         mine = [r for r in runs.values() if int(r.data.params["batch.tokens_per_update"]) == row["batch"]]
         best = min(mine, key=lambda r: r.data.metrics["eval/loss"])
         assert row["run_id"] == best.info.run_id and row["final_loss"] == pytest.approx(best.data.metrics["eval/loss"])
-        assert set(row["settings"]) == {"batch.tokens_per_update", "optim.lr", "schedule.decay", "schedule.warmup_tokens"}
+        assert set(row["settings"]) == {
+            "batch.tokens_per_update",
+            "optim.lr",
+            "schedule.decay",
+            "schedule.warmup_tokens",
+        }
         assert {k: best.data.params[k] for k in row["settings"]} == row["settings"]
 
 
@@ -97,10 +141,21 @@ def test_linreg_sweep_finds_b_crit_beside_its_noise_scale(ray_session, tmp_path,
     what steps-to-target may read). McCandlish et al. predict B_crit near B_noise here; what
     this run measured is recorded in docs/benchmarks.md."""
     code, out, uri, runs = run_sweep(
-        tmp_path, monkeypatch, capsys, "linreg-bcrit",
-        {"train.total_tokens": 32768, "train.eval_every_tokens": 4096, "train.report_every_tokens": 1024,
-         "batch.micro_batch_size": 1024, "batch.grad_accum_steps": 4, "schedule.decay": "wsd", "gns.ema_tokens": 2048},
-        {"batch.tokens_per_update": {"grid": [32, 64, 128, 256, 512, 1024]}, "optim.lr": {"grid": [0.01, 0.03]}})
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "linreg-bcrit",
+        {
+            "train.total_tokens": 32768,
+            "train.eval_every_tokens": 4096,
+            "train.report_every_tokens": 1024,
+            "batch.micro_batch_size": 1024,
+            "batch.grad_accum_steps": 4,
+            "schedule.decay": "wsd",
+            "gns.ema_tokens": 2048,
+        },
+        {"batch.tokens_per_update": {"grid": [32, 64, 128, 256, 512, 1024]}, "optim.lr": {"grid": [0.01, 0.03]}},
+    )
     assert code == 0, out[-3000:]
     answer = next(line for line in out.splitlines() if line.startswith("Best configuration:"))
     report_dir = tmp_path / "report"

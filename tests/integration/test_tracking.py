@@ -55,8 +55,16 @@ def _log_trial(uri, run_id, reports, barrier, out):
             errors.add(logger.last_error)
         time.sleep(0.001)
     logger.close(timeout_s=120)
-    Path(out).write_text(json.dumps({"sent": logger.sent_points, "failed_sends": logger.failed_sends,
-                                     "errors": sorted(errors), "seconds": round(time.monotonic() - started, 1)}))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "sent": logger.sent_points,
+                "failed_sends": logger.failed_sends,
+                "errors": sorted(errors),
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        )
+    )
 
 
 def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
@@ -65,8 +73,10 @@ def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
     parent = tracking.create_run(uri, EXPERIMENT, "sweep concurrent", {"orchestrator.role": "sweep"})
     runs = [tracking.create_run(uri, EXPERIMENT, f"trial {i}", {tracking.PARENT_TAG: parent}) for i in range(4)]
     barrier = SPAWN.Barrier(len(runs))
-    procs = [SPAWN.Process(target=_log_trial, args=(uri, run_id, reports, barrier, str(tmp_path / f"{i}.json")))
-             for i, run_id in enumerate(runs)]
+    procs = [
+        SPAWN.Process(target=_log_trial, args=(uri, run_id, reports, barrier, str(tmp_path / f"{i}.json")))
+        for i, run_id in enumerate(runs)
+    ]
     for p in procs:
         p.start()
     try:
@@ -171,14 +181,15 @@ def test_resume_logs_each_step_once(store, tmp_path):
         logger.close(timeout_s=60)
 
     for run_id in (run_resent, run_lost):
-        for j, key in enumerate(KEYS):
+        for key in KEYS:
             points = history(uri, run_id, key)
             assert [s for s, _ in points] == [i * TOKENS for i in range(1, 11)], (run_id, key, points)
             # First attempt's values up to what MLflow held (8 resp. the checkpoint's 6), the
             # resumed attempt's after.
             first = 8 if run_id == run_resent else 6
             assert [v for _, v in points] == pytest.approx(
-                [point(i, attempt=1 if i <= first else 2)[key] for i in range(1, 11)])
+                [point(i, attempt=1 if i <= first else 2)[key] for i in range(1, 11)]
+            )
 
 
 # ---------------------------------------------------------------- system metrics

@@ -14,17 +14,35 @@ UPDATES = 6
 
 def small_config(tmp_path, corpus, *extra):
     """1-layer model, S=32, 4 sequences per update, token budget of UPDATES updates."""
-    return config.load(TINY, [
-        "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.max_seq_len=32",
-        "data.seq_len=32", f"data.sources=[{{name: varied, kind: files, path: '{corpus}', weight: 0.75}}, "
-                           "{name: sums, kind: arithmetic, weight: 0.25}]",
-        "data.eval_fraction=0.1", "batch.tokens_per_update=128", f"train.total_tokens={128 * UPDATES}",
-        "train.report_every_tokens=128", "train.eval_every_tokens=384", "train.eval_tokens=256",
-        "train.checkpoint_every_tokens=256", "schedule.warmup_tokens=0", "schedule.decay=constant",
-        "optim.lr=0.02", "optim.grad_clip=0", "gns.enabled=false", "cluster.cpus_per_worker=0.5",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.flush_every_s=0.2",
-        f"train.storage_path={tmp_path}/runs", *extra,
-    ])
+    return config.load(
+        TINY,
+        [
+            "model.n_layers=1",
+            "model.d_model=32",
+            "model.n_heads=2",
+            "model.max_seq_len=32",
+            "data.seq_len=32",
+            f"data.sources=[{{name: varied, kind: files, path: '{corpus}', weight: 0.75}}, "
+            "{name: sums, kind: arithmetic, weight: 0.25}]",
+            "data.eval_fraction=0.1",
+            "batch.tokens_per_update=128",
+            f"train.total_tokens={128 * UPDATES}",
+            "train.report_every_tokens=128",
+            "train.eval_every_tokens=384",
+            "train.eval_tokens=256",
+            "train.checkpoint_every_tokens=256",
+            "schedule.warmup_tokens=0",
+            "schedule.decay=constant",
+            "optim.lr=0.02",
+            "optim.grad_clip=0",
+            "gns.enabled=false",
+            "cluster.cpus_per_worker=0.5",
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            "tracking.flush_every_s=0.2",
+            f"train.storage_path={tmp_path}/runs",
+            *extra,
+        ],
+    )
 
 
 def train_curve(cfg):
@@ -52,8 +70,14 @@ def reference_run(ray_session, corpus, tmp_path_factory):
     """(config, MLflow run id, train/loss curve) of the split (4, 1, 1)."""
     tmp = tmp_path_factory.mktemp("reference")
     b, d, a = SPLITS[0]
-    cfg = small_config(tmp, corpus, f"batch.micro_batch_size={b}", f"cluster.num_workers={d}",
-                       f"batch.grad_accum_steps={a}", "train.run_name=ref")
+    cfg = small_config(
+        tmp,
+        corpus,
+        f"batch.micro_batch_size={b}",
+        f"cluster.num_workers={d}",
+        f"batch.grad_accum_steps={a}",
+        "train.run_name=ref",
+    )
     return (cfg, *train_curve(cfg))
 
 
@@ -70,6 +94,7 @@ def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus)
     assert [s for s, _ in reference] == [128 * (i + 1) for i in range(UPDATES)]
     # The premise of the test: micro-batches hold different numbers of real tokens.
     from workloads.data import TokenDataset
+
     cfg = small_config(corpus.parent, corpus, "batch.micro_batch_size=1", "batch.grad_accum_steps=4")
     plan = config.batch_plan(cfg)
     counts = {TokenDataset(cfg).micro_batch(0, plan, 0, a).real_tokens for a in range(4)}
@@ -79,8 +104,14 @@ def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus)
 @pytest.mark.parametrize("split", SPLITS[1:], ids=[f"b{b}-D{d}-A{a}" for b, d, a in SPLITS[1:]])
 def test_decomposition_invariance(reference_run, corpus, tmp_path, split):
     b, d, a = split
-    cfg = small_config(tmp_path, corpus, f"batch.micro_batch_size={b}", f"cluster.num_workers={d}",
-                       f"batch.grad_accum_steps={a}", "train.run_name=split")
+    cfg = small_config(
+        tmp_path,
+        corpus,
+        f"batch.micro_batch_size={b}",
+        f"cluster.num_workers={d}",
+        f"batch.grad_accum_steps={a}",
+        "train.run_name=split",
+    )
     run_id, curve = train_curve(cfg)
     assert_same_curve(reference_run[2], curve)
     # The logged mixture is the whole update's, whichever worker logs it.
@@ -92,17 +123,33 @@ def test_decomposition_invariance(reference_run, corpus, tmp_path, split):
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stages_give_the_same_curve(reference, corpus, tmp_path, stage):
-    _, curve = train_curve(small_config(tmp_path, corpus, "batch.micro_batch_size=1", "cluster.num_workers=2",
-                                        "batch.grad_accum_steps=2", f"deepspeed.zero_stage={stage}",
-                                        "train.run_name=stage"))
+    _, curve = train_curve(
+        small_config(
+            tmp_path,
+            corpus,
+            "batch.micro_batch_size=1",
+            "cluster.num_workers=2",
+            "batch.grad_accum_steps=2",
+            f"deepspeed.zero_stage={stage}",
+            "train.run_name=stage",
+        )
+    )
     assert_same_curve(reference, curve)
 
 
 def test_naive_micro_batch_mean_fails_the_invariance(reference, corpus, tmp_path):
     """Negative control: the per-micro-batch mean is not invariant, and the test can tell."""
-    _, curve = train_curve(small_config(tmp_path, corpus, "batch.micro_batch_size=1", "cluster.num_workers=2",
-                                        "batch.grad_accum_steps=2", "train.loss_normalization=micro_batch",
-                                        "train.run_name=naive"))
+    _, curve = train_curve(
+        small_config(
+            tmp_path,
+            corpus,
+            "batch.micro_batch_size=1",
+            "cluster.num_workers=2",
+            "batch.grad_accum_steps=2",
+            "train.loss_normalization=micro_batch",
+            "train.run_name=naive",
+        )
+    )
     with pytest.raises(AssertionError):
         assert_same_curve(reference, curve)
 
@@ -136,14 +183,23 @@ def test_non_finite_loss_ends_the_run_with_a_reason(ray_session, corpus, tmp_pat
     assert run.info.status == "FAILED"
     assert "non-finite loss" in run.data.tags[tracking.FAILURE_TAG]
     for key in ("train/loss", "eval/loss"):
-        assert all(v == v and abs(v) != float("inf") for _, v in tracking.metric_history(cfg.tracking.uri, run.info.run_id, key))
+        assert all(
+            v == v and abs(v) != float("inf")
+            for _, v in tracking.metric_history(cfg.tracking.uri, run.info.run_id, key)
+        )
 
 
 def test_tiny_config_through_the_cli(tmp_path):
     """The shipped tiny config: under 2 minutes here, and its eval loss clearly falls."""
     started = time.monotonic()
-    code, out, err = run_cli("train", TINY, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-                             f"train.storage_path={tmp_path}/runs", "train.run_name=tiny", cwd=tmp_path)
+    code, out, err = run_cli(
+        "train",
+        TINY,
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"train.storage_path={tmp_path}/runs",
+        "train.run_name=tiny",
+        cwd=tmp_path,
+    )
     elapsed = time.monotonic() - started
     assert code == 0, err[-3000:]
     assert "finished" in out and "workflowType=machine_learning" in out
@@ -158,10 +214,18 @@ def test_a_worker_warning_reaches_the_driver_and_the_run(tmp_path):
     """gns.enabled with D x A = 1 leaves no small batch to measure B_simple with: rank 0 warns in
     its Ray worker (whose output is not forwarded), and `orchestrator train` still shows it."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code, out, err = run_cli("train", TINY, "gns.enabled=true", "batch.micro_batch_size=32", "train.total_tokens=8192",
-                             "schedule.warmup_tokens=0",
-                             f"tracking.uri={uri}", f"train.storage_path={tmp_path}/runs", "train.run_name=warned",
-                             cwd=tmp_path)
+    code, out, err = run_cli(
+        "train",
+        TINY,
+        "gns.enabled=true",
+        "batch.micro_batch_size=32",
+        "train.total_tokens=8192",
+        "schedule.warmup_tokens=0",
+        f"tracking.uri={uri}",
+        f"train.storage_path={tmp_path}/runs",
+        "train.run_name=warned",
+        cwd=tmp_path,
+    )
     assert code == 0, err[-3000:]
     message = "no small batch to compare with; B_simple is not measured"
     assert message in out + err

@@ -41,8 +41,11 @@ def sweep(tmp_path_factory):
 def ui(sweep):
     uri, folder, _, _ = sweep
     (port,) = free_ports(1)
-    service = Service([sys.executable, "-m", "orchestrator", "ui", f"tracking.uri={uri}", "--port", str(port)],
-                      folder / "ui.log", health=f"http://127.0.0.1:{port}/health")
+    service = Service(
+        [sys.executable, "-m", "orchestrator", "ui", f"tracking.uri={uri}", "--port", str(port)],
+        folder / "ui.log",
+        health=f"http://127.0.0.1:{port}/health",
+    )
     service.start()
     yield port
     service.stop()
@@ -62,9 +65,19 @@ def browser():
     profile = tempfile.mkdtemp(prefix="orch-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1600,1000", f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1600,1000",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SE_OFFLINE", "true")  # Selenium Manager must never fetch a browser or driver
@@ -120,24 +133,39 @@ def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
     history = tracking.metric_history(uri, run_id, "train/loss")
     assert len(history) >= 2
     browser.get(tracking.ui_link(uri, "orchestrator", ui, run_id=run_id))
-    tab = wait(browser, lambda: browser.find_elements(By.XPATH, "//*[@role='tab' and normalize-space()='Model metrics']"),
-               "the run page's tabs")[0]
+    tab = wait(
+        browser,
+        lambda: browser.find_elements(By.XPATH, "//*[@role='tab' and normalize-space()='Model metrics']"),
+        "the run page's tabs",
+    )[0]
     assert name in text_of(browser)
     tab.click()
-    search = wait(browser, lambda: browser.find_elements(By.XPATH, "//input[@placeholder='Search metric charts']"),
-                  "the metric charts")[0]
+    search = wait(
+        browser,
+        lambda: browser.find_elements(By.XPATH, "//input[@placeholder='Search metric charts']"),
+        "the metric charts",
+    )[0]
     search.send_keys("train/loss")
     # The chart's title renders before its plot does (charts load lazily): wait for the card.
-    card = wait(browser, lambda: browser.find_elements(
-        By.XPATH, "//h4[@title='train/loss']/ancestor::*[.//*[contains(@class, 'js-plotly-plot')]][1]"),
-        "the train/loss chart")[0]
+    card = wait(
+        browser,
+        lambda: browser.find_elements(
+            By.XPATH, "//h4[@title='train/loss']/ancestor::*[.//*[contains(@class, 'js-plotly-plot')]][1]"
+        ),
+        "the train/loss chart",
+    )[0]
 
     def drawn():  # the SVG has a size and one marker per logged point on a non-empty line
         svg = card.find_elements(By.CSS_SELECTOR, "svg.main-svg")
         lines = [p.get_attribute("d") or "" for p in card.find_elements(By.CSS_SELECTOR, "path.js-line")]
         points = card.find_elements(By.CSS_SELECTOR, "path.point")
-        return svg and svg[0].size["width"] > 100 and svg[0].size["height"] > 100 and any(len(d) > 20 for d in lines) \
+        return (
+            svg
+            and svg[0].size["width"] > 100
+            and svg[0].size["height"] > 100
+            and any(len(d) > 20 for d in lines)
             and len(points) == len(history)
+        )
 
     wait(browser, drawn, "the train/loss curve to be drawn", timeout=60)
     assert f"{name} (train/loss)" in card.text  # the legend names the trial

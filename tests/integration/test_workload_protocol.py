@@ -26,8 +26,9 @@ class Bigram:
         from workloads.data import TokenDataset
 
         self.cfg, self.plan, self.device = cfg, plan, device
-        self.model = nn.Sequential(nn.Embedding(cfg.model.vocab_size, cfg.model.d_model),
-                                   nn.Linear(cfg.model.d_model, cfg.model.vocab_size))
+        self.model = nn.Sequential(
+            nn.Embedding(cfg.model.vocab_size, cfg.model.d_model), nn.Linear(cfg.model.d_model, cfg.model.vocab_size)
+        )
         self.data = {split: TokenDataset(cfg, split) for split in ("train", "eval")}
         self.source_names = [s.name for s in cfg.data.sources]
         self.flops_per_token = 6.0 * sum(p.numel() for p in self.model.parameters())
@@ -50,16 +51,34 @@ class Bigram:
 
 def bigram_config(tmp_path, *extra):
     corpus = varied_corpus(tmp_path / "corpus")
-    return config.load(TINY, [
-        "model.name=bigram", "model.d_model=16", "model.max_seq_len=32", "data.seq_len=32",
-        f"data.sources=[{{name: varied, kind: files, path: '{corpus}', weight: 1}}]", "data.eval_fraction=0.1",
-        "batch.tokens_per_update=128", "batch.micro_batch_size=2", f"train.total_tokens={128 * UPDATES}",
-        "train.report_every_tokens=128", "train.eval_every_tokens=512", "train.eval_tokens=256",
-        f"train.checkpoint_every_tokens={128 * UPDATES}", "schedule.warmup_tokens=0", "schedule.decay=constant",
-        "optim.lr=0.05", "gns.enabled=false", "cluster.cpus_per_worker=0.5", "train.run_name=bigram",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.flush_every_s=0.2",
-        f"train.storage_path={tmp_path}/runs", *extra,
-    ])
+    return config.load(
+        TINY,
+        [
+            "model.name=bigram",
+            "model.d_model=16",
+            "model.max_seq_len=32",
+            "data.seq_len=32",
+            f"data.sources=[{{name: varied, kind: files, path: '{corpus}', weight: 1}}]",
+            "data.eval_fraction=0.1",
+            "batch.tokens_per_update=128",
+            "batch.micro_batch_size=2",
+            f"train.total_tokens={128 * UPDATES}",
+            "train.report_every_tokens=128",
+            "train.eval_every_tokens=512",
+            "train.eval_tokens=256",
+            f"train.checkpoint_every_tokens={128 * UPDATES}",
+            "schedule.warmup_tokens=0",
+            "schedule.decay=constant",
+            "optim.lr=0.05",
+            "gns.enabled=false",
+            "cluster.cpus_per_worker=0.5",
+            "train.run_name=bigram",
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            "tracking.flush_every_s=0.2",
+            f"train.storage_path={tmp_path}/runs",
+            *extra,
+        ],
+    )
 
 
 def test_registered_names_are_what_validation_accepts(tmp_path):
@@ -81,20 +100,27 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
 
     monkeypatch.setattr(registry, "_entries", dict(registry._entries))  # forget "empty" afterwards
     registry.register("empty", lambda cfg, plan, device: object())
-    with pytest.raises(TypeError, match="'empty' lacks model, flops_per_token, source_names, param_groups, "
-                                        "micro_batch, summed_loss, eval_batches of the Workload protocol"):
+    with pytest.raises(
+        TypeError,
+        match="'empty' lacks model, flops_per_token, source_names, param_groups, "
+        "micro_batch, summed_loss, eval_batches of the Workload protocol",
+    ):
         build(config.load(TINY, ["model.name=empty"]), config.batch_plan(cfg), torch.device("cpu"))
     with pytest.raises(ValueError, match="'bigram' is already registered as tests.integration"):
         registry.register("bigram", lambda cfg, plan, device: object())
 
 
-@pytest.mark.parametrize("code", [
-    # the model file stands alone, like nanoGPT's
-    "import sys, workloads.model; assert not [m for m in sys.modules if m.startswith('orchestrator')]",
-    # the schema, its validation and the workload names need no torch
-    "import sys, orchestrator.config, orchestrator.validation, workloads.registry as r; "
-    "assert 'torch' not in sys.modules and r.names() == ('gpt', 'linreg')",
-], ids=["model-without-orchestrator", "config-without-torch"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        # the model file stands alone, like nanoGPT's
+        "import sys, workloads.model; assert not [m for m in sys.modules if m.startswith('orchestrator')]",
+        # the schema, its validation and the workload names need no torch
+        "import sys, orchestrator.config, orchestrator.validation, workloads.registry as r; "
+        "assert 'torch' not in sys.modules and r.names() == ('gpt', 'linreg')",
+    ],
+    ids=["model-without-orchestrator", "config-without-torch"],
+)
 def test_imports_stay_light(code):
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 

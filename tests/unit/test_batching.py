@@ -15,7 +15,7 @@ def brute_force(seq_len, tokens, max_b, workers, accum=None):
     """All (b, A) with S*b*D*A == tokens, b <= max_b (and A fixed when given)."""
     found = []
     for b in range(1, max_b + 1):
-        for a in ([accum] if accum else range(1, tokens // (seq_len * workers * b) + 1)):
+        for a in [accum] if accum else range(1, tokens // (seq_len * workers * b) + 1):
             if seq_len * b * workers * a == tokens:
                 found.append((b, a))
     return found

@@ -17,9 +17,9 @@ def test_loading_order_defaults_yaml_overrides(tmp_path):
     child = tmp_path / "child.yaml"
     child.write_text("extends: base.yaml\noptim:\n  lr: 0.25\n")
     cfg = config.load(child, ["train.seed=7"])
-    assert cfg.optim.lr == 0.25            # child beats base
-    assert cfg.optim.weight_decay == 0.2   # inherited from base
-    assert cfg.train.seed == 7             # override beats both
+    assert cfg.optim.lr == 0.25  # child beats base
+    assert cfg.optim.weight_decay == 0.2  # inherited from base
+    assert cfg.train.seed == 7  # override beats both
     assert cfg.optim.beta1 == config.OptimConfig().beta1  # schema default
 
 
@@ -34,13 +34,25 @@ def test_shipped_configs_are_valid():
     for path in sorted((ROOT / "conf" / "train").glob("*.yaml")):
         cfg = config.load(path)
         info = plan.describe(cfg)
-        assert info["tokens_per_update"] == cfg.data.seq_len * info["micro_batch_size"] * info["num_workers"] * info["grad_accum_steps"]
+        assert (
+            info["tokens_per_update"]
+            == cfg.data.seq_len * info["micro_batch_size"] * info["num_workers"] * info["grad_accum_steps"]
+        )
 
 
 def test_design_example_through_plan():
-    cfg = config.load(TINY, ["data.seq_len=4096", "model.max_seq_len=4096", "batch.micro_batch_size=4",
-                             "cluster.num_workers=128", "batch.tokens_per_update=16777216",
-                             "train.total_tokens=1000000000", "schedule.warmup_tokens=0"])
+    cfg = config.load(
+        TINY,
+        [
+            "data.seq_len=4096",
+            "model.max_seq_len=4096",
+            "batch.micro_batch_size=4",
+            "cluster.num_workers=128",
+            "batch.tokens_per_update=16777216",
+            "train.total_tokens=1000000000",
+            "schedule.warmup_tokens=0",
+        ],
+    )
     info = plan.describe(cfg)
     assert info["grad_accum_steps"] == 8
     assert info["total_tokens"] == 59 * 16_777_216 and info["total_steps"] == 59
@@ -56,7 +68,9 @@ def test_every_schema_field_has_a_docstring():
             for i, stmt in enumerate(body):
                 if isinstance(stmt, ast.AnnAssign):
                     nxt = body[i + 1] if i + 1 < len(body) else None
-                    assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), f"{node.name}.{stmt.target.id} lacks a docstring"
+                    assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), (
+                        f"{node.name}.{stmt.target.id} lacks a docstring"
+                    )
 
 
 def test_env_values_are_redacted(monkeypatch):
@@ -71,7 +85,9 @@ def test_warmup_within_one_update_names_the_smallest_valid_value():
     """An update's LR is the schedule after it: a warmup that ends within the first update would
     silently be no warmup at all. 0 stays valid; just over one update is the least that warms up."""
     for bad in (1000, 4096):
-        with pytest.raises(ConfigError, match=rf"^schedule\.warmup_tokens: got {bad:,}; .* 0 \(no warmup\) or at least 4,097") as err:
+        with pytest.raises(
+            ConfigError, match=rf"^schedule\.warmup_tokens: got {bad:,}; .* 0 \(no warmup\) or at least 4,097"
+        ) as err:
             config.load(TINY, [f"schedule.warmup_tokens={bad}"])
         assert "\n" not in str(err.value)
     for valid in (0, 4097, 8192):

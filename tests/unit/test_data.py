@@ -37,7 +37,9 @@ def shared_cache(tmp_path_factory):
         yield path
 
 
-def make_cfg(*sources: SourceConfig, seq_len: int = 16, max_docs: int = 300, seed: int = 0, eval_fraction: float = 0.1) -> Config:
+def make_cfg(
+    *sources: SourceConfig, seq_len: int = 16, max_docs: int = 300, seed: int = 0, eval_fraction: float = 0.1
+) -> Config:
     cfg = Config()
     cfg.data.seq_len, cfg.data.max_documents_per_source, cfg.data.eval_fraction = seq_len, max_docs, eval_fraction
     cfg.train.seed = seed
@@ -87,7 +89,9 @@ def test_builtin_sources_are_bounded_deterministic_and_correct():
     arith = list(C.iter_documents(SourceConfig(name="a", kind="arithmetic")))
     assert max(map(len, code)) <= C.CODE_DOC_BYTES and all(code)
     assert 200 <= len(prose) and max(map(len, prose)) <= C.PROSE_DOC_BYTES
-    assert len(arith) == C.ARITHMETIC_DOCS and arith == list(C.iter_documents(SourceConfig(name="b", kind="arithmetic")))
+    assert len(arith) == C.ARITHMETIC_DOCS and arith == list(
+        C.iter_documents(SourceConfig(name="b", kind="arithmetic"))
+    )
     for line in b"".join(arith[:50]).decode().splitlines():
         a, op, b, c = re.fullmatch(r"(\d+)([+*-])(\d+)=(-?\d+)", line).groups()
         assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] == int(c)
@@ -117,9 +121,17 @@ def test_files_source_reads_txt_jsonl_and_parquet(tmp_path: Path):
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     pq.write_table(pa.table({"content": ["p0", None, "p2", "p3", "p4"]}), tmp_path / "d.parquet", row_group_size=2)
 
-    assert [d.decode() for d in C.iter_documents(files_source(tmp_path / "txt"))] == ["first doc\n", "second doc, héllo\n"]
+    assert [d.decode() for d in C.iter_documents(files_source(tmp_path / "txt"))] == [
+        "first doc\n",
+        "second doc, héllo\n",
+    ]
     assert [d.decode() for d in C.iter_documents(files_source(tmp_path / "c.jsonl"))] == ["one", "two ✓", "three"]
-    assert [d.decode() for d in C.iter_documents(files_source(tmp_path / "d.parquet", text_field="content"))] == ["p0", "p2", "p3", "p4"]
+    assert [d.decode() for d in C.iter_documents(files_source(tmp_path / "d.parquet", text_field="content"))] == [
+        "p0",
+        "p2",
+        "p3",
+        "p4",
+    ]
     assert len(list(C.iter_documents(files_source(tmp_path / "**" / "*.txt")))) == 2
 
     cfg = make_cfg(files_source(tmp_path / "c.jsonl"))
@@ -191,7 +203,9 @@ def test_a_window_needs_seq_len_plus_one_tokens(tmp_path: Path, seq_len: int, ex
     assert ds.sources[0].num_sequences == expected
     if expected:
         last = ds.sequence_batch(0, [expected - 1])
-        assert last.targets[0, -1].item() == (C.EOS if 15 % seq_len == 0 else ord("abcdefghijklmno"[expected * seq_len]))
+        assert last.targets[0, -1].item() == (
+            C.EOS if 15 % seq_len == 0 else ord("abcdefghijklmno"[expected * seq_len])
+        )
     else:
         with pytest.raises(ConfigError, match=r"data\.sources\.0: .*fewer than one sequence"):
             ds.update_batch(0, 1)
@@ -211,7 +225,9 @@ def test_windows_hold_whole_train_documents_in_some_order():
                 current = []
             else:
                 current.append(t)
-        train_docs = Counter(doc_bytes(data, d) for d in set(range(data.num_documents)) - set(ev.sources[i].doc_order.tolist()))
+        train_docs = Counter(
+            doc_bytes(data, d) for d in set(range(data.num_documents)) - set(ev.sources[i].doc_order.tolist())
+        )
         assert not Counter(complete) - train_docs  # every complete document is a train document
         assert sum(train_docs.values()) - len(complete) <= 1  # only the tail may be cut off
 
@@ -280,7 +296,9 @@ def test_weights_that_are_decimals_are_kept_exactly():
 def test_the_stream_keeps_configured_weights_exactly():
     """Weights 7 and 2 are a period of 9: 900,000 positions hold exactly 700,000 and 200,000 (the
     normalised floats 0.777...8 and 0.222...2 would be rounded to 1/65,536 instead)."""
-    cfg = make_cfg(SourceConfig(name="a", kind="arithmetic", weight=7.0), SourceConfig(name="b", kind="prose", weight=2.0))
+    cfg = make_cfg(
+        SourceConfig(name="a", kind="arithmetic", weight=7.0), SourceConfig(name="b", kind="prose", weight=2.0)
+    )
     sources, _ = D.TokenDataset(cfg).stream_slots(0, 900_000)
     assert np.bincount(sources).tolist() == [700_000, 200_000]
 
@@ -387,7 +405,9 @@ def test_concurrent_builders_share_one_complete_cache(tmp_path: Path, monkeypatc
     for t in threads:
         t.join()
     assert len(os.listdir(tmp_path)) == 1  # one final folder, no temp folders left behind
-    assert all(np.array_equal(r.tokens, results[0].tokens) and np.array_equal(r.offsets, results[0].offsets) for r in results)
+    assert all(
+        np.array_equal(r.tokens, results[0].tokens) and np.array_equal(r.offsets, results[0].offsets) for r in results
+    )
     assert results[0].num_documents == 500 and isinstance(results[0].tokens, np.memmap)
 
 
@@ -425,7 +445,9 @@ def test_check_corpus_passes_and_fails_with_one_clear_line(tmp_path: Path):
     D.check_corpus(cfg, tokens_per_update=train_tokens)
     with pytest.raises(ConfigError, match=rf"holds {train_tokens:,} tokens; one update needs {train_tokens + 1:,}"):
         D.check_corpus(cfg, tokens_per_update=train_tokens + 1)
-    tiny = make_cfg(files_source(tmp_path / "small"), SourceConfig(name="arith", kind="arithmetic"), seq_len=256, eval_fraction=0.2)
+    tiny = make_cfg(
+        files_source(tmp_path / "small"), SourceConfig(name="arith", kind="arithmetic"), seq_len=256, eval_fraction=0.2
+    )
     tiny.data.max_documents_per_source = 2
     with pytest.raises(ConfigError, match=r"data\.sources\.\d: source .* fewer than one sequence"):
         D.check_corpus(tiny, tokens_per_update=256)
@@ -451,8 +473,12 @@ def consumed(cfg: Config, tokens: int) -> D.Batch:
     from orchestrator.config import batch_plan
 
     plan, ds = batch_plan(cfg), D.TokenDataset(cfg)
-    parts = [ds.micro_batch(u, plan, rank, a) for u in range(tokens // plan.tokens_per_update)
-             for a in range(plan.grad_accum_steps) for rank in range(plan.num_workers)]
+    parts = [
+        ds.micro_batch(u, plan, rank, a)
+        for u in range(tokens // plan.tokens_per_update)
+        for a in range(plan.grad_accum_steps)
+        for rank in range(plan.num_workers)
+    ]
     return cat(parts)
 
 
@@ -465,14 +491,16 @@ def test_every_batch_size_of_the_demo_trains_on_the_same_stream():
     for cfg in trials[1:]:
         other = consumed(cfg, tokens)
         # the same tokens, sources and (document, offset) origins in the same order
-        assert same(other, reference), f"B={cfg.batch.tokens_per_update} sees other sequences than B={trials[0].batch.tokens_per_update}"
+        assert same(other, reference), (
+            f"B={cfg.batch.tokens_per_update} sees other sequences than B={trials[0].batch.tokens_per_update}"
+        )
     # (source, document, offset) of each sequence is what the token windows say it is
     S = trials[0].data.seq_len
     for row in range(0, len(reference.inputs), 37):
         source, (doc, offset) = int(reference.source_ids[row]), reference.origins[row].tolist()
         document = np.append(C.load_source(trials[0], source).document(doc), C.EOS)
         n = min(S, len(document) - offset)
-        assert reference.inputs[row, :n].tolist() == document[offset:offset + n].tolist()
+        assert reference.inputs[row, :n].tolist() == document[offset : offset + n].tolist()
 
 
 def test_every_prefix_of_the_stream_holds_each_source_at_its_weight():

@@ -35,8 +35,17 @@ DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 MLFLOW_DOCKERFILE = DEPLOY / "mlflow" / "Dockerfile"
 CRDS = ROOT / "tests" / "data" / "kuberay"
 CONFIG_VERBS = {"plan", "train", "sweep", "submit", "prepare"}  # their first argument is a conf file
-COMMAND_KEYS = {"entrypoint", "command", "args", "setup_commands", "head_setup_commands", "worker_setup_commands",
-                "initialization_commands", "head_start_ray_commands", "worker_start_ray_commands"}
+COMMAND_KEYS = {
+    "entrypoint",
+    "command",
+    "args",
+    "setup_commands",
+    "head_setup_commands",
+    "worker_setup_commands",
+    "initialization_commands",
+    "head_start_ray_commands",
+    "worker_start_ray_commands",
+}
 RAY_POD_LABEL = {"app.kubernetes.io/name": "lm-orchestrator"}  # what MLflow's NetworkPolicy admits
 
 
@@ -60,6 +69,7 @@ def quantity(value):
 
 
 # ---------------------------------------------------------------- parsing and commands
+
 
 @pytest.mark.parametrize("path", YAMLS, ids=[str(p.relative_to(DEPLOY)) for p in YAMLS])
 def test_manifest_parses(path):
@@ -123,18 +133,27 @@ def _with_args(instructions):
 
 def _shell_lines(path):
     text = re.sub(r"<<'EOF'\n.*?\nEOF\n", "\n", path.read_text(), flags=re.S)  # heredoc bodies are Python
-    return [line for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        line for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def all_commands():
     """(source, shell command, whole) for every command the deploy files run. `whole`: a RayJob
     entrypoint, which must be ONE command (KubeRay splices it into its own shell string, so a
     `&&` in it is not a boundary between two commands of ours: see the KubeRay tests below)."""
-    cmds = [(str(p.relative_to(ROOT)), c, key == "entrypoint") for p in YAMLS for d in docs(p)
-            for key, c in _yaml_commands(d)]
+    cmds = [
+        (str(p.relative_to(ROOT)), c, key == "entrypoint")
+        for p in YAMLS
+        for d in docs(p)
+        for key, c in _yaml_commands(d)
+    ]
     cmds += [(str(SBATCH.relative_to(ROOT)), line, False) for line in _shell_lines(SBATCH)]
-    cmds += [(str(DOCKERFILE.relative_to(ROOT)), arg, False) for instr, arg in _dockerfile_instructions(DOCKERFILE)
-             if instr in ("RUN", "CMD", "ENTRYPOINT")]
+    cmds += [
+        (str(DOCKERFILE.relative_to(ROOT)), arg, False)
+        for instr, arg in _dockerfile_instructions(DOCKERFILE)
+        if instr in ("RUN", "CMD", "ENTRYPOINT")
+    ]
     return cmds
 
 
@@ -146,7 +165,7 @@ def image_workdir():
 def in_project(path):
     """A conf path as the deploy files name it -> the file in this checkout (/app/... is the image's copy)."""
     workdir = image_workdir().rstrip("/") + "/"
-    return ROOT / (path[len(workdir):] if path.startswith(workdir) else path)
+    return ROOT / (path[len(workdir) :] if path.startswith(workdir) else path)
 
 
 def _resolve_var(token, source):
@@ -155,8 +174,9 @@ def _resolve_var(token, source):
     if not match:
         return token
     text = (ROOT / source).read_text()
-    assign = re.search(rf"^{match.group(1)}=\"?\$\{{\w+:-([^}}]+)\}}\"?", text, re.M) or \
-        re.search(rf"^{match.group(1)}=\"?([^\"\s]+)", text, re.M)
+    assign = re.search(rf"^{match.group(1)}=\"?\$\{{\w+:-([^}}]+)\}}\"?", text, re.M) or re.search(
+        rf"^{match.group(1)}=\"?([^\"\s]+)", text, re.M
+    )
     return assign.group(1) if assign else token
 
 
@@ -170,10 +190,14 @@ def orchestrator_calls():
         tokens = list(lexer)
         for i, tok in enumerate(tokens):
             after_operator = not whole and i > 0 and tokens[i - 1] in (";", "&&", "||", "|", "(", "&", "exec")
-            via_m = i >= 2 and tokens[i - 1] == "-m" and Path(tokens[i - 2]).name.startswith("python") \
+            via_m = (
+                i >= 2
+                and tokens[i - 1] == "-m"
+                and Path(tokens[i - 2]).name.startswith("python")
                 and (not whole or i == 2)
+            )
             if Path(tok).name == "orchestrator" and (i == 0 or after_operator or via_m):
-                rest = tokens[i + 1:]
+                rest = tokens[i + 1 :]
                 verb = rest[0] if rest else None
                 positional = next((t for t in rest[1:] if not t.startswith("-") and "=" not in t), None)
                 calls.append((source, verb, _resolve_var(positional, source) if positional else None))
@@ -196,6 +220,7 @@ def test_orchestrator_commands_name_existing_conf_files():
 
 
 # ---------------------------------------------------------------- KubeRay: the CRD schemas
+
 
 def _json_schema(node):
     """Kubernetes' OpenAPI v3 schema -> JSON Schema as strict as the API server with field
@@ -249,8 +274,11 @@ def groups(spec):
 
 
 def containers(spec, workers_only=False):
-    return [(g, c) for g in (spec["workerGroupSpecs"] if workers_only else groups(spec))
-            for c in g["template"]["spec"]["containers"]]
+    return [
+        (g, c)
+        for g in (spec["workerGroupSpecs"] if workers_only else groups(spec))
+        for c in g["template"]["spec"]["containers"]
+    ]
 
 
 def env_of(container):
@@ -272,7 +300,7 @@ def test_kuberay_manifests_match_the_crd_schemas():
 
 def test_the_crd_schema_rejects_misspelt_fields_and_wrong_types():
     # The validator must bite, or the test above proves nothing.
-    (_, job), = kind("RayJob")
+    ((_, job),) = kind("RayJob")
     bad = copy.deepcopy(job)
     bad["spec"]["shutdownAfterJobFinish"] = bad["spec"].pop("shutdownAfterJobFinishes")
     assert any("'shutdownAfterJobFinish' was unexpected" in e for e in schema_errors(bad)), schema_errors(bad)
@@ -301,14 +329,20 @@ def workload_pod_templates(doc):
 
 
 def test_other_pod_templates_match_the_kubernetes_pod_schema():
-    templates = [(p, d["kind"], t) for p in YAMLS for d in docs(p) if isinstance(d, dict) and "kind" in d
-                 for t in workload_pod_templates(d)]
+    templates = [
+        (p, d["kind"], t)
+        for p in YAMLS
+        for d in docs(p)
+        if isinstance(d, dict) and "kind" in d
+        for t in workload_pod_templates(d)
+    ]
     assert {k for _, k, _ in templates} >= {"Deployment", "StatefulSet", "CronJob"}
     for path, kind_name, template in templates:
         errors = schema_errors(template, pod_template_schema())
         assert not errors, f"{path} {kind_name}: pod template does not match the pod schema:\n" + "\n".join(errors)
-    assert schema_errors({"spec": {"containers": [{"name": "x", "imagePullPolicy": "Always", "imag": "x"}]}},
-                         pod_template_schema()), "the pod schema accepts a misspelt field"
+    assert schema_errors(
+        {"spec": {"containers": [{"name": "x", "imagePullPolicy": "Always", "imag": "x"}]}}, pod_template_schema()
+    ), "the pod schema accepts a misspelt field"
 
 
 # ---------------------------------------------------------------- KubeRay: the RayJob entrypoint
@@ -328,10 +362,40 @@ def kuberay_submitter_script(entrypoint):
     """The string KubeRay's submitter Job runs as `/bin/bash -ce -- STRING` for a RayJob in
     K8sJobMode: BuildJobSubmitCommand (ray-operator/controllers/ray/common/job.go), its words
     joined by spaces, the entrypoint spliced in as it is (trimmed)."""
-    words = ["if", "!", "ray", "job", "status", "--address", DASHBOARD, JOB_ID, ">/dev/null", "2>&1", ";", "then",
-             "ray", "job", "submit", "--address", DASHBOARD, "--no-wait", "--submission-id", JOB_ID,
-             "--", entrypoint.strip(), ";", "fi", ";",
-             "ray", "job", "logs", "--address", DASHBOARD, "--follow", JOB_ID]
+    words = [
+        "if",
+        "!",
+        "ray",
+        "job",
+        "status",
+        "--address",
+        DASHBOARD,
+        JOB_ID,
+        ">/dev/null",
+        "2>&1",
+        ";",
+        "then",
+        "ray",
+        "job",
+        "submit",
+        "--address",
+        DASHBOARD,
+        "--no-wait",
+        "--submission-id",
+        JOB_ID,
+        "--",
+        entrypoint.strip(),
+        ";",
+        "fi",
+        ";",
+        "ray",
+        "job",
+        "logs",
+        "--address",
+        DASHBOARD,
+        "--follow",
+        JOB_ID,
+    ]
     return " ".join(words)
 
 
@@ -344,18 +408,33 @@ def run_like_kuberay(entrypoint, tmp_path):
     ray.write_text(FAKE_RAY.format(python=sys.executable))
     ray.chmod(0o755)
     log = tmp_path / "ray-calls.jsonl"
-    proc = subprocess.run([shutil.which("bash"), "-ce", "--", kuberay_submitter_script(entrypoint)],
-                          env={"PATH": str(bin_dir), "FAKE_RAY_LOG": str(log)}, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [shutil.which("bash"), "-ce", "--", kuberay_submitter_script(entrypoint)],
+        env={"PATH": str(bin_dir), "FAKE_RAY_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return proc, calls
 
 
 def expected_ray_calls(entrypoint):
-    return [["job", "status", "--address", DASHBOARD, JOB_ID],
-            ["job", "submit", "--address", DASHBOARD, "--no-wait", "--submission-id", JOB_ID, "--",
-             *shlex.split(entrypoint)],
-            ["job", "logs", "--address", DASHBOARD, "--follow", JOB_ID]]
+    return [
+        ["job", "status", "--address", DASHBOARD, JOB_ID],
+        [
+            "job",
+            "submit",
+            "--address",
+            DASHBOARD,
+            "--no-wait",
+            "--submission-id",
+            JOB_ID,
+            "--",
+            *shlex.split(entrypoint),
+        ],
+        ["job", "logs", "--address", DASHBOARD, "--follow", JOB_ID],
+    ]
 
 
 def test_rayjob_entrypoints_reach_ray_job_submit_whole(tmp_path):
@@ -373,7 +452,7 @@ def test_the_kuberay_shell_check_catches_a_split_entrypoint(tmp_path):
     # The entrypoint this file used to ship: Ray received `cd /app`, the sweep ran in the submitter.
     entrypoint = "cd /app && orchestrator sweep conf/sweep/gpt-350m-cluster.yaml"
     proc, calls = run_like_kuberay(entrypoint, tmp_path)
-    assert calls[1][calls[1].index("--") + 1:] == ["cd", "/app"]
+    assert calls[1][calls[1].index("--") + 1 :] == ["cd", "/app"]
     assert calls != expected_ray_calls(entrypoint) and proc.returncode != 0  # `orchestrator` is not on PATH
     assert shell_operators(entrypoint) == ["&&"]
 
@@ -389,13 +468,15 @@ def shell_operators(command):
 def test_rayjob_entrypoints_have_no_shell_operators():
     for path, job in kind("RayJob"):
         ops = shell_operators(job["spec"]["entrypoint"])
-        assert not ops, (f"{path}: the RayJob entrypoint holds shell operators {ops}. KubeRay splices it into "
-                         f"one `bash -c` string after `ray job submit ... --`, so they split it there and only "
-                         f"the first command reaches Ray. Use one command (python -m orchestrator sweep /app/...).")
+        assert not ops, (
+            f"{path}: the RayJob entrypoint holds shell operators {ops}. KubeRay splices it into "
+            f"one `bash -c` string after `ray job submit ... --`, so they split it there and only "
+            f"the first command reaches Ray. Use one command (python -m orchestrator sweep /app/...)."
+        )
 
 
 def test_rayjob_runs_the_cluster_sweep_with_absolute_paths_and_cleans_up():
-    (_, job), = kind("RayJob")
+    ((_, job),) = kind("RayJob")
     spec = job["spec"]
     assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] >= 0
     argv = shlex.split(spec["entrypoint"])
@@ -413,6 +494,7 @@ def test_rayjob_runs_the_cluster_sweep_with_absolute_paths_and_cleans_up():
 
 
 # ---------------------------------------------------------------- KubeRay: resources and auth
+
 
 def test_gpu_workers_have_gpus_and_bounded_resources():
     for path, spec in cluster_specs():
@@ -435,14 +517,16 @@ def test_object_store_fits_in_dev_shm_within_the_memory_limit():
             assert volume["emptyDir"]["medium"] == "Memory", path
             store = int(group["rayStartParams"]["object-store-memory"])  # bytes, as a string
             shm_size, memory = quantity(volume["emptyDir"]["sizeLimit"]), quantity(c["resources"]["limits"]["memory"])
-            assert store <= shm_size <= memory, f"{path} {c['name']}: object store {store}, /dev/shm {shm_size}, limit {memory}"
+            assert store <= shm_size <= memory, (
+                f"{path} {c['name']}: object store {store}, /dev/shm {shm_size}, limit {memory}"
+            )
 
 
 def test_token_auth_and_mlflow_from_secrets():
     for path, spec in cluster_specs():
         by_operator = spec.get("authOptions", {}).get("mode") == "token"
         assert spec["headGroupSpec"].get("serviceType", "ClusterIP") == "ClusterIP", f"{path}: head exposed"
-        for group, c in containers(spec):
+        for _group, c in containers(spec):
             env = env_of(c)
             if not by_operator:
                 assert env.get("RAY_AUTH_MODE", {}).get("value") == "token", f"{path} {c['name']}: token auth off"
@@ -472,8 +556,11 @@ def test_the_cluster_sweep_asks_for_the_trial_shape_the_deploy_files_are_sized_f
     assert not [k for k in sweep.get("space", {}) if k.startswith("cluster.")], "trials differ in shape"
     base = ROOT / "conf/sweep" / sweep["base"]["config"]
     cfg = config.load(base, [f"{k}={v}" for k, v in sweep["base"]["overrides"].items()], validate_config=False)
-    shape = (cfg.cluster.num_workers, {"CPU": cfg.cluster.cpus_per_worker, "GPU": int(cfg.cluster.use_gpu)},
-             cfg.cluster.placement_strategy)
+    shape = (
+        cfg.cluster.num_workers,
+        {"CPU": cfg.cluster.cpus_per_worker, "GPU": int(cfg.cluster.use_gpu)},
+        cfg.cluster.placement_strategy,
+    )
     assert shape == (TRIAL["workers"], TRIAL["per_worker"], TRIAL["strategy"])
 
 
@@ -481,10 +568,14 @@ def kuberay_nodes(spec):
     """The Ray nodes a KubeRay cluster has, or can autoscale to: the head's rayStartParams
     (num-cpus, num-gpus) else its limits; each worker group's limits x replicas (maxReplicas
     when the autoscaler is on)."""
+
     def node(group):
         params, limits = group["rayStartParams"], group["template"]["spec"]["containers"][0]["resources"]["limits"]
-        return {"CPU": float(params.get("num-cpus", quantity(limits["cpu"]))),
-                "GPU": float(params.get("num-gpus", limits.get("nvidia.com/gpu", 0)))}
+        return {
+            "CPU": float(params.get("num-cpus", quantity(limits["cpu"]))),
+            "GPU": float(params.get("num-gpus", limits.get("nvidia.com/gpu", 0))),
+        }
+
     autoscaling = spec.get("enableInTreeAutoscaling", False)
     nodes = [node(spec["headGroupSpec"])]
     for group in spec["workerGroupSpecs"]:
@@ -516,14 +607,16 @@ def test_shipped_clusters_fit_a_trial_of_the_cluster_sweep():
         assert fits(shape, nodes), f"{source}: a trial of {shape.describe()} never starts on {nodes}"
     # The shape issue 12 found: 8 CPUs per worker (64.2 CPUs) does not fit two 32-CPU workers.
     too_big = Shape(8, {"CPU": 8, "GPU": 1}, "PACK", {"CPU": 0.2})
-    (_, raycluster), = kind("RayCluster")
+    ((_, raycluster),) = kind("RayCluster")
     assert not fits(too_big, kuberay_nodes(raycluster["spec"]))
 
 
 # ---------------------------------------------------------------- pods: restricted, non-root
 
+
 def pod_specs():
     """(source, where, pod spec) for every pod the Kubernetes manifests make: any object with `containers`."""
+
     def walk(node, where):
         if isinstance(node, dict):
             if isinstance(node.get("containers"), list):
@@ -533,8 +626,14 @@ def pod_specs():
         elif isinstance(node, list):
             for i, item in enumerate(node):
                 yield from walk(item, f"{where}[{i}]")
-    return [(str(p.relative_to(ROOT)), f"{d['kind']}/{d['metadata']['name']}{w}", spec)
-            for p in YAMLS for d in docs(p) if isinstance(d, dict) and "kind" in d for w, spec in walk(d, "")]
+
+    return [
+        (str(p.relative_to(ROOT)), f"{d['kind']}/{d['metadata']['name']}{w}", spec)
+        for p in YAMLS
+        for d in docs(p)
+        if isinstance(d, dict) and "kind" in d
+        for w, spec in walk(d, "")
+    ]
 
 
 def restricted_violations(pod):
@@ -548,7 +647,10 @@ def restricted_violations(pod):
             bad.append(f"{c['name']}: runAsNonRoot is not true")
         if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
             bad.append(f"{c['name']}: runAsUser 0")
-        if sc.get("seccompProfile", pod_sc.get("seccompProfile", {})).get("type") not in ("RuntimeDefault", "Localhost"):
+        if sc.get("seccompProfile", pod_sc.get("seccompProfile", {})).get("type") not in (
+            "RuntimeDefault",
+            "Localhost",
+        ):
             bad.append(f"{c['name']}: no seccompProfile RuntimeDefault")
         if sc.get("allowPrivilegeEscalation") is not False:
             bad.append(f"{c['name']}: allowPrivilegeEscalation is not false")
@@ -564,8 +666,14 @@ def restricted_violations(pod):
 def test_every_pod_passes_the_restricted_pod_security_standard():
     pods = pod_specs()
     wheres = " ".join(w for _, w, _ in pods)
-    for expected in ("RayCluster", "RayJob", "submitterPodTemplate", "Deployment/mlflow", "StatefulSet/postgres",
-                     "CronJob/postgres-backup"):
+    for expected in (
+        "RayCluster",
+        "RayJob",
+        "submitterPodTemplate",
+        "Deployment/mlflow",
+        "StatefulSet/postgres",
+        "CronJob/postgres-backup",
+    ):
         assert expected in wheres, f"no pod of {expected} found"
     for source, where, pod in pods:
         assert not restricted_violations(pod), f"{source} {where}: {restricted_violations(pod)}"
@@ -616,8 +724,10 @@ def test_pods_run_as_the_images_non_root_user():
 
 # ---------------------------------------------------------------- images
 
+
 def all_images():
     """(source, image) for every image the deploy files run or build from."""
+
     def walk(node):
         if isinstance(node, dict):
             for k, v in node.items():
@@ -628,10 +738,14 @@ def all_images():
         elif isinstance(node, list):
             for item in node:
                 yield from walk(item)
+
     images = [(str(p.relative_to(ROOT)), image) for p in YAMLS for d in docs(p) for image in walk(d)]
     for path in (DOCKERFILE, MLFLOW_DOCKERFILE):
-        images += [(str(path.relative_to(ROOT)), arg.split()[0]) for instr, arg in
-                   _with_args(_dockerfile_instructions(path)) if instr == "FROM"]
+        images += [
+            (str(path.relative_to(ROOT)), arg.split()[0])
+            for instr, arg in _with_args(_dockerfile_instructions(path))
+            if instr == "FROM"
+        ]
     return images
 
 
@@ -645,8 +759,12 @@ def pinned(image):
 
 def test_images_are_pinned():
     images = all_images()
-    assert {s for s, _ in images} >= {"deploy/kuberay/rayjob.yaml", "deploy/mlflow/k8s.yaml",
-                                      "deploy/mlflow/docker-compose.yaml", "deploy/docker/Dockerfile"}
+    assert {s for s, _ in images} >= {
+        "deploy/kuberay/rayjob.yaml",
+        "deploy/mlflow/k8s.yaml",
+        "deploy/mlflow/docker-compose.yaml",
+        "deploy/docker/Dockerfile",
+    }
     for source, image in images:
         assert "latest" not in image and pinned(image), f"{source}: {image} is not pinned (a version tag or @sha256:)"
     for floating in ("postgres:16", "postgres", "ghcr.io/mlflow/mlflow:latest", "localhost:5000/x"):
@@ -654,6 +772,7 @@ def test_images_are_pinned():
 
 
 # ---------------------------------------------------------------- secrets
+
 
 def test_no_literal_secrets_in_kubernetes_env():
     for path in YAMLS:
@@ -716,10 +835,18 @@ def test_mlflow_env_file_stays_out_of_git_and_the_image():
 
 # ---------------------------------------------------------------- VM cluster launcher
 
+
 def test_vm_cluster_keeps_the_dashboard_local_and_has_gpu_nodes():
     (cfg,) = docs(DEPLOY / "vm" / "cluster.yaml")
-    for key in ("cluster_name", "provider", "available_node_types", "head_node_type", "setup_commands",
-                "head_start_ray_commands", "worker_start_ray_commands"):
+    for key in (
+        "cluster_name",
+        "provider",
+        "available_node_types",
+        "head_node_type",
+        "setup_commands",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    ):
         assert key in cfg, key
     assert "0.0.0.0" not in yaml.safe_dump(cfg), "something binds 0.0.0.0"
     head_start = " ".join(cfg["head_start_ray_commands"])
@@ -751,7 +878,9 @@ def test_vm_head_can_launch_workers_and_ssh_is_not_open_to_the_world():
     rules = cfg["provider"]["security_group"]["IpPermissions"]
     assert cfg["provider"]["security_group"]["GroupName"]
     for rule in rules:
-        for cidr in [r["CidrIp"] for r in rule.get("IpRanges", [])] + [r["CidrIpv6"] for r in rule.get("Ipv6Ranges", [])]:
+        for cidr in [r["CidrIp"] for r in rule.get("IpRanges", [])] + [
+            r["CidrIpv6"] for r in rule.get("Ipv6Ranges", [])
+        ]:
             assert cidr not in ("0.0.0.0/0", "::/0"), f"security group admits the world: {rule}"
     ssh = [r for r in rules if r["FromPort"] <= 22 <= r["ToPort"]]
     assert ssh and all(r["CidrIp"].endswith("/32") for rule in ssh for r in rule["IpRanges"]), ssh
@@ -759,13 +888,16 @@ def test_vm_head_can_launch_workers_and_ssh_is_not_open_to_the_world():
 
 # ---------------------------------------------------------------- Docker image
 
+
 def test_dockerfile_cuda_torch_prebuilt_deepspeed_non_root():
     instructions = _with_args(_dockerfile_instructions(DOCKERFILE))
     froms = [arg for instr, arg in instructions if instr == "FROM"]
     assert froms and re.search(r"nvidia/cuda:12\.8[\w.-]*devel|rayproject/ray:[\w.-]*(gpu|cu12)", froms[-1]), froms
     runs = [arg for instr, arg in instructions if instr == "RUN"]
     torch_i = next(i for i, r in enumerate(runs) if "torch==2.13.0" in r)
-    assert re.search(r"--(extra-)?index-url\s+\"?https://download\.pytorch\.org/whl/cu12\d", runs[torch_i]), runs[torch_i]
+    assert re.search(r"--(extra-)?index-url\s+\"?https://download\.pytorch\.org/whl/cu12\d", runs[torch_i]), runs[
+        torch_i
+    ]
     ds_i = next(i for i, r in enumerate(runs) if re.search(r"pip install[^&]*\bdeepspeed\b", r))
     ds = runs[ds_i]
     assert "DS_BUILD_OPS=1" in ds or ("DS_BUILD_FUSED_ADAM=1" in ds and "DS_BUILD_CPU_ADAM=1" in ds), ds
@@ -774,6 +906,7 @@ def test_dockerfile_cuda_torch_prebuilt_deepspeed_non_root():
 
 
 # ---------------------------------------------------------------- MLflow server
+
 
 def auth_ini(text):
     ini = configparser.ConfigParser()
@@ -784,7 +917,9 @@ def auth_ini(text):
 def check_auth_config(ini, source):
     """No secret in the ini: the admin password and the database password come from the environment."""
     assert "admin_password" not in ini, f"{source}: admin password in the config; use MLFLOW_AUTH_ADMIN_PASSWORD"
-    assert ini["database_uri"].startswith("postgresql://") and not CREDENTIALS_IN_URI.search(ini["database_uri"]), source
+    assert ini["database_uri"].startswith("postgresql://") and not CREDENTIALS_IN_URI.search(ini["database_uri"]), (
+        source
+    )
     assert ini["authorization_function"] == "mlflow.server.auth:authenticate_request_basic_auth", source
 
 
@@ -793,7 +928,12 @@ def check_mlflow_env(env, source):
     uri = env["MLFLOW_BACKEND_STORE_URI"]
     uri = uri if isinstance(uri, str) else uri["value"]
     assert uri.startswith("postgresql://") and not CREDENTIALS_IN_URI.search(uri), f"{source}: {uri}"
-    for name in ("PGPASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_AUTH_CONFIG_PATH"):
+    for name in (
+        "PGPASSWORD",
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+        "MLFLOW_AUTH_CONFIG_PATH",
+    ):
         assert name in env, f"{source}: no {name}"
 
 
@@ -805,8 +945,10 @@ def test_mlflow_compose_binds_localhost_authenticates_and_keeps_passwords_in_env
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond 127.0.0.1"
     assert "ports" not in services["postgres"]
     mlflow = services["mlflow"]
-    assert mlflow["command"][:4] == ["mlflow", "server", "--app-name", "basic-auth"] and \
-        "--artifacts-destination" in mlflow["command"]
+    assert (
+        mlflow["command"][:4] == ["mlflow", "server", "--app-name", "basic-auth"]
+        and "--artifacts-destination" in mlflow["command"]
+    )
     env = mlflow["environment"]
     check_mlflow_env(env, "docker-compose.yaml")
     for name in ("PGPASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"):
@@ -847,9 +989,13 @@ def selects(selector, labels):
 
 def test_network_policies_admit_only_the_ray_pods_to_mlflow_and_only_mlflow_to_postgres():
     objs = k8s_objects(DEPLOY / "mlflow" / "k8s.yaml")
-    labels = {name: objs[(k, name)]["spec"]["template"]["metadata"]["labels"]
-              for k, name in (("Deployment", "mlflow"), ("StatefulSet", "postgres"))}
-    labels["backup"] = objs[("CronJob", "postgres-backup")]["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    labels = {
+        name: objs[(k, name)]["spec"]["template"]["metadata"]["labels"]
+        for k, name in (("Deployment", "mlflow"), ("StatefulSet", "postgres"))
+    }
+    labels["backup"] = objs[("CronJob", "postgres-backup")]["spec"]["jobTemplate"]["spec"]["template"]["metadata"][
+        "labels"
+    ]
     policies = [d for (k, _), d in objs.items() if k == "NetworkPolicy"]
 
     def peers_of(target):
@@ -857,7 +1003,9 @@ def test_network_policies_admit_only_the_ray_pods_to_mlflow_and_only_mlflow_to_p
         assert "Ingress" in policy["spec"]["policyTypes"]
         peers = [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]]
         for peer in peers:
-            assert "ipBlock" not in peer and peer.get("podSelector", {}).get("matchLabels"), f"{target}: open peer {peer}"
+            assert "ipBlock" not in peer and peer.get("podSelector", {}).get("matchLabels"), (
+                f"{target}: open peer {peer}"
+            )
         return peers
 
     # MLflow: only pods labelled like the Ray pods (in namespaces labelled for it).
@@ -888,6 +1036,7 @@ def test_postgres_is_dumped_nightly_to_its_own_volume():
 
 
 # ---------------------------------------------------------------- Slurm
+
 
 def test_slurm_script_is_valid_bash_and_starts_and_stops_ray():
     bash = shutil.which("bash")

@@ -33,7 +33,9 @@ nodes_st = st.lists(st.fixed_dictionaries({"CPU": halves, "GPU": st.integers(0, 
 shape_st = st.builds(
     Shape,
     workers=st.integers(1, 4),
-    per_worker=st.fixed_dictionaries({"CPU": st.sampled_from([0.5, 1.0, 1.5, 2.0]), "GPU": st.sampled_from([0.0, 1.0])}),
+    per_worker=st.fixed_dictionaries(
+        {"CPU": st.sampled_from([0.5, 1.0, 1.5, 2.0]), "GPU": st.sampled_from([0.0, 1.0])}
+    ),
     strategy=st.sampled_from(STRATEGIES),
     trial=st.sampled_from([{}, {"CPU": 0.2}, {"CPU": 1.0}]),
 )
@@ -53,14 +55,19 @@ def test_every_suggestion_fits_and_changes_one_thing(shape, nodes):
         return
     for override in nearest(shape, nodes):
         key, value = override.split("=")
-        changed = Shape(int(value), shape.per_worker, shape.strategy, shape.trial) if key == "cluster.num_workers" else \
-            Shape(shape.workers, {**shape.per_worker, "CPU": float(value)}, shape.strategy, shape.trial)
+        changed = (
+            Shape(int(value), shape.per_worker, shape.strategy, shape.trial)
+            if key == "cluster.num_workers"
+            else Shape(shape.workers, {**shape.per_worker, "CPU": float(value)}, shape.strategy, shape.trial)
+        )
         assert brute_force(changed, nodes), override
         if key == "cluster.num_workers":  # the largest D that fits
             assert not brute_force(Shape(int(value) + 1, shape.per_worker, shape.strategy, shape.trial), nodes)
         else:  # within 0.01 of the largest CPUs per worker that fits
-            assert not brute_force(Shape(shape.workers, {**shape.per_worker, "CPU": float(value) + 0.01},
-                                         shape.strategy, shape.trial), nodes)
+            assert not brute_force(
+                Shape(shape.workers, {**shape.per_worker, "CPU": float(value) + 0.01}, shape.strategy, shape.trial),
+                nodes,
+            )
 
 
 def test_the_issue_s_cluster_sweep_needs_a_bit_more_than_two_nodes():

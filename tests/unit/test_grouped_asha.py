@@ -63,5 +63,7 @@ def test_a_group_of_one_trial_is_never_stopped():
     scheduler.on_trial_add(None, lone)
     for rung, loss in zip(RUNGS, [9.0, 8.0, 7.0]):
         assert scheduler.on_trial_result(None, lone, {"tokens": rung, "eval_loss": loss}) == TrialScheduler.CONTINUE
-    assert scheduler.on_trial_result(None, lone, {"tokens": 65536, "eval_loss": 6.0}) == TrialScheduler.STOP  # max_t: done
+    assert (
+        scheduler.on_trial_result(None, lone, {"tokens": 65536, "eval_loss": 6.0}) == TrialScheduler.STOP
+    )  # max_t: done
     assert scheduler.stopped_at == {}

@@ -33,7 +33,9 @@ def test_closed_form_matches_monte_carlo():
     model = LinRegModel(DIM)
     with torch.no_grad():
         model.linear.weight.copy_(w[None])
-    torch.testing.assert_close(per_example_grads(model, x[:5].float(), y[:5].float()), grads[:5].float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        per_example_grads(model, x[:5].float(), y[:5].float()), grads[:5].float(), rtol=1e-5, atol=1e-5
+    )
 
     g_squared, trace_sigma, b_simple = closed_form(w, data.w_star, SIGMA)
     mean = grads.mean(0)

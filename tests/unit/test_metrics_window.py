@@ -9,7 +9,17 @@ from workloads.model import mfu
 
 def test_due_fires_once_per_multiple_passed():
     assert [due(t, t + 100, 250) for t in range(0, 1000, 100)] == [
-        False, False, True, False, True, False, False, True, False, True]
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
     assert not due(0, 10_000, 0), "every <= 0 means never"
 
 

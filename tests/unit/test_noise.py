@@ -16,11 +16,10 @@ from orchestrator.noise import (
     estimate,
     fit_critical_batch,
     per_token_sq_norm,
-    smooth,
     power_law_fit,
+    smooth,
     steps_to_reach,
 )
-
 
 # ---------------------------------------------------------------- estimate
 

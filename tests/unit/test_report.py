@@ -14,8 +14,20 @@ import pytest
 
 from orchestrator import analysis, noise, report, tracking
 from orchestrator.errors import ConfigError
-from tests.synthetic_sweep import (ALPHA, B_CRIT, BATCHES, L_INF, LR_AT_4096, LR_FACTORS, SEED_NOISE, SEEDS, TOTAL_TOKENS,
-                                   g, in_memory, lr_opt)
+from tests.synthetic_sweep import (
+    ALPHA,
+    B_CRIT,
+    BATCHES,
+    L_INF,
+    LR_AT_4096,
+    LR_FACTORS,
+    SEED_NOISE,
+    SEEDS,
+    TOTAL_TOKENS,
+    g,
+    in_memory,
+    lr_opt,
+)
 from tests.synthetic_sweep import specs as sweep_trials
 from tests.synthetic_sweep import trial as synthetic_trial
 
@@ -150,7 +162,9 @@ def test_best_configuration_counts_only_finished_trials(sweep_report):
     assert result["finished"] == len(BATCHES) * len(LR_FACTORS) * SEEDS and result["failed"] == 1
     assert result["stopped"] == {"count": 2, "rungs": {str(STOP_RUNG): 2}}
     outcomes = {t["run_name"]: t["outcome"] for t in result["trials"]}
-    assert sum(o == "stopped" for o in outcomes.values()) == 2 and "2 stopped early (2 at the 1.05M-token rung)" in report.answer(result)
+    assert sum(
+        o == "stopped" for o in outcomes.values()
+    ) == 2 and "2 stopped early (2 at the 1.05M-token rung)" in report.answer(result)
 
 
 def test_wall_time_is_the_run_share_of_duration(sweep_report):
@@ -166,12 +180,17 @@ def test_steps_come_only_from_the_part_the_schedule_cannot_fake(store):
     wsd = in_memory(sweep_trials(rng, seeds=1), decay="wsd")
     for t in wsd:  # the anneal: a sharp extra drop in the last 20% of the budget
         t.train = [(tok, loss - (0.3 if tok > 0.8 * TOTAL_TOKENS else 0.0)) for tok, loss in t.train]
-    end_of_stable = min(float(np.interp(0.8 * TOTAL_TOKENS, *t.smoothed(2 * BATCHES[-1]))) for t in wsd if t.batch == BATCHES[-1])
+    end_of_stable = min(
+        float(np.interp(0.8 * TOTAL_TOKENS, *t.smoothed(2 * BATCHES[-1]))) for t in wsd if t.batch == BATCHES[-1]
+    )
     fit = analysis.analyse(wsd, [end_of_stable - 0.2])["critical_batch"][0]
     assert BATCHES[-1] in fit["missing"], "reached only in the decay, so not reached"
     cosine = analysis.analyse(in_memory(sweep_trials(rng, seeds=1), decay="cosine"), [3.3])["critical_batch"][0]
     assert any("the fit depends on the schedule" in n for n in cosine["notes"])
-    assert any("no interval: one seed per configuration" in n for n in cosine["notes"]) and cosine["b_crit_interval"] is None
+    assert (
+        any("no interval: one seed per configuration" in n for n in cosine["notes"])
+        and cosine["b_crit_interval"] is None
+    )
 
 
 def test_fewer_than_three_batch_sizes_is_not_resolved():
@@ -224,8 +243,10 @@ def test_unknown_sweep_is_a_config_error(store, tmp_path):
 
 def test_sweep_file_names_the_sweep(store, tmp_path):
     sweep_file = tmp_path / "sweep.yaml"
-    sweep_file.write_text(f"name: {SWEEP}\nbase:\n  config: conf/train/tiny.yaml\n  overrides:\n"
-                          f"    - tracking.uri={store['uri']}\n    - optim.lr=1e-3\n")
+    sweep_file.write_text(
+        f"name: {SWEEP}\nbase:\n  config: conf/train/tiny.yaml\n  overrides:\n"
+        f"    - tracking.uri={store['uri']}\n    - optim.lr=1e-3\n"
+    )
     uri, name, run_id = report.resolve(str(sweep_file), [])
     assert (uri, name, run_id) == (store["uri"], SWEEP, store["parent"])
 
@@ -271,8 +292,9 @@ def test_report_without_eval_or_gns_or_reachable_target(trials, tmp_path):
 def test_noise_fit_and_bootstrap_are_what_the_analysis_uses(trials):
     """The analysis's B_crit is noise.fit_critical_batch of its points (no second formula)."""
     fit = analysis.analyse(trials, [3.3])["critical_batch"][0]
-    assert fit["b_crit"] == pytest.approx(noise.fit_critical_batch([p["batch"] for p in fit["points"]],
-                                                                   [p["steps"] for p in fit["points"]])[2])
+    assert fit["b_crit"] == pytest.approx(
+        noise.fit_critical_batch([p["batch"] for p in fit["points"]], [p["steps"] for p in fit["points"]])[2]
+    )
 
 
 def test_a_best_value_at_the_edge_of_the_swept_range_is_called_out(sweep_report):
@@ -281,4 +303,7 @@ def test_a_best_value_at_the_edge_of_the_swept_range_is_called_out(sweep_report)
     specs = [(b, f, 0, float(np.exp(SEED_NOISE * rng.standard_normal()))) for b in BATCHES for f in (1.0, 2**0.5, 2.0)]
     result = analysis.analyse(in_memory(specs), [3.3])
     assert all(r["edges"] == {"optim.lr": "lowest"} for r in result["best_per_batch"])
-    assert "The best lr is the lowest tried at 6 of 6 batch sizes: the optimum may lie below the swept range." in report.answer(result)
+    assert (
+        "The best lr is the lowest tried at 6 of 6 batch sizes: the optimum may lie below the swept range."
+        in report.answer(result)
+    )

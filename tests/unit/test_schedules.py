@@ -9,14 +9,16 @@ from hypothesis import strategies as st
 
 from orchestrator.schedules import DECAYS, lr_at
 
-schedule = st.fixed_dictionaries({
-    "peak": st.floats(1e-6, 1.0),
-    "total_tokens": st.integers(1_000, 10**9),
-    "warmup_share": st.floats(0.0, 1.0),
-    "decay": st.sampled_from(DECAYS),
-    "min_lr_ratio": st.floats(0.0, 1.0),
-    "wsd_decay_share": st.floats(0.01, 1.0),
-})
+schedule = st.fixed_dictionaries(
+    {
+        "peak": st.floats(1e-6, 1.0),
+        "total_tokens": st.integers(1_000, 10**9),
+        "warmup_share": st.floats(0.0, 1.0),
+        "decay": st.sampled_from(DECAYS),
+        "min_lr_ratio": st.floats(0.0, 1.0),
+        "wsd_decay_share": st.floats(0.01, 1.0),
+    }
+)
 
 
 def make(p):

@@ -22,19 +22,29 @@ def write(tmp_path, **body):
 
 
 def test_grid_product_and_names(tmp_path):
-    sweep = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 65536]},
-                                                     "optim.lr": {"grid": [3e-4, 1e-3]}},
-                                    base={"config": TINY, "overrides": {"train.total_tokens": 1048576,
-                                                                        "schedule.warmup_tokens": 131072}}))
+    sweep = search_space.load(
+        write(
+            tmp_path,
+            space={"batch.tokens_per_update": {"grid": [2048, 65536]}, "optim.lr": {"grid": [3e-4, 1e-3]}},
+            base={"config": TINY, "overrides": {"train.total_tokens": 1048576, "schedule.warmup_tokens": 131072}},
+        )
+    )
     trials = search_space.expand(sweep)
     assert len(trials) == 4
-    assert {(t.cfg.batch.tokens_per_update, t.cfg.optim.lr) for t in trials} == {(2048, 3e-4), (2048, 1e-3), (65536, 3e-4), (65536, 1e-3)}
+    assert {(t.cfg.batch.tokens_per_update, t.cfg.optim.lr) for t in trials} == {
+        (2048, 3e-4),
+        (2048, 1e-3),
+        (65536, 3e-4),
+        (65536, 1e-3),
+    }
     assert trials[2].name.startswith("B=64Ki lr=3e-4")
 
 
 def test_random_draws_are_seeded_and_in_range(tmp_path):
-    body = dict(space={"optim.lr": {"loguniform": [1e-4, 1e-2]}, "train.seed": {"randint": [1, 3]}},
-                search={"algorithm": "random", "num_samples": 50, "seed": 7})
+    body = dict(
+        space={"optim.lr": {"loguniform": [1e-4, 1e-2]}, "train.seed": {"randint": [1, 3]}},
+        search={"algorithm": "random", "num_samples": 50, "seed": 7},
+    )
     a = search_space.expand(search_space.load(write(tmp_path, **body)))
     b = search_space.expand(search_space.load(write(tmp_path, **body)))
     assert [t.cfg.optim.lr for t in a] == [t.cfg.optim.lr for t in b]
@@ -46,25 +56,40 @@ def test_random_draws_are_seeded_and_in_range(tmp_path):
 
 @pytest.mark.parametrize("alpha,expected", [("sqrt", 0.5), ("linear", 1.0), (0.25, 0.25)])
 def test_lr_scaling_rule(tmp_path, alpha, expected):
-    sweep = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [1024, 4096, 16384]}},
-                                    lr_scaling={"reference_tokens": 4096, "base_lr": 1e-3, "alpha": alpha},
-                                    base={"config": TINY, "overrides": {"train.total_tokens": 1048576, "schedule.warmup_tokens": 0}}))
+    sweep = search_space.load(
+        write(
+            tmp_path,
+            space={"batch.tokens_per_update": {"grid": [1024, 4096, 16384]}},
+            lr_scaling={"reference_tokens": 4096, "base_lr": 1e-3, "alpha": alpha},
+            base={"config": TINY, "overrides": {"train.total_tokens": 1048576, "schedule.warmup_tokens": 0}},
+        )
+    )
     for t in search_space.expand(sweep):
         ratio = t.cfg.batch.tokens_per_update / 4096
-        assert t.cfg.optim.lr == pytest.approx(1e-3 * ratio ** expected, rel=1e-5)
+        assert t.cfg.optim.lr == pytest.approx(1e-3 * ratio**expected, rel=1e-5)
 
 
 def test_warmup_as_share_of_budget(tmp_path):
-    sweep = search_space.load(write(tmp_path, space={"schedule.warmup_share": {"grid": [0.01, 0.1]}},
-                                    base={"config": TINY, "overrides": {"batch.tokens_per_update": 1024}}))
+    sweep = search_space.load(
+        write(
+            tmp_path,
+            space={"schedule.warmup_share": {"grid": [0.01, 0.1]}},
+            base={"config": TINY, "overrides": {"batch.tokens_per_update": 1024}},
+        )
+    )
     budget = search_space.expand(sweep)[0].cfg.train.total_tokens
-    assert [t.cfg.schedule.warmup_tokens for t in search_space.expand(sweep)] == [round(0.01 * budget), round(0.1 * budget)]
+    assert [t.cfg.schedule.warmup_tokens for t in search_space.expand(sweep)] == [
+        round(0.01 * budget),
+        round(0.1 * budget),
+    ]
 
 
 def test_constraints_and_infeasible_listing(tmp_path):
-    body = dict(space={"batch.tokens_per_update": {"grid": [4096, 5000, 131072]}},
-                constraints=[{"key": "batch.tokens_per_update", "max": 0.25, "of": "train.total_tokens"}],
-                base={"config": TINY, "overrides": {"schedule.warmup_tokens": 0}})
+    body = dict(
+        space={"batch.tokens_per_update": {"grid": [4096, 5000, 131072]}},
+        constraints=[{"key": "batch.tokens_per_update", "max": 0.25, "of": "train.total_tokens"}],
+        base={"config": TINY, "overrides": {"schedule.warmup_tokens": 0}},
+    )
     sweep = search_space.load(write(tmp_path, **body))
     with pytest.raises(ConfigError) as info:
         search_space.split_feasible(sweep, search_space.expand(sweep))
@@ -76,35 +101,49 @@ def test_constraints_and_infeasible_listing(tmp_path):
 
 
 def test_asha_needs_reports_at_equal_tokens(tmp_path):
-    sweep = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [4096, 12288]}},
-                                    scheduler={"type": "asha", "grace_period_tokens": 65536}))
+    sweep = search_space.load(
+        write(
+            tmp_path,
+            space={"batch.tokens_per_update": {"grid": [4096, 12288]}},
+            scheduler={"type": "asha", "grace_period_tokens": 65536},
+        )
+    )
     with pytest.raises(ConfigError, match="train.eval_every_tokens"):
         search_space.check_asha_alignment(sweep, search_space.expand(sweep))
 
 
-@pytest.mark.parametrize("body,key", [
-    ({"space": {"optim.lrr": {"grid": [1]}}}, "space.optim.lrr"),
-    ({"space": {"optim.lr": {"grid": []}}}, "space.optim.lr"),
-    ({"space": {"optim.lr": {"uniform": [0.1, 0.01]}}, "search": {"algorithm": "random"}}, "space.optim.lr"),
-    ({"space": {"optim.lr": {"normal": [0, 1]}}}, "space.optim.lr"),
-    ({"constraints": [{"key": "optim.lrr", "max": 1}]}, "constraints.0.key"),
-    ({"search": {"algorithm": "bayes"}}, "search.algorithm"),
-    ({"scheduler": {"type": "pbt"}}, "scheduler.type"),
-    ({"lr_scaling": {"reference_tokens": 1, "base_lr": 1e-3, "alpha": "cubic"}}, "lr_scaling.alpha"),
-    ({"bogus": 1}, "bogus"),
-    ({"local_mode": "yes"}, "local_mode"),
-    ({"search": {"num_samples": "four"}}, "search.num_samples"),
-    ({"search": {"max_concurrent": 2, "workers": 3}}, "search.workers"),
-    ({"search": "grid"}, "search"),
-    ({"scheduler": {"type": "asha", "grace_period_tokens": "64k"}}, "scheduler.grace_period_tokens"),
-    ({"max_failures": "twice"}, "max_failures"),
-    ({"space": ["optim.lr"]}, "space"),
-    ({"space": {"schedule.warmup_share": {"grid": ["5%"]}}}, "space.schedule.warmup_share"),
-    ({"space": {}, "lr_scaling": {"reference_tokens": 0, "base_lr": 1e-3}}, "lr_scaling.reference_tokens"),
-    ({"space": {}, "lr_scaling": {"reference_tokens": 4096, "base_lr": {"grid": ["big"]}}}, "space.lr_scaling.base_lr"),
-    ({"constraints": [{"key": "schedule.warmup_tokens", "max": "a tenth", "of": "train.total_tokens"}]}, "constraints.0.max"),
-    ({"base": "tiny.yaml"}, "base.config"),
-])
+@pytest.mark.parametrize(
+    "body,key",
+    [
+        ({"space": {"optim.lrr": {"grid": [1]}}}, "space.optim.lrr"),
+        ({"space": {"optim.lr": {"grid": []}}}, "space.optim.lr"),
+        ({"space": {"optim.lr": {"uniform": [0.1, 0.01]}}, "search": {"algorithm": "random"}}, "space.optim.lr"),
+        ({"space": {"optim.lr": {"normal": [0, 1]}}}, "space.optim.lr"),
+        ({"constraints": [{"key": "optim.lrr", "max": 1}]}, "constraints.0.key"),
+        ({"search": {"algorithm": "bayes"}}, "search.algorithm"),
+        ({"scheduler": {"type": "pbt"}}, "scheduler.type"),
+        ({"lr_scaling": {"reference_tokens": 1, "base_lr": 1e-3, "alpha": "cubic"}}, "lr_scaling.alpha"),
+        ({"bogus": 1}, "bogus"),
+        ({"local_mode": "yes"}, "local_mode"),
+        ({"search": {"num_samples": "four"}}, "search.num_samples"),
+        ({"search": {"max_concurrent": 2, "workers": 3}}, "search.workers"),
+        ({"search": "grid"}, "search"),
+        ({"scheduler": {"type": "asha", "grace_period_tokens": "64k"}}, "scheduler.grace_period_tokens"),
+        ({"max_failures": "twice"}, "max_failures"),
+        ({"space": ["optim.lr"]}, "space"),
+        ({"space": {"schedule.warmup_share": {"grid": ["5%"]}}}, "space.schedule.warmup_share"),
+        ({"space": {}, "lr_scaling": {"reference_tokens": 0, "base_lr": 1e-3}}, "lr_scaling.reference_tokens"),
+        (
+            {"space": {}, "lr_scaling": {"reference_tokens": 4096, "base_lr": {"grid": ["big"]}}},
+            "space.lr_scaling.base_lr",
+        ),
+        (
+            {"constraints": [{"key": "schedule.warmup_tokens", "max": "a tenth", "of": "train.total_tokens"}]},
+            "constraints.0.max",
+        ),
+        ({"base": "tiny.yaml"}, "base.config"),
+    ],
+)
 def test_bad_sweep_files(tmp_path, body, key):
     with pytest.raises(ConfigError) as info:
         search_space.load(write(tmp_path, **body))
@@ -127,9 +166,13 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
 
     from orchestrator import sweep as sweep_lib
 
-    sweep = search_space.load(write(tmp_path, space={"optim.lr": {"loguniform": [1e-4, 1e-2]},
-                                                     "batch.tokens_per_update": {"choice": [2048, 4096]}},
-                                    search={"algorithm": "optuna", "num_samples": 4}))
+    sweep = search_space.load(
+        write(
+            tmp_path,
+            space={"optim.lr": {"loguniform": [1e-4, 1e-2]}, "batch.tokens_per_update": {"choice": [2048, 4096]}},
+            search={"algorithm": "optuna", "num_samples": 4},
+        )
+    )
     space, searcher = sweep_lib._param_space(sweep, None)
     assert isinstance(searcher, OptunaSearch)
     assert isinstance(space["trial"]["optim.lr"], tune.search.sample.Float)
@@ -145,22 +188,37 @@ def test_trial_resources_follow_where_the_worker_runs(tmp_path):
     from orchestrator import sweep as sweep_lib
 
     space = {"cluster.num_workers": {"grid": [1, 2]}, "cluster.cpus_per_worker": {"grid": [0.8]}}
-    for local_mode, expected in [(True, [0.8, sweep_lib.TRIAL_DRIVER_CPUS]),
-                                 (False, [sweep_lib.TRIAL_DRIVER_CPUS, sweep_lib.TRIAL_DRIVER_CPUS])]:
+    for local_mode, expected in [
+        (True, [0.8, sweep_lib.TRIAL_DRIVER_CPUS]),
+        (False, [sweep_lib.TRIAL_DRIVER_CPUS, sweep_lib.TRIAL_DRIVER_CPUS]),
+    ]:
         sweep = search_space.load(write(tmp_path, space=space, local_mode=local_mode))
         trials = search_space.expand(sweep)
         assert [sweep_lib.trial_resources(sweep, {"trial": t.values}) for t in trials] == [{"CPU": c} for c in expected]
 
 
 def test_seeds_replicate_every_configuration(tmp_path):
-    sweep = search_space.load(write(tmp_path, space={"optim.lr": {"grid": [1e-3, 3e-3]}}, search={"seeds": 3},
-                                    base={"config": TINY, "overrides": {"train.seed": 10}}))
+    sweep = search_space.load(
+        write(
+            tmp_path,
+            space={"optim.lr": {"grid": [1e-3, 3e-3]}},
+            search={"seeds": 3},
+            base={"config": TINY, "overrides": {"train.seed": 10}},
+        )
+    )
     trials = search_space.expand(sweep)
-    assert [(t.cfg.optim.lr, t.cfg.train.seed) for t in trials] == [(lr, s) for lr in (1e-3, 3e-3) for s in (10, 11, 12)]
+    assert [(t.cfg.optim.lr, t.cfg.train.seed) for t in trials] == [
+        (lr, s) for lr in (1e-3, 3e-3) for s in (10, 11, 12)
+    ]
     assert trials[1].name.endswith("seed=11") and len({t.name for t in trials}) == 6
-    for body, key in [({"search": {"seeds": 0}}, "search.seeds"),
-                      ({"search": {"seeds": 2, "algorithm": "optuna"}, "space": {"optim.lr": {"uniform": [1e-4, 1e-3]}}}, "search.seeds"),
-                      ({"search": {"seeds": 2}, "space": {"train.seed": {"grid": [1, 2]}}}, "search.seeds")]:
+    for body, key in [
+        ({"search": {"seeds": 0}}, "search.seeds"),
+        (
+            {"search": {"seeds": 2, "algorithm": "optuna"}, "space": {"optim.lr": {"uniform": [1e-4, 1e-3]}}},
+            "search.seeds",
+        ),
+        ({"search": {"seeds": 2}, "space": {"train.seed": {"grid": [1, 2]}}}, "search.seeds"),
+    ]:
         with pytest.raises(ConfigError, match=key):
             search_space.load(write(tmp_path, **body))
 
@@ -170,12 +228,15 @@ def test_early_stopping_groups_share_batch_size_decay_shape_and_seed(tmp_path):
     sweep = search_space.load(write(tmp_path, space=space))
     assert search_space.comparison_keys(sweep) == ("batch.tokens_per_update",)
     assert search_space.lone_groups(sweep, search_space.expand(sweep)) == []
-    sweep = search_space.load(write(tmp_path, space={**space, "schedule.decay": {"grid": ["cosine", "wsd"]}}, search={"seeds": 2}))
+    sweep = search_space.load(
+        write(tmp_path, space={**space, "schedule.decay": {"grid": ["cosine", "wsd"]}}, search={"seeds": 2})
+    )
     keys = search_space.comparison_keys(sweep)
     assert keys == ("batch.tokens_per_update", "schedule.decay", "train.seed")
     trials = search_space.expand(sweep)
     groups = {search_space.comparison_group(keys, t.values) for t in trials}
-    assert len(groups) == 2 * 2 * 2 and all(len([t for t in trials if search_space.comparison_group(keys, t.values) == g]) == 2
-                                            for g in groups)  # the two learning rates of each group
+    assert len(groups) == 2 * 2 * 2 and all(
+        len([t for t in trials if search_space.comparison_group(keys, t.values) == g]) == 2 for g in groups
+    )  # the two learning rates of each group
     one_per_batch = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))
     assert len(search_space.lone_groups(one_per_batch, search_space.expand(one_per_batch))) == 2

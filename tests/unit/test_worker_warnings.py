@@ -15,7 +15,7 @@ def test_warnings_and_log_records_are_published_once_each_in_order():
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             for _ in range(3):
-                warnings.warn("the thing is deprecated")
+                warnings.warn("the thing is deprecated", stacklevel=2)
         logging.getLogger("workloads.test").warning("gns: %s", "not measured")
         logging.getLogger("workloads.test").info("not a warning")
         collector.flush()
