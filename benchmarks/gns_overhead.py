@@ -2,7 +2,7 @@
 
     python benchmarks/gns_overhead.py [--json PATH] [--seconds 90] [key=value ...]
 
-What it runs: the worker's own update, `workloads.train_loop.train_update`, on the engine that
+What it runs: the worker's own update, `workloads.engine.train_update`, on the engine that
 `train_worker` builds (the workload of the config, default conf/train/tiny.yaml: the tiny GPT on
 the built-in corpus; AdamW through DeepSpeed at the configured ZeRO stage, token-weighted
 accumulation), in this process as a DeepSpeed world of one (gloo), with torch threads =
@@ -95,8 +95,8 @@ def main(argv: List[str] | None = None) -> int:
     import torch
 
     from orchestrator import config, noise
-    from workloads import train_loop
     from workloads import workload as workloads
+    from workloads.engine import build_engine, ensure_process_group, train_update
 
     cfg = config.load(args.config, [*args.overrides, "cluster.num_workers=1"])
     plan = config.batch_plan(cfg)
@@ -104,10 +104,10 @@ def main(argv: List[str] | None = None) -> int:
         raise SystemExit(
             f"D x A = {plan.micro_batches_per_update}: the trainer measures no noise scale; use a config with A >= 2"
         )
-    train_loop.ensure_process_group(cfg)  # a DeepSpeed world of one, as in Ray Train's local mode
+    ensure_process_group(cfg)  # a DeepSpeed world of one, as in Ray Train's local mode
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     work = workloads.build(cfg, plan, torch.device("cpu"))
-    engine = train_loop._engine(cfg, plan, work)
+    engine = build_engine(cfg, plan, work)
     data = ReplayedData(work, plan)
     gns = noise.NoiseScaleEMA(config.gns_ema_tokens(cfg))
     naive = cfg.train.loss_normalization == "micro_batch"
@@ -119,7 +119,7 @@ def main(argv: List[str] | None = None) -> int:
         nonlocal update
         probe = Probe(work.model) if on else None
         for _ in range(UPDATES_PER_PERIOD):
-            stats = train_loop.train_update(engine, data, plan, update, 0, probe, naive)
+            stats = train_update(engine, data, plan, update, 0, probe, naive)
             if probe:  # what train_worker does after each update
                 b_big = stats["real_tokens"]
                 gns.update(
@@ -146,7 +146,7 @@ def main(argv: List[str] | None = None) -> int:
     result = {
         "benchmark": "gns_overhead",
         "measures": (
-            "tokens/s of workloads.train_loop.train_update (DeepSpeed engine, one process) with the GNS probe on vs off"
+            "tokens/s of workloads.engine.train_update (DeepSpeed engine, one process) with the GNS probe on vs off"
         ),
         "ratio": rate(on_p, "cpu_s") / rate(off_p, "cpu_s"),
         "ratio_wall": rate(on_p, "wall_s") / rate(off_p, "wall_s"),

@@ -7,9 +7,9 @@ Two engines over the same model (workloads/model.py GPT: on CUDA, compiled flex 
 a document block mask), the same TokenDataset micro-batches and the same token-weighted loss:
 - plain: a nanoGPT-style loop, fp32 weights under bf16 autocast, torch AdamW(fused=True),
   one host sync per optimizer update;
-- deepspeed: the trainer's own step, `train_loop.train_update` on the engine built by
-  `train_loop._engine` (ZeRO stage and precision from the config, bf16, fused AdamW, gradient
-  noise probe as configured), world size 1, no Ray and no MLflow.
+- deepspeed: the trainer's own step, `workloads.engine.train_update` on the engine built by
+  `workloads.engine.build_engine` (ZeRO stage and precision from the config, bf16, fused AdamW,
+  gradient noise probe as configured), world size 1, no Ray and no MLflow.
 One update = the per-worker share of the config's update (b x S x A tokens). Warm-up updates
 (flex attention and block-mask compilation, allocator growth) are excluded; tokens/s is over
 the measured updates with the device synchronised at each update boundary.
@@ -163,20 +163,20 @@ def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     import torch
 
     from orchestrator.config import batch_plan
-    from workloads import train_loop
     from workloads import workload as workloads
+    from workloads.engine import build_engine, ensure_process_group, train_update
     from workloads.gns_probe import GradNormProbe
 
-    train_loop.ensure_process_group(cfg)  # a world of one, as in Ray Train's local mode
+    ensure_process_group(cfg)  # a world of one, as in Ray Train's local mode
     if device.type == "cuda":
         torch.cuda.set_device(device)
     plan = batch_plan(cfg)
     work = workloads.build(cfg, plan, device)
     probe = GradNormProbe(work.model) if cfg.gns.enabled and plan.micro_batches_per_update > 1 else None
-    engine = train_loop._engine(cfg, plan, work)
+    engine = build_engine(cfg, plan, work)
 
     def step(update: int) -> None:
-        train_loop.train_update(engine, work, plan, update, 0, probe)
+        train_update(engine, work, plan, update, 0, probe)
 
     try:
         return _measure(step, device, args.warmup, args.steps, args.max_seconds, "deepspeed")

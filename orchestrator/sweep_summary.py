@@ -113,7 +113,7 @@ def finish(
     stopped_at: Optional[Dict[str, int]] = None,
 ) -> int:
     """Close the parent run and print the answer, the same as `orchestrator report` gives."""
-    from orchestrator import analysis, report
+    from orchestrator import analysis, report, report_render
 
     uri = base.tracking.uri
     trials = report.trials_of(uri, tracking.child_runs(uri, parent))
@@ -124,7 +124,7 @@ def finish(
         _log_parent_artifacts(uri, parent, trials)
     if finished:
         try:
-            print("\n".join(report.summary_lines(analysis.analyse(trials))))
+            print("\n".join(report_render.summary_lines(analysis.analyse(trials))))
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {exc}")
     status = "FAILED" if error is not None or not finished else "FINISHED"

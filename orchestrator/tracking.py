@@ -1,27 +1,24 @@
-"""The only module that talks to MLflow.
+"""MLflow: experiments, parent/child runs, params, tags, artifacts, reading runs back. With
+metric_logger.py (the batched asynchronous `MetricLogger`, re-exported here as
+`tracking.MetricLogger`) the only place that talks to MLflow.
 
 Runs: one per `orchestrator train`; for a sweep one parent run and one child run per trial
 (tag `mlflow.parentRunId`). The x axis of every training curve is tokens: `step` = tokens seen.
-
-`MetricLogger` batches points and sends them from a background thread (`log_batch`), so
-tracking costs the training loop almost nothing; points that cannot be sent (tracking server
-down) stay buffered up to a bound and are retried. A resume watermark (the last step MLflow
-already holds, per metric) drops the points a resumed run replays, so each step appears once.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
+
+# Re-exported: callers use tracking.MetricLogger, tracking.TrackingError.
+from orchestrator.metric_logger import HTTP_RETRY_DEFAULTS, MetricLogger, TrackingError, is_local  # noqa: F401
 
 PARENT_TAG = "mlflow.parentRunId"
 ROLE_TAG = "orchestrator.role"  # SWEEP_ROLE on a sweep's parent run
@@ -34,21 +31,7 @@ SWEEP_TAG = "orchestrator.sweep"
 FAILURE_TAG = "orchestrator.failure_reason"
 STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a trial was stopped at
 WARNING_TAG_PREFIX = "orchestrator.warning."  # + a 3-digit index: what a worker warned about, in order
-MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
-MAX_PARAMS = 100  # ... and on params per call
-# MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)
-# before it raises. MetricLogger keeps unsent points and retries them itself, so such a long
-# in-call backoff would only stall flush() at checkpoints and close(): a process that runs a
-# MetricLogger against a server gets these defaults (an explicit environment setting wins).
-HTTP_RETRY_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
-}
-
-
-class TrackingError(RuntimeError):
-    """Tracking cannot keep its promise (e.g. the buffer bound was passed): the run must fail."""
+MAX_PARAMS = 100  # MLflow's limit on params per log_batch call
 
 
 def resolve_uri(uri: str) -> str:
@@ -58,10 +41,6 @@ def resolve_uri(uri: str) -> str:
     if "://" not in uri:
         return str(Path(uri).resolve())
     return uri
-
-
-def is_local(uri: str) -> bool:
-    return uri.startswith(("sqlite:", "file:", "/"))
 
 
 def client(uri: str) -> MlflowClient:
@@ -258,137 +237,6 @@ def start_system_metrics(uri: str, run_id: str, interval_s: float):
     monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True, tracking_uri=uri)
     monitor.start()
     return monitor
-
-
-# ---------------------------------------------------------------- batched async logging
-
-
-class MetricLogger:
-    """Buffers metric points and sends them in batches from a background thread.
-
-    - `log()` never blocks on the network; non-finite values are never sent.
-    - Points at or below the per-metric watermark (what MLflow already holds) are dropped, so
-      a run that resumes from a checkpoint and replays steps logs each step once.
-    - When the store is unreachable or busy (server down, SQLite "database is locked"), points
-      wait in the buffer and are retried; past `max_buffered_points` the next `log()` raises
-      TrackingError. Nothing is dropped silently. A batch sent twice (reply lost, then retried)
-      is stored once: MLflow's metric key includes the timestamp taken here at `log()`.
-    """
-
-    def __init__(
-        self,
-        uri: str,
-        run_id: str,
-        flush_every_s: float = 5.0,
-        max_buffered_points: int = 100_000,
-        watermarks: Optional[Dict[str, int]] = None,
-    ):
-        self.uri, self.run_id = uri, run_id
-        self.flush_every_s = flush_every_s
-        self.max_buffered_points = max_buffered_points
-        self._client = client(uri)
-        self._watermarks: Dict[str, int] = dict(watermarks or {})
-        self._pending: List[Metric] = []
-        self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closed = False
-        self.last_error: Optional[str] = None
-        self.sent_points = 0
-        self.failed_sends = 0  # batches that failed and were kept for a retry
-        if not is_local(uri):
-            for key, value in HTTP_RETRY_DEFAULTS.items():
-                os.environ.setdefault(key, value)
-        self._thread = threading.Thread(target=self._loop, name="mlflow-logger", daemon=True)
-        self._thread.start()
-
-    # -- producer side
-
-    def log(self, metrics: Dict[str, float], step: int) -> None:
-        timestamp = int(time.time() * 1000)
-        with self._lock:
-            if len(self._pending) >= self.max_buffered_points:
-                raise TrackingError(
-                    f"MLflow at {self.uri} unreachable and {len(self._pending):,} points buffered "
-                    f"(tracking.max_buffered_points={self.max_buffered_points:,}); last error: {self.last_error}"
-                )
-            for key, value in metrics.items():
-                if value is None or not math.isfinite(value) or step <= self._watermarks.get(key, -1):
-                    continue
-                self._pending.append(Metric(key, float(value), timestamp, int(step)))
-                self._watermarks[key] = int(step)
-
-    @property
-    def watermarks(self) -> Dict[str, int]:
-        """Per metric, the last step accepted (sent or buffered)."""
-        with self._lock:
-            return dict(self._watermarks)
-
-    @property
-    def buffered(self) -> int:
-        with self._lock:
-            return len(self._pending)
-
-    def pending_state(self) -> List[Tuple[str, float, int, int]]:
-        """Unsent points, for a checkpoint's client state (so a crash cannot lose them)."""
-        with self._lock:
-            return [(m.key, m.value, m.timestamp, m.step) for m in self._pending]
-
-    def restore_pending(self, points: Iterable[Tuple[str, float, int, int]], sent_watermarks: Dict[str, int]) -> None:
-        """Re-queue a checkpoint's unsent points that MLflow does not already hold (they keep
-        their timestamps, and the watermark rises past them so a replay cannot add them twice)."""
-        with self._lock:
-            for key, value, timestamp, step in points:
-                if step > sent_watermarks.get(key, -1):
-                    self._pending.append(Metric(key, value, timestamp, step))
-                    self._watermarks[key] = max(self._watermarks.get(key, -1), int(step))
-
-    # -- sending
-
-    def _send_some(self) -> bool:
-        """Send up to one batch; True when something was sent."""
-        with self._send_lock:
-            with self._lock:
-                batch = self._pending[:MAX_BATCH]
-            if not batch:
-                return False
-            try:
-                self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
-            except Exception as exc:  # server down, SQLite busy, ...: keep the points, retry later
-                self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                self.failed_sends += 1
-                return False
-            with self._lock:
-                del self._pending[: len(batch)]
-            self.sent_points += len(batch)
-            self.last_error = None
-            return True
-
-    def _loop(self) -> None:
-        while not self._closed:
-            self._wake.wait(self.flush_every_s)
-            self._wake.clear()
-            while self._send_some():
-                pass
-
-    def flush(self, timeout_s: float = 60.0) -> bool:
-        """Send everything now; True when the buffer is empty, False if the store stayed down."""
-        deadline = time.monotonic() + timeout_s
-        while self.buffered:
-            if not self._send_some():
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        return True
-
-    def close(self, timeout_s: float = 300.0) -> None:
-        """Flush (waiting up to timeout_s for an unreachable store) and stop the thread."""
-        ok = self.flush(timeout_s)
-        self._closed = True
-        self._wake.set()
-        self._thread.join(timeout=5)
-        if not ok:
-            raise TrackingError(f"could not send {self.buffered:,} points to MLflow at {self.uri}: {self.last_error}")
 
 
 def env_for_workers() -> Dict[str, str]:

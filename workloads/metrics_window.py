@@ -36,7 +36,7 @@ class MetricsWindow:
     """Time spent evaluating inside the window: not training, so not in tokens/s."""
 
     def add(self, stats: Mapping[str, Any]) -> None:
-        """One update's statistics, as `train_loop.train_update` returns them."""
+        """One update's statistics, as `engine.train_update` returns them."""
         self.loss_sum += stats["loss_sum"]
         self.real_tokens += stats["real_tokens"]
         self.slots += stats["local_slots"]

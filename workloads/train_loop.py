@@ -1,14 +1,8 @@
 """What each Ray Train worker runs: build the DeepSpeed engine, accumulate, step, report,
 checkpoint. `_train` reads top to bottom: set-up, the loop, and teardown that always runs (an
 ExitStack owns the process group, MLflow logger, system-metrics sampler and warning capture);
-`train_update` is one optimizer update; `MetricsWindow` turns the updates between two reports
-into their metrics.
-
-Token-weighted accumulation (DESIGN.md 4.2): before the first backward of an update we count
-the real tokens of all its micro-batches on all workers (N). Each micro-batch's *summed* token
-loss is scaled by D / N: DeepSpeed averages gradients over the D workers, so the update's
-gradient is exactly the mean over every real token, however the batch is split. We call
-`backward(scale_wrt_gas=False)` so DeepSpeed's own 1/A scaling does not apply on top.
+`train_update` (engine.py, with the engine, the process group and token-weighted accumulation)
+is one optimizer update; `MetricsWindow` turns the updates between two reports into their metrics.
 """
 
 from __future__ import annotations
@@ -19,19 +13,19 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
-import deepspeed
 import ray.train
 import torch
 import torch.distributed as dist
 
-from orchestrator import batching, ds_config, logs, noise, tracking
+from orchestrator import batching, logs, noise, tracking
 from orchestrator.config import Config, batch_plan, from_dict, gns_ema_tokens
 from orchestrator.schedules import lr_at
 from workloads import registry, worker_warnings
 from workloads import workload as workloads
 from workloads.checkpoint import TrainState, restore, save_and_report
+from workloads.engine import build_engine, ensure_process_group, evaluate, set_lr, train_update
 from workloads.gns_probe import GradNormProbe
 from workloads.metrics_window import MetricsWindow, due
 
@@ -111,7 +105,7 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     probe = _gns_probe(cfg, plan, work)
     if probe:
         resources.callback(probe.remove)
-    engine = _engine(cfg, plan, work)
+    engine = build_engine(cfg, plan, work)
     state = restore(engine, TrainState(run_id=payload["run_id"]), api)
     gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
     if state.gns:
@@ -139,93 +133,6 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     return run
 
 
-def _all_reduce(values: List[float]) -> List[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t.tolist()
-
-
-def _set_lr(engine, lr: float) -> None:
-    for group in engine.optimizer.param_groups:
-        group["lr"] = lr
-
-
-def train_update(
-    engine, work, plan, update: int, rank: int, probe: Optional[GradNormProbe], naive: bool = False
-) -> Dict[str, float]:
-    """One optimizer update: A micro-batches on this worker, then DeepSpeed's step."""
-    batches = [work.micro_batch(update, rank, a) for a in range(plan.grad_accum_steps)]
-    # The update's real-token count over all workers, known before the first backward.
-    local_real = sum(mb.real_tokens for mb in batches)
-    (global_real,) = _all_reduce([local_real])
-    scale = plan.num_workers / max(global_real, 1.0)
-    loss_scale = _loss_scale(engine)  # fp16: DeepSpeed scales the loss inside backward
-
-    loss_sum, small_sq_sum, small_count, big_sq = 0.0, 0.0, 0, None
-    for i, mb in enumerate(batches):
-        if probe:
-            probe.start()
-        summed, count = work.summed_loss(engine, mb)
-        if naive:  # per-micro-batch mean, DeepSpeed's 1/A: not invariant, kept for comparison
-            engine.backward(summed / count.clamp(min=1))
-        else:
-            # With scale_wrt_gas=False DeepSpeed adds no 1/A of its own. (ZeRO 0/1 reduce
-            # gradients once, at the accumulation boundary; ZeRO 2/3 reduce-scatter per micro-step.)
-            engine.backward(summed * scale, scale_wrt_gas=False)
-        if probe and mb.real_tokens:
-            # Hook gradients are of (summed * scale * loss_scale): rescale to a per-token mean.
-            small_sq_sum += noise.per_token_sq_norm(probe.squared_norm(), scale * loss_scale, mb.real_tokens)
-            small_count += 1
-        if i == len(batches) - 1 and engine.zero_optimization_stage() == 0:
-            # ZeRO 0 with a torch optimizer keeps no global norm, but after the boundary
-            # backward every rank's p.grad holds the all-reduced update gradient.
-            # Summed on the device: one host sync, not one per parameter.
-            grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-            big_sq = float(sum(g.double().square().sum() for g in grads))
-            big_sq /= loss_scale**2
-        engine.step()
-        loss_sum += float(summed.detach())
-
-    grad_norm = engine.get_global_grad_norm()
-    if grad_norm is None and big_sq is not None:
-        grad_norm = math.sqrt(big_sq)
-    grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-    sources = list(work.source_names)
-    local_source_tokens = [sum(mb.source_tokens.get(k, 0) for mb in batches) for k in sources]
-    totals = _all_reduce([loss_sum, small_sq_sum, small_count, *local_source_tokens])
-    total_loss, total_small_sq, total_small, *source_tokens = totals
-    return {
-        "loss_sum": total_loss,
-        "real_tokens": global_real,
-        "loss": total_loss / max(global_real, 1.0),
-        "grad_norm": grad_norm,
-        "small_sq_mean": total_small_sq / max(total_small, 1.0),
-        "local_slots": sum(mb.slots for mb in batches),
-        "source_tokens": dict(zip(sources, source_tokens)),  # all workers
-    }
-
-
-def _loss_scale(engine) -> float:
-    """The factor DeepSpeed multiplies the loss by inside backward: fp16's current (dynamic) loss
-    scale, 1 otherwise. Gradient hooks see gradients of the scaled loss."""
-    if not engine.fp16_enabled():
-        return 1.0
-    return float(getattr(engine.optimizer, "loss_scale", None) or 1.0)
-
-
-@torch.no_grad()
-def evaluate(engine, work, rank: int, world: int) -> float:
-    engine.eval()
-    loss_sum, count = 0.0, 0.0
-    for mb in work.eval_batches(rank, world):
-        summed, n = work.summed_loss(engine, mb)
-        loss_sum, count = loss_sum + float(summed), count + float(n)
-    engine.train()
-    loss_sum, count = _all_reduce([loss_sum, count])
-    return loss_sum / max(count, 1.0)
-
-
 def _maybe_inject_fault(tokens: int, rank: int, fault: Dict[str, Any], logger) -> None:
     """Tests: rank 0 raises once (first attempt only) when it passes N tokens, after sending
     what it logged, so MLflow holds steps past the last checkpoint (the case to get right).
@@ -240,18 +147,6 @@ def _maybe_inject_fault(tokens: int, rank: int, fault: Dict[str, Any], logger) -
     raise RuntimeError(f"injected fault at {tokens:,} tokens ({FAULT_ENV}={at})")
 
 
-def _engine(cfg: Config, plan, work):
-    optimizer = torch.optim.AdamW(
-        work.param_groups(),
-        lr=cfg.optim.lr,
-        betas=(cfg.optim.beta1, cfg.optim.beta2),
-        eps=cfg.optim.eps,
-        fused=cfg.cluster.use_gpu or None,
-    )
-    engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=ds_config.build(cfg, plan))
-    return engine
-
-
 def _ray(payload: Dict[str, Any]):
     """Where reports and checkpoints go. Normally Ray Train's worker group. A single-worker sweep
     trial runs in Ray Train's local mode, inside its Tune trial: there Train keeps nothing, so
@@ -262,17 +157,6 @@ def _ray(payload: Dict[str, Any]):
 
         return tune
     return ray.train
-
-
-def ensure_process_group(cfg: Config) -> bool:
-    """DeepSpeed needs torch.distributed. Ray Train sets it up for a worker group; in local mode
-    there is none, so make one of size 1 (an in-memory store: no port to find), with the
-    variables a launcher would set, which DeepSpeed reads. True if it made one."""
-    if dist.is_initialized():
-        return False
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-    dist.init_process_group("nccl" if cfg.cluster.use_gpu else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-    return True
 
 
 def _gns_probe(cfg: Config, plan, work) -> Optional[GradNormProbe]:
@@ -355,7 +239,7 @@ def _update(run: Run, update: int):
         min_lr_ratio=cfg.schedule.min_lr_ratio,
         wsd_decay_share=cfg.schedule.wsd_decay_share,
     )
-    _set_lr(run.engine, lr)
+    set_lr(run.engine, lr)
     naive = cfg.train.loss_normalization == "micro_batch"
     stats = train_update(run.engine, run.work, run.plan, update, run.rank, run.probe, naive)
     run.state.update, run.state.tokens = update + 1, before + run.plan.tokens_per_update

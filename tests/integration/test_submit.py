@@ -271,7 +271,7 @@ def _project(root: Path, files=()) -> Path:
 
 
 def test_uploads_leave_secrets_out_and_source_in(tmp_path):
-    from orchestrator import submit
+    from orchestrator import submit, upload
 
     secrets_ = [
         "deploy/mlflow/.env",
@@ -304,11 +304,11 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
     ]
     spec = submit.job_spec("sweep", _project(tmp_path, secrets_ + kept), root=tmp_path)
     # Ray's own walk and matcher decide what is zipped: the same call here
-    shipped = submit.upload_files(Path(spec.runtime_env["working_dir"]), spec.runtime_env["excludes"])
+    shipped = upload.upload_files(Path(spec.runtime_env["working_dir"]), spec.runtime_env["excludes"])
     assert not set(secrets_) & set(shipped), sorted(set(secrets_) & set(shipped))
     assert set(kept) <= set(shipped), sorted(set(kept) - set(shipped))
     # the real project: every source and config file travels
-    shipped = submit.upload_files(ROOT, submit.EXCLUDES)
+    shipped = upload.upload_files(ROOT, upload.EXCLUDES)
     sources = [
         p.relative_to(ROOT).as_posix()
         for pattern in ("orchestrator/*.py", "workloads/*.py", "conf/**/*.yaml")
@@ -318,22 +318,22 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
 
 
 def test_oversized_working_directory_refused_before_contact(tmp_path):
-    from orchestrator import submit
+    from orchestrator import submit, upload
     from orchestrator.errors import ConfigError
 
     sweep = _project(tmp_path, ["orchestrator/a.py"])
     big = tmp_path / "data" / "shards" / "big.bin"
     big.parent.mkdir(parents=True)
     with open(big, "wb") as f:  # sparse: no disk used
-        os.truncate(f.fileno(), submit.upload_limit() + 2**20)
+        os.truncate(f.fileno(), upload.upload_limit() + 2**20)
     spec = submit.job_spec("sweep", sweep, root=tmp_path)
     with pytest.raises(ConfigError) as err:
         submit.run(spec, "http://127.0.0.1:9")  # nothing listens there: refused before any contact
     message = str(err.value)
     assert message.startswith("working_dir:") and "data/shards/big.bin" in message and ".rayignore" in message, message
-    assert f"{submit.upload_limit() / 2**20:,.1f} MiB" in message and "unreachable" not in message, message
+    assert f"{upload.upload_limit() / 2**20:,.1f} MiB" in message and "unreachable" not in message, message
     (tmp_path / ".rayignore").write_text("data/\n")  # the fix the message suggests
-    submit.check_upload_size(spec)
+    upload.check_upload_size(spec)
 
 
 def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
@@ -424,24 +424,24 @@ class _FakeJobs:
 
 
 def test_follow_skips_what_it_printed_and_falls_back_to_polling(monkeypatch, capsys):
-    from orchestrator import ray_jobs
+    from orchestrator import follow
 
     cut = RuntimeError("WebSocket connection closed unexpectedly with close code 1006")  # what Ray raises
     # a stream cut off after two lines; the next one starts again at the first line (as Ray's does)
     fake = _FakeJobs(
         [(["a\n", "b\n"], cut), (["a\nb", "\nc\n"], None)], ["RUNNING", "RUNNING", "SUCCEEDED"], "a\nb\nc\nd\n"
     )
-    monkeypatch.setattr(ray_jobs, "_get", fake.get)
-    assert ray_jobs.follow_job(fake, "j1") == 0
+    monkeypatch.setattr(follow, "_get", fake.get)
+    assert follow.follow_job(fake, "j1") == 0
     out, err = capsys.readouterr()
     assert out == "a\nb\nc\nd\njob j1 SUCCEEDED\n", out
     assert "lost (WebSocket connection closed" in err and "reconnecting in 1 s" in err and "reconnected" in err, err
     # a stream that always breaks while the status answers: after the window, poll the status
-    monkeypatch.setattr(ray_jobs, "RECONNECT_WINDOW_S", 0.2)
-    monkeypatch.setattr(ray_jobs, "POLL_S", 0.0)
+    monkeypatch.setattr(follow, "RECONNECT_WINDOW_S", 0.2)
+    monkeypatch.setattr(follow, "POLL_S", 0.0)
     fake = _FakeJobs([([], cut)] * 20, ["RUNNING"] * 8 + ["FAILED"], "x\n")
-    monkeypatch.setattr(ray_jobs, "_get", fake.get)
-    assert ray_jobs.follow_job(fake, "j2") == 1
+    monkeypatch.setattr(follow, "_get", fake.get)
+    assert follow.follow_job(fake, "j2") == 1
     out, err = capsys.readouterr()
     assert out == "x\njob j2 FAILED\n" and "log stream keeps breaking off" in err, out + err
 
@@ -688,13 +688,13 @@ def counting_job_behind_a_proxy(cluster, seconds):
 
 @pytest.mark.slow
 def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
-    from orchestrator import ray_jobs
+    from orchestrator import follow, ray_jobs
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     client, job_id, proxy = counting_job_behind_a_proxy(cluster, seconds=9)
     try:
         watcher = _when_logged(client, job_id, "line-2", lambda: proxy.drop(refuse_s=2.0))
-        code = ray_jobs.follow_job(ray_jobs.connect(proxy.address), job_id)
+        code = follow.follow_job(ray_jobs.connect(proxy.address), job_id)
         watcher.join(5)
     finally:
         proxy.close()
@@ -709,15 +709,15 @@ def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_follow_exits_3_when_contact_is_lost_for_good(cluster, monkeypatch, capsys):
-    from orchestrator import ray_jobs
+    from orchestrator import follow, ray_jobs
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
-    monkeypatch.setattr(ray_jobs, "RECONNECT_WINDOW_S", 3.0)
+    monkeypatch.setattr(follow, "RECONNECT_WINDOW_S", 3.0)
     client, job_id, proxy = counting_job_behind_a_proxy(cluster, seconds=120)
     try:
         watcher = _when_logged(client, job_id, "line-3", lambda: proxy.drop(refuse_s=float("inf")))
         started = time.monotonic()
-        code = ray_jobs.follow_job(ray_jobs.connect(proxy.address), job_id)
+        code = follow.follow_job(ray_jobs.connect(proxy.address), job_id)
         lost_after = time.monotonic() - started
         watcher.join(5)
         assert client.get_job_status(job_id).value == "RUNNING"  # it runs on: "may still be running" is true

@@ -12,7 +12,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
-from orchestrator import analysis, noise, report, tracking
+from orchestrator import analysis, noise, report, report_render, tracking
 from orchestrator.errors import ConfigError
 from tests.synthetic_sweep import (
     ALPHA,
@@ -164,7 +164,7 @@ def test_best_configuration_counts_only_finished_trials(sweep_report):
     outcomes = {t["run_name"]: t["outcome"] for t in result["trials"]}
     assert sum(
         o == "stopped" for o in outcomes.values()
-    ) == 2 and "2 stopped early (2 at the 1.05M-token rung)" in report.answer(result)
+    ) == 2 and "2 stopped early (2 at the 1.05M-token rung)" in report_render.answer(result)
 
 
 def test_wall_time_is_the_run_share_of_duration(sweep_report):
@@ -198,7 +198,7 @@ def test_fewer_than_three_batch_sizes_is_not_resolved():
     result = analysis.analyse(in_memory(specs), [3.3])
     fit = result["primary"]
     assert fit["b_crit"] is None and fit["b_crit_interval"] is None and len(fit["points"]) == 2
-    assert "not resolved (B_crit needs 3 batch sizes that reach this loss; 2 did)" in report.answer(result)
+    assert "not resolved (B_crit needs 3 batch sizes that reach this loss; 2 did)" in report_render.answer(result)
 
 
 # ---------------------------------------------------------------- the files
@@ -283,7 +283,7 @@ def test_report_without_eval_or_gns_or_reachable_target(trials, tmp_path):
     result = analysis.analyse(trials, [1.0])
     assert result["loss_metric"] == "train/loss"
     assert result["best"]["batch"] == BATCHES[0] and result["lr_scaling"]["alpha"] == pytest.approx(ALPHA, abs=1e-6)
-    assert "Critical batch size at loss 1: not resolved" in report.answer(result)
+    assert "Critical batch size at loss 1: not resolved" in report_render.answer(result)
     written = {p.name for p in report.write_report(trials, result, "degenerate", tmp_path)}
     assert "critical_batch.png" not in written and {"loss_vs_tokens.png", "summary.md", "report.json"} <= written
     assert "no gns/b_simple" in (tmp_path / "summary.md").read_text()
@@ -305,5 +305,5 @@ def test_a_best_value_at_the_edge_of_the_swept_range_is_called_out(sweep_report)
     assert all(r["edges"] == {"optim.lr": "lowest"} for r in result["best_per_batch"])
     assert (
         "The best lr is the lowest tried at 6 of 6 batch sizes: the optimum may lie below the swept range."
-        in report.answer(result)
+        in report_render.answer(result)
     )
