@@ -98,6 +98,11 @@ def nearest(shape: Shape, nodes: Sequence[Resources]) -> List[str]:
     return out
 
 
+def distinct(shapes: Sequence[Shape]) -> List[Shape]:
+    """Each shape once, in order (the trials of a sweep mostly share a few)."""
+    return list({s.describe(): s for s in shapes}.values())
+
+
 def problem(shape: Shape, nodes: Sequence[Resources], where: str) -> Optional[str]:
     """None when the shape fits; else one line naming the shape, the cluster and what would fit."""
     if fits(shape, nodes):

@@ -120,7 +120,7 @@ def check_cluster(cfg: Config, shapes: List[feasibility.Shape]) -> None:
 
     nodes = cluster_nodes()
     where = f"the Ray cluster at {cfg.cluster.address}" if on_cluster(cfg) else "this machine's Ray"
-    for s in {s.describe(): s for s in shapes}.values():  # each distinct shape once
+    for s in feasibility.distinct(shapes):
         problem = feasibility.problem(s, nodes, where)
         if problem:
             raise ConfigError("cluster", problem)

@@ -194,17 +194,16 @@ def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[
     """The distinct shapes (feasibility.Shape) of the sweep's trials, computed as `orchestrator
     sweep` does: every feasible trial of a grid or random sweep, the base config for optuna."""
     from orchestrator import config as config_lib
-    from orchestrator import search_space
+    from orchestrator import feasibility, search_space
     from orchestrator import sweep as sweep_lib
 
     sweep = search_space.load(sweep_path)
     sweep.base_overrides += list(overrides)
-    if sweep.search.algorithm == "optuna":
-        cfgs = [config_lib.load(sweep.base_config, sweep.base_overrides)]
-    else:
-        cfgs = [t.cfg for t in search_space.split_feasible(sweep, search_space.expand(sweep))[0]]
-    shapes = [sweep_lib.trial_shape(sweep, cfg) for cfg in cfgs]
-    return list({s.describe(): s for s in shapes}.values())
+    base = config_lib.load(sweep.base_config, sweep.base_overrides)
+    trials = None
+    if sweep.search.algorithm != "optuna":
+        trials = search_space.split_feasible(sweep, search_space.expand(sweep))[0]
+    return feasibility.distinct(sweep_lib.trial_shapes(sweep, trials, base))
 
 
 def check_fit(client, shapes: Sequence[Any]) -> None:

@@ -120,6 +120,11 @@ def trial_shape(sweep: search_space.Sweep, cfg: config_lib.Config):
     return launch.shape(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
 
 
+def trial_shapes(sweep: search_space.Sweep, trials, base: config_lib.Config) -> list:
+    """The shape of every trial; for an Optuna search (trials None), the base config's."""
+    return [trial_shape(sweep, t.cfg) for t in trials or [search_space.Trial({}, base)]]
+
+
 def _preflight(trials: List[search_space.Trial]) -> None:
     seen = set()
     for t in trials:
@@ -216,7 +221,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         _preflight([search_space.Trial({}, base)])
     _say_how_early_stopping_compares(sweep, trials)
     launch.ray_init(base.cluster.address)
-    launch.check_cluster(base, [trial_shape(sweep, t.cfg) for t in trials or [search_space.Trial({}, base)]])
+    launch.check_cluster(base, trial_shapes(sweep, trials, base))
 
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume:
