@@ -74,18 +74,19 @@ def _suggest(target: int, unit: int, allowed_max: Optional[int] = None) -> str:
 def solve(
     seq_len: int,
     tokens_per_update: int,
-    max_micro_batch_size: int,
+    max_micro_batch_size: Optional[int],
     num_workers: int,
     grad_accum_steps: Optional[int] = None,
 ) -> BatchPlan:
-    """The exact S x b x D x A decomposition, or a ConfigError saying what would be valid."""
+    """The exact S x b x D x A decomposition, or a ConfigError saying what would be valid.
+    max_micro_batch_size None: no memory bound yet (`auto` before it is resolved)."""
     for key, value in (
         ("data.seq_len", seq_len),
         ("batch.tokens_per_update", tokens_per_update),
         ("batch.micro_batch_size", max_micro_batch_size),
         ("cluster.num_workers", num_workers),
     ):
-        if value < 1:
+        if value is not None and value < 1:
             raise ConfigError(key, f"got {value}; must be a positive integer")
     if grad_accum_steps is not None and grad_accum_steps < 1:
         raise ConfigError("batch.grad_accum_steps", f"got {grad_accum_steps}; must be a positive integer or omitted")
@@ -99,11 +100,12 @@ def solve(
                 f"{seq_len} x {num_workers} = {sequences_unit:,}; {_suggest(tokens_per_update, sequences_unit)}",
             )
         per_worker = tokens_per_update // sequences_unit
-        micro = max(b for b in range(1, min(max_micro_batch_size, per_worker) + 1) if per_worker % b == 0)
+        bound = per_worker if max_micro_batch_size is None else min(max_micro_batch_size, per_worker)
+        micro = max(b for b in range(1, bound + 1) if per_worker % b == 0)
         return BatchPlan(seq_len, micro, num_workers, per_worker // micro)
 
     accum_unit = sequences_unit * grad_accum_steps
-    largest = accum_unit * max_micro_batch_size
+    largest = accum_unit * max_micro_batch_size if max_micro_batch_size is not None else tokens_per_update
     if tokens_per_update % accum_unit or tokens_per_update > largest:
         raise ConfigError(
             "batch.tokens_per_update",

@@ -49,6 +49,8 @@ class ModelConfig:
     """Positions the model can embed; data.seq_len may not exceed it."""
     vocab_size: int = 257
     """Vocabulary size; the byte tokenizer needs 257 (256 bytes + EOS)."""
+    compile: Optional[bool] = None
+    """torch.compile the whole model; None = on when training on GPU (on CPU it does not pay)."""
     dim: int = 16
     """linreg only: input dimension d."""
     noise_std: float = 1.0
@@ -97,8 +99,10 @@ class DataConfig:
 class BatchConfig:
     tokens_per_update: int = 4096
     """Global tokens per optimizer update (S x b x D x A)."""
-    micro_batch_size: int = 8
-    """b: the largest number of sequences per worker per forward/backward that fits in memory."""
+    micro_batch_size: Any = 8
+    """b: the largest number of sequences per worker per forward/backward that fits in memory; or
+    `auto`: the largest that fits the trial's device, probed there once per shape
+    (orchestrator/micro_batch.py)."""
     grad_accum_steps: Optional[int] = None
     """A: derived (fewest steps that fit) when omitted, checked when given."""
 
@@ -112,7 +116,10 @@ class ClusterConfig:
     cpus_per_worker: float = 1.0
     """CPUs Ray reserves per worker (fractions allowed); torch threads follow it."""
     use_gpu: bool = False
-    """One GPU per worker."""
+    """Train on GPUs (cluster.gpus_per_worker each)."""
+    gpus_per_worker: float = 1.0
+    """use_gpu only: GPUs Ray reserves per worker, in (0, 1]; a fraction lets small trials share
+    a GPU (each worker still uses one device)."""
     placement_strategy: str = "PACK"
     """How Ray places the workers: PACK (fewest nodes), SPREAD, STRICT_PACK (one node) or
     STRICT_SPREAD (one node each)."""
@@ -379,16 +386,33 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def compile_enabled(cfg: Config) -> bool:
+    """model.compile, or by default: on GPU yes, on CPU no."""
+    return cfg.model.compile if cfg.model.compile is not None else cfg.cluster.use_gpu
+
+
 def gns_ema_tokens(cfg: Config) -> int:
     """The GNS EMA's time constant in tokens (a twentieth of the budget unless given)."""
     return cfg.gns.ema_tokens or max(1, cfg.train.total_tokens // 20)
 
 
+AUTO = "auto"
+
+
+def micro_batch_limit(cfg: Config) -> Optional[int]:
+    """batch.micro_batch_size as the solver's bound; None while it is `auto` (not yet resolved)."""
+    b = cfg.batch.micro_batch_size
+    return None if b == AUTO else b
+
+
 def batch_plan(cfg: Config) -> batching.BatchPlan:
+    """S x b x D x A of the config. With `auto` not yet resolved (orchestrator/micro_batch.py), b is
+    bounded by the per-worker share of the update alone: right for checking that the batch
+    decomposes, not for running."""
     return batching.solve(
         cfg.data.seq_len,
         cfg.batch.tokens_per_update,
-        cfg.batch.micro_batch_size,
+        micro_batch_limit(cfg),
         cfg.cluster.num_workers,
         cfg.batch.grad_accum_steps,
     )

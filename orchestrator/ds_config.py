@@ -6,11 +6,12 @@ after the merge so no override can silently change what an update means.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from orchestrator.batching import BatchPlan
 from orchestrator.config import Config
 from orchestrator.errors import ConfigError
+from orchestrator.memory import DEFAULT_BUCKET
 
 
 def _deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -23,8 +24,17 @@ def _deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def build(cfg: Config, plan: BatchPlan) -> Dict[str, Any]:
-    """DeepSpeed config for one worker of the run described by `cfg` and `plan`."""
+def _buckets(num_params: Optional[int]) -> Dict[str, int]:
+    if not num_params:
+        return {}
+    elements = min(DEFAULT_BUCKET, num_params)
+    return {"reduce_bucket_size": elements, "allgather_bucket_size": elements}
+
+
+def build(cfg: Config, plan: BatchPlan, num_params: Optional[int] = None) -> Dict[str, Any]:
+    """DeepSpeed config for one worker of the run described by `cfg` and `plan`. `num_params`
+    (the model's) caps DeepSpeed's gradient bucket: ZeRO allocates all of it up front, and a
+    bucket larger than the model only holds memory."""
     ds: Dict[str, Any] = {
         "train_batch_size": plan.sequences_per_update,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
@@ -40,7 +50,7 @@ def build(cfg: Config, plan: BatchPlan) -> Dict[str, Any]:
             },
         },
         "gradient_clipping": cfg.optim.grad_clip,
-        "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
+        "zero_optimization": {"stage": cfg.deepspeed.zero_stage, **_buckets(num_params)},
         "steps_per_print": 10**9,  # progress is ours; keep DeepSpeed's log quiet
         "wall_clock_breakdown": False,
     }

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
-from orchestrator import batching, ds_config, feasibility, storage, tracking
+from orchestrator import batching, ds_config, feasibility, micro_batch, storage, tracking
 from orchestrator import plan as planning
 from orchestrator.config import Config, batch_plan, flatten, to_dict, to_yaml
 from orchestrator.errors import ConfigError
@@ -75,10 +75,17 @@ def ray_init(address: Optional[str] = None) -> None:
         )
 
 
+def worker_resources(cfg: Config) -> Dict[str, float]:
+    """What Ray reserves for one worker, e.g. {"CPU": 8, "GPU": 1}."""
+    c = cfg.cluster
+    return {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.use_gpu else {})}
+
+
 def shape(cfg: Config, trial: Optional[Dict[str, float]] = None) -> feasibility.Shape:
     """What a run of `cfg` holds: D worker bundles, plus `trial` (a Tune trial's own resources)."""
-    per_worker = {"CPU": cfg.cluster.cpus_per_worker, **({"GPU": 1.0} if cfg.cluster.use_gpu else {})}
-    return feasibility.Shape(cfg.cluster.num_workers, per_worker, cfg.cluster.placement_strategy, dict(trial or {}))
+    return feasibility.Shape(
+        cfg.cluster.num_workers, worker_resources(cfg), cfg.cluster.placement_strategy, dict(trial or {})
+    )
 
 
 def cluster_nodes() -> List[Dict[str, float]]:
@@ -145,9 +152,16 @@ def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> s
     run_id = tracking.create_run(uri, cfg.tracking.experiment, name, tags)
     tracking.log_params(uri, run_id, run_params(cfg))
     tracking.log_text(uri, run_id, to_yaml(cfg), "config.yaml")
-    tracking.log_dict(uri, run_id, ds_config.build(cfg, batch_plan(cfg)), "deepspeed.json")
+    tracking.log_dict(uri, run_id, ds_config.build(cfg, batch_plan(cfg), _num_params(cfg)), "deepspeed.json")
     tracking.log_text(uri, run_id, planning.format_table(planning.describe(cfg)), "plan.txt")
     return run_id
+
+
+def _num_params(cfg: Config) -> Optional[int]:
+    from workloads import workload
+
+    costs = workload.costs(cfg)
+    return costs.params if costs else None
 
 
 def worker_config(cfg: Config) -> Dict[str, Any]:
@@ -187,7 +201,7 @@ def build_trainer(
         scaling_config=ScalingConfig(
             num_workers=0 if local_mode else plan.num_workers,
             use_gpu=cfg.cluster.use_gpu,
-            resources_per_worker={"CPU": cfg.cluster.cpus_per_worker},
+            resources_per_worker=worker_resources(cfg),
             placement_strategy=cfg.cluster.placement_strategy,
         ),
         torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
@@ -298,6 +312,7 @@ def train(cfg: Config) -> int:
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     ray_init(cfg.cluster.address)
     check_cluster(cfg, [shape(cfg)])
+    micro_batch.resolve(cfg)
     folder = storage.join(cfg.train.storage_path, name)
     run_id = recorded_run_id(cfg.train.storage_path, name)
     if run_id:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import math
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-from orchestrator import batching, ds_config
-from orchestrator.config import Config, batch_plan
+from orchestrator import batching, ds_config, memory
+from orchestrator.config import AUTO, Config, batch_plan
 from orchestrator.schedules import lr_at
+
+DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
 
 
 def lr_schedule(cfg: Config, tokens: float) -> float:
@@ -29,17 +32,30 @@ def rounded_budget(cfg: Config) -> int:
     return plan.tokens_for_steps(batching.total_steps(plan, cfg.train.total_tokens))
 
 
-def describe(cfg: Config) -> Dict[str, Any]:
+def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, Any]:
+    """What the config means; `device_memory` (bytes) sizes the memory model's largest b (default:
+    the visible GPU when training on GPU, else a CPU worker's share of this machine's memory).
+    With `auto`, b is the memory model's answer for that memory."""
+    from orchestrator import micro_batch
+
+    capacity = device_memory or visible_device_memory(cfg)
+    auto = cfg.batch.micro_batch_size == AUTO
+    if auto:
+        cfg = copy.deepcopy(cfg)
+        answer = micro_batch.from_model(cfg, capacity, micro_batch.per_worker_share(cfg))
+        cfg.batch.micro_batch_size = max(1, answer["micro_batch_size"])
     plan = batch_plan(cfg)
     steps = batching.total_steps(plan, cfg.train.total_tokens)
     total = plan.tokens_for_steps(steps)
     tpu = plan.tokens_per_update
     warmup_steps = math.ceil(cfg.schedule.warmup_tokens / tpu)
-    ds = ds_config.build(cfg, plan)
+    predicted = micro_batch.predict(cfg, plan.micro_batch_size)
+    ds = ds_config.build(cfg, plan, predicted[1].params if predicted else None)
     quarter_points = {f"{int(q * 100)}%": q * total for q in (0.0, 0.25, 0.5, 0.75, 1.0)}
     return {
         "seq_len": plan.seq_len,
         "micro_batch_size": plan.micro_batch_size,
+        "micro_batch_auto": auto,
         "num_workers": plan.num_workers,
         "grad_accum_steps": plan.grad_accum_steps,
         "sequences_per_update": plan.sequences_per_update,
@@ -58,13 +74,49 @@ def describe(cfg: Config) -> Dict[str, Any]:
         "deepspeed_gradient_accumulation_steps": ds["gradient_accumulation_steps"],
         "zero_stage": cfg.deepspeed.zero_stage,
         "precision": cfg.deepspeed.precision,
+        "memory": _memory(cfg, plan, predicted, capacity),
     }
+
+
+def _memory(cfg: Config, plan, predicted, capacity: float) -> Optional[Dict[str, Any]]:
+    """The memory model's figures per worker (orchestrator/memory.py), None if the workload gives none."""
+    if predicted is None:
+        return None
+    estimate, costs = predicted
+    fixed = estimate.states + estimate.bucket
+    return {
+        "params": costs.params,
+        "states_bytes": estimate.states,
+        "bucket_bytes": estimate.bucket,
+        "activation_bytes": estimate.activations,
+        "total_bytes": estimate.total,
+        "activation_bytes_per_sequence": costs.activation_bytes_per_sequence,
+        "device_memory_bytes": capacity,
+        "largest_micro_batch_size": memory.largest_micro_batch(fixed, costs.activation_bytes_per_sequence, capacity),
+        "headroom": memory.HEADROOM,
+    }
+
+
+def visible_device_memory(cfg: Config) -> float:
+    """The memory of the device a worker would train on, as seen from here."""
+    from orchestrator import micro_batch
+
+    if cfg.cluster.use_gpu:
+        import torch
+
+        if torch.cuda.is_available():
+            return float(torch.cuda.get_device_properties(0).total_memory)
+        return DEFAULT_GPU_MEMORY
+    return micro_batch.cpu_worker_memory(cfg)
 
 
 def format_table(info: Dict[str, Any]) -> str:
     rows = [
         ("seq_len S", f"{info['seq_len']:,}"),
-        ("micro_batch_size b", f"{info['micro_batch_size']:,}"),
+        (
+            "micro_batch_size b",
+            f"{info['micro_batch_size']:,}" + ("  (auto: the memory model's)" if info["micro_batch_auto"] else ""),
+        ),
         ("num_workers D", f"{info['num_workers']:,}"),
         ("grad_accum_steps A", f"{info['grad_accum_steps']:,}"),
         ("sequences / update", f"{info['sequences_per_update']:,}  (b x D x A)"),
@@ -89,5 +141,21 @@ def format_table(info: Dict[str, Any]) -> str:
         ("DeepSpeed grad accumulation", f"{info['deepspeed_gradient_accumulation_steps']:,}"),
         ("ZeRO stage / precision", f"{info['zero_stage']} / {info['precision']}"),
     ]
+    m = info["memory"]
+    if m:
+        gib = memory.format_bytes
+        rows += [
+            ("parameters", f"{m['params']:,}"),
+            (
+                "memory / worker (model)",
+                f"{gib(m['total_bytes'])} = states {gib(m['states_bytes'])} + bucket {gib(m['bucket_bytes'])} "
+                f"+ activations {gib(m['activation_bytes'])} (b={info['micro_batch_size']})",
+            ),
+            ("activations / sequence", gib(m["activation_bytes_per_sequence"])),
+            (
+                f"largest b in {gib(m['device_memory_bytes'])}",
+                f"{m['largest_micro_batch_size']:,}  ({m['headroom']:.0%} of the memory left free)",
+            ),
+        ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

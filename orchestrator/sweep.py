@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from orchestrator import config as config_lib
-from orchestrator import launch, search_space, storage, tracking
+from orchestrator import launch, micro_batch, search_space, storage, tracking
 from orchestrator.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def trial_resources(sweep: search_space.Sweep, params: Dict[str, Any]) -> Dict[s
     cfg = search_space.resolve(sweep, params["trial"]).cfg
     if cfg is None or not in_trial_process(sweep, cfg):
         return {"CPU": TRIAL_DRIVER_CPUS}
-    return {"CPU": cfg.cluster.cpus_per_worker, **({"GPU": 1} if cfg.cluster.use_gpu else {})}
+    return launch.worker_resources(cfg)
 
 
 # ---------------------------------------------------------------- inside each Tune trial
@@ -58,6 +58,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
         return
     cfg = trial.cfg
     launch.resolve_paths(cfg)
+    micro_batch.resolve(cfg)  # the sweep's driver found it before the trials started: a cache hit
     trial_id = tune.get_context().get_trial_id()
     cfg.train.run_name = trial_id
     tags = {tracking.PARENT_TAG: setup["parent_run_id"], tracking.TRIAL_TAG: trial_id, tracking.SWEEP_TAG: sweep.name}
@@ -222,6 +223,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     _say_how_early_stopping_compares(sweep, trials)
     launch.ray_init(base.cluster.address)
     launch.check_cluster(base, trial_shapes(sweep, trials, base))
+    micro_batch.resolve_all([t.cfg for t in trials] if trials is not None else [base])
 
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume:

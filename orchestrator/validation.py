@@ -7,7 +7,7 @@ Imports only the schema (orchestrator.config) and the pure arithmetic; `config.l
 from __future__ import annotations
 
 from orchestrator import batching, schedules
-from orchestrator.config import Config, batch_plan
+from orchestrator.config import AUTO, Config, batch_plan
 from orchestrator.errors import ConfigError
 from orchestrator.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
 from workloads import registry as workload_registry  # names only: the standard library, no torch
@@ -90,6 +90,14 @@ def validate(cfg: Config) -> None:
     _positive("train.checkpoint_every_tokens", t.checkpoint_every_tokens, allow_zero=True)
     _positive("train.max_failures", t.max_failures, allow_zero=True)
     _choice("train.loss_normalization", t.loss_normalization, ("token", "micro_batch"))
+    b = cfg.batch.micro_batch_size
+    if b != AUTO and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+        raise ConfigError("batch.micro_batch_size", f"got {b!r}; must be a positive integer or {AUTO!r}")
+    if cfg.cluster.use_gpu and not 0 < cfg.cluster.gpus_per_worker <= 1:
+        raise ConfigError(
+            "cluster.gpus_per_worker",
+            f"got {cfg.cluster.gpus_per_worker}; must be in (0, 1]: a worker uses one device, a fraction shares it",
+        )
     plan = batch_plan(cfg)
     batching.total_steps(plan, t.total_tokens)
     if s.warmup_tokens > t.total_tokens:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import ds_config, noise
-from orchestrator.config import Config
+from orchestrator.config import Config, compile_enabled
 from workloads.gns_probe import GradNormProbe
 
 
@@ -43,8 +43,21 @@ def build_engine(cfg: Config, plan, work):
         eps=cfg.optim.eps,
         fused=cfg.cluster.use_gpu or None,
     )
-    engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=ds_config.build(cfg, plan))
+    num_params = sum(p.numel() for p in work.model.parameters())
+    config = ds_config.build(cfg, plan, num_params)
+    engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=config)
+    if compile_enabled(cfg):
+        use_compile_caches()
+        engine.compile()  # the whole model's forward (and so its backward), in place: the same state dict
     return engine
+
+
+def use_compile_caches() -> None:
+    """Inductor's FX-graph and AOT-autograd caches on disk, under one folder per node and user
+    (TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_<user>): the kernels a trial compiles
+    are found by every later trial of the same shape on that node, instead of compiling again."""
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
 
 
 def set_lr(engine, lr: float) -> None:

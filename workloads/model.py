@@ -233,6 +233,24 @@ def flops_per_token(cfg: GPTConfig, seq_len: int) -> float:
     return 6.0 * count_params(cfg) + 12.0 * L * H * Q * seq_len
 
 
+def activation_bytes(cfg: GPTConfig, seq_len: int, dtype_bytes: int, dense_mask: bool) -> float:
+    """Bytes autograd keeps for backward per sequence of a micro-batch (multiply by b).
+
+    Per block, 17 tensors of [S, d] (Korthikanti et al. 2022 count 34 bytes in 16-bit): the
+    norms' inputs and outputs (4), q, k and v (3), the attention output and its contiguous
+    copy (2), the MLP's hidden layer before and after GELU (4 + 4); and attention's fp32
+    log-sum-exp per head and query (the fused kernels keep no S x S scores). At the top, the
+    final norm's input and output, and [S, vocab] logits: in the model's dtype when that is not
+    fp32, then fp32 logits, log-softmax and its gradient. `dense_mask` (CPU): the boolean
+    S x S document mask.
+    """
+    cfg = GPTConfig.of(cfg)
+    S, d, V = seq_len, cfg.d_model, cfg.vocab_size
+    per_block = 17 * S * d * dtype_bytes + cfg.n_heads * S * 4
+    top = 2 * S * d * dtype_bytes + S * V * (12 + (dtype_bytes if dtype_bytes != 4 else 0))
+    return cfg.n_layers * per_block + top + (S * S if dense_mask else 0)
+
+
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: achieved training FLOP/s over the hardware's peak FLOP/s."""
     return tokens_per_s * flops_per_token / peak_flops

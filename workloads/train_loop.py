@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import batching, logs, noise, tracking
-from orchestrator.config import Config, batch_plan, from_dict, gns_ema_tokens
+from orchestrator.config import AUTO, Config, batch_plan, from_dict, gns_ema_tokens
 from orchestrator.schedules import lr_at
 from workloads import registry, worker_warnings
 from workloads import workload as workloads
@@ -96,6 +96,7 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     rank, world = dist.get_rank(), dist.get_world_size()  # Ray Train's world rank and size
     collector = _capture_warnings(cfg, payload["run_id"], resources) if rank == 0 else None
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
+    assert cfg.batch.micro_batch_size != AUTO, "the driver resolves batch.micro_batch_size: auto before launching"
     plan = batch_plan(cfg)
     assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
     steps = batching.total_steps(plan, cfg.train.total_tokens)

@@ -5,19 +5,22 @@ A workload owns its model and its data and answers three questions: which micro-
 worker r see at accumulation step a of update u, what is the *summed* token loss of a
 micro-batch (and how many real tokens it holds), and what is the held-out loss. A third one is
 a class with the members of `Workload` and a constructor `(cfg, plan, device)`, registered
-with `@registry.register("name")`; `model.name: name` then validates and builds it.
+with `@registry.register("name")`; `model.name: name` then validates and builds it. A static
+`costs(cfg) -> ModelCosts` (optional) tells `plan`, `sweep --dry-run` and
+`batch.micro_batch_size: auto` its size, FLOPs and memory without building the model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 from torch import nn
 
 from orchestrator.batching import BatchPlan
 from orchestrator.config import Config
+from orchestrator.memory import ModelCosts
 from workloads import registry
 
 
@@ -71,6 +74,12 @@ def missing_members(obj: object) -> List[str]:
     return [m for m in members if not hasattr(obj, m)]
 
 
+def costs(cfg: Config) -> Optional[ModelCosts]:
+    """The workload's size, FLOPs and activation memory from its config (None: it does not say)."""
+    factory = registry.factory(cfg.model.name)
+    return factory.costs(cfg) if hasattr(factory, "costs") else None
+
+
 def token_micro_batch(batch, source_names: Sequence[str], device: torch.device) -> MicroBatch:
     """A MicroBatch of a packed token batch of workloads/data.py, for workloads on that data."""
     tensors = {k: getattr(batch, k).to(device) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
@@ -93,6 +102,19 @@ class GPTWorkload:
         self.eval_data = data.TokenDataset(cfg, "eval")
         self.source_names = [s.name for s in cfg.data.sources]
         self.flops_per_token = model.flops_per_token(shape, cfg.data.seq_len)
+
+    @staticmethod
+    def costs(cfg: Config) -> ModelCosts:
+        from workloads import model
+
+        shape, S = model.GPTConfig.of(cfg.model), cfg.data.seq_len
+        dtype_bytes = 4 if cfg.deepspeed.precision == "fp32" else 2
+        dense_mask = not (cfg.cluster.use_gpu and model.HAS_FLEX)  # as GPT.forward chooses
+        return ModelCosts(
+            params=model.count_params(shape, exclude_embeddings=False),
+            flops_per_token=model.flops_per_token(shape, S),
+            activation_bytes_per_sequence=model.activation_bytes(shape, S, dtype_bytes, dense_mask),
+        )
 
     def param_groups(self) -> List[Dict[str, Any]]:
         return self._model_lib.param_groups(self.model, self.cfg.optim.weight_decay)
@@ -127,6 +149,11 @@ class LinRegWorkload:
         self.source_names: List[str] = []
         self.flops_per_token = 6.0 * m.dim
         self._losses = linreg.LinRegModel.token_losses
+
+    @staticmethod
+    def costs(cfg: Config) -> ModelCosts:
+        dim = cfg.model.dim  # a "sequence" is seq_len examples of dim inputs and one label
+        return ModelCosts(dim, 6.0 * dim, cfg.data.seq_len * (dim + 2) * 4.0)
 
     def param_groups(self) -> List[Dict[str, Any]]:
         return [{"params": list(self.model.parameters()), "weight_decay": 0.0}]

@@ -1,6 +1,7 @@
 """Sweeps end to end through the real command line: MLflow parent/children, retries from
 checkpoints, ASHA at equal tokens, --resume after the driver is killed, bad sweep files."""
 
+import json
 import os
 import signal
 import subprocess
@@ -40,10 +41,16 @@ def variant(tmp_path, name, **changes):
 
 
 def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
-    """4 trials; each fails once after its second checkpoint and is retried from it."""
+    """4 trials; each fails once after its second checkpoint and is retried from it. Their
+    micro-batch is `auto`: probed once for their one shape, against an artificial 12 MiB device."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     code, sweep_out, err = run_cli(
-        "sweep", SMOKE, f"tracking.uri={uri}", cwd=tmp_path, env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864"}
+        "sweep",
+        SMOKE,
+        f"tracking.uri={uri}",
+        "batch.micro_batch_size=auto",
+        cwd=tmp_path,
+        env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864", "ORCHESTRATOR_DEVICE_MEMORY": "12MiB"},
     )
     assert code == 0, sweep_out[-3000:] + err[-3000:]
     out = sweep_out
@@ -52,6 +59,10 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     assert len(runs) == 4
     markers = list((tmp_path / "runs").rglob(".fault_injected"))
     assert len(markers) == 4, "every trial should have failed once"
+    (probed,) = (tmp_path / "runs" / "micro_batch").glob("*.json")
+    answer = json.loads(probed.read_text())
+    assert answer["method"] == "probe" and sweep_out.count("batch.micro_batch_size auto:") == 1, "one probe"
+    assert 8 < answer["micro_batch_size"] < 32, answer  # not the config's 8: b below follows the probe
     # single-worker trials ran in Ray Train's local mode: their checkpoints are Tune's
     assert len({p.parent for p in (tmp_path / "runs" / "sweeps" / "smoke").glob("*/tune/*/checkpoint_*")}) == 4
     for run in runs:
@@ -59,6 +70,12 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
         assert run.info.run_name.startswith("B=")
         steps = [s for s, _ in tracking.metric_history(uri, run.info.run_id, "train/loss")]
         tpu = int(run.data.params["batch.tokens_per_update"])
+        share = tpu // 64  # sequences of S = 64 per update, one worker
+        b = max(b for b in range(1, answer["micro_batch_size"] + 1) if share % b == 0)
+        assert (run.data.params["batch.micro_batch_size"], run.data.params["batch.grad_accum_steps"]) == (
+            str(b),
+            str(share // b),
+        )
         assert steps == sorted(set(steps)), "steps unique and increasing"
         assert steps == list(range(tpu, 49152 + 1, tpu)), "every update once, none missing"
     # the parent carries the sweep file and the all-trials plot
