@@ -1,12 +1,19 @@
-"""GPU throughput: tokens/s and MFU of gpt-350m in bf16 on one GPU, in one process.
+"""GPU throughput: tokens/s, MFU and peak memory of gpt-125m and gpt-350m in bf16 on one GPU, at the
+micro-batch `batch.micro_batch_size: auto` finds, in one process.
 
-    python benchmarks/gpu_throughput.py [--json PATH] [--engine plain|deepspeed|both] [--peak-flops F] [key=value ...]
+    python benchmarks/gpu_throughput.py [--json PATH] [--engine plain|deepspeed|both] [--peak-flops F]
+        [--config conf/train/gpt-350m.yaml ...] [--micro-batch auto|N] [key=value ...]
     python benchmarks/gpu_throughput.py --device cpu --tiny     # smoke check of the logic only
+
+Needs torch, DeepSpeed and OmegaConf, not Ray or MLflow (so it runs on a GPU machine with only
+those wheels). For each config: the probe of workloads/micro_batch_probe.py picks b (on CPU, the
+memory model does), then both engines run at that b; the memory model's prediction is printed
+beside the measured peak.
 
 Two engines over the same model (workloads/model.py GPT: on CUDA, compiled flex attention with
 a document block mask), the same TokenDataset micro-batches and the same token-weighted loss:
-- plain: a nanoGPT-style loop, fp32 weights under bf16 autocast, torch AdamW(fused=True),
-  one host sync per optimizer update;
+- plain: a nanoGPT-style loop, fp32 weights under bf16 autocast, torch AdamW(fused=True), the
+  model compiled when the trainer would compile it (`model.compile`), one host sync per update;
 - deepspeed: the trainer's own step, `workloads.engine.train_update` on the engine built by
   `workloads.engine.build_engine` (ZeRO stage and precision from the config, bf16, fused AdamW,
   gradient noise probe as configured), world size 1, no Ray and no MLflow.
@@ -33,7 +40,7 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_CONFIG = ROOT / "conf" / "train" / "gpt-350m.yaml"
+DEFAULT_CONFIGS = [ROOT / "conf" / "train" / "gpt-125m.yaml", ROOT / "conf" / "train" / "gpt-350m.yaml"]
 TINY_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
 PEAKS = (("H100", 989e12), ("H200", 989e12), ("GH200", 989e12), ("A100", 312e12))  # bf16 dense, per GPU
 NO_CUDA = (
@@ -50,15 +57,16 @@ def detect_peak(name: str) -> Optional[float]:
     return None
 
 
-def load_config(args):
-    """The config with one worker doing the per-worker share of the configured update."""
+def load_config(path: Path, args):
+    """The config with one worker doing the per-worker share of the configured update, at
+    micro-batch `args.micro_batch` (auto: resolved by `choose_micro_batch`)."""
     from orchestrator import config
     from orchestrator.config import batch_plan
 
-    path = TINY_CONFIG if args.tiny else Path(args.config)
     cfg = config.load(path, args.overrides)
     plan = batch_plan(cfg)
     per_worker = plan.tokens_per_update // plan.num_workers
+    micro = args.micro_batch or cfg.batch.micro_batch_size
     precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
     return config.load(
         path,
@@ -66,12 +74,32 @@ def load_config(args):
             *args.overrides,
             "cluster.num_workers=1",
             f"batch.tokens_per_update={per_worker}",
-            f"batch.micro_batch_size={plan.micro_batch_size}",
-            f"batch.grad_accum_steps={plan.grad_accum_steps}",
+            f"batch.micro_batch_size={micro}",
+            "batch.grad_accum_steps=null",
             f"cluster.use_gpu={str(args.device == 'cuda').lower()}",
             f"deepspeed.precision={precision}",
         ],
     )
+
+
+def choose_micro_batch(cfg, device, args) -> Dict[str, Any]:
+    """Resolve `auto` as a run would: the probe on a GPU, the memory model on CPU."""
+    from orchestrator import micro_batch
+    from orchestrator.config import AUTO, to_dict
+
+    if cfg.batch.micro_batch_size != AUTO:
+        return {"micro_batch_size": cfg.batch.micro_batch_size, "method": "given"}
+    share = micro_batch.per_worker_share(cfg)
+    started = time.perf_counter()
+    if device.type == "cuda":
+        from workloads.micro_batch_probe import probe
+
+        answer = probe(to_dict(cfg, redact=False), share)
+    else:
+        answer = micro_batch.from_model(cfg, micro_batch.cpu_worker_memory(cfg), share)
+    answer["seconds"] = time.perf_counter() - started
+    cfg.batch.micro_batch_size = answer["micro_batch_size"]
+    return answer
 
 
 def _sync(device) -> None:
@@ -84,11 +112,13 @@ def _sync(device) -> None:
 def _measure(step, device, warmup: int, steps: int, max_seconds: float, label: str) -> Dict[str, Any]:
     """Run `step(update)` for warm-up then measured updates; per-update wall times."""
     started = time.perf_counter()
+    warmup_s: List[float] = []
     for u in range(warmup):
         t = time.perf_counter()
         step(u)
         _sync(device)
-        print(f"  {label} warm-up {u + 1}/{warmup}: {time.perf_counter() - t:.2f} s", flush=True)
+        warmup_s.append(time.perf_counter() - t)
+        print(f"  {label} warm-up {u + 1}/{warmup}: {warmup_s[-1]:.2f} s", flush=True)
     times: List[float] = []
     for u in range(warmup, warmup + steps):
         t = time.perf_counter()
@@ -100,6 +130,7 @@ def _measure(step, device, warmup: int, steps: int, max_seconds: float, label: s
             break
     return {
         "update_s": times,
+        "warmup_s": warmup_s,  # the first: compilation of the model (and of its attention)
         "warmup_updates": warmup,
         "measured_updates": len(times),
         "elapsed_s": time.perf_counter() - started,
@@ -118,13 +149,15 @@ def _release(device) -> None:
 def run_plain(cfg, device, args) -> Dict[str, Any]:
     import torch
 
-    from orchestrator.config import batch_plan
+    from orchestrator.config import batch_plan, compile_enabled
     from workloads import model as gpt
     from workloads.data import TokenDataset
 
     plan = batch_plan(cfg)
     torch.manual_seed(cfg.train.seed)
     model = gpt.GPT(cfg.model).to(device)
+    if compile_enabled(cfg):  # as the trainer does (workloads/engine.py)
+        model.compile()
     o = cfg.optim
     opt = torch.optim.AdamW(
         gpt.param_groups(model, o.weight_decay),
@@ -192,16 +225,102 @@ def summarise(
     tokens_per_s = tokens_per_update * len(times) / sum(times)
     run.update(
         tokens_per_s=tokens_per_s,
+        first_update_s=run["warmup_s"][0] if run["warmup_s"] else float("nan"),
         median_update_s=statistics.median(times),
         mfu=tokens_per_s * flops_per_token / peak if peak else None,
     )
     return run
 
 
+def measure_config(path: Path, args, device, name: str, peak: Optional[float]) -> Dict[str, Any]:
+    """Both engines on one config at the micro-batch auto picks: tokens/s, MFU, peak memory."""
+    import torch
+
+    from orchestrator import memory, micro_batch
+    from orchestrator.config import batch_plan
+    from workloads import data
+    from workloads import model as gpt
+
+    started = time.perf_counter()
+    cfg = load_config(path, args)
+    chosen = choose_micro_batch(cfg, device, args)
+    plan = batch_plan(cfg)
+    predicted, _ = micro_batch.predict(cfg, plan.micro_batch_size)
+    fpt = gpt.flops_per_token(cfg.model, cfg.data.seq_len)
+    tokens_per_update = plan.tokens_per_update
+    print(
+        f"{name}: {path.name}, {gpt.count_params(cfg.model) / 1e6:.1f}M params, "
+        f"S={cfg.data.seq_len} b={plan.micro_batch_size} ({chosen['method']}) A={plan.grad_accum_steps} "
+        f"({tokens_per_update:,} tokens/update), {cfg.deepspeed.precision}, ZeRO {cfg.deepspeed.zero_stage}, "
+        f"{fpt / 1e9:.2f} GFLOP/token; memory model {memory.format_bytes(predicted.total)}",
+        flush=True,
+    )
+    data.check_corpus(cfg, tokens_per_update)  # tokenizes the corpus once, outside the timing
+
+    engines = ["plain", "deepspeed"] if args.engine == "both" else [args.engine]
+    results: Dict[str, Any] = {}
+    for engine in engines:
+        try:
+            run = (run_plain if engine == "plain" else run_deepspeed)(cfg, device, args)
+            results[engine] = summarise(run, tokens_per_update, fpt, peak)
+        except Exception as exc:  # one engine failing must not hide the other's figure
+            results[engine] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"  {engine} failed: {results[engine]['error']}", flush=True)
+        _release(device)  # the engine's model and optimizer, unreferenced once run_* has returned
+        if device.type == "cuda" and "error" not in results[engine]:
+            results[engine]["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            torch.cuda.reset_peak_memory_stats(device)
+    result = {
+        "engines": results,
+        "micro_batch": chosen,
+        "predicted_memory_gib": predicted.total / 2**30,
+        "flops_per_token": fpt,
+        "config": {
+            "file": os.path.relpath(path, ROOT),
+            "overrides": args.overrides,
+            "seq_len": cfg.data.seq_len,
+            "micro_batch_size": plan.micro_batch_size,
+            "grad_accum_steps": plan.grad_accum_steps,
+            "precision": cfg.deepspeed.precision,
+            "zero_stage": cfg.deepspeed.zero_stage,
+            "compile": cfg.model.compile,
+            "gns": cfg.gns.enabled,
+        },
+        "wall_s": time.perf_counter() - started,
+    }
+    ok = [r for r in results.values() if "error" not in r]
+    if len(ok) == 2:
+        result["ratio_deepspeed_over_plain"] = results["deepspeed"]["tokens_per_s"] / results["plain"]["tokens_per_s"]
+    return result
+
+
+def _print_table(per_config: Dict[str, Dict[str, Any]]) -> None:
+    print()
+    header = f"{'config':16s} {'engine':10s} {'b':>4s} {'tokens/s':>12s} {'MFU':>7s} {'first s':>8s}"
+    print(header + f" {'median s':>9s} {'peak GiB':>9s} {'model GiB':>9s}")
+    for label, r in per_config.items():
+        b = r["config"]["micro_batch_size"]
+        for engine, e in r["engines"].items():
+            if "error" in e:
+                print(f"{label:16s} {engine:10s} failed: {e['error']}")
+                continue
+            mfu = f"{100 * e['mfu']:.1f}%" if e["mfu"] is not None else "-"
+            peak = f"{e['max_memory_gib']:.1f}" if "max_memory_gib" in e else "-"
+            print(
+                f"{label:16s} {engine:10s} {b:4d} {e['tokens_per_s']:12,.0f} {mfu:>7s} {e['first_update_s']:8.1f} "
+                f"{e['median_update_s']:9.3f} {peak:>9s} {r['predicted_memory_gib']:9.1f}"
+            )
+        if "ratio_deepspeed_over_plain" in r:
+            print(f"{label:16s} deepspeed / plain: {r['ratio_deepspeed_over_plain']:.3f}")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (OmegaConf dotlist)")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="train config (default conf/train/gpt-350m.yaml)")
+    p.add_argument(
+        "--config", action="append", default=None, help="train config, repeatable (default gpt-125m and gpt-350m)"
+    )
+    p.add_argument("--micro-batch", default="auto", help="b: auto (default: probed on the GPU) or a number")
     p.add_argument("--engine", choices=["plain", "deepspeed", "both"], default="both")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--tiny", action="store_true", help="conf/train/tiny.yaml instead (smoke check, with --device cpu)")
@@ -226,89 +345,34 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         return 2
 
-    from orchestrator.config import batch_plan
-    from workloads import model as gpt
-
     started = time.perf_counter()
-    cfg = load_config(args)
-    plan = batch_plan(cfg)
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cpu":  # as train_worker: the CPUs a worker is given, not every core of a shared machine
-        torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
+        torch.set_num_threads(1)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = args.peak_flops or (detect_peak(name) if device.type == "cuda" else None)
     if peak is None:
         print(f"no known peak for {name!r}: MFU is not computed (pass --peak-flops)", flush=True)
-    fpt = gpt.flops_per_token(cfg.model, cfg.data.seq_len)
-    tokens_per_update = plan.tokens_per_update
-    print(
-        f"{name}: {Path(TINY_CONFIG if args.tiny else args.config).name}, "
-        f"{gpt.count_params(cfg.model) / 1e6:.1f}M params, "
-        f"S={cfg.data.seq_len} b={plan.micro_batch_size} A={plan.grad_accum_steps} "
-        f"({tokens_per_update:,} tokens/update), "
-        f"{cfg.deepspeed.precision}, {fpt / 1e9:.2f} GFLOP/token",
-        flush=True,
-    )
-    from workloads import data
-
-    data.check_corpus(cfg, tokens_per_update)  # tokenizes the corpus once, outside the timing
-
-    engines = ["plain", "deepspeed"] if args.engine == "both" else [args.engine]
-    results: Dict[str, Any] = {}
-    for engine in engines:
-        try:
-            run = (run_plain if engine == "plain" else run_deepspeed)(cfg, device, args)
-            results[engine] = summarise(run, tokens_per_update, fpt, peak)
-        except Exception as exc:  # one engine failing must not hide the other's figure
-            results[engine] = {"error": f"{type(exc).__name__}: {exc}"}
-            print(f"  {engine} failed: {results[engine]['error']}", flush=True)
-        _release(device)  # the engine's model and optimizer, unreferenced once run_* has returned
-        if device.type == "cuda" and "error" not in results[engine]:
-            results[engine]["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            torch.cuda.reset_peak_memory_stats(device)
-
-    print()
-    print(f"{'engine':10s} {'tokens/s':>12s} {'MFU':>7s} {'median update s':>16s} {'updates':>8s}")
-    for engine, r in results.items():
-        if "error" in r:
-            print(f"{engine:10s} failed: {r['error']}")
-            continue
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-        print(
-            f"{engine:10s} {r['tokens_per_s']:12,.0f} {mfu:>7s} {r['median_update_s']:16.3f} {r['measured_updates']:8d}"
-        )
-    ok = [r for r in results.values() if "error" not in r]
+    paths = [TINY_CONFIG] if args.tiny else [Path(c) for c in args.config or DEFAULT_CONFIGS]
+    per_config = {path.stem: measure_config(path, args, device, name, peak) for path in paths}
+    _print_table(per_config)
+    measured = [e for r in per_config.values() for e in r["engines"].values() if "error" not in e]
     result = {
         "benchmark": "gpu_throughput",
-        "measured": bool(ok),
+        "measured": bool(measured),
         "smoke_check": args.device == "cpu",
-        "tokens_per_s": max((r["tokens_per_s"] for r in ok), default=None),
-        "engines": results,
+        "configs": per_config,
         "device": name,
         "peak_flops": peak,
-        "flops_per_token": fpt,
-        "config": {
-            "file": "conf/train/tiny.yaml" if args.tiny else os.path.relpath(args.config, ROOT),
-            "overrides": args.overrides,
-            "seq_len": cfg.data.seq_len,
-            "micro_batch_size": plan.micro_batch_size,
-            "grad_accum_steps": plan.grad_accum_steps,
-            "precision": cfg.deepspeed.precision,
-            "zero_stage": cfg.deepspeed.zero_stage,
-            "gns": cfg.gns.enabled,
-        },
         "torch": torch.__version__,
         "wall_s": time.perf_counter() - started,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
-    if "plain" in results and "deepspeed" in results and len(ok) == 2:
-        result["ratio_deepspeed_over_plain"] = results["deepspeed"]["tokens_per_s"] / results["plain"]["tokens_per_s"]
-        print(f"deepspeed / plain: {result['ratio_deepspeed_over_plain']:.3f}")
     print(f"wall {result['wall_s']:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
         print(f"wrote {args.json}")
-    return 0 if ok else 1
+    return 0 if measured else 1
 
 
 if __name__ == "__main__":

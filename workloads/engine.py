@@ -47,17 +47,11 @@ def build_engine(cfg: Config, plan, work):
     config = ds_config.build(cfg, plan, num_params)
     engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=config)
     if compile_enabled(cfg):
-        use_compile_caches()
-        engine.compile()  # the whole model's forward (and so its backward), in place: the same state dict
+        # The whole model, in place (the state dict keeps its keys). Inductor keeps what it
+        # compiles on disk, per node and user (TORCHINDUCTOR_CACHE_DIR, default
+        # /tmp/torchinductor_<user>), so later trials of the same shape on the node load it.
+        engine.compile()
     return engine
-
-
-def use_compile_caches() -> None:
-    """Inductor's FX-graph and AOT-autograd caches on disk, under one folder per node and user
-    (TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_<user>): the kernels a trial compiles
-    are found by every later trial of the same shape on that node, instead of compiling again."""
-    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
-    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
 
 
 def set_lr(engine, lr: float) -> None:
