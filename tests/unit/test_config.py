@@ -92,3 +92,24 @@ def test_warmup_within_one_update_names_the_smallest_valid_value():
         assert "\n" not in str(err.value)
     for valid in (0, 4097, 8192):
         assert config.load(TINY, [f"schedule.warmup_tokens={valid}"]).schedule.warmup_tokens == valid
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("cluster.gpus_per_worker=0", "cluster.gpus_per_worker"),
+        ("cluster.gpus_per_worker=2", "cluster.gpus_per_worker"),
+        ("batch.micro_batch_size=0", "batch.micro_batch_size"),
+        ("batch.micro_batch_size=big", "batch.micro_batch_size"),
+        ("batch.micro_batch_size=true", "batch.micro_batch_size"),
+    ],
+)
+def test_gpu_share_and_micro_batch_forms_are_checked(override, key):
+    with pytest.raises(ConfigError, match=key):
+        config.load(TINY, ["cluster.use_gpu=true", override])
+
+
+def test_compile_defaults_to_the_device():
+    assert not config.compile_enabled(config.load(TINY))
+    assert config.compile_enabled(config.load(TINY, ["cluster.use_gpu=true"]))
+    assert config.compile_enabled(config.load(TINY, ["model.compile=true"]))
