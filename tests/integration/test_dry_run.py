@@ -1,0 +1,168 @@
+"""`orchestrator sweep SWEEP --dry-run` through the real command line, in a process where importing
+Ray or MLflow fails: every trial with its cost, the totals and the ETA; no file written anywhere,
+no corpus read (no token cache), exit 0; bad options exit 2 with one line."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from orchestrator import cli, cost, search_space
+from orchestrator import plan as planning
+from tests.conftest import ROOT, run_cli
+
+DEMO = ROOT / "conf" / "sweep" / "demo.yaml"
+CLUSTER = ROOT / "conf" / "sweep" / "gpt-350m-cluster.yaml"
+NO_RAY = (
+    "import sys\n"
+    "sys.modules['ray'] = None\n"  # any import of them now fails
+    "sys.modules['mlflow'] = None\n"
+    "from orchestrator import cli\n"
+    "code = cli.main(sys.argv[1:])\n"
+    "assert 'workloads.data' not in sys.modules and 'workloads.corpus' not in sys.modules, 'read a corpus'\n"
+    "sys.exit(code)\n"
+)
+
+
+@pytest.fixture
+def dry_run(tmp_path):
+    """Run `orchestrator sweep ... --dry-run` from an empty working directory with an empty token
+    cache; check that neither gains a file; (stdout, stderr)."""
+    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
+    cwd.mkdir()
+    cache.mkdir()
+
+    def run(*args, expect=0):
+        env = {**os.environ, "ORCHESTRATOR_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+        env.pop("RAY_ADDRESS", None)
+        proc = subprocess.run(
+            [sys.executable, "-c", NO_RAY, "sweep", *map(str, args), "--dry-run"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert list(cwd.rglob("*")) == [] and list(cache.rglob("*")) == []
+        return proc.stdout, proc.stderr
+
+    return run
+
+
+def expected_eta(path, use_gpu):
+    """What cost.py computes for the sweep's trials: its own tokens, FLOPs per token and devices."""
+    from workloads import workload
+
+    sweep = search_space.load(path)
+    trials, _ = search_space.split_feasible(sweep, search_space.expand(sweep))
+    walls = []
+    for t in trials:
+        c = t.cfg.cluster
+        devices = c.num_workers * (c.gpus_per_worker if use_gpu else max(1, int(c.cpus_per_worker)))
+        rate = cost.throughput(use_gpu)
+        walls.append(
+            cost.trial_cost(planning.rounded_budget(t.cfg), workload.costs(t.cfg).flops_per_token, devices, 1, rate)
+        )
+    return trials, cost.makespan([w.wall_s for w in walls], sweep.search.max_concurrent)
+
+
+def test_demo(dry_run):
+    out, err = dry_run(DEMO)
+    trials, eta = expected_eta(DEMO, use_gpu=False)
+    assert len(trials) == 15
+    for t in trials:
+        assert t.name in out
+    assert "effective 63.2 GFLOP/s per CPU thread, measured with tiny.yaml" in out
+    assert "start-up 15 s per trial" in out
+    assert "total: 15 trials, 1.31e13 FLOPs" in out and "CPU-hours" in out
+    (eta_line,) = [line for line in out.splitlines() if line.startswith("ETA: ")]
+    assert f"{cost.format_duration(eta)} ({eta:,.0f} s) with 2 trials at a time" in eta_line
+    assert "Traceback" not in err
+
+
+def test_gpt_350m_cluster(dry_run):
+    out, _ = dry_run(CLUSTER)
+    trials, eta = expected_eta(CLUSTER, use_gpu=True)
+    assert len(trials) == 30
+    for t in trials:
+        assert t.name in out
+    assert "MFU 40% of 989 TFLOP/s per GPU" in out and "start-up 60 s per trial" in out
+    row = next(line for line in out.splitlines() if line.startswith(trials[0].name))
+    # B=256Ki: b 8, A 2, D 8, 12,800 steps, 8.11e18 FLOPs, 14.5 GiB per worker, 43m 43s, 5.83 GPU-hours
+    assert row.split()[-10:] == ["8", "2", "8", "12,800", "8.11e18", "14.5", "GiB", "43m", "43s", "5.83"]
+    assert "total: 30 trials, 2.43e20 FLOPs, 174.9 GPU-hours" in out
+    (eta_line,) = [line for line in out.splitlines() if line.startswith("ETA: ")]
+    assert f"({eta:,.0f} s) with 4 trials at a time (search.max_concurrent; up to 32 GPUs at once)" in eta_line
+    assert "ASHA stops some trials early" in eta_line
+
+
+def test_auto_micro_batch_from_the_memory_model(dry_run):
+    out, _ = dry_run(DEMO, "batch.micro_batch_size=auto", "--device-memory", "2GiB")
+    lines = out.splitlines()
+    b8k = next(line for line in lines if line.startswith("B=8Ki lr=3e-4"))
+    assert b8k.split()[5:8] == ["64*", "1", "1"]  # the whole update in one micro-batch: it fits 2 GiB
+    assert "* batch.micro_batch_size auto: the memory model's largest b for 2.0 GiB per worker" in out
+    _, eta = expected_eta(DEMO, use_gpu=False)  # b does not change the FLOPs, so not the ETA either
+    assert f"({eta:,.0f} s)" in out
+
+
+def test_optuna_shows_space_trials_and_cost_range(dry_run, tmp_path):
+    sweep = tmp_path / "optuna.yaml"
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "opt",
+                "base": {"config": str(ROOT / "conf" / "train" / "tiny.yaml")},
+                "space": {
+                    "batch.tokens_per_update": {"choice": [1024, 2048, 8192]},
+                    "model.d_model": {"choice": [64, 128]},
+                    "optim.lr": {"loguniform": [1e-4, 1e-2]},
+                },
+                "search": {"algorithm": "optuna", "num_samples": 6, "max_concurrent": 2},
+            }
+        )
+    )
+    out, _ = dry_run(sweep)
+    assert "Optuna search, 6 trials (search.num_samples), 2 at a time" in out
+    assert "  batch.tokens_per_update  choice [1024, 2048, 8192]" in out
+    assert "  optim.lr                 loguniform [0.0001, 0.01]" in out
+    assert "corners of the keys that change cost (batch.tokens_per_update, model.d_model;" in out
+    (per_trial,) = [line for line in out.splitlines() if line.startswith("per trial: ")]
+    (total,) = [line for line in out.splitlines() if line.startswith("total (6 trials): ")]
+    (eta,) = [line for line in out.splitlines() if line.startswith("ETA: ")]
+    low, high = [float(x) for x in per_trial.split()[2:5:2]]  # "per trial: LOW .. HIGH FLOPs"
+    assert low < high  # d_model 64 costs less than 128
+    assert [float(x) for x in total.split()[3:6:2]] == pytest.approx([6 * low, 6 * high], rel=1e-2)
+    assert " .. " in eta and "with 2 trials at a time" in eta
+
+
+def test_bad_mfu_exits_2_with_one_line(tmp_path):
+    code, out, err = run_cli("sweep", DEMO, "--dry-run", "--mfu", "1.5", cwd=tmp_path)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "orchestrator sweep: error: --mfu: got 1.5; must be in (0, 1], e.g. 0.4 for 40% of the peak"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--dry-run", "--mfu", "0"], "--mfu: got 0"),
+        (["--dry-run", "--startup-s", "-1"], "--startup-s: got -1"),
+        (["--dry-run", "--device-memory", "lots"], "--device-memory: got 'lots'"),
+        (["--mfu", "0.3"], "--mfu only with --dry-run"),
+        (["--dry-run", "--resume"], "--resume and --dry-run"),
+    ],
+)
+def test_bad_options_in_process(args, message, capsys):
+    try:
+        code = cli.main(["sweep", str(DEMO), *args])
+    except SystemExit as exc:  # argparse's errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err, err

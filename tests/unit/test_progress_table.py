@@ -1,0 +1,131 @@
+"""The live table of a running sweep (orchestrator/sweep_summary.ProgressTable): progress and
+ETA per trial and for the sweep, fed fake Tune trials and a fake clock; plain text when stdout
+is not a terminal, a rich Live display on one."""
+
+import io
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator import cost, search_space, sweep_summary
+from tests.conftest import ROOT
+
+BUDGET = 294_912  # conf/sweep/demo.yaml: train.total_tokens, a whole number of updates at every B
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def trial(trial_id, batch, lr):
+    values = {"batch.tokens_per_update": batch, "optim.lr": lr, "schedule.warmup_share": 0.05}
+    return SimpleNamespace(trial_id=trial_id, config={"trial": values})
+
+
+@pytest.fixture
+def table_and_trials():
+    sweep = search_space.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    clock = Clock()
+    table = sweep_summary.ProgressTable(sweep, clock=clock)
+    table.setup(total_num_samples=15)
+    a, b = trial("a", 512, 3e-4), trial("b", 8192, 1e-3)
+
+    def result(t, at, tokens):
+        clock.now = at
+        table.on_trial_result(0, [a, b], t, {"tokens": tokens, "loss": 3.0, "eval_loss": None})
+
+    clock.now = 0.0
+    table.on_trial_start(0, [a, b], a)
+    table.on_trial_start(0, [a, b], b)
+    result(a, 10.0, 8_192)  # first results: the rates start here (start-up left out)
+    result(b, 10.0, 8_192)
+    result(a, 20.0, 16_384)  # 8,192 tokens in 10 s: 819.2 tokens/s
+    result(b, 30.0, 32_768)  # 24,576 tokens in 20 s: 1,228.8 tokens/s
+    return table, clock, a, b
+
+
+def last_block(text):
+    return text[text.rindex("--- sweep") :].splitlines()
+
+
+def line_of(lines, name):
+    (line,) = [ln for ln in lines if ln.startswith(name)]
+    return line
+
+
+def test_plain_table_shows_progress_and_etas(table_and_trials, capsys):
+    table, clock, a, b = table_and_trials
+    capsys.readouterr()
+    table.print()
+    lines = last_block(capsys.readouterr().out)
+    # a: (294,912 - 16,384) / 819.2 = 340 s; b: (294,912 - 32,768) / 1,228.8 = 213.3 s
+    assert cost.format_duration((BUDGET - 16_384) / 819.2) == "5m 40s"
+    assert " 6% " in line_of(lines, "B=512 lr=3e-4") and "5m 40s" in line_of(lines, "B=512 lr=3e-4")
+    assert " 11% " in line_of(lines, "B=8Ki lr=1e-3") and "3m 33s" in line_of(lines, "B=8Ki lr=1e-3")
+    # sweep: 278,528 + 262,144 left in the two, 13 trials not created yet x 294,912, at 2,048 tokens/s
+    left = (BUDGET - 16_384) + (BUDGET - 32_768) + 13 * BUDGET
+    assert table.remaining_tokens() == left
+    assert table.running_rate() == pytest.approx(2_048)
+    assert lines[0] == (
+        f"--- sweep demo: 0/15 trials ended; ETA {cost.format_duration(left / 2048)} "
+        f"({left:,} tokens left at 2,048 tokens/s) ---"
+    )
+    assert cost.format_duration(left / 2048) == "35m 36s"
+
+
+def test_a_trial_that_ends_prints_at_once_and_leaves_the_sweep_eta(table_and_trials, capsys):
+    table, clock, a, b = table_and_trials
+    clock.now = 25.0  # within 20 s of the last print: a result prints nothing
+    capsys.readouterr()
+    table.on_trial_result(0, [a, b], a, {"tokens": 24_576})
+    assert capsys.readouterr().out == ""
+    clock.now = 400.0
+    table.on_trial_result(0, [a, b], a, {"tokens": BUDGET})
+    table.on_trial_complete(0, [a, b], a)
+    lines = last_block(capsys.readouterr().out)
+    assert line_of(lines, "B=512 lr=3e-4").split()[-1] == "DONE"
+    assert "100%" in line_of(lines, "B=512 lr=3e-4")
+    left = (BUDGET - 32_768) + 13 * BUDGET  # only b runs now, at 1,228.8 tokens/s
+    assert lines[0].startswith(f"--- sweep demo: 1/15 trials ended; ETA {cost.format_duration(left / 1228.8)} (")
+    assert cost.format_duration(left / 1228.8) == "55m 33s"
+
+
+def test_a_restarted_trial_measures_its_rate_again(table_and_trials):
+    table, clock, a, b = table_and_trials
+    table.on_trial_error(0, [a, b], b)
+    assert table.rows["b"]["status"] == "ERROR" and table.running_rate() == pytest.approx(819.2)
+    clock.now = 100.0
+    table.on_trial_start(0, [a, b], b)  # Tune retries it from its checkpoint
+    assert table.rows["b"]["rate"] is None
+    table.on_trial_result(0, [a, b], b, {"tokens": 24_576})
+    clock.now = 110.0
+    table.on_trial_result(0, [a, b], b, {"tokens": 49_152})
+    assert table.rows["b"]["rate"] == pytest.approx(2_457.6)
+
+
+def test_on_a_terminal_the_table_refreshes_in_place_and_stops(capsys):
+    from rich.console import Console
+
+    sweep = search_space.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    screen = io.StringIO()
+    clock = Clock()
+    table = sweep_summary.ProgressTable(
+        sweep, clock=clock, console=Console(file=screen, force_terminal=True, width=220)
+    )
+    table.setup(total_num_samples=2)
+    a = trial("a", 512, 3e-4)
+    table.on_trial_start(0, [a], a)
+    for at, tokens in ((10.0, 8_192), (20.0, 16_384)):
+        clock.now = at
+        table.on_trial_result(0, [a], a, {"tokens": tokens, "loss": 2.5})
+    assert table._live is not None and table._live in sweep_summary._LIVE
+    shown = screen.getvalue()
+    assert "B=512 lr=3e-4" in shown and "5m 40s" in shown and "2.500" in shown
+    assert "ETA " + cost.format_duration((BUDGET - 16_384 + BUDGET) / 819.2) in shown
+    table.on_experiment_end([a])
+    assert table._live is None and sweep_summary._LIVE == []
+    assert capsys.readouterr().out == ""  # nothing went to stdout: it all went to the console
