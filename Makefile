@@ -15,7 +15,7 @@ PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(PIP) install -c constraints.txt -e ".[dev]"
+	$(PIP) install -c constraints.txt -e ".[dev,hf]"
 	touch $(STAMP)
 
 setup: $(STAMP)

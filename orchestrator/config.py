@@ -34,9 +34,19 @@ from orchestrator.yaml_files import (  # noqa: F401  (re-exported: callers impor
 
 
 @dataclass
+class HFModelConfig:
+    architecture: str = "llama"
+    """model.name=hf only: a Hugging Face transformers model type, e.g. llama, gpt_neox, qwen2
+    (built fresh from its config class; no weights are downloaded)."""
+    extra: Dict[str, Any] = field(default_factory=dict)
+    """More keys of that config class (e.g. {num_key_value_heads: 2, rope_theta: 10000.0})."""
+
+
+@dataclass
 class ModelConfig:
     name: str = "gpt"
-    """Workload: `gpt` (decoder-only transformer) or `linreg` (noise scale known in closed form)."""
+    """Workload: `gpt` (decoder-only transformer), `linreg` (noise scale known in closed form),
+    `hf` (a transformers model, model.hf) or `package.module:factory` (your own, see README)."""
     n_layers: int = 2
     """Transformer blocks."""
     n_heads: int = 4
@@ -47,8 +57,14 @@ class ModelConfig:
     """MLP hidden width as a multiple of d_model."""
     max_seq_len: int = 256
     """Positions the model can embed; data.seq_len may not exceed it."""
-    vocab_size: int = 257
-    """Vocabulary size; the byte tokenizer needs 257 (256 bytes + EOS)."""
+    vocab_size: Optional[int] = None
+    """Vocabulary size; None = the tokenizer's (257 for bytes: 256 bytes + EOS). Given, it must
+    equal the tokenizer's."""
+    hf: HFModelConfig = field(default_factory=HFModelConfig)
+    """model.name=hf only: which transformers model; its shape comes from the keys above."""
+    init_from: Optional[str] = None
+    """A local safetensors file (or a folder holding model.safetensors) to start from, e.g. what
+    `orchestrator export` wrote; None = a fresh init."""
     compile: Optional[bool] = None
     """torch.compile the whole model; None = on when training on GPU (on CPU it does not pay)."""
     dim: int = 16
@@ -64,13 +80,17 @@ class SourceConfig:
     name: str = MISSING
     """Name used in logs and in `data/share/<name>`."""
     kind: str = "files"
-    """`code`, `prose`, `arithmetic` (built in, no download) or `files` (a user corpus)."""
+    """`code`, `prose`, `arithmetic` (built in, no download), `files` (a user corpus) or `hf`
+    (a Hugging Face `datasets` dataset on local disk)."""
     path: Optional[str] = None
-    """files only: a directory, file or glob of .txt, .jsonl or .parquet files."""
+    """files: a directory, file or glob of .txt, .jsonl or .parquet files. hf: a folder written by
+    `save_to_disk`, or a folder of parquet, json(l) or text files."""
     weight: float = 1.0
     """Share of each update's tokens drawn from this source (weights are normalised)."""
     text_field: str = "text"
-    """jsonl/parquet only: the field holding the document text."""
+    """jsonl/parquet/hf only: the field holding the document text."""
+    split: str = "train"
+    """hf only: the dataset split to read."""
 
 
 def _default_sources() -> List[SourceConfig]:
@@ -85,6 +105,9 @@ def _default_sources() -> List[SourceConfig]:
 class DataConfig:
     seq_len: int = 128
     """S: tokens per packed sequence."""
+    tokenizer: str = "bytes"
+    """`bytes` (UTF-8 bytes + EOS) or the path of a Hugging Face `tokenizer.json` (e.g. one
+    `orchestrator prepare --train-tokenizer` wrote)."""
     sources: List[SourceConfig] = field(default_factory=_default_sources)
     """The mixture: name, kind, location and weight of each source."""
     eval_fraction: float = 0.05
@@ -309,8 +332,24 @@ def load(
     # Which keys came from the environment: redacted wherever the config is logged or printed.
     object.__setattr__(cfg, "_secret_keys", tuple(secret_keys))
     if validate_config:
+        follow_tokenizer(cfg)
         validate(cfg)
     return cfg
+
+
+def follow_tokenizer(cfg: Config) -> None:
+    """model.vocab_size None -> the tokenizer's; a given one must equal it."""
+    from workloads import tokenizer  # torch-free
+
+    size = tokenizer.load(cfg.data.tokenizer).vocab_size
+    if cfg.model.vocab_size is None:
+        cfg.model.vocab_size = size
+    elif cfg.model.vocab_size != size and cfg.model.name != "linreg":
+        raise ConfigError(
+            "model.vocab_size",
+            f"got {cfg.model.vocab_size}; the tokenizer (data.tokenizer={cfg.data.tokenizer}) has {size} tokens; "
+            f"omit model.vocab_size or set it to {size}",
+        )
 
 
 def from_dict(data: Dict[str, Any]) -> Config:

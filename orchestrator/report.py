@@ -3,9 +3,10 @@ size lies and what each choice costs, read back from a sweep's (or one run's) ML
 
 Reading (MLflow, only through tracking.py) gives `analysis.Trial` records; `analysis.analyse` is
 the arithmetic (its docstring states every rule); writing turns the result into figures
-(plots.py), summary.md, summary.html and report.json (text rendered by report_render.py), all
-logged to the sweep's (or the run's) MLflow run under `report/`. `sweep` prints
-`report_render.summary_lines` of the same analysis when it ends, so the two always say the same.
+(plots.py), summary.md, summary.html and report.json (text rendered by report_render.py) and the
+tables trials.csv and curves.csv (results.py: what `results.load_sweep` gives), all logged to the
+sweep's (or the run's) MLflow run under `report/`. `sweep` prints `report_render.summary_lines`
+of the same analysis when it ends, so the two always say the same.
 """
 
 from __future__ import annotations
@@ -62,16 +63,30 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
     return uri, sweep_name, run_id
 
 
-def read_trials(uri: str, run_id: str) -> List[analysis.Trial]:
+def sweep_runs(uri: str, run_id: str) -> list:
     """The sweep's child runs, or the run itself when it has none."""
-    return trials_of(uri, tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)])
+    return tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)]
 
 
-def trials_of(uri: str, runs: Sequence[Any]) -> List[analysis.Trial]:
-    """MLflow runs as analysis records, oldest first: params, tags and the curves the analysis reads."""
+def read_trials(uri: str, run_id: str) -> List[analysis.Trial]:
+    """The sweep's trials (sweep_runs) as analysis records."""
+    return trials_of(uri, sweep_runs(uri, run_id))
+
+
+def read_curves(uri: str, runs: Sequence[Any], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, analysis.Curve]]:
+    """{run id: {metric: [(tokens, value)] sorted by tokens}} of METRICS and `metrics` (absent ones: [])."""
+    keys = list(dict.fromkeys([*METRICS, *metrics]))
+    return {r.info.run_id: tracking.run_metrics(uri, r.info.run_id, keys) for r in runs}
+
+
+def trials_of(
+    uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str, analysis.Curve]]] = None
+) -> List[analysis.Trial]:
+    """MLflow runs as analysis records, oldest first: params, tags and the curves the analysis reads
+    (from `curves`, as read_curves returns them, when given: they are not read twice)."""
     trials = []
     for r in sorted(runs, key=lambda r: r.info.start_time):
-        curves = tracking.run_metrics(uri, r.info.run_id, METRICS)
+        read = (curves or {}).get(r.info.run_id) or tracking.run_metrics(uri, r.info.run_id, METRICS)
         start, end = r.info.start_time, r.info.end_time
         stopped = r.data.tags.get(tracking.STOPPED_AT_TAG)
         trials.append(
@@ -80,13 +95,22 @@ def trials_of(uri: str, runs: Sequence[Any]) -> List[analysis.Trial]:
                 r.info.run_name or r.info.run_id[:8],
                 r.info.status,
                 dict(r.data.params),
-                *(curves[k] for k in METRICS),
+                *(read[k] for k in METRICS),
                 (end - start) / 1000 if end and start else None,
                 int(stopped) if stopped else None,
                 r.data.tags.get(tracking.TRIAL_TAG),
             )
         )
     return trials
+
+
+def analyse(
+    uri: str, run_id: str, trials: Sequence[analysis.Trial], target_losses: Optional[Sequence[float]] = None
+) -> Dict[str, Any]:
+    """`analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
+    result = analysis.analyse(trials, target_losses)
+    result["source"] = {"uri": uri, "run_id": run_id, "kind": "single" if trials[0].run_id == run_id else "sweep"}
+    return result
 
 
 # ---------------------------------------------------------------- writing
@@ -152,18 +176,25 @@ def run(
     target: str, overrides: List[str], out: Optional[str] = None, target_losses: Optional[List[float]] = None
 ) -> int:
     """The `report` verb: target is a sweep file, a sweep name or a run id; returns the exit code."""
+    from orchestrator import results  # pandas: only `report` needs it
+
     uri, name, run_id = resolve(target, list(overrides))
-    trials = read_trials(uri, run_id)
+    runs = sweep_runs(uri, run_id)
+    curves = read_curves(uri, runs, results.METRICS)
+    trials = trials_of(uri, runs, curves)
     if not any(t.batch and t.train for t in trials):
         print(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
         )
         return 1
-    result = analysis.analyse(trials, target_losses)
-    result["source"] = {"uri": uri, "run_id": run_id, "kind": "single" if trials[0].run_id == run_id else "sweep"}
+    result = analyse(uri, run_id, trials, target_losses)
     out_dir = Path(out) if out else Path("reports") / re.sub(r"[^\w.-]+", "_", name)
-    for path in write_report(trials, result, name, out_dir):
+    tables = results.build(name, run_id, trials, curves, result, results.METRICS, uri)
+    for path in write_report(trials, result, name, out_dir) + tables.to_csv(out_dir):
         tracking.log_file(uri, run_id, path, "report")
-    print(f"report: {out_dir / 'summary.md'} (and summary.html, report.json; logged to run {run_id} under report/)")
+    print(
+        f"report: {out_dir / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; "
+        f"logged to run {run_id} under report/)"
+    )
     print("\n".join(summary_lines(result)))
     return 0

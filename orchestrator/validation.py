@@ -12,7 +12,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
 from workloads import registry as workload_registry  # names only: the standard library, no torch
 
-SOURCE_KINDS = ("code", "prose", "arithmetic", "files")
+SOURCE_KINDS = ("code", "prose", "arithmetic", "files", "hf")
 PRECISIONS = ("fp32", "bf16", "fp16")
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs", "abfss")  # what pyarrow.fs opens
 
@@ -27,10 +27,28 @@ def _choice(key: str, value: str, valid: tuple) -> None:
         raise ConfigError(key, f"got {value!r}; valid: {', '.join(valid)}")
 
 
+def _check_workload_name(name: str) -> None:
+    """A registered name (the table that builds them), or `package.module:factory` that imports."""
+    names = workload_registry.names()
+    if name in names:
+        return
+    valid = f"valid: {', '.join(names)} or package.module:factory"
+    if not workload_registry.is_import_path(name):
+        raise ConfigError("model.name", f"got {name!r}; {valid}")
+    try:
+        factory = workload_registry.factory(name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            "model.name", f"got {name!r}; it does not import ({type(exc).__name__}: {exc}); {valid}"
+        ) from None
+    if not callable(factory):
+        raise ConfigError("model.name", f"got {name!r}; that is a {type(factory).__name__}, not a workload factory")
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks the types alone cannot express. Raises ConfigError."""
     m, d, t = cfg.model, cfg.data, cfg.train
-    _choice("model.name", m.name, workload_registry.names())  # the table that builds them
+    _check_workload_name(m.name)
     for key in ("n_layers", "n_heads", "d_model", "mlp_ratio", "max_seq_len", "vocab_size", "dim"):
         _positive(f"model.{key}", getattr(m, key))
     if m.d_model % m.n_heads:
@@ -38,14 +56,12 @@ def validate(cfg: Config) -> None:
     _positive("model.noise_std", m.noise_std, allow_zero=True)
     _positive("model.w_star_norm", m.w_star_norm, allow_zero=True)
     _positive("data.seq_len", d.seq_len)
-    if m.name == "gpt" and d.seq_len > m.max_seq_len:
+    if m.name in ("gpt", "hf") and d.seq_len > m.max_seq_len:
         raise ConfigError(
             "data.seq_len",
             f"got {d.seq_len}; beyond model.max_seq_len={m.max_seq_len} positions; "
             f"use <= {m.max_seq_len} or raise model.max_seq_len",
         )
-    if m.name == "gpt" and m.vocab_size < 257:
-        raise ConfigError("model.vocab_size", f"got {m.vocab_size}; the byte tokenizer needs >= 257")
     if not d.sources:
         raise ConfigError("data.sources", "empty; name at least one source")
     names = [src.name for src in d.sources]
@@ -58,8 +74,8 @@ def validate(cfg: Config) -> None:
             )
         _choice(f"data.sources.{i}.kind", src.kind, SOURCE_KINDS)
         _positive(f"data.sources.{i}.weight", src.weight)
-        if src.kind == "files" and not src.path:
-            raise ConfigError(f"data.sources.{i}.path", "missing; a `files` source needs a directory, file or glob")
+        if src.kind in ("files", "hf") and not src.path:
+            raise ConfigError(f"data.sources.{i}.path", f"missing; a `{src.kind}` source needs a local path")
     if not 0 < d.eval_fraction < 1:
         raise ConfigError("data.eval_fraction", f"got {d.eval_fraction}; must be strictly between 0 and 1")
     _positive("data.max_documents_per_source", d.max_documents_per_source, allow_zero=True)
@@ -118,6 +134,10 @@ def validate(cfg: Config) -> None:
     if ds.zero_stage not in (0, 1, 2, 3):
         raise ConfigError("deepspeed.zero_stage", f"got {ds.zero_stage}; valid: 0, 1, 2, 3")
     _choice("deepspeed.precision", ds.precision, PRECISIONS)
+    if m.name == "hf":
+        from workloads.hf_model import hf_config  # transformers: only for hf models
+
+        hf_config(cfg)
     if ds.precision == "fp16" and not cfg.cluster.use_gpu:
         raise ConfigError(
             "deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16"

@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# Nothing is downloaded in the tests: Hugging Face libraries stay offline (subprocesses inherit it).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "conf" / "train" / "tiny.yaml"
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
+from torch import nn
+
+from orchestrator.errors import ConfigError
 
 CHECKPOINT_TAG = "state"
 
@@ -49,3 +53,21 @@ def save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger
     with tempfile.TemporaryDirectory() as folder:
         engine.save_checkpoint(folder, tag=CHECKPOINT_TAG, client_state=asdict(state))
         api.report(metrics, checkpoint=api.Checkpoint.from_directory(folder))
+
+
+def load_weights(model: nn.Module, location: str) -> None:
+    """model.init_from: a safetensors file, or a folder holding model.safetensors (shared tensors,
+    such as tied embeddings, stored once)."""
+    from safetensors.torch import load_model
+
+    path = Path(location)
+    path = path / "model.safetensors" if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError("model.init_from", f"got {location!r}; no safetensors file there")
+    missing, unexpected = load_model(model, str(path), strict=False)
+    if missing or unexpected:
+        raise ConfigError(
+            "model.init_from",
+            f"got {location!r}; its weights do not match the model (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})",
+        )

@@ -1,10 +1,11 @@
-"""The corpus: sources -> documents -> byte tokens, cached memory-mapped on disk.
+"""The corpus: sources -> documents -> tokens, cached memory-mapped on disk.
 
 Built-in sources need no download (the standard library's source as `code`, the reference
 documentation of `pydoc_data` as `prose`, generated `arithmetic`); user sources are .txt,
-.jsonl or .parquet files, streamed. Every source is tokenized once into a memory-mapped token
-file plus document offsets, so training never holds a corpus in RAM; `prepare_shards` writes
-the same files for reuse. Packing and batching are in `workloads/data.py`.
+.jsonl or .parquet files, or a Hugging Face `datasets` dataset on local disk, all streamed.
+Every source is tokenized once (workloads/tokenizer.py: bytes or a tokenizer.json) into a
+memory-mapped token file plus document offsets, so training never holds a corpus in RAM;
+`prepare_shards` writes the same files for reuse. Packing and batching are in `workloads/data.py`.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import torch
 
 from orchestrator.config import Config, SourceConfig
 from orchestrator.errors import ConfigError
+from workloads import tokenizer as tokenizers
+from workloads.tokenizer import Tokenizer
 
-EOS = 256
+EOS = 256  # of the byte tokenizer
 VOCAB_SIZE = 257
-TOKENIZER = "bytes-v1"  # part of every cache key: change it whenever tokenization changes
+ENCODE_CHUNK = 256  # documents per encode_batch call
 CODE_DOC_BYTES = 16 * 1024
 PROSE_DOC_BYTES = 2 * 1024
 ARITHMETIC_DOCS = 4000
@@ -155,10 +158,63 @@ def _files_documents(src: SourceConfig, key: str) -> Iterator[bytes]:
             yield text.encode("utf-8")
 
 
+def _hf_files(path: Path) -> List[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def _open_hf(src: SourceConfig, key: str):
+    """The split of a local `datasets` dataset: one `save_to_disk` wrote (memory-mapped Arrow), or
+    a folder of parquet, json(l) or text files (streamed). Never a download."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(f"{key}.kind", "got 'hf'; it needs the hf extra: pip install -e '.[hf]'") from None
+    path = Path(src.path or "")
+    if not path.is_dir():
+        raise ConfigError(
+            f"{key}.path",
+            f"got {src.path!r}; not a local folder (nothing is downloaded at run time: save the dataset with "
+            "`save_to_disk`, or point at a folder of parquet, json or text files)",
+        )
+    if any((path / f).exists() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
+        data = datasets.load_from_disk(str(path))
+        if isinstance(data, datasets.DatasetDict):
+            if src.split not in data:
+                raise ConfigError(f"{key}.split", f"got {src.split!r}; the dataset has {', '.join(data)}")
+            data = data[src.split]
+        return data
+    builders = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".txt": "text"}
+    files = [p for p in _hf_files(path) if p.suffix in builders]
+    kinds = {builders[p.suffix] for p in files}
+    if len(kinds) != 1:
+        raise ConfigError(
+            f"{key}.path", f"got {src.path!r}; want a save_to_disk folder or files of one kind (parquet, json or text)"
+        )
+    (kind,) = kinds
+    files_ = {src.split: [str(p) for p in files]}
+    return datasets.load_dataset(kind, data_files=files_, split=src.split, streaming=True)
+
+
+def _hf_documents(src: SourceConfig, key: str) -> Iterator[bytes]:
+    data = _open_hf(src, key)
+    columns = data.column_names
+    if columns is not None and src.text_field not in columns:
+        raise ConfigError(f"{key}.text_field", f"got {src.text_field!r}; the dataset's columns: {', '.join(columns)}")
+    for row in data.select_columns([src.text_field]) if columns is not None else data:
+        text = row.get(src.text_field)
+        if not isinstance(text, str) and text is not None:
+            raise ConfigError(f"{key}.text_field", f"got {src.text_field!r}; it holds {type(text).__name__}, not text")
+        yield (text or "").encode("utf-8")
+
+
 def iter_documents(src: SourceConfig, key: str = "data.sources.0") -> Iterator[bytes]:
     """Every non-empty document of a source in a fixed order (an empty one would be a bare EOS)."""
     builtin = {"code": _code_documents, "prose": _prose_documents, "arithmetic": _arithmetic_documents}
-    return (d for d in (builtin[src.kind]() if src.kind in builtin else _files_documents(src, key)) if d)
+    if src.kind in builtin:
+        documents = builtin[src.kind]()
+    else:
+        documents = (_hf_documents if src.kind == "hf" else _files_documents)(src, key)
+    return (d for d in documents if d)
 
 
 # ---------------------------------------------------------------- token cache and shards
@@ -173,6 +229,8 @@ class SourceTokens:
     """num_documents + 1 offsets into `tokens`."""
     canonical: np.ndarray
     """Per document, the index of its first exact copy (itself if unique): the split key."""
+    eos: int = EOS
+    """The tokenizer's end-of-document id, which packing puts after every document."""
 
     @property
     def num_documents(self) -> int:
@@ -192,23 +250,24 @@ def _short_hash(data: object) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _config_hash(src: SourceConfig, cap: int) -> str:
+def _config_hash(src: SourceConfig, cap: int, tok: Tokenizer) -> str:
     """What the tokens depend on (not the source's name or weight); shards are checked against it."""
-    return _short_hash([src.kind, src.path, src.text_field, cap, TOKENIZER])
+    return _short_hash([src.kind, src.path, src.text_field, src.split if src.kind == "hf" else None, cap, tok.key])
 
 
 def _folder_name(src: SourceConfig) -> str:
     return re.sub(r"[^\w.-]", "_", src.name)
 
 
-def _cache_dir(src: SourceConfig, cap: int, key: str) -> Path:
+def _cache_dir(src: SourceConfig, cap: int, key: str, tok: Tokenizer) -> Path:
     """The cache key adds what the inputs are today (Python version, file sizes and mtimes)."""
-    if src.kind == "files":
-        inputs = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in resolve_files(src, key)]
+    if src.kind in ("files", "hf"):
+        files = resolve_files(src, key) if src.kind == "files" else _hf_files(Path(src.path or ""))
+        inputs = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     else:
         inputs = [sys.version, sysconfig.get_paths()["stdlib"]]
     root = Path(os.environ.get("ORCHESTRATOR_CACHE_DIR") or Path.cwd() / ".cache" / "tokens")
-    return root / f"{_folder_name(src)}-{_short_hash([_config_hash(src, cap), inputs])}"
+    return root / f"{_folder_name(src)}-{_short_hash([_config_hash(src, cap, tok), inputs])}"
 
 
 def _meta_hash(folder: Path) -> Optional[str]:
@@ -216,7 +275,7 @@ def _meta_hash(folder: Path) -> Optional[str]:
     return json.loads(meta.read_text())["config_hash"] if meta.exists() else None
 
 
-def _build(src: SourceConfig, key: str, cap: int, final: Path) -> None:
+def _build(src: SourceConfig, key: str, cap: int, final: Path, tok: Tokenizer) -> None:
     """Tokenize into a private temp folder, then rename it into place.
 
     Several workers may build the same cache at once: the first rename wins and the others
@@ -226,15 +285,18 @@ def _build(src: SourceConfig, key: str, cap: int, final: Path) -> None:
     tmp.mkdir(parents=True)
     try:
         offsets, digests, docs = array("q", [0]), array("Q"), iter_documents(src, key)
+        docs = islice(docs, cap) if cap else docs
         with open(tmp / "tokens.bin", "wb") as f:
-            for doc in islice(docs, cap) if cap else docs:
-                f.write(np.frombuffer(doc, dtype=np.uint8).astype(np.uint16).tobytes())
-                offsets.append(offsets[-1] + len(doc))
-                digests.append(hash64(doc))
+            while chunk := list(islice(docs, ENCODE_CHUNK)):
+                for doc, ids in zip(chunk, tok.encode_batch(chunk)):
+                    f.write(ids.astype(tok.dtype).tobytes())
+                    offsets.append(offsets[-1] + len(ids))
+                    digests.append(hash64(doc))
         _, first, inverse = np.unique(np.asarray(digests, np.uint64), return_index=True, return_inverse=True)
         np.save(tmp / "offsets.npy", np.asarray(offsets, np.int64))
         np.save(tmp / "canonical.npy", first[inverse.reshape(-1)].astype(np.int64))
-        (tmp / "meta.json").write_text(json.dumps({"name": src.name, "config_hash": _config_hash(src, cap)}))
+        meta = {"name": src.name, "config_hash": _config_hash(src, cap, tok), "dtype": np.dtype(tok.dtype).name}
+        (tmp / "meta.json").write_text(json.dumps(meta))
         try:
             os.rename(tmp, final)
         except OSError:
@@ -244,36 +306,54 @@ def _build(src: SourceConfig, key: str, cap: int, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load(folder: Path) -> SourceTokens:
+def _load(folder: Path, tok: Tokenizer) -> SourceTokens:
     offsets = np.load(folder / "offsets.npy")
     n = int(offsets[-1])
-    tokens = np.memmap(folder / "tokens.bin", dtype=np.uint16, mode="r", shape=(n,)) if n else np.zeros(0, np.uint16)
-    return SourceTokens(tokens, offsets, np.load(folder / "canonical.npy"))
+    dtype = np.dtype(json.loads((folder / "meta.json").read_text()).get("dtype", "uint16"))
+    tokens = np.memmap(folder / "tokens.bin", dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
+    return SourceTokens(tokens, offsets, np.load(folder / "canonical.npy"), tok.eos_id)
 
 
 def load_source(cfg: Config, index: int) -> SourceTokens:
     """Source `index`'s tokens: from data.shard_dir if set, else the cache (built on first use)."""
     src, cap, key = cfg.data.sources[index], cfg.data.max_documents_per_source, f"data.sources.{index}"
+    tok = tokenizers.load(cfg.data.tokenizer)
     if cfg.data.shard_dir:
         folder = Path(cfg.data.shard_dir) / _folder_name(src)
         found = _meta_hash(folder)
-        if found != _config_hash(src, cap):
-            why = "no shards" if found is None else "shards of a different source config"
+        if found != _config_hash(src, cap, tok):
+            why = "no shards" if found is None else "shards of a different source config or tokenizer"
             raise ConfigError(
-                "data.shard_dir", f"got {cfg.data.shard_dir!r}: {why} for source {src.name!r}; run prepare_shards again"
+                "data.shard_dir",
+                f"got {cfg.data.shard_dir!r}: {why} for source {src.name!r}; run `orchestrator prepare` again",
             )
-        return _load(folder)
-    folder = _cache_dir(src, cap, key)
+        return _load(folder, tok)
+    folder = _cache_dir(src, cap, key, tok)
     if _meta_hash(folder) is None:
-        _build(src, key, cap, folder)
-    return _load(folder)
+        _build(src, key, cap, folder, tok)
+    return _load(folder, tok)
 
 
 def prepare_shards(cfg: Config, out_dir: str | Path) -> int:
     """Tokenize every source into out_dir/<name>, ready for `data.shard_dir=out_dir`."""
+    tok = tokenizers.load(cfg.data.tokenizer)
     for i, src in enumerate(cfg.data.sources):
         final, cap = Path(out_dir) / _folder_name(src), cfg.data.max_documents_per_source
-        if _meta_hash(final) != _config_hash(src, cap):
+        if _meta_hash(final) != _config_hash(src, cap, tok):
             shutil.rmtree(final, ignore_errors=True)  # stale shards of an older config
-            _build(src, f"data.sources.{i}", cap, final)
+            _build(src, f"data.sources.{i}", cap, final, tok)
     return len(cfg.data.sources)
+
+
+def training_texts(cfg: Config) -> Iterator[str]:
+    """The documents of every source's training split (what a tokenizer may learn from: never the
+    held-out ones), as text."""
+    from workloads.data import heldout_mask
+
+    for i, src in enumerate(cfg.data.sources):
+        cap, seen = cfg.data.max_documents_per_source, {}
+        docs = iter_documents(src, f"data.sources.{i}")
+        for index, doc in enumerate(islice(docs, cap) if cap else docs):
+            first = seen.setdefault(hash64(doc), index)  # copies split with their first copy
+            if not heldout_mask(src.name, np.asarray([first]), cfg.data.eval_fraction)[0]:
+                yield doc.decode("utf-8", errors="replace")

@@ -23,7 +23,7 @@ from orchestrator.batching import BatchPlan
 from orchestrator.config import Config
 from orchestrator.errors import ConfigError
 from workloads import mixture
-from workloads.corpus import EOS, SourceTokens, hash64, load_source
+from workloads.corpus import SourceTokens, hash64, load_source
 
 EVAL_SEED = 0  # eval must not depend on train.seed: every run is scored on the same tokens
 
@@ -58,6 +58,7 @@ class PackedSource:
 
     def __init__(self, data: SourceTokens, docs: np.ndarray, seq_len: int, seed: int, name: str, key: str):
         self.tokens, self.seq_len, self.seed, self.name, self.key = data.tokens, seq_len, seed, name, key
+        self.eos = data.eos
         self.doc_order = docs[_rng(seed, name, "order").permutation(len(docs))]
         self.starts = data.offsets[:-1][self.doc_order].astype(np.int64)
         self.lens = np.diff(data.offsets)[self.doc_order].astype(np.int64)
@@ -90,7 +91,7 @@ class PackedSource:
         k = np.searchsorted(self.cum, p, side="right") - 1  # document (in stream order) at each position
         off = p - self.cum[k]
         eos = off == self.lens[k]
-        tokens = np.where(eos, EOS, self.tokens[np.where(eos, 0, self.starts[k] + off)]).astype(np.int64)
+        tokens = np.where(eos, self.eos, self.tokens[np.where(eos, 0, self.starts[k] + off)]).astype(np.int64)
         first = np.maximum(self.cum[k[:, :S]], p[:, :1])  # a document cut by the window starts at 0
         return {
             "origins": np.stack(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-BUILTIN = ("gpt", "linreg")
+BUILTIN = ("gpt", "linreg", "hf")
 """Registered below, by import path; known to every process without being sent."""
 
 _entries: Dict[str, Union[str, Callable[..., Any]]] = {}
@@ -77,9 +77,18 @@ def names() -> Tuple[str, ...]:
     return tuple(_entries)
 
 
+def is_import_path(name: str) -> bool:
+    """`package.module:factory`: a workload named by where it lives, not registered."""
+    module, _, attr = name.partition(":")
+    return bool(module and attr) and all(part.isidentifier() for part in (*module.split("."), *attr.split(".")))
+
+
 def factory(name: str) -> Callable[..., Any]:
-    """The factory registered under `name`, imported on first use."""
+    """The factory registered under `name` (or at import path `name`), imported on first use.
+    KeyError for an unknown name; ImportError or AttributeError for a path that does not import."""
     entry = _entries.get(name)
+    if entry is None and is_import_path(name):
+        entry = name
     if entry is None:
         raise KeyError(f"unknown workload {name!r}; registered: {', '.join(names())}")
     if isinstance(entry, str):
@@ -87,9 +96,12 @@ def factory(name: str) -> Callable[..., Any]:
         obj: Any = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
-        entry = _entries[name] = obj
+        entry = obj
+        if name in _entries:
+            _entries[name] = obj
     return entry
 
 
 register("gpt", "workloads.workload:GPTWorkload")  # decoder-only transformer over packed documents
 register("linreg", "workloads.workload:LinRegWorkload")  # noise scale known in closed form
+register("hf", "workloads.hf_model:HFWorkload")  # a transformers causal LM (the hf extra)

@@ -98,6 +98,10 @@ class GPTWorkload:
         self.cfg, self.plan, self.device = cfg, plan, device
         shape = model.GPTConfig.of(cfg.model)
         self.model: nn.Module = model.GPT(shape)
+        if cfg.model.init_from:
+            from workloads.checkpoint import load_weights
+
+            load_weights(self.model, cfg.model.init_from)
         self.train_data = data.TokenDataset(cfg, "train")
         self.eval_data = data.TokenDataset(cfg, "eval")
         self.source_names = [s.name for s in cfg.data.sources]
@@ -182,5 +186,7 @@ def build(cfg: Config, plan: BatchPlan, device: torch.device) -> Workload:
     work = registry.factory(cfg.model.name)(cfg, plan, device)
     missing = missing_members(work)
     if missing:
-        raise TypeError(f"workload {cfg.model.name!r} lacks {', '.join(missing)} of the Workload protocol")
+        raise TypeError(
+            f"workload {cfg.model.name!r} lacks {', '.join(missing)} of the Workload protocol (workloads/workload.py)"
+        )
     return work

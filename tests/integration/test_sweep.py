@@ -102,6 +102,29 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     answers = [line for line in (sweep_out + out).splitlines() if line.startswith("Best configuration:")]
     assert len(answers) == 2 and answers[0] == answers[1], answers
 
+    # the same sweep in Python (orchestrator.results): the trials, and every point MLflow holds, value for value
+    import pandas as pd
+
+    from orchestrator.results import load_sweep
+
+    loaded = load_sweep(SMOKE, tracking_uri=uri)
+    assert (loaded.name, loaded.run_id) == ("smoke", parent)
+    assert len(loaded.trials) == 4 and set(loaded.trials["run_id"]) == {r.info.run_id for r in runs}
+    assert set(loaded.trials["outcome"]) == {"finished"} and loaded.fit.finished == 4
+    for run in runs:
+        for metric in ("train/loss", "eval/loss"):
+            held = tracking.metric_history(uri, run.info.run_id, metric)
+            mine = loaded.curves[(loaded.curves["run_id"] == run.info.run_id) & (loaded.curves["metric"] == metric)]
+            assert held and list(zip(mine["tokens"], mine["value"])) == held, (run.info.run_name, metric)
+
+    def values(frame):  # CSV changes dtypes (Int64 -> int64, <NA> -> NaN), not values
+        return [[None if pd.isna(v) else v for v in row] for row in frame.astype(object).itertuples(index=False)]
+
+    for file, frame in (("trials.csv", loaded.trials), ("curves.csv", loaded.curves)):
+        back = pd.read_csv(tmp_path / "report" / file)
+        assert list(back.columns) == list(frame.columns) and values(back) == values(frame), file
+    assert {"trials.csv", "curves.csv"} <= logged, logged
+
 
 def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
     """D = 2: the trial starts a Ray Train worker group; with no Tune retries (max_failures 0)

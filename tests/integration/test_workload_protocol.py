@@ -117,7 +117,7 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
         "import sys, workloads.model; assert not [m for m in sys.modules if m.startswith('orchestrator')]",
         # the schema, its validation and the workload names need no torch
         "import sys, orchestrator.config, orchestrator.validation, workloads.registry as r; "
-        "assert 'torch' not in sys.modules and r.names() == ('gpt', 'linreg')",
+        "assert 'torch' not in sys.modules and r.names() == ('gpt', 'linreg', 'hf')",
     ],
     ids=["model-without-orchestrator", "config-without-torch"],
 )

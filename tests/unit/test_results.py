@@ -1,0 +1,134 @@
+"""`orchestrator.results`: the tables `load_sweep` returns and `report` writes, built from
+hand-made `analysis.Trial` records (no MLflow: tests/integration/test_sweep.py reads a real sweep)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orchestrator import analysis, results
+from tests.conftest import ROOT
+from tests.synthetic_sweep import in_memory, specs
+
+EXTRA = [(0, 1.0), (4096, 1.5), (8192, 2.5)]  # a curve analysis.Trial does not carry (e.g. train/lr)
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    """2 batch sizes x 3 lrs x 2 seeds at constant decay, one config at wsd, one stopped, one failed."""
+    grid = [s for s in specs(np.random.default_rng(3), seeds=2) if s[0] in (2**12, 2**13)]
+    trials = in_memory(grid) + in_memory([(2**12, 1.0, 0, 1.0)], decay="wsd")
+    trials += in_memory([(2**12, 4.0, 0, 1.0)], stop_at=2**20) + in_memory([(2**13, 2.0, 0, 1.0)], diverge=True)
+    for i, t in enumerate(trials):  # unique ids; D and A as a real run logs them
+        t.run_id, t.trial_id = f"run{i:02d}", f"trial_{i:05d}"
+        t.params.update({"cluster.num_workers": "2", "batch.grad_accum_steps": str(t.batch // 128 // 2 // 4)})
+        t.params["batch.micro_batch_size"] = "4"
+    curves = {
+        t.run_id: {"train/loss": t.train, "eval/loss": t.eval, "gns/b_simple": t.b_simple, "train/lr": EXTRA}
+        for t in trials[:-1]  # the last run logged nothing this reader was asked for
+    }
+    result = analysis.analyse(trials)
+    return trials, curves, result, results.build("syn", "parent", trials, curves, result, results.METRICS)
+
+
+def test_trials_table_has_one_row_per_trial_with_its_params_outcome_and_last_values(sweep):
+    trials, _, _, built = sweep
+    table = built.trials
+    assert list(table["run_id"]) == [t.run_id for t in trials] and list(table["trial"]) == [t.name for t in trials]
+    assert list(table["trial_id"]) == [t.trial_id for t in trials]
+    # the swept axes beside batch and lr (here the decay), then the batch shape and the seed
+    assert list(table.columns) == [
+        *("trial", "run_id", "trial_id", "status", "outcome", "batch", "lr", "schedule.decay", "b", "D", "A", "seed"),
+        *("tokens", "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s"),
+    ]
+    assert "data.seq_len" not in table.columns, "a param equal in every trial is not a column"
+    assert list(table["outcome"]) == [t.outcome for t in trials]
+    assert table["outcome"].value_counts().to_dict() == {"finished": len(trials) - 2, "stopped": 1, "failed": 1}
+    for t, row in zip(trials, table.itertuples(index=False)):
+        assert (row.batch, row.lr, row.seed, row.tokens) == (t.batch, t.lr, int(t.params["train.seed"]), t.tokens_seen)
+        assert (row.b, row.D, row.A) == (4, 2, t.batch // 1024)
+        assert row.final_train_loss == t.train[-1][1] and row.b_simple == t.b_simple[-1][1]
+        assert row.final_eval_loss == t.eval[-1][1] if t.eval else math.isnan(row.final_eval_loss)
+        assert row.stopped_at == t.stopped_at if t.stopped_at else row.stopped_at is pd.NA
+        assert row.wall_s == t.duration_s
+    assert str(table["batch"].dtype) == "Int64" and table["lr"].dtype == "float64"
+    # a notebook's first question: the best final eval loss per batch size
+    best = table[table["outcome"] == "finished"].groupby("batch")["final_eval_loss"].min()
+    assert list(best.index) == [2**12, 2**13]
+
+
+def test_curves_hold_every_point_of_the_metrics_asked_for_value_for_value(sweep):
+    trials, curves, _, built = sweep
+    frame = built.curves
+    assert list(frame.columns) == ["trial", "run_id", "metric", "tokens", "value"]
+    assert frame["tokens"].dtype == "int64" and frame["value"].dtype == "float64"
+    for t in trials:
+        for metric in results.METRICS:
+            rows = frame[(frame["run_id"] == t.run_id) & (frame["metric"] == metric)]
+            expected = curves.get(t.run_id, {}).get(metric, [])
+            assert list(zip(rows["tokens"], rows["value"])) == expected, (t.name, metric)
+            assert set(rows["trial"]) <= {t.name}
+    assert len(frame) == sum(len(points) for c in curves.values() for points in c.values())
+    assert frame[frame["run_id"] == trials[-1].run_id].empty
+    only = results.curves_frame(trials, curves, ["train/lr"])
+    assert set(only["metric"]) == {"train/lr"} and len(only) == len(EXTRA) * len(curves)
+
+
+def test_fit_is_the_reports_numbers(sweep):
+    _, _, result, built = sweep
+    fit = built.fit
+    assert fit.raw is result and fit.loss_metric == result["loss_metric"] and fit.axes == result["axes"]
+    assert (fit.finished, fit.stopped, fit.failed, fit.incomplete) == (
+        result["finished"],
+        result["stopped"]["count"],
+        result["failed"],
+        result["incomplete"],
+    )
+    assert fit.stopped_rungs == {2**20: 1}
+    best = fit.best_per_batch
+    assert list(best["batch"]) == [r["batch"] for r in result["best_per_batch"]]
+    assert list(best["final_loss"]) == [r["final_loss"] for r in result["best_per_batch"]]
+    assert list(best["run_id"]) == [r["run_id"] for r in result["best_per_batch"]]
+    assert list(best["schedule.decay"]) == [r["settings"]["schedule.decay"] for r in result["best_per_batch"]]
+    assert fit.best["run_id"] == result["best"]["run_id"] and fit.best["final_loss"] == result["best"]["final_loss"]
+    primary = result["primary"]
+    assert fit.target_loss == primary["target_loss"] and fit.notes == primary["notes"]
+    assert fit.b_simple == primary["b_simple"]
+    assert (fit.b_crit, fit.b_crit_interval) == (
+        primary["b_crit"],
+        tuple(primary["b_crit_interval"]) if primary["b_crit_interval"] else None,
+    )
+    assert fit.targets == [f["target_loss"] for f in result["critical_batch"]] and fit.targets_chosen
+    assert list(fit.critical_batch["target_loss"]) == fit.targets
+    assert list(fit.critical_batch["batch_sizes"]) == [len(f["points"]) for f in result["critical_batch"]]
+    assert (fit.lr_coef, fit.lr_alpha) == (result["lr_scaling"]["coef"], result["lr_scaling"]["alpha"])
+    assert results.fit_of(None) is None
+
+
+def test_csv_files_read_back_equal_to_the_tables(sweep, tmp_path):
+    built = sweep[-1]
+    paths = built.to_csv(tmp_path / "out")
+    assert [p.name for p in paths] == ["trials.csv", "curves.csv"]
+    for path, frame in zip(paths, (built.trials, built.curves)):
+        back = pd.read_csv(path)
+        assert list(back.columns) == list(frame.columns)
+        assert values(back) == values(frame), path.name  # exact: floats are written and read to the last digit
+
+
+def values(frame: pd.DataFrame) -> list:
+    """Rows as Python values, every kind of missing as None (CSV changes dtypes, not values)."""
+    return [[None if pd.isna(v) else v for v in row] for row in frame.astype(object).itertuples(index=False)]
+
+
+def test_only_results_imports_pandas():
+    """The command line stays light: pandas is results.py's alone (imported by `report` when it runs)."""
+    importers = [
+        p.name
+        for p in (ROOT / "orchestrator").glob("*.py")
+        if re.search(r"^\s*(import|from) pandas", p.read_text(), re.M)
+    ]
+    assert importers == ["results.py"]
