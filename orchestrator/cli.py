@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from orchestrator import logs
@@ -28,6 +29,35 @@ def _config_args(p: argparse.ArgumentParser, what: str = "CONFIG") -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="OmegaConf dotlist overrides")
 
 
+DRY_RUN_OPTIONS = [
+    ("--mfu", float, "share of the peak FLOP/s a trial achieves (default 0.4 on GPU)"),
+    ("--peak-flops", float, "peak FLOP/s of one GPU (default 989e12) or CPU thread (default: measured)"),
+    ("--device-memory", str, "memory of one worker's device for `auto` micro-batches, e.g. 80GiB"),
+    ("--startup-s", float, "start-up seconds per trial (default 60 on GPU, 15 on CPU)"),
+]
+
+
+def _port(text: str) -> int:
+    """A TCP port, 1..65535 (argparse turns the ValueError into one line and exit 2)."""
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise ValueError(text)
+    return port
+
+
+_port.__name__ = "port (1..65535)"  # what argparse names in "invalid port (1..65535) value"
+
+
+def _out_folder(text: str) -> str:
+    """A folder to write into: new, or an existing folder, not a file."""
+    if not text.strip() or Path(text).exists() and not Path(text).is_dir():
+        raise ValueError(text)
+    return text
+
+
+_out_folder.__name__ = "folder (not an existing file)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="orchestrator", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
@@ -35,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("plan", help="resolve a train config: S, b, D, A, steps, warmup, LR (no Ray)")
     _config_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--device-memory",
+        default=None,
+        metavar="SIZE",
+        help="memory of one worker's device for the memory model, e.g. 80GiB (default: the visible one)",
+    )
 
     p = verbs.add_parser("train", help="one run on Ray Train, logged to MLflow")
     _config_args(p)
@@ -42,11 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("sweep", help="a Ray Tune sweep; one MLflow child run per trial")
     _config_args(p, "SWEEP")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the trials with their cost, memory and ETA; start nothing, write nothing",
+    )
+    for flag, kind, what in DRY_RUN_OPTIONS:
+        p.add_argument(flag, type=kind, default=None, help=f"--dry-run only: {what}")
 
     p = verbs.add_parser("report", help="plots and critical-batch analysis from MLflow")
     p.add_argument("target", metavar="SWEEP_OR_RUN", help="sweep file, sweep name, or MLflow run id")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
-    p.add_argument("--out", default=None, help="output folder (default reports/<name>)")
+    p.add_argument("--out", type=_out_folder, default=None, help="output folder (default reports/<name>)")
     p.add_argument("--target-loss", type=float, action="append", default=None, help="loss level(s) for B_crit")
 
     p = verbs.add_parser("submit", help="send a sweep to a Ray cluster (Ray Jobs API)")
@@ -75,19 +118,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("ui", help="MLflow UI on 127.0.0.1 over the project's tracking store")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=_port, default=5000, help="1..65535, free on --host (default 5000)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
 
     p = verbs.add_parser("prepare", help="tokenize a config's corpus into reusable token shards")
     _config_args(p)
-    p.add_argument("--out", required=True, help="shard folder (then use data.shard_dir=...)")
+    p.add_argument("--out", type=_out_folder, required=True, help="shard folder (then use data.shard_dir=...)")
+    p.add_argument(
+        "--train-tokenizer",
+        type=int,
+        metavar="VOCAB",
+        default=None,
+        help="first train a byte-level BPE tokenizer of VOCAB tokens on the sources' training split, offline",
+    )
+
+    p = verbs.add_parser("export", help="a run's checkpoint as one fp32 safetensors state dict with its config")
+    p.add_argument("target", metavar="RUN_OR_TRIAL", help="MLflow run id, run name or Tune trial id")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write (new or empty)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="PATH_OR_URI",
+        help="a checkpoint folder, or a folder of checkpoint_* folders, instead of where the run keeps them",
+    )
+    p.add_argument("--tokens", type=int, default=None, metavar="N", help="the checkpoint at N tokens (default: last)")
     return parser
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from orchestrator import config, plan
+    from orchestrator import config, memory, plan
 
-    info = plan.describe(config.load(args.config, args.overrides))
+    device_memory = memory.parse_bytes(args.device_memory) if args.device_memory else None
+    info = plan.describe(config.load(args.config, args.overrides), device_memory)
     print(json.dumps(info, indent=2) if args.json else plan.format_table(info))
     return 0
 
@@ -98,7 +161,25 @@ def _train(args: argparse.Namespace) -> int:
     return launch.train(config.load(args.config, args.overrides))
 
 
+def _check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [flag for flag, _, _ in DRY_RUN_OPTIONS if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given and not args.dry_run:
+        parser.error(f"{', '.join(given)} only with --dry-run")
+    if args.dry_run and args.resume:
+        parser.error("--resume and --dry-run exclude each other")
+
+
 def _sweep(args: argparse.Namespace) -> int:
+    if args.dry_run:  # imports no Ray and no MLflow
+        from orchestrator import dry_run, memory
+
+        options = dry_run.Options(
+            mfu=args.mfu,
+            peak_flops=args.peak_flops,
+            startup_s=args.startup_s,
+            device_memory=memory.parse_bytes(args.device_memory) if args.device_memory else None,
+        )
+        return dry_run.run(args.sweep, args.overrides, options)
     from orchestrator import sweep
 
     return sweep.run(args.sweep, args.overrides, resume=args.resume)
@@ -133,7 +214,20 @@ def _jobs(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     from orchestrator import config, tracking
 
-    return tracking.serve_ui(config.load(None, args.overrides), host=args.host, port=args.port)
+    cfg = config.load(None, args.overrides)
+    _check_free(args.host, args.port)  # before the store is created: nothing half-written
+    return tracking.serve_ui(cfg, host=args.host, port=args.port)
+
+
+def _check_free(host: str, port: int) -> None:
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        what = "in use" if exc.errno in (98, 48) else f"not available ({exc.strerror})"
+        raise ConfigError("--port", f"{port} on {host} is {what}; pick another with --port or --host") from None
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -141,9 +235,27 @@ def _prepare(args: argparse.Namespace) -> int:
     from workloads import corpus
 
     cfg = config.load(args.config, args.overrides)
+    use = f"data.shard_dir={args.out}"
+    if args.train_tokenizer is not None:
+        from workloads import tokenizer
+
+        if not 258 <= args.train_tokenizer <= 2**31:
+            raise ConfigError(
+                "--train-tokenizer", f"got {args.train_tokenizer}; use 258 (256 bytes + EOS + one merge) or more"
+            )
+        path = tokenizer.train_bpe(corpus.training_texts(cfg), args.train_tokenizer, Path(args.out))
+        print(f"trained a {args.train_tokenizer:,}-token BPE tokenizer on the training split: {path}")
+        cfg = config.load(args.config, [*args.overrides, f"data.tokenizer={path}", "model.vocab_size=null"])
+        use = f"data.tokenizer={path} {use}"
     written = corpus.prepare_shards(cfg, args.out)
-    print(f"wrote {written} token shards to {args.out}; train with data.shard_dir={args.out}")
+    print(f"wrote {written} token shards to {args.out}; train with {use}")
     return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from orchestrator import export
+
+    return export.run(args.target, args.overrides, args.out, checkpoint=args.checkpoint, tokens=args.tokens)
 
 
 VERBS = {
@@ -155,6 +267,7 @@ VERBS = {
     "jobs": _jobs,
     "ui": _ui,
     "prepare": _prepare,
+    "export": _export,
 }
 
 
@@ -166,6 +279,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.verb == "sweep":
+        _check_sweep_args(parser, args)
     logs.setup()
     try:
         return VERBS[args.verb](args)

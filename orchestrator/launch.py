@@ -28,10 +28,14 @@ log = logging.getLogger(__name__)
 def preflight(cfg: Config) -> None:
     """Checks that need the data or the environment; ConfigError (exit 2) before Ray starts."""
     plan = batch_plan(cfg)
-    if cfg.model.name == "gpt":
+    if cfg.model.name in ("gpt", "hf"):
         from workloads import data
 
         data.check_corpus(cfg, plan.tokens_per_update)
+    from workloads import registry
+
+    if cfg.model.name not in registry.BUILTIN:
+        check_workload(cfg, plan)
     if cfg.cluster.use_gpu and not on_cluster(cfg):
         import torch
 
@@ -41,6 +45,21 @@ def preflight(cfg: Config) -> None:
                 "true, but this torch build sees no CUDA device; "
                 "use cluster.use_gpu=false or install the CUDA build (README)",
             )
+
+
+def check_workload(cfg: Config, plan) -> None:
+    """Build a user's workload once on this machine's CPU: one that breaks the Workload protocol,
+    or fails to build, is a ConfigError naming what is wrong, before any run starts."""
+    import torch
+
+    from workloads import workload
+
+    try:
+        workload.build(cfg, plan, torch.device("cpu"))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError("model.name", f"got {cfg.model.name!r}; {exc}") from None
 
 
 def on_cluster(cfg: Config) -> bool:
@@ -249,6 +268,10 @@ def resolve_paths(cfg: Config) -> None:
             src.path = str(Path(src.path).expanduser().resolve())
     if cfg.data.shard_dir:
         cfg.data.shard_dir = str(Path(cfg.data.shard_dir).resolve())
+    if cfg.data.tokenizer != "bytes":
+        cfg.data.tokenizer = str(Path(cfg.data.tokenizer).expanduser().resolve())
+    if cfg.model.init_from and "://" not in cfg.model.init_from:
+        cfg.model.init_from = str(Path(cfg.model.init_from).expanduser().resolve())
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = tracking.resolve_uri(cfg.tracking.uri)
     # The token cache (workloads/corpus.py) is shared by the driver's preflight and all workers.
@@ -319,7 +342,7 @@ def train(cfg: Config) -> int:
         tracking.reopen_run(cfg.tracking.uri, run_id)  # RUNNING again, so system metrics resume
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {folder}")
     else:
-        run_id = open_run(cfg, name)
+        run_id = open_run(cfg, name, {tracking.CHECKPOINTS_TAG: folder})  # for `orchestrator export`
         storage.write_json(
             storage.join(folder, RUN_RECORD), {"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment}
         )

@@ -78,6 +78,11 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
         tracking.reopen_run(cfg.tracking.uri, run_id)  # a retried trial: RUNNING again
     run_id = run_id or launch.open_run(cfg, trial.name, tags)
     local = in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
+    # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
+    # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
+    tune_dir = storage.join(setup["tune_storage"], Path(tune.get_context().get_trial_dir()).name)
+    checkpoints = tune_dir if local else storage.join(setup["train_storage"], trial_id)
+    tracking.set_tags(cfg.tracking.uri, run_id, {tracking.CHECKPOINTS_TAG: checkpoints})
     trainer = launch.build_trainer(
         cfg,
         run_id,
@@ -257,6 +262,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
         "sweep": sweep,
         "parent_run_id": parent,
         "train_storage": storage.join(folder, "train"),
+        "tune_storage": storage.join(folder, "tune"),
         "cwd": os.getcwd(),
     }
     trainable = tune.with_resources(

@@ -31,6 +31,7 @@ SWEEP_TAG = "orchestrator.sweep"
 FAILURE_TAG = "orchestrator.failure_reason"
 STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a trial was stopped at
 WARNING_TAG_PREFIX = "orchestrator.warning."  # + a 3-digit index: what a worker warned about, in order
+CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folders live (path or URI)
 MAX_PARAMS = 100  # MLflow's limit on params per log_batch call
 
 
@@ -300,3 +301,34 @@ def list_artifacts(uri: str, run_id: str, path: Optional[str] = None) -> List[st
     for info in c.list_artifacts(run_id, path):
         found.extend(list_artifacts(uri, run_id, info.path) if info.is_dir else [info.path])
     return found
+
+
+def find_runs_named(uri: str, name: str, experiment: Optional[str] = None) -> list:
+    """Runs whose name or Tune trial id is `name`, newest first: in `experiment` if it has
+    any, else in every experiment (`orchestrator export`)."""
+    if "'" in name or '"' in name:
+        return []
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment) if experiment else None
+    scopes = [[exp.experiment_id]] if exp else []
+    scopes.append([e.experiment_id for e in c.search_experiments(max_results=1000)])
+    for exp_ids in scopes:
+        runs = []
+        for query in (f"attributes.run_name = '{name}'", f"tags.`{TRIAL_TAG}` = '{name}'"):
+            runs += c.search_runs(exp_ids, filter_string=query, max_results=100) if exp_ids else []
+        if runs:
+            unique = {r.info.run_id: r for r in runs}.values()
+            return sorted(unique, key=lambda r: r.info.start_time or 0, reverse=True)
+    return []
+
+
+def read_text_artifact(uri: str, run_id: str, path: str) -> Optional[str]:
+    """The text of one of the run's artifacts, None when it has none at `path`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            local = client(uri).download_artifacts(run_id, path, folder)
+        except Exception:  # MLflow raises its own errors (or OSError) for a missing artifact
+            return None
+        return Path(local).read_text() if Path(local).is_file() else None
