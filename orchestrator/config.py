@@ -290,7 +290,10 @@ def _read_yaml(path: Path) -> DictConfig:
 
 def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
     """OmegaConf.update understands list indices (data.sources.0.weight=2) and keeps types."""
+    from orchestrator.validation import check_override  # lazy: validation imports this module
+
     for key, value in overrides:
+        check_override(key, value)
         try:
             OmegaConf.update(merged, key, value, merge=isinstance(value, (dict, list)))
         except (OmegaConfBaseException, TypeError, IndexError) as exc:
@@ -303,7 +306,7 @@ def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
 
 
 def _omegaconf_error(exc: OmegaConfBaseException) -> ConfigError:
-    key = getattr(exc, "full_key", None) or ""
+    key = re.sub(r"\[(\d+)\]", r".\1", getattr(exc, "full_key", None) or "")  # sources[0].kind -> sources.0.kind
     first = str(exc).splitlines()[0]
     if isinstance(exc, ConfigKeyError):
         return ConfigError(key, f"unknown key{did_you_mean(key)}")

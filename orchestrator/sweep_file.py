@@ -29,6 +29,7 @@ Every trial shares the base's `train.total_tokens`, so curves compare at equal t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -37,7 +38,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from orchestrator import config as config_lib
-from orchestrator import yaml_files
+from orchestrator import validation, yaml_files
 from orchestrator.errors import ConfigError
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -111,7 +112,24 @@ class Sweep:
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """A finite number (no NaN, no infinity anywhere in a sweep file)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+SEARCH_FIELDS = {
+    "algorithm": validation.one_of(*ALGORITHMS),
+    "num_samples": validation.count(),
+    "max_concurrent": validation.count(),
+    "seed": validation.count(0),
+    "metric": validation.one_of("eval_loss", "loss"),  # what the trials report to Tune
+    "seeds": validation.count(),
+}
+SCHEDULER_FIELDS = {
+    "type": validation.one_of(*SCHEDULERS),
+    "grace_period_tokens": validation.count(0),
+    "reduction_factor": validation.count(2),
+}
+"""The rules of the typed sections, one per field (orchestrator/validation.py's Field)."""
 
 
 def _distribution(key: str, spec: Any, numeric: bool = False) -> Dict[str, Any]:
@@ -164,13 +182,7 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     for key in space:
         if key not in valid_keys:
             raise ConfigError(f"space.{key}", f"not a train-config key{config_lib.did_you_mean(key)}")
-    search = _section(SearchConfig, raw.get("search"), "search")
-    if search.algorithm not in ALGORITHMS:
-        raise ConfigError("search.algorithm", f"got {search.algorithm!r}; valid: {', '.join(ALGORITHMS)}")
-    if search.num_samples < 1 or search.max_concurrent < 1:
-        raise ConfigError("search", "num_samples and max_concurrent must be >= 1")
-    if search.seeds < 1:
-        raise ConfigError("search.seeds", f"got {search.seeds}; valid: 1 (no replicates) or more")
+    search = _section(SearchConfig, raw.get("search"), "search", SEARCH_FIELDS)
     if search.seeds > 1 and search.algorithm == "optuna":
         raise ConfigError(
             "search.seeds",
@@ -181,9 +193,7 @@ def load(path: str | Path, check: bool = True) -> Sweep:
         raise ConfigError("search.seeds", "train.seed is also in space; sweep seeds either way, not both")
     if search.algorithm == "grid" and any(next(iter(s)) != "grid" for s in space.values()):
         raise ConfigError("search.algorithm", "grid search needs every space key to be a grid; use random or optuna")
-    scheduler = _section(SchedulerConfig, raw.get("scheduler"), "scheduler")
-    if scheduler.type not in SCHEDULERS:
-        raise ConfigError("scheduler.type", f"got {scheduler.type!r}; valid: {', '.join(SCHEDULERS)}")
+    scheduler = _section(SchedulerConfig, raw.get("scheduler"), "scheduler", SCHEDULER_FIELDS)
     if scheduler.type == "asha" and scheduler.grace_period_tokens <= 0:
         raise ConfigError("scheduler.grace_period_tokens", "ASHA needs a grace period in tokens > 0")
     if not isinstance(raw.get("lr_scaling") or {}, dict):
@@ -245,12 +255,19 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     )
 
 
-def _section(cls, data: Any, name: str):
-    """A typed section of the sweep file (OmegaConf checks keys and value types)."""
+def _section(cls, data: Any, name: str, rules: Dict[str, Any]):
+    """A typed section of the sweep file: OmegaConf checks keys and value types, then each field
+    its rule."""
     if data is not None and not isinstance(data, dict):
         raise ConfigError(name, f"must be a mapping with keys {', '.join(cls.__dataclass_fields__)}")
+    for key, value in (data or {}).items():
+        if key in rules and rules[key].kind == "int" and isinstance(value, (bool, float)):
+            rules[key].validate(f"{name}.{key}", value)  # before OmegaConf reads 2.0 or true as a count
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data or {}))
+        section = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data or {}))
+        for key, rule in rules.items():
+            rule.validate(f"{name}.{key}", getattr(section, key))
+        return section
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or ""
         if isinstance(exc, ConfigKeyError):

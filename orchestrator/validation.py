@@ -1,10 +1,18 @@
-"""Cross-field checks of a loaded config that the types alone cannot express.
+"""Every check of a loaded config, run by every verb that loads one, before Ray, MLflow or any
+file write: first each field against its rule in FIELDS (one row per schema key, the one place
+its valid values are declared), then the checks that span fields.
 
-Imports only the schema (orchestrator.config) and the pure arithmetic; `config.load` calls
-`validate` through a lazy import, so there is no import cycle.
+Floats must be finite everywhere (no field takes NaN or infinity). Imports only the schema
+(orchestrator.config) and the pure arithmetic; `config.load` calls `validate` through a lazy
+import, so there is no import cycle.
 """
 
 from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 from orchestrator import batching, schedules
 from orchestrator.config import AUTO, Config, batch_plan
@@ -15,47 +23,233 @@ from workloads import registry as workload_registry  # names only: the standard 
 SOURCE_KINDS = ("code", "prose", "arithmetic", "files", "hf")
 PRECISIONS = ("fp32", "bf16", "fp16")
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs", "abfss")  # what pyarrow.fs opens
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
+"""What MLflow's tracking stores accept (a plain path is a file store)."""
 
 
-def _positive(key: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(key, f"got {value}; must be {'>= 0' if allow_zero else '> 0'}")
+@dataclass(frozen=True)
+class Field:
+    """The values one config key takes."""
+
+    kind: str
+    """int, float, bool, str or dict."""
+    low: Optional[float] = None
+    """Smallest valid value (excluded when low_open)."""
+    high: Optional[float] = None
+    """Largest valid value (excluded when high_open)."""
+    low_open: bool = False
+    high_open: bool = False
+    choices: Optional[Callable[[], Tuple[Any, ...]]] = None
+    """The valid values, when they are a list (a function: the workload names grow at run time)."""
+    optional: bool = False
+    """None (YAML null) is valid."""
+    also: Tuple[str, ...] = ()
+    """Words accepted besides the kind (e.g. `auto`)."""
+    check: Optional[Callable[[str, Any], None]] = None
+    """A further check of the form (a URI's scheme, an import path); raises ConfigError."""
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(map(str, self.choices()))
+        what = {"int": "an integer", "float": "a finite number", "bool": "true or false"}.get(self.kind, "")
+        what = what or {"str": "non-empty text", "dict": "a mapping"}[self.kind]
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            what += f" in {left}{_num(self.low)}, {_num(self.high)}{right}"
+        elif self.low is not None:
+            what += f" {'>' if self.low_open else '>='} {_num(self.low)}"
+        return what + "".join(f" or {word!r}" for word in self.also) + (" or null" if self.optional else "")
+
+    def validate(self, key: str, value: Any) -> None:
+        if value is None and self.optional or value in self.also:
+            return
+        if not self._fits(value):
+            raise ConfigError(key, f"got {value!r}; must be {self.describe()}")
+        if self.check is not None:
+            self.check(key, value)
+
+    def _fits(self, value: Any) -> bool:
+        if self.kind == "bool" or isinstance(value, bool):
+            return self.kind == "bool" and isinstance(value, bool)
+        if self.kind in ("int", "float"):
+            if not isinstance(value, (int, float)) or (self.kind == "int" and not isinstance(value, int)):
+                return False
+            return math.isfinite(value) and self._in_range(value)
+        if self.kind == "dict":
+            return isinstance(value, dict)
+        if not isinstance(value, str) or not value.strip():
+            return False
+        return self.choices is None or value in self.choices()
+
+    def _in_range(self, x: float) -> bool:
+        above = self.low is None or (x > self.low if self.low_open else x >= self.low)
+        return above and (self.high is None or (x < self.high if self.high_open else x <= self.high))
 
 
-def _choice(key: str, value: str, valid: tuple) -> None:
-    if value not in valid:
-        raise ConfigError(key, f"got {value!r}; valid: {', '.join(valid)}")
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def _check_workload_name(name: str) -> None:
+def count(low: int = 1, **kw: Any) -> Field:
+    return Field("int", low=low, **kw)
+
+
+def number(low: Optional[float] = None, high: Optional[float] = None, **kw: Any) -> Field:
+    return Field("float", low=low, high=high, **kw)
+
+
+def one_of(*values: Any) -> Field:
+    return Field("str", choices=lambda: values)
+
+
+def _workload_name(key: str, name: str) -> None:
     """A registered name (the table that builds them), or `package.module:factory` that imports."""
     names = workload_registry.names()
     if name in names:
         return
     valid = f"valid: {', '.join(names)} or package.module:factory"
     if not workload_registry.is_import_path(name):
-        raise ConfigError("model.name", f"got {name!r}; {valid}")
+        raise ConfigError(key, f"got {name!r}; {valid}")
     try:
         factory = workload_registry.factory(name)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            "model.name", f"got {name!r}; it does not import ({type(exc).__name__}: {exc}); {valid}"
-        ) from None
+        raise ConfigError(key, f"got {name!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
     if not callable(factory):
-        raise ConfigError("model.name", f"got {name!r}; that is a {type(factory).__name__}, not a workload factory")
+        raise ConfigError(key, f"got {name!r}; that is a {type(factory).__name__}, not a workload factory")
+
+
+def _scheme(valid: Tuple[str, ...], what: str) -> Callable[[str, Any], None]:
+    """A path, or a URI whose scheme is one of `valid`."""
+
+    def check(key: str, value: str) -> None:
+        scheme = value.partition("://")[0].lower() if "://" in value else None
+        if scheme is not None and scheme not in valid:
+            raise ConfigError(key, f"got {value!r}; use a path or {what} " + ", ".join(f"{s}://" for s in valid))
+
+    return check
+
+
+def _exists(key: str, value: str) -> None:
+    from pathlib import Path
+
+    if "://" not in value and not Path(value).expanduser().exists():
+        raise ConfigError(key, f"got {value!r}; no such file or folder")
+
+
+def _ray_address(key: str, value: str) -> None:
+    if not re.fullmatch(r"auto|local|(ray://)?[\w.\-\[\]:]+:\d{1,5}", value):
+        raise ConfigError(key, f"got {value!r}; use auto, host:port or ray://host:port (Ray's address)")
+
+
+def _no_slash(key: str, value: str) -> None:
+    if "/" in value or value in (".", ".."):
+        raise ConfigError(key, f"got {value!r}; a name, not a path (it becomes a folder under train.storage_path)")
+
+
+FIELDS = {
+    "model.name": Field("str", check=_workload_name),
+    "model.n_layers": count(),
+    "model.n_heads": count(),
+    "model.d_model": count(),
+    "model.mlp_ratio": count(),
+    "model.max_seq_len": count(),
+    "model.vocab_size": count(optional=True),
+    "model.compile": Field("bool", optional=True),
+    "model.hf.architecture": Field("str"),
+    "model.hf.extra": Field("dict"),
+    "model.init_from": Field("str", optional=True, check=_exists),
+    "model.dim": count(),
+    "model.noise_std": number(0),
+    "model.w_star_norm": number(0),
+    "data.seq_len": count(),
+    "data.tokenizer": Field("str"),
+    "data.sources.*.name": Field("str"),
+    "data.sources.*.kind": one_of(*SOURCE_KINDS),
+    "data.sources.*.path": Field("str", optional=True),
+    "data.sources.*.weight": number(0, low_open=True),
+    "data.sources.*.text_field": Field("str"),
+    "data.sources.*.split": Field("str"),
+    "data.eval_fraction": number(0, 1, low_open=True, high_open=True),
+    "data.max_documents_per_source": count(0),
+    "data.shard_dir": Field("str", optional=True),
+    "batch.tokens_per_update": count(),
+    "batch.micro_batch_size": count(also=(AUTO,)),
+    "batch.grad_accum_steps": count(optional=True),
+    "cluster.num_workers": count(),
+    "cluster.address": Field("str", optional=True, check=_ray_address),
+    "cluster.cpus_per_worker": number(0, low_open=True),
+    "cluster.use_gpu": Field("bool"),
+    "cluster.gpus_per_worker": number(0, 1, low_open=True),
+    "cluster.placement_strategy": one_of(*PLACEMENT_STRATEGIES),
+    "optim.lr": number(0),
+    "optim.weight_decay": number(0),
+    "optim.beta1": number(0, 1, high_open=True),
+    "optim.beta2": number(0, 1, high_open=True),
+    "optim.eps": number(0, low_open=True),
+    "optim.grad_clip": number(0),
+    "schedule.warmup_tokens": count(0),
+    "schedule.decay": one_of(*schedules.DECAYS),
+    "schedule.min_lr_ratio": number(0, 1),
+    "schedule.wsd_decay_share": number(0, 1, low_open=True),
+    "train.total_tokens": count(),
+    "train.seed": count(0),
+    "train.report_every_tokens": count(),
+    "train.eval_every_tokens": count(),
+    "train.eval_tokens": count(),
+    "train.checkpoint_every_tokens": count(0),
+    "train.keep_checkpoints": count(),
+    "train.run_name": Field("str", optional=True, check=_no_slash),
+    "train.storage_path": Field("str", check=_scheme(STORAGE_SCHEMES, "a URI with scheme")),
+    "train.max_failures": count(0),
+    "train.loss_normalization": one_of("token", "micro_batch"),
+    "deepspeed.zero_stage": Field("int", low=0, high=3),
+    "deepspeed.precision": one_of(*PRECISIONS),
+    "deepspeed.extra": Field("dict"),
+    "tracking.uri": Field("str", check=_scheme(TRACKING_SCHEMES, "an MLflow store URI:")),
+    "tracking.experiment": Field("str"),
+    "tracking.flush_every_s": number(0, low_open=True),
+    "tracking.max_buffered_points": count(),
+    "tracking.system_metrics": Field("bool", optional=True),
+    "tracking.system_metrics_interval_s": number(0, low_open=True),
+    "gns.enabled": Field("bool"),
+    "gns.ema_tokens": count(optional=True),
+}
+"""One rule per leaf of the schema (`*`: every item of a list); a test keeps it complete."""
+
+
+def values(cfg: Config, key: str) -> Iterator[Tuple[str, Any]]:
+    """(full key, value) of a FIELDS key in cfg: one pair, or one per list item for `*`."""
+    head, star, tail = key.partition(".*.")
+    node: Any = cfg
+    for part in head.split("."):
+        node = getattr(node, part)
+    if not star:
+        yield key, node
+        return
+    for i, item in enumerate(node):
+        yield f"{head}.{i}.{tail}", getattr(item, tail)
+
+
+def check_override(key: str, value: Any) -> None:
+    """Before OmegaConf converts an override: a number given to a true/false field is refused
+    (OmegaConf would read 2 as true)."""
+    rule = FIELDS.get(re.sub(r"\.\d+\.", ".*.", key))
+    if rule is not None and rule.kind == "bool" and not isinstance(value, bool) and value is not None:
+        raise ConfigError(key, f"got {value!r}; must be {rule.describe()}")
 
 
 def validate(cfg: Config) -> None:
-    """Cross-field checks the types alone cannot express. Raises ConfigError."""
-    m, d, t = cfg.model, cfg.data, cfg.train
-    _check_workload_name(m.name)
-    for key in ("n_layers", "n_heads", "d_model", "mlp_ratio", "max_seq_len", "vocab_size", "dim"):
-        _positive(f"model.{key}", getattr(m, key))
+    """Each field against its rule, then the checks across fields. Raises ConfigError."""
+    for key, rule in FIELDS.items():
+        for full_key, value in values(cfg, key):
+            rule.validate(full_key, value)
+    _across_fields(cfg)
+
+
+def _across_fields(cfg: Config) -> None:
+    m, d, t, s = cfg.model, cfg.data, cfg.train, cfg.schedule
     if m.d_model % m.n_heads:
         raise ConfigError("model.n_heads", f"got {m.n_heads}; must divide model.d_model={m.d_model}")
-    _positive("model.noise_std", m.noise_std, allow_zero=True)
-    _positive("model.w_star_norm", m.w_star_norm, allow_zero=True)
-    _positive("data.seq_len", d.seq_len)
     if m.name in ("gpt", "hf") and d.seq_len > m.max_seq_len:
         raise ConfigError(
             "data.seq_len",
@@ -72,48 +266,8 @@ def validate(cfg: Config) -> None:
                 f"{src.name!r} is also data.sources.{names.index(src.name)}.name; "
                 "each source needs its own name (it labels data/share/<name>)",
             )
-        _choice(f"data.sources.{i}.kind", src.kind, SOURCE_KINDS)
-        _positive(f"data.sources.{i}.weight", src.weight)
         if src.kind in ("files", "hf") and not src.path:
             raise ConfigError(f"data.sources.{i}.path", f"missing; a `{src.kind}` source needs a local path")
-    if not 0 < d.eval_fraction < 1:
-        raise ConfigError("data.eval_fraction", f"got {d.eval_fraction}; must be strictly between 0 and 1")
-    _positive("data.max_documents_per_source", d.max_documents_per_source, allow_zero=True)
-    _positive("cluster.num_workers", cfg.cluster.num_workers)
-    _positive("cluster.cpus_per_worker", cfg.cluster.cpus_per_worker)
-    _choice("cluster.placement_strategy", cfg.cluster.placement_strategy, PLACEMENT_STRATEGIES)
-    scheme = t.storage_path.partition("://")[0] if "://" in t.storage_path else None
-    if not t.storage_path or (scheme is not None and scheme not in STORAGE_SCHEMES):
-        raise ConfigError(
-            "train.storage_path",
-            f"got {t.storage_path!r}; use a path or a URI with scheme " + ", ".join(f"{s}://" for s in STORAGE_SCHEMES),
-        )
-    _positive("optim.lr", cfg.optim.lr, allow_zero=True)
-    _positive("optim.weight_decay", cfg.optim.weight_decay, allow_zero=True)
-    _positive("optim.grad_clip", cfg.optim.grad_clip, allow_zero=True)
-    for key in ("beta1", "beta2"):
-        if not 0 <= getattr(cfg.optim, key) < 1:
-            raise ConfigError(f"optim.{key}", f"got {getattr(cfg.optim, key)}; must be in [0, 1)")
-    s = cfg.schedule
-    _choice("schedule.decay", s.decay, schedules.DECAYS)
-    _positive("schedule.warmup_tokens", s.warmup_tokens, allow_zero=True)
-    if not 0 <= s.min_lr_ratio <= 1:
-        raise ConfigError("schedule.min_lr_ratio", f"got {s.min_lr_ratio}; must be in [0, 1]")
-    if not 0 < s.wsd_decay_share <= 1:
-        raise ConfigError("schedule.wsd_decay_share", f"got {s.wsd_decay_share}; must be in (0, 1]")
-    for key in ("total_tokens", "report_every_tokens", "eval_every_tokens", "eval_tokens", "keep_checkpoints"):
-        _positive(f"train.{key}", getattr(t, key))
-    _positive("train.checkpoint_every_tokens", t.checkpoint_every_tokens, allow_zero=True)
-    _positive("train.max_failures", t.max_failures, allow_zero=True)
-    _choice("train.loss_normalization", t.loss_normalization, ("token", "micro_batch"))
-    b = cfg.batch.micro_batch_size
-    if b != AUTO and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
-        raise ConfigError("batch.micro_batch_size", f"got {b!r}; must be a positive integer or {AUTO!r}")
-    if cfg.cluster.use_gpu and not 0 < cfg.cluster.gpus_per_worker <= 1:
-        raise ConfigError(
-            "cluster.gpus_per_worker",
-            f"got {cfg.cluster.gpus_per_worker}; must be in (0, 1]: a worker uses one device, a fraction shares it",
-        )
     plan = batch_plan(cfg)
     batching.total_steps(plan, t.total_tokens)
     if s.warmup_tokens > t.total_tokens:
@@ -130,20 +284,11 @@ def validate(cfg: Config) -> None:
             f"would warm up; use 0 (no warmup) or at least {tpu + 1:,} "
             f"(e.g. {2 * tpu:,}: the first update at half the peak)",
         )
-    ds = cfg.deepspeed
-    if ds.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError("deepspeed.zero_stage", f"got {ds.zero_stage}; valid: 0, 1, 2, 3")
-    _choice("deepspeed.precision", ds.precision, PRECISIONS)
+    if cfg.deepspeed.precision == "fp16" and not cfg.cluster.use_gpu:
+        raise ConfigError(
+            "deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16"
+        )
     if m.name == "hf":
         from workloads.hf_model import hf_config  # transformers: only for hf models
 
         hf_config(cfg)
-    if ds.precision == "fp16" and not cfg.cluster.use_gpu:
-        raise ConfigError(
-            "deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16"
-        )
-    _positive("tracking.flush_every_s", cfg.tracking.flush_every_s)
-    _positive("tracking.max_buffered_points", cfg.tracking.max_buffered_points)
-    _positive("tracking.system_metrics_interval_s", cfg.tracking.system_metrics_interval_s)
-    if cfg.gns.ema_tokens is not None:
-        _positive("gns.ema_tokens", cfg.gns.ema_tokens)

@@ -94,6 +94,14 @@ class HFWorkload:
         activations = m.n_layers * per_block + top + S * S  # the dense document mask
         return ModelCosts(params, flops, float(activations))
 
+    @staticmethod
+    def export(cfg: Config, state_dict: Dict[str, Any], folder) -> None:
+        """`orchestrator export`: a folder transformers' `from_pretrained` loads (config.json and
+        model.safetensors)."""
+        model = build_model(cfg)
+        model.load_state_dict(state_dict, strict=True)
+        model.save_pretrained(str(folder))
+
     def param_groups(self) -> List[Dict[str, Any]]:
         return self._gpt.param_groups(self.model, self.cfg.optim.weight_decay)
 

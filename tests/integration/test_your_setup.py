@@ -205,6 +205,25 @@ def test_a_llama_gives_one_curve_for_two_splits_at_zero_2_and_logs_the_noise_sca
         assert abs(x - y) <= 1e-4 * abs(x), f"step {step}: {x} vs {y}"
 
 
+@pytest.mark.slow
+def test_an_exported_zero_3_llama_loads_in_transformers_with_the_run_s_eval_loss(ray_session, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    corpus = varied_corpus(tmp_path / "corpus")
+    cfg = small(tmp_path, corpus, *HF, "deepspeed.zero_stage=3", "gns.enabled=false", "train.run_name=z3")
+    assert launch.train(cfg) == 0
+    run_id = launch.recorded_run_id(cfg.train.storage_path, "z3")
+    out = tmp_path / "exported"
+    assert main(["export", run_id, "--out", str(out), f"tracking.uri={cfg.tracking.uri}"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    work = workload.build(cfg, config.batch_plan(cfg), torch.device("cpu"))
+    with torch.no_grad():
+        losses = [work.summed_loss(model, mb) for mb in work.eval_batches(0, 1)]
+    loss = sum(float(s) for s, _ in losses) / sum(float(n) for _, n in losses)
+    last = tracking.metric_history(cfg.tracking.uri, run_id, "eval/loss")[-1][1]
+    assert abs(loss - last) <= 1e-5, (loss, last)
+
+
 # ---------------------------------------------------------------- your own workload
 
 USER = "tests.fixtures.user_workload"

@@ -1,0 +1,286 @@
+"""Every field refuses bad values before anything starts: the schema walked field by field, with
+invalid values of each field's kind drawn by hypothesis, through the CLI's entry in-process with
+Ray, MLflow and the corpus replaced by sentinels that fail the test when touched."""
+
+import math
+import os
+from dataclasses import fields, is_dataclass
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator import config, launch, tracking, validation
+from orchestrator.cli import main
+from orchestrator.config import SourceConfig
+from orchestrator.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
+from orchestrator.validation import FIELDS, Field
+from tests.conftest import ROOT, TINY, run_cli
+
+
+def leaf_keys(schema=config.Config, prefix=""):
+    keys = set()
+    for f in fields(schema):
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        if is_dataclass(default):
+            keys |= leaf_keys(type(default), f"{prefix}{f.name}.")
+        elif f.name == "sources":
+            keys |= {f"{prefix}sources.*.{s.name}" for s in fields(SourceConfig)}
+        else:
+            keys.add(f"{prefix}{f.name}")
+    return keys
+
+
+def test_every_schema_field_has_one_rule():
+    assert set(FIELDS) == leaf_keys()
+
+
+def dotlist(value) -> str:
+    """A value as an OmegaConf override writes it."""
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return repr(value).replace("True", "true").replace("False", "false") if not isinstance(value, list) else str(value)
+
+
+SPECIAL = {  # fields that take several forms: an invalid value of each
+    "model.name": ["not a path", "tests.nowhere:Workload", "tests.fixtures.user_workload:Missing"],
+    "batch.micro_batch_size": ["automatic", 0, 1.5, True],
+    "train.storage_path": ["ftp://host/runs", "http://host/runs"],
+    "tracking.uri": ["ftp://nowhere/x", "s3://bucket/mlruns"],
+    "model.init_from": ["/no/such/weights.safetensors"],
+    "data.tokenizer": ["/no/such/tokenizer.json", "byte"],
+    "train.run_name": ["a/b", ".."],
+    "cluster.address": ["5", "localhost", "http://head:8265"],
+}
+
+
+def invalid(rule: Field, key: str):
+    """A strategy of values the rule refuses, of the field's kind and of other kinds."""
+    # (a number given to a text field is its text: OmegaConf converts it, and "5" may be a valid name)
+    others = {"dict": [[1, 2], "abc", 5], "str": [[1, 2], {"a": 1}]}
+    wrong_kind = st.sampled_from(others.get(rule.kind, [[1, 2], {"a": 1}, "abc"]))
+    options = [wrong_kind]
+    if rule.kind in ("int", "float"):
+        options.append(st.sampled_from([math.nan, math.inf, -math.inf]))
+        if rule.low is not None:
+            below = (
+                st.integers(max_value=int(math.ceil(rule.low)) - 1)
+                if rule.kind == "int"
+                else st.floats(max_value=rule.low, exclude_max=not rule.low_open, allow_nan=False, allow_infinity=False)
+            )
+            options.append(below)
+        if rule.high is not None:
+            above = (
+                st.integers(min_value=int(rule.high) + 1)
+                if rule.kind == "int"
+                else st.floats(
+                    min_value=rule.high, exclude_min=not rule.high_open, allow_nan=False, allow_infinity=False
+                )
+            )
+            options.append(above)
+        if rule.kind == "int":
+            options.append(st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: not x.is_integer()))
+    if rule.kind == "bool":
+        options.append(st.sampled_from(["maybe", 2]))
+    if rule.kind == "str":
+        options.append(st.sampled_from(["", "   "]))
+        if rule.choices is not None:
+            options.append(st.text("abcxyz", min_size=1, max_size=8).filter(lambda v: v not in rule.choices()))
+    if key in SPECIAL:
+        options.append(st.sampled_from(SPECIAL[key]))
+    return st.one_of(options)
+
+
+def concrete(key: str) -> str:
+    return key.replace(".*.", ".0.")
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch, tmp_path):
+    """Sentinels in place of Ray, MLflow runs and the corpus; a working directory to keep empty."""
+
+    def touched(what):
+        def fail(*args, **kwargs):
+            raise AssertionError(f"{what} was touched for bad input")
+
+        return fail
+
+    monkeypatch.setattr(launch, "ray_init", touched("Ray"))
+    monkeypatch.setattr(launch, "preflight", touched("the corpus"))
+    monkeypatch.setattr(tracking, "create_run", touched("MLflow"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+KEYS = sorted(FIELDS)
+
+
+@pytest.mark.parametrize("key", KEYS)
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_bad_value_is_exit_2_naming_the_field(key, data, nothing_starts, capsys):
+    value = data.draw(invalid(FIELDS[key], key), label="value")
+    override = f"{concrete(key)}={dotlist(value)}"
+    extra = ["model.name=hf"] if key.startswith("model.hf.") else []  # read only for that workload
+    for verb in ("plan", "train"):
+        code = main([verb, str(TINY), *extra, override])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2, f"{verb} {override}: exit {code}"
+        assert len(err) == 1 and concrete(key) in err[0], f"{verb} {override}: {err}"
+    assert os.listdir(nothing_starts) == [], "nothing written: no MLflow store, no run folder"
+
+
+VALID_BOUNDARIES = [
+    "optim.lr=0",  # measurement runs
+    "optim.weight_decay=0",
+    "optim.grad_clip=0",
+    "optim.beta1=0",
+    "schedule.warmup_tokens=0",
+    "schedule.min_lr_ratio=0",
+    "schedule.min_lr_ratio=1",
+    "schedule.wsd_decay_share=1",
+    "train.checkpoint_every_tokens=0",
+    "train.max_failures=0",
+    "train.seed=0",
+    "batch.micro_batch_size=1",
+    "batch.micro_batch_size=auto",
+    "cluster.num_workers=1",
+    "cluster.cpus_per_worker=0.01",
+    "cluster.gpus_per_worker=1",
+    "data.max_documents_per_source=0",
+    "data.eval_fraction=0.001",
+    "model.noise_std=0",
+    "model.vocab_size=257",
+    "deepspeed.zero_stage=0",
+    "deepspeed.zero_stage=3",
+    "tracking.uri=mlruns",
+    "tracking.uri=http://127.0.0.1:5000",
+    "train.storage_path=s3://bucket/runs",
+]
+
+
+@pytest.mark.parametrize("override", VALID_BOUNDARIES)
+def test_valid_boundary_values_pass(override, capsys):
+    assert main(["plan", str(TINY), override]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["plan", str(TINY), "optim.lr=nan"], "optim.lr"),
+        (["train", str(TINY), "optim.lr=inf"], "optim.lr"),
+        (["plan", str(TINY), "tracking.uri=ftp://nowhere/x"], "tracking.uri"),
+    ],
+)
+def test_no_traceback_through_the_real_command_line(args, key, tmp_path):
+    code, out, err = run_cli(*args, cwd=tmp_path, timeout=120)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and key in lines[0] and "Traceback" not in err, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_validation_reads_its_rules_from_one_table():
+    cfg = config.load(TINY)
+    assert dict(validation.values(cfg, "data.sources.*.weight")) == {
+        f"data.sources.{i}.weight": s.weight for i, s in enumerate(cfg.data.sources)
+    }
+
+
+def test_ui_port_out_of_range_or_in_use_is_exit_2(tmp_path, capsys, monkeypatch):
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["ui", "--port", "99999"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["ui", "--port", str(port), f"tracking.uri=sqlite:///{tmp_path}/ui.db"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--port" in err[0] and "in use" in err[0]
+    assert not (tmp_path / "ui.db").exists(), "no store created for a server that cannot start"
+
+
+# ---------------------------------------------------------------- sweep files
+
+SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
+
+
+def write_sweep(tmp_path, **sections):
+    body = yaml.safe_load(SMOKE.read_text())
+    body["base"]["config"] = str(TINY)
+    for name, value in sections.items():
+        if value is None:
+            body.pop(name, None)
+        else:
+            body[name] = value
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+SECTIONS = [("search", k, r) for k, r in SEARCH_FIELDS.items()] + [
+    ("scheduler", k, r) for k, r in SCHEDULER_FIELDS.items()
+]
+
+
+def test_every_section_field_has_one_rule():
+    from orchestrator.sweep_file import SchedulerConfig, SearchConfig
+
+    assert set(SEARCH_FIELDS) == {f.name for f in fields(SearchConfig)}
+    assert set(SCHEDULER_FIELDS) == {f.name for f in fields(SchedulerConfig)}
+
+
+@pytest.mark.parametrize("section, key, rule", SECTIONS, ids=[f"{s}.{k}" for s, k, _ in SECTIONS])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_bad_sweep_section_value_is_exit_2_naming_it(section, key, rule, data, nothing_starts, capsys):
+    value = data.draw(invalid(rule, f"{section}.{key}"), label="value")
+    path = write_sweep(nothing_starts.parent, **{section: {key: value}})
+    assert main(["sweep", str(path)]) == 2, f"{section}.{key}={value!r}"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{section}.{key}" in err[0], err
+    assert os.listdir(nothing_starts) == []
+
+
+NAN, INF = math.nan, math.inf
+SPACE = {"batch.tokens_per_update": {"grid": [2048, 4096]}}
+MALFORMED = [  # (sections, what the one line names)
+    ({"space": {**SPACE, "optim.lr": {"uniform": [NAN, 1.0]}}}, "space.optim.lr"),
+    ({"space": {**SPACE, "optim.lr": {"loguniform": [0.0, 1.0]}}}, "space.optim.lr"),
+    ({"space": {**SPACE, "optim.lr": {"uniform": [2.0, 1.0]}}}, "space.optim.lr"),
+    ({"space": {**SPACE, "optim.lr": {"uniform": [1.0]}}}, "space.optim.lr"),
+    ({"space": {**SPACE, "optim.lr": {"grid": []}}}, "space.optim.lr"),
+    ({"space": {**SPACE, "optim.lr": {"beta": [1, 2]}}}, "space.optim.lr"),
+    ({"space": {**SPACE, "optim.lrr": {"grid": [1e-3]}}}, "space.optim.lrr"),
+    ({"space": {**SPACE, "optim.lr": {"grid": [INF]}}}, "optim.lr"),
+    ({"space": {**SPACE, "schedule.warmup_share": {"grid": [NAN]}}}, "space.schedule.warmup_share"),
+    ({"constraints": [{"key": "schedule.warmup_tokens", "max": NAN, "of": "train.total_tokens"}]}, "constraints.0.max"),
+    ({"constraints": [{"key": "schedule.warmup_tokens", "min": INF}]}, "constraints.0.min"),
+    ({"constraints": [{"key": "nope", "max": 0.1}]}, "constraints.0.key"),
+    ({"constraints": [{"max": 0.1}]}, "constraints.0"),
+    ({"constraints": "warmup below a tenth"}, "constraints"),
+    ({"space": SPACE, "lr_scaling": {"reference_tokens": 0, "base_lr": 1e-3}}, "lr_scaling.reference_tokens"),
+    ({"space": SPACE, "lr_scaling": {"reference_tokens": INF, "base_lr": 1e-3}}, "lr_scaling.reference_tokens"),
+    ({"space": SPACE, "lr_scaling": {"reference_tokens": 4096, "base_lr": NAN}}, "lr_scaling.base_lr"),
+    ({"space": SPACE, "lr_scaling": {"reference_tokens": 4096, "base_lr": 1e-3, "alpha": "cube"}}, "lr_scaling.alpha"),
+    ({"space": SPACE, "lr_scaling": {"reference_tokens": 4096, "base_lr": 1e-3, "alpha": NAN}}, "lr_scaling.alpha"),
+    ({"space": SPACE, "lr_scaling": {"base_lr": 1e-3}}, "lr_scaling"),
+]
+
+
+@settings(max_examples=2 * len(MALFORMED), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from(MALFORMED))
+def test_a_malformed_space_constraint_or_lr_rule_is_exit_2_naming_it(case, nothing_starts, capsys):
+    sections, names = case
+    path = write_sweep(nothing_starts.parent, **sections)
+    assert main(["sweep", str(path)]) == 2, sections
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and names in err[0], (sections, err)
+    assert os.listdir(nothing_starts) == []
