@@ -1,4 +1,5 @@
-"""The one typed configuration schema, its loader, and the config as a dict (redacted).
+"""The config's loader (the schema is orchestrator/schema.py, re-exported here) and the config as
+a dict (redacted).
 
 Loading order (later wins): schema defaults <- YAML file (which may build on another YAML
 through a top-level `extends: other.yaml`, resolved relative to the file) <- dotlist overrides
@@ -14,15 +15,31 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from orchestrator import batching
 from orchestrator.errors import ConfigError
+from orchestrator.schema import (  # noqa: F401  (re-exported: callers import the schema from here)
+    AUTO,
+    BatchConfig,
+    ClusterConfig,
+    Config,
+    DataConfig,
+    DeepSpeedConfig,
+    GNSConfig,
+    HFModelConfig,
+    ModelConfig,
+    OptimConfig,
+    ScheduleConfig,
+    SourceConfig,
+    TrackingConfig,
+    TrainConfig,
+)
 from orchestrator.yaml_files import (  # noqa: F401  (re-exported: callers import them from here)
     ALLOWED_RESOLVERS,
     dotlist,
@@ -31,229 +48,6 @@ from orchestrator.yaml_files import (  # noqa: F401  (re-exported: callers impor
     parse_overrides,
     read_mapping,
 )
-
-
-@dataclass
-class HFModelConfig:
-    architecture: str = "llama"
-    """model.name=hf only: a Hugging Face transformers model type, e.g. llama, gpt_neox, qwen2
-    (built fresh from its config class; no weights are downloaded)."""
-    extra: Dict[str, Any] = field(default_factory=dict)
-    """More keys of that config class (e.g. {num_key_value_heads: 2, rope_theta: 10000.0})."""
-
-
-@dataclass
-class ModelConfig:
-    name: str = "gpt"
-    """Workload: `gpt` (decoder-only transformer), `linreg` (noise scale known in closed form),
-    `hf` (a transformers model, model.hf) or `package.module:factory` (your own, see README)."""
-    n_layers: int = 2
-    """Transformer blocks."""
-    n_heads: int = 4
-    """Attention heads; must divide d_model."""
-    d_model: int = 128
-    """Residual stream width."""
-    mlp_ratio: int = 4
-    """MLP hidden width as a multiple of d_model."""
-    max_seq_len: int = 256
-    """Positions the model can embed; data.seq_len may not exceed it."""
-    vocab_size: Optional[int] = None
-    """Vocabulary size; None = the tokenizer's (257 for bytes: 256 bytes + EOS). Given, it must
-    equal the tokenizer's."""
-    hf: HFModelConfig = field(default_factory=HFModelConfig)
-    """model.name=hf only: which transformers model; its shape comes from the keys above."""
-    init_from: Optional[str] = None
-    """A local safetensors file (or a folder holding model.safetensors) to start from, e.g. what
-    `orchestrator export` wrote; None = a fresh init."""
-    compile: Optional[bool] = None
-    """torch.compile the whole model; None = on when training on GPU (on CPU it does not pay)."""
-    dim: int = 16
-    """linreg only: input dimension d."""
-    noise_std: float = 1.0
-    """linreg only: label noise sigma."""
-    w_star_norm: float = 1.0
-    """linreg only: norm of the true weight vector w*."""
-
-
-@dataclass
-class SourceConfig:
-    name: str = MISSING
-    """Name used in logs and in `data/share/<name>`."""
-    kind: str = "files"
-    """`code`, `prose`, `arithmetic` (built in, no download), `files` (a user corpus) or `hf`
-    (a Hugging Face `datasets` dataset on local disk)."""
-    path: Optional[str] = None
-    """files: a directory, file or glob of .txt, .jsonl or .parquet files. hf: a folder written by
-    `save_to_disk`, or a folder of parquet, json(l) or text files."""
-    weight: float = 1.0
-    """Share of each update's tokens drawn from this source (weights are normalised)."""
-    text_field: str = "text"
-    """jsonl/parquet/hf only: the field holding the document text."""
-    split: str = "train"
-    """hf only: the dataset split to read."""
-
-
-def _default_sources() -> List[SourceConfig]:
-    return [
-        SourceConfig(name="code", kind="code", weight=0.45),
-        SourceConfig(name="prose", kind="prose", weight=0.45),
-        SourceConfig(name="arithmetic", kind="arithmetic", weight=0.10),
-    ]
-
-
-@dataclass
-class DataConfig:
-    seq_len: int = 128
-    """S: tokens per packed sequence."""
-    tokenizer: str = "bytes"
-    """`bytes` (UTF-8 bytes + EOS) or the path of a Hugging Face `tokenizer.json` (e.g. one
-    `orchestrator prepare --train-tokenizer` wrote)."""
-    sources: List[SourceConfig] = field(default_factory=_default_sources)
-    """The mixture: name, kind, location and weight of each source."""
-    eval_fraction: float = 0.05
-    """Share of each source's documents held out for evaluation (split by whole documents)."""
-    max_documents_per_source: int = 4000
-    """Cap on documents read per source (the built-in sources are large); 0 = no cap."""
-    shard_dir: Optional[str] = None
-    """Token shards written by `orchestrator prepare`; used instead of tokenizing on start."""
-
-
-@dataclass
-class BatchConfig:
-    tokens_per_update: int = 4096
-    """Global tokens per optimizer update (S x b x D x A)."""
-    micro_batch_size: Any = 8
-    """b: the largest number of sequences per worker per forward/backward that fits in memory; or
-    `auto`: the largest that fits the trial's device, probed there once per shape
-    (orchestrator/micro_batch.py)."""
-    grad_accum_steps: Optional[int] = None
-    """A: derived (fewest steps that fit) when omitted, checked when given."""
-
-
-@dataclass
-class ClusterConfig:
-    num_workers: int = 1
-    """D: data-parallel Ray Train workers."""
-    address: Optional[str] = None
-    """Ray address to join; None starts a local Ray on 127.0.0.1."""
-    cpus_per_worker: float = 1.0
-    """CPUs Ray reserves per worker (fractions allowed); torch threads follow it."""
-    use_gpu: bool = False
-    """Train on GPUs (cluster.gpus_per_worker each)."""
-    gpus_per_worker: float = 1.0
-    """use_gpu only: GPUs Ray reserves per worker, in (0, 1]; a fraction lets small trials share
-    a GPU (each worker still uses one device)."""
-    placement_strategy: str = "PACK"
-    """How Ray places the workers: PACK (fewest nodes), SPREAD, STRICT_PACK (one node) or
-    STRICT_SPREAD (one node each)."""
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-3
-    """Peak learning rate (0 freezes the weights, for measurement runs)."""
-    weight_decay: float = 0.1
-    """AdamW decoupled weight decay (not applied to norms and biases)."""
-    beta1: float = 0.9
-    """AdamW beta1."""
-    beta2: float = 0.95
-    """AdamW beta2."""
-    eps: float = 1e-8
-    """AdamW epsilon."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip; 0 disables it."""
-
-
-@dataclass
-class ScheduleConfig:
-    warmup_tokens: int = 0
-    """Linear warmup length in tokens: 0, or more than one update (batch.tokens_per_update)."""
-    decay: str = "cosine"
-    """After warmup: cosine, linear, wsd (warmup-stable-decay) or constant."""
-    min_lr_ratio: float = 0.1
-    """Floor of the decay as a fraction of optim.lr."""
-    wsd_decay_share: float = 0.2
-    """wsd only: final share of the budget over which the LR decays."""
-
-
-@dataclass
-class TrainConfig:
-    total_tokens: int = 262144
-    """Token budget of a run; rounded down to whole updates."""
-    seed: int = 0
-    """Seed of model init and data order."""
-    report_every_tokens: int = 8192
-    """Cadence of metrics to Ray Train and MLflow (at least one update)."""
-    eval_every_tokens: int = 65536
-    """Cadence of held-out evaluation; the last update is always evaluated."""
-    eval_tokens: int = 16384
-    """Held-out tokens per evaluation."""
-    checkpoint_every_tokens: int = 65536
-    """Cadence of checkpoints; 0 = only at the end."""
-    keep_checkpoints: int = 2
-    """Newest checkpoints kept by Ray Train."""
-    run_name: Optional[str] = None
-    """Name of the run; re-running with the same name resumes it."""
-    storage_path: str = "runs"
-    """Checkpoints and run records: a path (relative to the working directory) or a URI
-    (`s3://`, `gs://`, `file://`), which Ray reads through pyarrow. More than one node needs
-    storage every node sees: a shared filesystem or an object store."""
-    max_failures: int = 1
-    """Restarts of a failed worker group, each from the latest checkpoint."""
-    loss_normalization: str = "token"
-    """`token`: every real token of the update weighs the same (decomposition-invariant).
-    `micro_batch`: the naive mean per micro-batch, then 1/A and 1/D (for comparison only)."""
-
-
-@dataclass
-class DeepSpeedConfig:
-    zero_stage: int = 2
-    """ZeRO stage 0..3."""
-    precision: str = "fp32"
-    """fp32, bf16 or fp16 (fp16 needs a GPU)."""
-    extra: Dict[str, Any] = field(default_factory=dict)
-    """Raw DeepSpeed config merged last (e.g. {zero_optimization: {overlap_comm: true}})."""
-
-
-@dataclass
-class TrackingConfig:
-    uri: str = "sqlite:///mlflow.db"
-    """MLflow tracking URI; the default is a SQLite file in the working directory."""
-    experiment: str = "orchestrator"
-    """MLflow experiment name."""
-    flush_every_s: float = 5.0
-    """Seconds between batched, asynchronous MLflow writes."""
-    max_buffered_points: int = 100000
-    """Points held while the tracking server is unreachable; past this the run fails."""
-    system_metrics: Optional[bool] = None
-    """MLflow system metrics (CPU, memory, GPU); None = on when training on GPU."""
-    system_metrics_interval_s: float = 10.0
-    """Seconds between system-metric samples (MLflow's sampler)."""
-
-
-@dataclass
-class GNSConfig:
-    enabled: bool = True
-    """Measure the gradient noise scale B_simple during training."""
-    ema_tokens: Optional[int] = None
-    """Time constant, in tokens, of the EMAs of |G|^2 and tr(Sigma): an estimate's weight falls by
-    a factor e every ema_tokens tokens, so every batch size smooths over the same stretch of
-    training. None = a twentieth of train.total_tokens."""
-
-
-@dataclass
-class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    batch: BatchConfig = field(default_factory=BatchConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    gns: GNSConfig = field(default_factory=GNSConfig)
-
 
 # ---------------------------------------------------------------- loading
 
@@ -436,9 +230,6 @@ def compile_enabled(cfg: Config) -> bool:
 def gns_ema_tokens(cfg: Config) -> int:
     """The GNS EMA's time constant in tokens (a twentieth of the budget unless given)."""
     return cfg.gns.ema_tokens or max(1, cfg.train.total_tokens // 20)
-
-
-AUTO = "auto"
 
 
 def micro_batch_limit(cfg: Config) -> Optional[int]:

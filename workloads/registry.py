@@ -1,5 +1,5 @@
 """Workloads by name: the one table that both building (workloads/workload.py) and config
-validation (`model.name` in orchestrator/config.py) read.
+validation (`model.name` in orchestrator/validation.py) read.
 
 A name maps to a factory `(cfg, plan, device) -> Workload` (the protocol of workload.py),
 held as an import path "package.module:attribute" and imported only when a workload is built,

@@ -1,52 +1,24 @@
-"""Workloads behind one protocol: a third one, registered here in a few lines, validates and
-trains end to end through `orchestrator.launch.train`, like the built-in `gpt` and `linreg`."""
+"""Workloads behind one protocol: the README's example workload (tests/fixtures/user_workload.py),
+registered here under a short name, validates and trains end to end through
+`orchestrator.launch.train`, like the built-in `gpt` and `linreg`."""
 
 import subprocess
 import sys
 
 import pytest
 import torch
-from torch import nn
 
 from orchestrator import config, launch, tracking
 from orchestrator.errors import ConfigError
 from tests.conftest import ROOT, TINY, varied_corpus
+from tests.fixtures import user_workload
 from workloads import registry
-from workloads.model import token_losses
-from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build, token_micro_batch
+from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build
 
 UPDATES = 8
 
 
-@registry.register("bigram")
-class Bigram:
-    """The next byte from the previous one (an embedding and a linear layer) on the gpt data path."""
-
-    def __init__(self, cfg, plan, device):
-        from workloads.data import TokenDataset
-
-        self.cfg, self.plan, self.device = cfg, plan, device
-        self.model = nn.Sequential(
-            nn.Embedding(cfg.model.vocab_size, cfg.model.d_model), nn.Linear(cfg.model.d_model, cfg.model.vocab_size)
-        )
-        self.data = {split: TokenDataset(cfg, split) for split in ("train", "eval")}
-        self.source_names = [s.name for s in cfg.data.sources]
-        self.flops_per_token = 6.0 * sum(p.numel() for p in self.model.parameters())
-
-    def param_groups(self):
-        return [{"params": list(self.model.parameters()), "weight_decay": 0.0}]
-
-    def micro_batch(self, update, rank, accum_step):
-        batch = self.data["train"].micro_batch(update, self.plan, rank, accum_step)
-        return token_micro_batch(batch, self.source_names, self.device)
-
-    def summed_loss(self, engine, mb):
-        t = mb.tensors  # one token of context never crosses a document: no mask needed beyond loss_mask
-        return token_losses(engine(t["inputs"]), t["targets"], t["loss_mask"])
-
-    def eval_batches(self, rank, world):
-        batches = self.data["eval"].eval_batches(self.cfg.train.eval_tokens, self.plan.micro_batch_size, rank, world)
-        return [token_micro_batch(b, self.source_names, self.device) for b in batches]
+Bigram = registry.register("bigram")(user_workload.Bigram)  # the README's example, given a short name
 
 
 def bigram_config(tmp_path, *extra):
@@ -106,7 +78,7 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
         "micro_batch, summed_loss, eval_batches of the Workload protocol",
     ):
         build(config.load(TINY, ["model.name=empty"]), config.batch_plan(cfg), torch.device("cpu"))
-    with pytest.raises(ValueError, match="'bigram' is already registered as tests.integration"):
+    with pytest.raises(ValueError, match="'bigram' is already registered as tests.fixtures.user_workload:Bigram"):
         registry.register("bigram", lambda cfg, plan, device: object())
 
 

@@ -222,6 +222,12 @@ def test_an_exported_zero_3_llama_loads_in_transformers_with_the_run_s_eval_loss
     loss = sum(float(s) for s, _ in losses) / sum(float(n) for _, n in losses)
     last = tracking.metric_history(cfg.tracking.uri, run_id, "eval/loss")[-1][1]
     assert abs(loss - last) <= 1e-5, (loss, last)
+    # ... and model.init_from starts a new run from those weights
+    again = small(tmp_path, corpus, *HF, f"model.init_from={out}")
+    start = workload.build(again, config.batch_plan(again), torch.device("cpu"))
+    with torch.no_grad():
+        losses = [start.summed_loss(start.model, mb) for mb in start.eval_batches(0, 1)]
+    assert abs(sum(float(s) for s, _ in losses) / sum(float(n) for _, n in losses) - last) <= 1e-5
 
 
 # ---------------------------------------------------------------- your own workload

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import config, plan
+from orchestrator import config, plan, schema
 from orchestrator.errors import ConfigError
 from tests.conftest import ROOT, TINY
 
@@ -61,7 +61,7 @@ def test_design_example_through_plan():
 
 def test_every_schema_field_has_a_docstring():
     """Each dataclass field is followed by a one-line string (Levanter style)."""
-    tree = ast.parse(Path(config.__file__).read_text())
+    tree = ast.parse(Path(schema.__file__).read_text())
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name.endswith("Config") and node.name != "Config":
             body = node.body
