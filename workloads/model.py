@@ -63,7 +63,8 @@ class GPTConfig:
         """A GPTConfig from any object with these fields as attributes (e.g. a config section)."""
         if isinstance(shape, cls):
             return shape
-        return cls(**{f.name: getattr(shape, f.name) for f in fields(cls)})
+        given = {f.name: getattr(shape, f.name) for f in fields(cls)}
+        return cls(**{k: v for k, v in given.items() if v is not None})  # None: this file's default
 
 
 # ---------------------------------------------------------------- the document mask

@@ -1,5 +1,5 @@
-"""Workloads behind one protocol: the README's example workload (tests/fixtures/user_workload.py),
-registered here under a short name, validates and trains end to end through
+"""Workloads behind one protocol: the README's example workload (tests/fixtures/user_workload.py)
+validates under a short name registered here and trains end to end by its import path through
 `orchestrator.launch.train`, like the built-in `gpt` and `linreg`."""
 
 import subprocess
@@ -98,12 +98,13 @@ def test_imports_stay_light(code):
 
 
 @pytest.mark.slow
-def test_a_registered_workload_trains_end_to_end(ray_session, tmp_path):
-    cfg = bigram_config(tmp_path, "batch.grad_accum_steps=2")
-    assert launch.train(cfg) == 0  # the Ray worker found "bigram" through the registry
+def test_a_workload_of_your_own_trains_end_to_end_by_import_path(ray_session, tmp_path):
+    path = "tests.fixtures.user_workload:Bigram"
+    cfg = bigram_config(tmp_path, "batch.grad_accum_steps=2", f"model.name={path}")
+    assert launch.train(cfg) == 0  # the Ray worker imported it from the path in its config
     uri, run_id = cfg.tracking.uri, launch.recorded_run_id(cfg.train.storage_path, "bigram")
     run = tracking.get_run(uri, run_id)
-    assert run.info.status == "FINISHED" and run.data.params["model.name"] == "bigram"
+    assert run.info.status == "FINISHED" and run.data.params["model.name"] == path
     loss = tracking.metric_history(uri, run_id, "train/loss")
     assert [s for s, _ in loss] == [128 * (i + 1) for i in range(UPDATES)]
     assert loss[-1][1] < loss[0][1] - 1.0, loss  # from about ln 257 towards the corpus's bigram entropy

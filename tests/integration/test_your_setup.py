@@ -235,16 +235,6 @@ def test_an_exported_zero_3_llama_loads_in_transformers_with_the_run_s_eval_loss
 USER = "tests.fixtures.user_workload"
 
 
-@pytest.mark.slow
-def test_a_workload_of_your_own_runs_by_import_path(ray_session, tmp_path):
-    corpus = varied_corpus(tmp_path / "corpus")
-    cfg = small(tmp_path, corpus, f"model.name={USER}:Bigram", "gns.enabled=false", "train.run_name=mine")
-    assert launch.train(cfg) == 0
-    run_id = launch.recorded_run_id(cfg.train.storage_path, "mine")
-    loss = tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
-    assert len(loss) == 6 and loss[-1][1] < loss[0][1]
-
-
 @pytest.mark.parametrize(
     "name, says",
     [

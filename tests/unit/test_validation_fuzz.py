@@ -121,7 +121,7 @@ KEYS = sorted(FIELDS)
 
 
 @pytest.mark.parametrize("key", KEYS)
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_bad_value_is_exit_2_naming_the_field(key, data, nothing_starts, capsys):
     value = data.draw(invalid(FIELDS[key], key), label="value")
@@ -238,7 +238,7 @@ def test_every_section_field_has_one_rule():
 
 
 @pytest.mark.parametrize("section, key, rule", SECTIONS, ids=[f"{s}.{k}" for s, k, _ in SECTIONS])
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_bad_sweep_section_value_is_exit_2_naming_it(section, key, rule, data, nothing_starts, capsys):
     value = data.draw(invalid(rule, f"{section}.{key}"), label="value")
