@@ -82,12 +82,12 @@ def resolve(cfg: Config, upper: Optional[int] = None) -> None:
 
 def resolve_all(configs: Iterable[Config]) -> None:
     """Resolve every config, probing each distinct shape once with the largest share any needs."""
-    configs = [c for c in configs if c.batch.micro_batch_size == AUTO]
+    keyed = [(c, _cache_file(c)) for c in configs if c.batch.micro_batch_size == AUTO]
     uppers: Dict[str, int] = {}
-    for c in configs:
-        uppers[_cache_file(c)] = max(uppers.get(_cache_file(c), 0), per_worker_share(c))
-    for c in configs:
-        resolve(c, uppers[_cache_file(c)])
+    for c, key in keyed:
+        uppers[key] = max(uppers.get(key, 0), per_worker_share(c))
+    for c, key in keyed:
+        resolve(c, uppers[key])
 
 
 def _find(cfg: Config, upper: int) -> Dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 from orchestrator import batching, schedules
@@ -130,8 +131,6 @@ def _scheme(valid: Tuple[str, ...], what: str) -> Callable[[str, Any], None]:
 
 
 def _exists(key: str, value: str) -> None:
-    from pathlib import Path
-
     if "://" not in value and not Path(value).expanduser().exists():
         raise ConfigError(key, f"got {value!r}; no such file or folder")
 
