@@ -86,11 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind, what in DRY_RUN_OPTIONS:
         p.add_argument(flag, type=kind, default=None, help=f"--dry-run only: {what}")
 
-    p = verbs.add_parser("report", help="plots and critical-batch analysis from MLflow")
-    p.add_argument("target", metavar="SWEEP_OR_RUN", help="sweep file, sweep name, or MLflow run id")
+    p = verbs.add_parser("report", help="plots and critical-batch analysis from MLflow or from tables")
+    p.add_argument(
+        "target",
+        metavar="SWEEP_OR_RUN",
+        help="sweep file, sweep name, MLflow run id, or a folder of trials.csv + curves.csv",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
     p.add_argument("--out", type=_out_folder, default=None, help="output folder (default reports/<name>)")
     p.add_argument("--target-loss", type=float, action="append", default=None, help="loss level(s) for B_crit")
+    p.add_argument(
+        "--lr-criterion",
+        choices=("final_loss", "steps"),
+        default="final_loss",
+        help="the one best lr per batch size the report names: lowest final loss, or fewest steps to the target",
+    )
 
     p = verbs.add_parser("submit", help="send a sweep to a Ray cluster (Ray Jobs API)")
     _config_args(p, "SWEEP")
@@ -188,7 +198,9 @@ def _sweep(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from orchestrator import report
 
-    return report.run(args.target, args.overrides, out=args.out, target_losses=args.target_loss)
+    return report.run(
+        args.target, args.overrides, out=args.out, target_losses=args.target_loss, lr_criterion=args.lr_criterion
+    )
 
 
 def _submit(args: argparse.Namespace) -> int:

@@ -87,8 +87,9 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
         label = None if t["batch"] in labelled else f"B = {fmt_tokens(t['batch'])} tokens"
         labelled.add(t["batch"])
         for key, style, width in (("train", "-", 1.2), ("eval", "--", 1.0)):
-            if t.get(key):
-                xs, ys = zip(*[(p / scale, v) for p, v in t[key] if p > 0])
+            points = [(p / scale, v) for p, v in t.get(key) or [] if p > 0]  # log axis: not the point at 0
+            if points:
+                xs, ys = zip(*points)
                 ax.plot(
                     xs,
                     ys,

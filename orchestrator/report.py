@@ -1,7 +1,8 @@
 """`orchestrator report`: which batch size and configuration to use, where the critical batch
-size lies and what each choice costs, read back from a sweep's (or one run's) MLflow runs.
+size lies and what each choice costs, read back from a sweep's (or one run's) MLflow runs, or
+from a folder of `trials.csv` and `curves.csv` written by any trainer (orchestrator/tables.py).
 
-Reading (MLflow, only through tracking.py) gives `analysis.Trial` records; `analysis.analyse` is
+Reading (MLflow, only through tracking.py) gives `trials.Trial` records; `analysis.analyse` is
 the arithmetic (its docstring states every rule); writing turns the result into figures
 (plots.py), summary.md, summary.html and report.json (text rendered by report_render.py) and the
 tables trials.csv and curves.csv (results.py: what `results.load_sweep` gives), all logged to the
@@ -16,11 +17,13 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator import analysis, tracking
+from orchestrator import analysis, tables, tracking
 from orchestrator.errors import ConfigError
 from orchestrator.report_render import document, json_safe, summary_lines, to_html, to_markdown
+from orchestrator.trials import Curve, Trial
 
-METRICS = ("train/loss", "eval/loss", "gns/b_simple")
+METRICS = tuple(tables.METRICS)
+"""The curves the analysis reads (train/loss, eval/loss, gns/b_simple, train/clipped)."""
 
 
 # ---------------------------------------------------------------- reading (MLflow via tracking)
@@ -68,20 +71,18 @@ def sweep_runs(uri: str, run_id: str) -> list:
     return tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)]
 
 
-def read_trials(uri: str, run_id: str) -> List[analysis.Trial]:
+def read_trials(uri: str, run_id: str) -> List[Trial]:
     """The sweep's trials (sweep_runs) as analysis records."""
     return trials_of(uri, sweep_runs(uri, run_id))
 
 
-def read_curves(uri: str, runs: Sequence[Any], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, analysis.Curve]]:
+def read_curves(uri: str, runs: Sequence[Any], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, Curve]]:
     """{run id: {metric: [(tokens, value)] sorted by tokens}} of METRICS and `metrics` (absent ones: [])."""
     keys = list(dict.fromkeys([*METRICS, *metrics]))
     return {r.info.run_id: tracking.run_metrics(uri, r.info.run_id, keys) for r in runs}
 
 
-def trials_of(
-    uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str, analysis.Curve]]] = None
-) -> List[analysis.Trial]:
+def trials_of(uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str, Curve]]] = None) -> List[Trial]:
     """MLflow runs as analysis records, oldest first: params, tags and the curves the analysis reads
     (from `curves`, as read_curves returns them, when given: they are not read twice)."""
     trials = []
@@ -90,25 +91,25 @@ def trials_of(
         start, end = r.info.start_time, r.info.end_time
         stopped = r.data.tags.get(tracking.STOPPED_AT_TAG)
         trials.append(
-            analysis.Trial(
-                r.info.run_id,
-                r.info.run_name or r.info.run_id[:8],
-                r.info.status,
-                dict(r.data.params),
-                *(read[k] for k in METRICS),
-                (end - start) / 1000 if end and start else None,
-                int(stopped) if stopped else None,
-                r.data.tags.get(tracking.TRIAL_TAG),
+            Trial(
+                run_id=r.info.run_id,
+                name=r.info.run_name or r.info.run_id[:8],
+                status=r.info.status,
+                params=dict(r.data.params),
+                duration_s=(end - start) / 1000 if end and start else None,
+                stopped_at=int(stopped) if stopped else None,
+                trial_id=r.data.tags.get(tracking.TRIAL_TAG),
+                **{field: read.get(metric, []) for metric, field in tables.METRICS.items()},
             )
         )
     return trials
 
 
 def analyse(
-    uri: str, run_id: str, trials: Sequence[analysis.Trial], target_losses: Optional[Sequence[float]] = None
+    uri: str, run_id: str, trials: Sequence[Trial], target_losses: Optional[Sequence[float]] = None, **options
 ) -> Dict[str, Any]:
     """`analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
-    result = analysis.analyse(trials, target_losses)
+    result = analysis.analyse(trials, target_losses, **options)
     result["source"] = {"uri": uri, "run_id": run_id, "kind": "single" if trials[0].run_id == run_id else "sweep"}
     return result
 
@@ -116,23 +117,19 @@ def analyse(
 # ---------------------------------------------------------------- writing
 
 
-def figures(trials: Sequence[analysis.Trial], result: Dict[str, Any], name: str) -> Dict[str, Any]:
+def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[str, Any]:
     from orchestrator import plots
 
-    usable, metric, width = (
-        [t for t in trials if t.batch and t.train],
-        result["loss_metric"],
-        result["smoothing_tokens"],
-    )
+    usable, metric = [t for t in trials if t.batch and t.train], result["loss_metric"]
     curves = [{"batch": t.batch, "train": t.train, "eval": t.eval} for t in usable]
     figs = {
         "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
         "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
     }
     cells = [
-        (t.lr, t.batch, t.final(metric, width))
+        (t.lr, t.batch, t.final(metric))
         for t in usable
-        if t.lr and t.outcome == "finished" and t.final(metric, width) is not None
+        if t.lr and t.outcome == "finished" and t.final(metric) is not None
     ]
     if cells:
         figs["eval_heatmap.png"] = plots.lr_batch_heatmap(cells, f"final {metric}")
@@ -143,7 +140,7 @@ def figures(trials: Sequence[analysis.Trial], result: Dict[str, Any], name: str)
     ]
     if fits:
         figs["critical_batch.png"] = plots.critical_batch(fits)
-    best, scaling = result["best_per_batch"], result["lr_scaling"]
+    best, scaling = result["best_lr"], result["lr_scaling"]
     if any(r["lr"] for r in best):
         fit = (scaling["coef"], scaling["alpha"]) if scaling["alpha"] is not None else None
         figs["lr_vs_batch.png"] = plots.lr_vs_batch(
@@ -152,7 +149,7 @@ def figures(trials: Sequence[analysis.Trial], result: Dict[str, Any], name: str)
     return figs
 
 
-def write_report(trials: Sequence[analysis.Trial], result: Dict[str, Any], name: str, out: Path) -> List[Path]:
+def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out: Path) -> List[Path]:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
@@ -173,11 +170,19 @@ def write_report(trials: Sequence[analysis.Trial], result: Dict[str, Any], name:
 
 
 def run(
-    target: str, overrides: List[str], out: Optional[str] = None, target_losses: Optional[List[float]] = None
+    target: str,
+    overrides: List[str],
+    out: Optional[str] = None,
+    target_losses: Optional[List[float]] = None,
+    lr_criterion: str = "final_loss",
 ) -> int:
-    """The `report` verb: target is a sweep file, a sweep name or a run id; returns the exit code."""
+    """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
+    trials.csv and curves.csv; returns the exit code."""
     from orchestrator import results  # pandas: only `report` needs it
 
+    options = {"lr_criterion": lr_criterion}
+    if tables.is_table_folder(target):
+        return _run_tables(Path(target), out, target_losses, options)
     uri, name, run_id = resolve(target, list(overrides))
     runs = sweep_runs(uri, run_id)
     curves = read_curves(uri, runs, results.METRICS)
@@ -187,14 +192,40 @@ def run(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
         )
         return 1
-    result = analyse(uri, run_id, trials, target_losses)
-    out_dir = Path(out) if out else Path("reports") / re.sub(r"[^\w.-]+", "_", name)
-    tables = results.build(name, run_id, trials, curves, result, results.METRICS, uri)
-    for path in write_report(trials, result, name, out_dir) + tables.to_csv(out_dir):
+    result = analyse(uri, run_id, trials, target_losses, **options)
+    out_dir = Path(out) if out else _default_out(name)
+    tables_ = results.build(name, run_id, trials, curves, result, results.METRICS, uri)
+    for path in write_report(trials, result, name, out_dir) + tables_.to_csv(out_dir):
         tracking.log_file(uri, run_id, path, "report")
-    print(
-        f"report: {out_dir / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; "
-        f"logged to run {run_id} under report/)"
-    )
+    _say_written(out_dir, f"logged to run {run_id} under report/")
     print("\n".join(summary_lines(result)))
     return 0
+
+
+def _default_out(name: str) -> Path:
+    return Path("reports") / re.sub(r"[^\w.-]+", "_", name)
+
+
+def _run_tables(folder: Path, out: Optional[str], target_losses, options) -> int:
+    """`report DIR`: the same analysis and outputs from a folder's tables (nothing goes to MLflow;
+    the tables are rewritten only into another folder, never over themselves)."""
+    from orchestrator import results
+
+    trials = tables.read(folder)
+    if not any(t.batch and t.train for t in trials):
+        raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
+    name = folder.resolve().name
+    result = analysis.analyse(trials, target_losses, **options)
+    result["source"] = {"uri": str(folder), "run_id": None, "kind": "tables"}
+    out_dir = Path(out) if out else _default_out(name)
+    written = write_report(trials, result, name, out_dir)
+    if out_dir.resolve() != folder.resolve():
+        curves = {t.run_id: {m: getattr(t, f) for m, f in tables.METRICS.items()} for t in trials}
+        written += results.build(name, "", trials, curves, result, tuple(tables.METRICS)).to_csv(out_dir)
+    _say_written(out_dir, f"read from {folder}")
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
+def _say_written(out_dir: Path, where: str) -> None:
+    print(f"report: {out_dir / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; {where})")

@@ -2,13 +2,15 @@
 
     from orchestrator.results import load_sweep
     sweep = load_sweep("smoke", tracking_uri="sqlite:///mlflow.db")
-    sweep.trials    # one row per trial: params that differ, b, D, A, seed, outcome, final metrics
+    sweep.trials    # one row per trial: outcome, final metrics, short aliases, every param by its dotted key
     sweep.curves    # long: trial, run_id, metric, tokens, value -- every point MLflow holds
     sweep.fit       # the report's numbers (best configuration per batch size, B_crit, B_simple)
 
 Reading is report.py's (MLflow only through tracking.py), the numbers are `analysis.analyse`'s:
 this module only lays them out. `orchestrator report --out DIR` writes the same two tables as
-trials.csv and curves.csv. The only module that imports pandas.
+trials.csv and curves.csv, in the format `orchestrator report DIR` reads back (tables.py): every
+param as a column by its dotted config key, so the output is its input. The only module that
+imports pandas.
 """
 
 from __future__ import annotations
@@ -20,17 +22,26 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
-from orchestrator import analysis, report
+from orchestrator import report
+from orchestrator.trials import BATCH_KEY, Curve, Trial
 
-METRICS = ("train/loss", "eval/loss", "gns/b_simple", "train/lr", "perf/tokens_per_s")
+METRICS = ("train/loss", "eval/loss", "gns/b_simple", "train/clipped", "train/lr", "perf/tokens_per_s")
 """The curves `load_sweep` reads by default (and `report` writes to curves.csv)."""
 CURVE_COLUMNS = ["trial", "run_id", "metric", "tokens", "value"]
-SHAPE = {"b": "batch.micro_batch_size", "D": "cluster.num_workers", "A": "batch.grad_accum_steps", "seed": "train.seed"}
-"""Columns of the trials table named after the batch formula S x b x D x A, and the seed."""
-FIT_COLUMNS = ["target_loss", "b_crit", "b_crit_low", "b_crit_high", "b_crit_fit", "s_min", "e_min", "b_simple"]
-FIT_COLUMNS += ["batch_sizes", "notes"]
-BEST_COLUMNS = ["batch", "final_loss", "spread", "seeds", "lr", "trial", "run_id", "configurations"]
-Curves = Mapping[str, Mapping[str, analysis.Curve]]
+ALIASES = {
+    "batch": BATCH_KEY,
+    "lr": "optim.lr",
+    "b": "batch.micro_batch_size",
+    "D": "cluster.num_workers",
+    "A": "batch.grad_accum_steps",
+    "seed": "train.seed",
+}
+"""Short columns of the trials table for notebooks (the batch formula S x b x D x A, the seed);
+the same values are also in their dotted columns, which are what `report DIR` reads."""
+FIT_COLUMNS = ["target_loss", "status", "b_crit", "b_crit_low", "b_crit_high", "b_crit_bound", "b_crit_fit"]
+FIT_COLUMNS += ["s_min", "e_min", "b_simple", "lack_of_fit_p", "batch_sizes", "notes"]
+BEST_COLUMNS = ["batch", "final_loss", "spread", "seeds", "lr", "lr_edge", "trial", "run_id", "configurations"]
+Curves = Mapping[str, Mapping[str, Curve]]
 """{run id: {metric: [(tokens, value)]}}, as report.read_curves returns."""
 
 
@@ -43,14 +54,17 @@ class Fit:
     axes: List[str]
     """The swept axes: config keys whose values differ between trials, the batch size first."""
     best_per_batch: pd.DataFrame
-    """Per batch size its best configuration: batch, final_loss (mean over seeds), spread, seeds, lr,
-    trial, run_id (its best seed), configurations (how many were scored), then one column per axis."""
+    """Per batch size its best configuration by final loss: batch, final_loss (mean over seeds), spread,
+    seeds, lr (the best lr interpolated between the lrs tried), lr_edge (lowest/highest: the best is
+    at an edge of the lrs tried), trial, run_id (its best seed), configurations (how many were
+    scored), then one column per axis."""
     best: Optional[Dict[str, Any]]
     """The row of best_per_batch with the lowest final loss."""
     critical_batch: pd.DataFrame
-    """Per target loss: target_loss, b_crit (NaN: not resolved), b_crit_low/high (the 90% seed
-    bootstrap), b_crit_fit (the fit even when not resolved), s_min, e_min, b_simple, batch_sizes
-    (how many reached the target), notes."""
+    """Per target loss: target_loss, status (resolved, below, above, not resolved), b_crit (NaN unless
+    resolved), b_crit_low/high (the 90% seed bootstrap), b_crit_bound (below: B_crit is under it;
+    above: over it), b_crit_fit (the fit whatever the status), s_min, e_min, b_simple,
+    lack_of_fit_p, batch_sizes (how many reached the target), notes."""
     targets: List[float]
     targets_chosen: bool
     """True when the targets were chosen by the analysis, False when given."""
@@ -59,6 +73,14 @@ class Fit:
     b_crit: Optional[float]
     b_crit_interval: Optional[Tuple[float, float]]
     b_simple: Optional[float]
+    status: Optional[str]
+    """The primary target's status."""
+    trend: Dict[str, Any]
+    """b_crit_slope (of log B_crit on log target loss), b_crit_slope_interval, b_simple_slope, agree, note."""
+    lr_criterion: str
+    """What `best_lr` minimises: final_loss or steps (to the primary target)."""
+    best_lr: pd.DataFrame
+    """Per batch size the one best lr the report names: batch, lr, edge."""
     lr_coef: Optional[float]
     lr_alpha: Optional[float]
     """lr_opt ~ lr_coef * B ** lr_alpha through the best configurations (None: not fitted)."""
@@ -123,7 +145,7 @@ def load_sweep(
 def build(
     name: str,
     run_id: str,
-    trials: Sequence[analysis.Trial],
+    trials: Sequence[Trial],
     curves: Curves,
     result: Optional[Dict[str, Any]],
     metrics: Sequence[str] = METRICS,
@@ -134,9 +156,10 @@ def build(
     )
 
 
-def trials_frame(trials: Sequence[analysis.Trial]) -> pd.DataFrame:
-    """One row per trial, in the order given (report reads them oldest first)."""
-    axes = [k for k in analysis.swept_axes(trials) if k not in (analysis.BATCH_KEY, "optim.lr", *SHAPE.values())]
+def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
+    """One row per trial, in the order given (report reads them oldest first): what people read
+    first, the short aliases, then every param by its dotted key (what `report DIR` reads)."""
+    keys = sorted(set().union(*(t.params for t in trials)) if trials else set())
     rows = [
         {
             "trial": t.name,
@@ -144,25 +167,24 @@ def trials_frame(trials: Sequence[analysis.Trial]) -> pd.DataFrame:
             "trial_id": t.trial_id,
             "status": t.status,
             "outcome": t.outcome,
-            "batch": t.batch,
-            "lr": t.lr,
-            **{k: _scalar(t.params.get(k)) for k in axes},
-            **{col: _scalar(t.params.get(key)) for col, key in SHAPE.items()},
+            **{alias: _scalar(t.params.get(key)) for alias, key in ALIASES.items()},
             "tokens": t.tokens_seen,
-            "final_train_loss": _last(t.train),
-            "final_eval_loss": _last(t.eval),
+            "final_train_loss": t.final("train/loss"),
+            "final_eval_loss": t.final("eval/loss"),
             "b_simple": _last(t.b_simple),
             "stopped_at": t.stopped_at,
             "wall_s": t.duration_s,
+            **{k: _scalar(t.params.get(k)) for k in keys},
         }
         for t in trials
     ]
-    columns = ["trial", "run_id", "trial_id", "status", "outcome", "batch", "lr", *axes, *SHAPE]
-    columns += ["tokens", "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s"]
-    return _frame(rows, columns, [*SHAPE, "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s"])
+    columns = ["trial", "run_id", "trial_id", "status", "outcome", *ALIASES, "tokens", "final_train_loss"]
+    columns += ["final_eval_loss", "b_simple", "stopped_at", "wall_s", *keys]
+    numbers = [*ALIASES, "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s"]
+    return _frame(rows, columns, numbers)
 
 
-def curves_frame(trials: Sequence[analysis.Trial], curves: Curves, metrics: Sequence[str] = METRICS) -> pd.DataFrame:
+def curves_frame(trials: Sequence[Trial], curves: Curves, metrics: Sequence[str] = METRICS) -> pd.DataFrame:
     """Every point of `metrics` for every trial: trial, run_id, metric, tokens (the MLflow step), value."""
     rows = [
         (t.name, t.run_id, metric, int(step), float(value))
@@ -184,14 +206,11 @@ def fit_of(result: Optional[Dict[str, Any]]) -> Optional[Fit]:
     interval = primary.get("b_crit_interval")
     fits = [
         {
-            "target_loss": f["target_loss"],
-            "b_crit": f["b_crit"],
+            **{k: f[k] for k in ("target_loss", "status", "b_crit", "b_crit_bound", "b_crit_fit", "s_min", "e_min")},
             "b_crit_low": f["b_crit_interval"][0] if f["b_crit_interval"] else None,
             "b_crit_high": f["b_crit_interval"][1] if f["b_crit_interval"] else None,
-            "b_crit_fit": f["b_crit_fit"],
-            "s_min": f["s_min"],
-            "e_min": f["e_min"],
             "b_simple": f["b_simple"],
+            "lack_of_fit_p": f["lack_of_fit"]["p"],
             "batch_sizes": len(f["points"]),
             "notes": "; ".join(f["notes"]),
         }
@@ -202,13 +221,17 @@ def fit_of(result: Optional[Dict[str, Any]]) -> Optional[Fit]:
         axes=list(result["axes"]),
         best_per_batch=_frame(rows, list(dict.fromkeys([*BEST_COLUMNS, *(k for r in rows for k in r)])), ["spread"]),
         best=next((r for r in rows if best and r["batch"] == best["batch"]), None),
-        critical_batch=_frame(fits, FIT_COLUMNS, FIT_COLUMNS[:-1]),
+        critical_batch=_frame(fits, FIT_COLUMNS, [c for c in FIT_COLUMNS if c not in ("status", "notes")]),
         targets=[f["target_loss"] for f in result["critical_batch"]],
         targets_chosen=bool(result["targets_chosen"]),
         target_loss=primary.get("target_loss"),
         b_crit=primary.get("b_crit"),
         b_crit_interval=tuple(interval) if interval else None,
         b_simple=primary.get("b_simple"),
+        status=primary.get("status"),
+        trend=dict(result["trend"]),
+        lr_criterion=result["lr_criterion"],
+        best_lr=_frame(result["best_lr"], ["batch", "lr", "edge"], ["lr"]),
         lr_coef=result["lr_scaling"]["coef"],
         lr_alpha=result["lr_scaling"]["alpha"],
         finished=result["finished"],
@@ -224,11 +247,11 @@ def fit_of(result: Optional[Dict[str, Any]]) -> Optional[Fit]:
 def _best_row(r: Dict[str, Any]) -> Dict[str, Any]:
     """A best_per_batch entry with its settings as columns (the batch size and lr are columns already)."""
     row = {k: r.get("run_name" if k == "trial" else k) for k in BEST_COLUMNS}
-    settings = {k: _scalar(v) for k, v in r["settings"].items() if k not in (analysis.BATCH_KEY, "optim.lr")}
+    settings = {k: _scalar(v) for k, v in r["settings"].items() if k not in (BATCH_KEY, "optim.lr")}
     return {**row, **settings}
 
 
-def _last(curve: analysis.Curve) -> Optional[float]:
+def _last(curve: Curve) -> Optional[float]:
     return curve[-1][1] if curve else None
 
 

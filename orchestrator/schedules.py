@@ -49,3 +49,22 @@ def lr_at(
     else:  # linear, and the decay phase of wsd
         shape = 1.0 - progress
     return floor + (peak - floor) * shape
+
+
+TRUSTED_SHARE = 0.5
+"""cosine and linear decay from the end of warmup: steps-to-target are read in this first share
+of the budget only (the report then warns that the answer depends on the schedule)."""
+
+
+def stable_end_tokens(total_tokens: int, warmup_tokens: int = 0, decay: str = "cosine", wsd_decay_share: float = 0.2):
+    """Where the part of a run ends whose progress the schedule cannot fake: the start of wsd's
+    decay, the whole run for constant, TRUSTED_SHARE of the budget for cosine and linear. Steps
+    to a target loss are read before it (a final anneal would reach the lowest targets at the end
+    of every run, whatever its batch size); the trainer evaluates there (`stable_loss`)."""
+    if decay not in DECAYS:
+        raise ValueError(f"unknown decay {decay!r}; valid: {', '.join(DECAYS)}")
+    if decay == "wsd":
+        return max(warmup_tokens, int(total_tokens * (1.0 - wsd_decay_share)))
+    if decay == "constant":
+        return total_tokens
+    return max(warmup_tokens, int(TRUSTED_SHARE * total_tokens))

@@ -1,32 +1,41 @@
-"""`orchestrator.results`: the tables `load_sweep` returns and `report` writes, built from
-hand-made `analysis.Trial` records (no MLflow: tests/integration/test_sweep.py reads a real sweep)."""
+"""`orchestrator.results`: the tables `load_sweep` returns and `report` writes, built from a
+known-truth world's trials (no MLflow: tests/integration/test_sweep.py reads a real sweep)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator import analysis, results
+from orchestrator import analysis, results, tables
 from tests.conftest import ROOT
-from tests.synthetic_sweep import in_memory, specs
+from tests.known_truth import World
 
 EXTRA = [(0, 1.0), (4096, 1.5), (8192, 2.5)]  # a curve analysis.Trial does not carry (e.g. train/lr)
+WORLD = World(max_points=200, draw=2)
 
 
 @pytest.fixture(scope="module")
 def sweep():
     """2 batch sizes x 3 lrs x 2 seeds at constant decay, one config at wsd, one stopped, one failed."""
-    grid = [s for s in specs(np.random.default_rng(3), seeds=2) if s[0] in (2**12, 2**13)]
-    trials = in_memory(grid) + in_memory([(2**12, 1.0, 0, 1.0)], decay="wsd")
-    trials += in_memory([(2**12, 4.0, 0, 1.0)], stop_at=2**20) + in_memory([(2**13, 2.0, 0, 1.0)], diverge=True)
+    constant = WORLD.with_(decay="constant")
+    runs = constant.grid(batches=(1024, 2048), lrs=(0.004, 0.008, 0.016), seeds=2)
+    (wsd,) = WORLD.trials(WORLD.simulate([(1024, 0.008, 0)]))
+    (poor,) = WORLD.trials(WORLD.simulate([(1024, 0.001, 0)]))
+    early = [(t, v) for t, v in poor.eval if t <= 2**18]
+    trials = constant.trials(runs) + [dataclasses.replace(wsd, name=wsd.name + " wsd", _fits={})]
+    trials.append(
+        dataclasses.replace(poor, status="KILLED", stopped_at=2**18, train=poor.train[:50], eval=early, _fits={})
+    )
+    trials += WORLD.trials(WORLD.simulate([(2048, 0.064, 0)]))  # diverges
     for i, t in enumerate(trials):  # unique ids; D and A as a real run logs them
-        t.run_id, t.trial_id = f"run{i:02d}", f"trial_{i:05d}"
+        t.run_id, t.trial_id, t.duration_s = f"run{i:02d}", f"trial_{i:05d}", 10.0 + i
         t.params.update({"cluster.num_workers": "2", "batch.grad_accum_steps": str(t.batch // 128 // 2 // 4)})
         t.params["batch.micro_batch_size"] = "4"
+        t.params["data.seq_len"] = "128"
     curves = {
         t.run_id: {"train/loss": t.train, "eval/loss": t.eval, "gns/b_simple": t.b_simple, "train/lr": EXTRA}
         for t in trials[:-1]  # the last run logged nothing this reader was asked for
@@ -40,25 +49,55 @@ def test_trials_table_has_one_row_per_trial_with_its_params_outcome_and_last_val
     table = built.trials
     assert list(table["run_id"]) == [t.run_id for t in trials] and list(table["trial"]) == [t.name for t in trials]
     assert list(table["trial_id"]) == [t.trial_id for t in trials]
-    # the swept axes beside batch and lr (here the decay), then the batch shape and the seed
+    # what a person reads first, the short aliases, then every param by its dotted key
+    keys = sorted(set().union(*(t.params for t in trials)))
     assert list(table.columns) == [
-        *("trial", "run_id", "trial_id", "status", "outcome", "batch", "lr", "schedule.decay", "b", "D", "A", "seed"),
+        *("trial", "run_id", "trial_id", "status", "outcome", "batch", "lr", "b", "D", "A", "seed"),
         *("tokens", "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s"),
+        *keys,
     ]
-    assert "data.seq_len" not in table.columns, "a param equal in every trial is not a column"
+    assert {"data.seq_len", "schedule.decay", "schedule.warmup_tokens", "train.total_tokens"} <= set(keys)
     assert list(table["outcome"]) == [t.outcome for t in trials]
     assert table["outcome"].value_counts().to_dict() == {"finished": len(trials) - 2, "stopped": 1, "failed": 1}
-    for t, row in zip(trials, table.itertuples(index=False)):
-        assert (row.batch, row.lr, row.seed, row.tokens) == (t.batch, t.lr, int(t.params["train.seed"]), t.tokens_seen)
-        assert (row.b, row.D, row.A) == (4, 2, t.batch // 1024)
-        assert row.final_train_loss == t.train[-1][1] and row.b_simple == t.b_simple[-1][1]
-        assert row.final_eval_loss == t.eval[-1][1] if t.eval else math.isnan(row.final_eval_loss)
-        assert row.stopped_at == t.stopped_at if t.stopped_at else row.stopped_at is pd.NA
-        assert row.wall_s == t.duration_s
+    for t, row in zip(trials, table.to_dict("records")):
+        assert (row["batch"], row["lr"], row["seed"], row["tokens"]) == (
+            t.batch,
+            t.lr,
+            t.number("train.seed"),
+            t.tokens_seen,
+        )
+        assert (row["b"], row["D"], row["A"]) == (4, 2, t.batch // 1024)
+        assert row["batch.tokens_per_update"] == t.batch and row["schedule.decay"] == t.params["schedule.decay"]
+        assert row["final_train_loss"] == t.final("train/loss") and row["b_simple"] == t.b_simple[-1][1]
+        assert row["final_eval_loss"] == t.eval[-1][1] if t.eval else math.isnan(row["final_eval_loss"])
+        assert row["stopped_at"] == t.stopped_at if t.stopped_at else pd.isna(row["stopped_at"])
+        assert row["wall_s"] == t.duration_s
     assert str(table["batch"].dtype) == "Int64" and table["lr"].dtype == "float64"
     # a notebook's first question: the best final eval loss per batch size
     best = table[table["outcome"] == "finished"].groupby("batch")["final_eval_loss"].min()
-    assert list(best.index) == [2**12, 2**13]
+    assert list(best.index) == [1024, 2048]
+
+
+def test_the_tables_read_back_to_the_same_trials(sweep, tmp_path):
+    """trials.csv and curves.csv are orchestrator/tables.py's format: what report --out writes,
+    report DIR reads, to the same analysis."""
+    trials, _, result, built = sweep
+    built.to_csv(tmp_path)
+    back = tables.read(tmp_path)
+    assert [t.name for t in back] == [t.name for t in trials]
+    for t, b in zip(trials, back):
+        assert (b.status, b.batch, b.lr, b.stopped_at, b.duration_s) == (
+            t.status,
+            t.batch,
+            t.lr,
+            t.stopped_at,
+            t.duration_s,
+        )
+        logged = t is not trials[-1]  # the last run's curves were not in what was read
+        assert (b.train, b.eval) == ((t.train, t.eval) if logged else ([], []))
+    again = analysis.analyse(back)
+    assert again["primary"]["b_crit_fit"] == pytest.approx(result["primary"]["b_crit_fit"], rel=1e-12)
+    assert [r["lr"] for r in again["best_lr"]] == pytest.approx([r["lr"] for r in result["best_lr"]], rel=1e-12)
 
 
 def test_curves_hold_every_point_of_the_metrics_asked_for_value_for_value(sweep):
@@ -88,16 +127,19 @@ def test_fit_is_the_reports_numbers(sweep):
         result["failed"],
         result["incomplete"],
     )
-    assert fit.stopped_rungs == {2**20: 1}
+    assert fit.stopped_rungs == {2**18: 1}
     best = fit.best_per_batch
     assert list(best["batch"]) == [r["batch"] for r in result["best_per_batch"]]
     assert list(best["final_loss"]) == [r["final_loss"] for r in result["best_per_batch"]]
     assert list(best["run_id"]) == [r["run_id"] for r in result["best_per_batch"]]
     assert list(best["schedule.decay"]) == [r["settings"]["schedule.decay"] for r in result["best_per_batch"]]
+    assert list(best["lr"]) == [r["lr"] for r in result["best_per_batch"]]
     assert fit.best["run_id"] == result["best"]["run_id"] and fit.best["final_loss"] == result["best"]["final_loss"]
     primary = result["primary"]
     assert fit.target_loss == primary["target_loss"] and fit.notes == primary["notes"]
-    assert fit.b_simple == primary["b_simple"]
+    assert fit.b_simple == primary["b_simple"] and fit.status == primary["status"]
+    assert fit.trend == result["trend"] and fit.lr_criterion == "final_loss"
+    assert list(fit.best_lr["lr"]) == [r["lr"] for r in result["best_lr"]]
     assert (fit.b_crit, fit.b_crit_interval) == (
         primary["b_crit"],
         tuple(primary["b_crit_interval"]) if primary["b_crit_interval"] else None,

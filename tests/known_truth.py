@@ -1,0 +1,237 @@
+"""Simulated training whose noise scale is known, for testing what the analysis concludes.
+
+The curves are *not* the hyperbola the analysis fits: they are McCandlish et al.'s (2018) model
+of progress per optimizer step, integrated update by update. An update at batch B (tokens) and
+learning rate lr lowers the loss by
+
+    rate x luck x (L - floor)^exponent x gain(f) / knee(B_noise(L) / B),   f = lr / lr_opt(B, L)
+
+with gain(f) = 2 f - f^2 (or a parabola in log lr: `gain`), lr_opt(B, L) = lr_max / knee(B_noise(L) / B)
+and knee(x) = (1 + x^k)^(1/k): k = 1 is the
+model the analysis assumes, k > 1 a sharper knee, k < 1 a softer one. The learning rate follows
+a real schedule in tokens (linear warmup, then constant, wsd or cosine), so warmup steps make
+less progress and an lr grid fixed across B misses lr_opt by a different factor at every B.
+B_noise may rise as the loss falls: B_noise(L) = b_noise x ((loss_start - floor) / (L - floor))^rise.
+A seed's luck multiplies its rate (log-normal; its spread may grow with B); every logged
+`train/loss` point carries its own noise (update_noise / sqrt(B): a mean over B tokens). An lr
+with f > 2 makes no progress and then diverges: the run fails.
+
+At the best lr and with a constant B_noise, the steps between two loss levels after warmup are
+exactly S_min (1 + B_noise / B) for k = 1, so the truth is B_crit = B_noise; with a rising B_noise
+the truth is its average along the path, weighted by the time spent at each loss.
+
+A world writes what a trainer would: `tables()` gives the rows of trials.csv and curves.csv
+(`orchestrator report DIR`'s format). Pure numpy; the trials of a world are integrated in lockstep.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+BATCHES = (128, 256, 512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class World:
+    b_noise: float = 700.0
+    """Tokens; constant when rise = 0, else its value at loss_start."""
+    rise: float = 0.0
+    knee: float = 1.0
+    gain: str = "quadratic"
+    """quadratic: McCandlish's 2f - f^2 (progress quadratic in lr); log: smooth in log lr (a
+    Gaussian of width 1 in ln f below the optimum, 1 - (ln f / ln 3)^2 above), so the analysis's
+    lr interpolation is not the world's model either."""
+    lr_max: float = 0.02
+    loss_start: float = 5.5
+    floor: float = 2.0
+    rate: float = 2.5e-3
+    exponent: float = 1.5
+    total_tokens: int = 2**20
+    warmup_tokens: int = 2**15
+    decay: str = "wsd"
+    wsd_decay_share: float = 0.2
+    min_lr_ratio: float = 0.1
+    update_noise: float = 1.0
+    """Per-token spread of the logged train loss; a point's noise is update_noise / sqrt(B)."""
+    seed_noise: float = 0.05
+    """Log-normal spread of a seed's progress rate at batch `seed_noise_at`."""
+    seed_noise_growth: float = 0.0
+    """The spread grows as (B / seed_noise_at)^growth (0.5: with sqrt(B))."""
+    seed_noise_at: float = 128.0
+    eval_every_tokens: int = 2**16
+    report_every_tokens: int = 2**13
+    max_points: int = 1500
+    """train/loss points kept per trial (every update's loss, sub-sampled evenly)."""
+    draw: int = 0
+    """The random draw: seeds, luck and noise."""
+
+    def b_noise_at(self, loss: np.ndarray) -> np.ndarray:
+        if not self.rise:
+            return np.full_like(loss, self.b_noise)
+        return self.b_noise * ((self.loss_start - self.floor) / np.maximum(loss - self.floor, 1e-9)) ** self.rise
+
+    def knee_of(self, x: np.ndarray) -> np.ndarray:
+        return (1.0 + x**self.knee) ** (1.0 / self.knee)
+
+    def gain_of(self, f: np.ndarray) -> np.ndarray:
+        if self.gain == "quadratic":
+            return 2 * f - f * f
+        log_f = np.log(np.maximum(f, 1e-12))
+        return np.where(log_f < 0, np.exp(-0.5 * log_f**2), 1 - (log_f / math.log(3)) ** 2)
+
+    def lr_opt(self, batch: float, loss: Optional[float] = None) -> float:
+        """The best learning rate at batch B and loss L (at loss_start by default)."""
+        x = self.b_noise_at(np.array([self.loss_start if loss is None else loss])) / batch
+        return float(self.lr_max / self.knee_of(x)[0])
+
+    def schedule(self, tokens: np.ndarray) -> np.ndarray:
+        """The LR multiplier of the update that ends at `tokens` (as the trainer: schedules.lr_at)."""
+        t, total = np.asarray(tokens, np.float64), float(self.total_tokens)
+        warm = np.minimum(1.0, t / self.warmup_tokens) if self.warmup_tokens else np.ones_like(t)
+        if self.decay == "constant":
+            after = np.ones_like(t)
+        elif self.decay == "wsd":
+            start = total * (1 - self.wsd_decay_share)
+            frac = np.clip((t - start) / (total - start), 0.0, 1.0)
+            after = 1.0 - (1.0 - self.min_lr_ratio) * frac
+        elif self.decay == "cosine":
+            frac = np.clip((t - self.warmup_tokens) / (total - self.warmup_tokens), 0.0, 1.0)
+            after = self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + np.cos(math.pi * frac))
+        else:
+            raise ValueError(f"decay {self.decay!r}: constant, wsd or cosine")
+        return np.where(t < self.warmup_tokens, warm, after)
+
+    # ---------------------------------------------------------------- runs
+
+    def simulate(self, specs: Sequence[Tuple[int, float, int]]) -> List["Run"]:
+        """Every (batch, lr, seed) of `specs`, integrated together, one update at a time."""
+        batch = np.array([s[0] for s in specs], np.float64)
+        lr = np.array([s[1] for s in specs], np.float64)
+        seeds = [[self.draw, int(b), int(round(math.log2(r) * 1e6)) % 2**31, k] for b, r, k in specs]
+        rngs = [np.random.default_rng(s) for s in seeds]
+        spread = self.seed_noise * (batch / self.seed_noise_at) ** self.seed_noise_growth
+        luck = np.exp(spread * np.array([g.standard_normal() for g in rngs]))
+        steps = (self.total_tokens // batch).astype(int)
+        loss = np.full(len(specs), self.loss_start)
+        history = np.full((int(steps.max()) + 1, len(specs)), np.nan)
+        failed = np.zeros(len(specs), bool)
+        knee = self.knee_of(self.b_noise / batch)  # constant unless B_noise rises
+        for s in range(int(steps.max())):
+            active = (s < steps) & ~failed
+            history[s, active] = loss[active]
+            if self.rise:
+                knee = self.knee_of(self.b_noise_at(loss) / batch)
+            f = lr * self.schedule((s + 1) * batch) * knee / self.lr_max
+            gain = self.gain_of(f) / knee
+            step = self.rate * luck * np.maximum(loss - self.floor, 0.0) ** self.exponent * gain
+            loss = np.where(active, loss - step, loss)
+            failed |= active & ~(loss < self.loss_start + 1.0)
+        history[steps, np.arange(len(specs))] = np.where(failed, np.nan, loss)
+        return [self._run(spec, history[: steps[i] + 1, i], rngs[i], bool(failed[i])) for i, spec in enumerate(specs)]
+
+    def _run(self, spec: Tuple[int, float, int], losses: np.ndarray, rng, failed: bool) -> "Run":
+        b, lr, seed = spec
+        done = np.flatnonzero(np.isfinite(losses))
+        last = int(done[-1]) if len(done) else 0
+        # losses[s] is the loss of the weights after s updates, logged at s x B tokens (before
+        # update s + 1); the point at the budget is the final weights' (what eval sees).
+        updates = np.arange(min(last, len(losses) - 2) + 1)
+        keep = np.unique(np.r_[updates[:: max(1, len(updates) // self.max_points)], updates[-1]])
+        noisy = losses[keep] + self.update_noise / math.sqrt(b) * rng.standard_normal(len(keep))
+        train = [(int(s * b), float(v)) for s, v in zip(keep, noisy)]
+        evals = [
+            (int(s * b), float(losses[s] + 0.05 + 0.003 * rng.standard_normal()))
+            for s in range(0, last + 1)
+            if (s * b) % self.eval_every_tokens < b or s == len(losses) - 1
+        ]
+        reports = [s for s in range(1, last + 1) if (s * b) % self.report_every_tokens < b]
+        b_simple = [
+            (int(s * b), float(self.b_noise_at(np.array([losses[s]]))[0] * math.exp(0.05 * rng.standard_normal())))
+            for s in reports
+        ]
+        return Run(b, lr, seed, train, evals, b_simple, "FAILED" if failed else "FINISHED")
+
+    def grid(self, batches: Sequence[int] = BATCHES, lrs: Sequence[float] = (), seeds: int = 3) -> List["Run"]:
+        """Every batch size x learning rate x seed (lrs: a list fixed across B)."""
+        return self.simulate([(b, lr, k) for b in batches for lr in lrs for k in range(seeds)])
+
+    def with_(self, **changes) -> "World":
+        return replace(self, **changes)
+
+    def params(self, run: "Run") -> Dict[str, object]:
+        """What the trainer logs as params that the analysis reads, by dotted config key."""
+        return {
+            "batch.tokens_per_update": run.batch,
+            "optim.lr": run.lr,
+            "optim.beta2": 0.95,
+            "optim.grad_clip": 0.0,
+            "train.seed": run.seed,
+            "train.total_tokens": self.total_tokens,
+            "schedule.warmup_tokens": self.warmup_tokens,
+            "schedule.decay": self.decay,
+            "schedule.wsd_decay_share": self.wsd_decay_share,
+            "schedule.min_lr_ratio": self.min_lr_ratio,
+        }
+
+    def tables(self, runs: Sequence["Run"]) -> Tuple[List[Dict[str, object]], List[Tuple[str, str, int, float]]]:
+        """(rows of trials.csv, rows of curves.csv) of `runs`, as a trainer would write them."""
+        trials, curves = [], []
+        for r in runs:
+            trials.append({"trial": r.name, "status": r.status, **self.params(r)})
+            for metric, points in (("train/loss", r.train), ("eval/loss", r.eval), ("gns/b_simple", r.b_simple)):
+                curves += [(r.name, metric, t, v) for t, v in points]
+        return trials, curves
+
+    def trials(self, runs: Sequence["Run"]):
+        """`runs` as the analysis reads them, through the tables' own reader (orchestrator/tables.py)."""
+        from orchestrator import tables
+
+        trial_rows, curve_rows = self.tables(runs)
+        return tables.trials_from(trial_rows, [dict(zip(tables.CURVE_FIELDS, row)) for row in curve_rows])
+
+    def write(self, runs: Sequence["Run"], folder: Path) -> Path:
+        """trials.csv and curves.csv of `runs` in folder (plain csv: any trainer could write them)."""
+        import csv
+
+        trials, curves = self.tables(runs)
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "trials.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(trials[0]))
+            writer.writeheader()
+            writer.writerows(trials)
+        with (folder / "curves.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["trial", "metric", "tokens", "value"])
+            writer.writerows(curves)
+        return folder
+
+
+@dataclass
+class Run:
+    batch: int
+    lr: float
+    seed: int
+    train: List[Tuple[int, float]]
+    eval: List[Tuple[int, float]]
+    b_simple: List[Tuple[int, float]]
+    status: str
+    name: str = field(default="")
+
+    def __post_init__(self):
+        self.name = self.name or f"B={self.batch} lr={self.lr:.4g} seed={self.seed}"
+
+    @property
+    def final_loss(self) -> float:
+        """The last eval loss (inf for a run that failed): what a Tune objective would minimise."""
+        return self.eval[-1][1] if self.status == "FINISHED" and self.eval else math.inf
+
+
+def factor_grid(low: float, high: float, factor: float = 2.0) -> List[float]:
+    """low, low x factor, ... up to high (inclusive, to rounding)."""
+    n = int(math.floor(math.log(high / low) / math.log(factor) + 1e-9))
+    return [low * factor**i for i in range(n + 1)]
