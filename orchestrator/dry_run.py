@@ -9,6 +9,7 @@ assumptions it rests on, are orchestrator/cost.py's.
 
 For an Optuna sweep, whose trials are proposed while it runs: the space, the number of trials
 and the range of cost between the cheapest and the dearest corner of the keys that change cost.
+For a bracket search: its first round's trials, then the range up to its bound on trials.
 """
 
 from __future__ import annotations
@@ -348,12 +349,59 @@ def grid_report(sweep: search_space.Sweep, options: Options) -> List[str]:
     return lines
 
 
+def bracket_report(sweep: search_space.Sweep, options: Options) -> List[str]:
+    """A bracket search's first round (every batch size x group x initial lr x seed), then the
+    cost range up to its bound: max_lrs_per_batch lrs per batch size, group and seed."""
+    s = sweep.search
+    trials, skipped = search_space.split_feasible(sweep, search_space.expand(sweep))
+    search_space.check_asha_alignment(sweep, trials)
+    rows, problems, per_group = [], [], {}
+    for t in trials:
+        try:
+            rows.append(estimate(t.name, t.cfg, options))
+        except ConfigError as exc:
+            problems.append(f"[{t.name}] {exc}")
+            continue
+        # (group, seed) -> one row: an lr changes no cost, so each of the group's lrs costs that
+        per_group.setdefault(repr(sorted((k, v) for k, v in t.values.items() if k != "optim.lr")), rows[-1])
+    bound = [r for r in per_group.values() for _ in range(s.max_lrs_per_batch)]
+    batches = len(sweep.space["batch.tokens_per_update"]["grid"])
+    groups = len(search_space.bracket_groups(sweep)) // batches
+    lines = [
+        f"sweep {sweep.name!r}: bracket search of the learning rate per batch size, criterion {s.criterion} "
+        f"(search.criterion), step {s.lr_step:g}; first round {_count(len(trials), 'trial')}, at most "
+        f"{len(bound)} (search.max_lrs_per_batch {s.max_lrs_per_batch} x {_count(batches, 'batch size')} x "
+        f"{_count(groups, 'group')} x {_count(s.seeds, 'seed')}); nothing started"
+    ]
+    for kind in sorted({r.cost.kind for r in rows}):
+        lines += assumption(next(r.rate for r in rows if r.cost.kind == kind), options)
+    lines += ["first round (the later rounds' lrs depend on its results; an lr changes no cost):", *table(rows)]
+    lines += [f"skipped, infeasible (infeasible: skip): [{t.name}] {t.problem}" for t in skipped]
+    lines += [f"would not start: {p}" for p in problems]
+    lines += ["first round " + line for line in totals(sweep, rows)[0]]
+    low, high = (
+        cost.sweep_cost([r.cost for r in rows], s.max_concurrent),
+        cost.sweep_cost([r.cost for r in bound], s.max_concurrent),
+    )
+    if low.eta_s is None or high.eta_s is None:
+        return lines + ["cost range: unknown (a workload that states no costs)"]
+    hours = sorted(set(low.device_hours) | set(high.device_hours))
+    lines.append(
+        f"cost range: {low.trials} .. {high.trials} trials, {_flops(low.flops)} .. {_flops(high.flops)} FLOPs, "
+        + ", ".join(f"{_hours(low.device_hours.get(k))} .. {_hours(high.device_hours.get(k))} {k}-hours" for k in hours)
+        + f"; ETA {cost.format_duration(low.eta_s)} .. {cost.format_duration(high.eta_s)} "
+        f"({low.eta_s:,.0f} .. {high.eta_s:,.0f} s) with {_count(s.max_concurrent, 'trial')} at a time, "
+        "more when a batch size's later rounds wait on each other"
+    )
+    return lines
+
+
 def run(sweep_path: str, overrides: List[str], options: Options = Options()) -> int:
     """Print the dry run of a sweep; ConfigError (exit 2) for bad input."""
     _check(options)
     sweep = search_space.load(sweep_path)
     sweep.base_overrides += list(overrides)  # the CLI overrides apply to every trial's base, as in sweep.run
     config_lib.load(sweep.base_config, sweep.base_overrides)  # a bad base fails here, as in sweep.run
-    report = optuna_report if sweep.search.algorithm == "optuna" else grid_report
+    report = {"optuna": optuna_report, "bracket": bracket_report}.get(sweep.search.algorithm, grid_report)
     print("\n".join(report(sweep, options)))
     return 0

@@ -1,6 +1,7 @@
 """A sweep (orchestrator.sweep_file reads and checks the file) -> the list of trials to run:
 grid points x draws x seed replicates, each resolved to a validated train config (shares ->
 tokens, lr scaling rule -> lr, joint constraints); and how early stopping groups the trials.
+A bracket search's list is its first round (the lrs it proposes later change no shape or group).
 Pure: no Ray, no MLflow.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from orchestrator import config as config_lib
+from orchestrator import lr_bracket
 from orchestrator.config import Config
 from orchestrator.errors import ConfigError
 from orchestrator.sweep_file import (  # noqa: F401  (re-exported: the sweep file's schema and reader)
@@ -107,17 +109,50 @@ def _grid_points(space: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def expand(sweep: Sweep) -> List[Trial]:
-    """Every trial of a grid or random sweep, in a reproducible order, validated."""
-    rng = np.random.default_rng(sweep.search.seed)
-    sampled = {k: v for k, v in sweep.space.items() if "grid" not in v}
-    values = []
-    for point in _grid_points(sweep.space):
-        for _ in range(sweep.search.num_samples if sampled or sweep.search.algorithm != "grid" else 1):
-            values.append({**point, **{k: _draw(spec, rng) for k, spec in sampled.items()}})
-    if sweep.search.seeds > 1:  # replicates of every configuration, side by side
-        first = config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False).train.seed
-        values = [{**v, "train.seed": first + i} for v in values for i in range(sweep.search.seeds)]
-    return [resolve(sweep, v) for v in values]
+    """Every trial of a grid or random sweep, in a reproducible order, validated; a bracket
+    search's first round (every batch size x group x initial lr x seed)."""
+    if sweep.search.algorithm == "bracket":
+        values = [{**point, "optim.lr": lr} for point, lrs in bracket_groups(sweep) for lr in lrs]
+    else:
+        rng = np.random.default_rng(sweep.search.seed)
+        sampled = {k: v for k, v in sweep.space.items() if "grid" not in v}
+        values = []
+        for point in _grid_points(sweep.space):
+            for _ in range(sweep.search.num_samples if sampled or sweep.search.algorithm != "grid" else 1):
+                values.append({**point, **{k: _draw(spec, rng) for k, spec in sampled.items()}})
+    seeds = seed_values(sweep)  # replicates of every configuration, side by side
+    return [resolve(sweep, {**v, **s}) for v in values for s in seeds]
+
+
+def seed_values(sweep: Sweep) -> List[Dict[str, int]]:
+    """The replicates' values: [{}] for one seed, else train.seed = base seed + 0 .. seeds - 1."""
+    if sweep.search.seeds == 1:
+        return [{}]
+    first = config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False).train.seed
+    return [{"train.seed": first + i} for i in range(sweep.search.seeds)]
+
+
+def bracket_groups(sweep: Sweep) -> List[Tuple[Dict[str, Any], List[float]]]:
+    """A bracket search's (batch size, group): the grid values (batch and the other axes, not the
+    lr) and the first round's learning rates, optim.lr's grid or lr_scaling's guess / step, guess,
+    guess x step."""
+    axes = {k: v for k, v in sweep.space.items() if k != "optim.lr" and k not in LR_KEYS}
+    groups = []
+    for point in _grid_points(axes):
+        if "optim.lr" in sweep.space:
+            lrs = sorted({lr_bracket.round_lr(x) for x in sweep.space["optim.lr"]["grid"]})
+        else:
+            rule = {k: sweep.space[k]["grid"][0] for k in LR_KEYS}
+            tokens = point["batch.tokens_per_update"] / sweep.lr_scaling["reference_tokens"]
+            guess = rule["lr_scaling.base_lr"] * tokens ** rule["lr_scaling.alpha"]
+            lrs = lr_bracket.initial_from_rule(guess, sweep.search.lr_step)
+        groups.append((point, lrs))
+    return groups
+
+
+def bracket_bound(sweep: Sweep) -> int:
+    """The most trials a bracket search runs: max_lrs_per_batch x batch sizes x groups x seeds."""
+    return len(bracket_groups(sweep)) * sweep.search.max_lrs_per_batch * sweep.search.seeds
 
 
 def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
@@ -127,7 +162,7 @@ def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
     for share_key, tokens_key in SHARE_KEYS.items():
         if share_key in values:
             overrides[tokens_key] = int(round(values[share_key] * base.train.total_tokens))
-    if sweep.lr_scaling:
+    if sweep.lr_scaling and "optim.lr" not in values:  # (a bracket search proposes the lr itself)
         tokens = overrides.get("batch.tokens_per_update", base.batch.tokens_per_update)
         lr = (
             values["lr_scaling.base_lr"] * (tokens / sweep.lr_scaling["reference_tokens"]) ** values["lr_scaling.alpha"]

@@ -162,6 +162,10 @@ def _open_parent(sweep: search_space.Sweep, cfg, trials) -> str:
 def _param_space(sweep: search_space.Sweep, trials):
     from ray import tune
 
+    if sweep.search.algorithm == "bracket":  # trials: its first round
+        from orchestrator.bracket_search import BracketSearch
+
+        return {}, BracketSearch.from_sweep(sweep, trials)
     if trials is not None:
         return {"trial": tune.grid_search([t.values for t in trials])}, None
     from ray.tune.search.optuna import OptunaSearch
@@ -203,12 +207,29 @@ def _say_how_early_stopping_compares(sweep: search_space.Sweep, trials) -> None:
     print(f"early stopping (ASHA) compares a trial only with trials of the same {keys}")
     lone = search_space.lone_groups(sweep, trials) if trials is not None else []
     if lone:
+        what = (
+            "first-round trials have no such peer and are not stopped early (the search's later lrs are "
+            "compared with them)"
+            if sweep.search.algorithm == "bracket"
+            else "trials have no such peer and are never stopped early"
+        )
         print(
-            f"  {len(lone)} of {len(trials)} trials have no such peer and are never stopped early: "
+            f"  {len(lone)} of {len(trials)} {what}: "
             + ", ".join(t.name for t in lone[:6])
             + (" ..." if len(lone) > 6 else "")
             + "; sweep at least two configurations per batch size for early stopping to act"
         )
+
+
+def _how_many(sweep: search_space.Sweep, trials) -> str:
+    s = sweep.search
+    if s.algorithm != "bracket":
+        return f"{len(trials) if trials else s.num_samples} trials"
+    return (
+        f"bracket search of the learning rate per batch size, criterion {s.criterion} (search.criterion), "
+        f"step {s.lr_step:g}; first round {len(trials)} trials, at most {search_space.bracket_bound(sweep)} "
+        f"({s.max_lrs_per_batch} lrs per batch size and group)"
+    )
 
 
 def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
@@ -237,10 +258,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     else:
         parent = _open_parent(sweep, base, trials)
         storage.write_json(storage.join(folder, RECORD), {"parent_run_id": parent, "sweep": str(sweep.path)})
-        print(
-            f"sweep {sweep.name!r}: {len(trials) if trials else sweep.search.num_samples} trials, "
-            f"MLflow parent run {parent}, results in {folder}"
-        )
+        print(f"sweep {sweep.name!r}: {_how_many(sweep, trials)}, MLflow parent run {parent}, results in {folder}")
 
     # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
     scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
@@ -271,11 +289,12 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
     if resume:
         return tune.Tuner.restore(storage.join(folder, "tune"), trainable, resume_unfinished=True, resume_errored=True)
     space, searcher = _param_space(sweep, trials)
+    samples = {"bracket": search_space.bracket_bound(sweep), "optuna": sweep.search.num_samples}
     return tune.Tuner(
         trainable,
         param_space=space,
         tune_config=tune.TuneConfig(
-            num_samples=1 if trials is not None else sweep.search.num_samples,
+            num_samples=samples.get(sweep.search.algorithm, 1),
             max_concurrent_trials=sweep.search.max_concurrent,
             scheduler=scheduler,
             search_alg=searcher,

@@ -19,6 +19,8 @@ A sweep file (conf/sweep/*.yaml):
       - {key: schedule.warmup_tokens, max: 0.1, of: train.total_tokens}
     infeasible: error                   # or skip: drop combinations with no exact S x b x D x A
     search: {algorithm: grid, num_samples: 1, max_concurrent: 2, seed: 0}
+    # or {algorithm: bracket, criterion: final_loss, lr_step: 2.0, max_lrs_per_batch: 7}: the lr
+    # found per batch size (and group of the other grid axes), from optim.lr's grid or lr_scaling
     scheduler: {type: asha, grace_period_tokens: 65536, reduction_factor: 2}
 
 Distributions: grid (every value), choice, uniform [low, high], loguniform [low, high],
@@ -42,7 +44,8 @@ from orchestrator import validation, yaml_files
 from orchestrator.errors import ConfigError
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
-ALGORITHMS = ("grid", "random", "optuna")
+ALGORITHMS = ("grid", "random", "optuna", "bracket")
+CRITERIA = ("final_loss", "stable_loss", "both")  # orchestrator/lr_bracket.py reads them
 SCHEDULERS = ("none", "asha")
 ALPHA_PRESETS = {"sqrt": 0.5, "linear": 1.0}
 SHARE_KEYS = {"schedule.warmup_share": "schedule.warmup_tokens"}  # share of train.total_tokens
@@ -77,6 +80,13 @@ class SearchConfig:
     seeds: int = 1
     """Replicates: every configuration runs with train.seed = base seed + 0 .. seeds - 1 (model
     init and data order). Two or more give the critical batch size an interval."""
+    criterion: str = "final_loss"
+    """bracket: what an lr is scored by (mean over seeds): final_loss (the last eval_loss),
+    stable_loss (the eval loss where the schedule's decay starts), or both."""
+    max_lrs_per_batch: int = 7
+    """bracket: learning rates tried per batch size and group, the first round included."""
+    lr_step: float = 2.0
+    """bracket: the factor past the edge of the tried lrs (and the lr_scaling guess's spread)."""
 
 
 @dataclass
@@ -123,6 +133,9 @@ SEARCH_FIELDS = {
     "seed": validation.count(0),
     "metric": validation.one_of("eval_loss", "loss"),  # what the trials report to Tune
     "seeds": validation.count(),
+    "criterion": validation.one_of(*CRITERIA),
+    "max_lrs_per_batch": validation.count(3),  # a lower, a best and a higher lr at least
+    "lr_step": validation.number(1, low_open=True),
 }
 SCHEDULER_FIELDS = {
     "type": validation.one_of(*SCHEDULERS),
@@ -186,7 +199,7 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     if search.seeds > 1 and search.algorithm == "optuna":
         raise ConfigError(
             "search.seeds",
-            f"got {search.seeds}; replicates need search.algorithm grid or random "
+            f"got {search.seeds}; replicates need search.algorithm grid, random or bracket "
             "(optuna proposes one configuration at a time)",
         )
     if search.seeds > 1 and "train.seed" in space:
@@ -219,6 +232,8 @@ def load(path: str | Path, check: bool = True) -> Sweep:
             )
         for key in ("base_lr", "alpha"):
             space[f"lr_scaling.{key}"] = _distribution(f"lr_scaling.{key}", lr_scaling[key], numeric=True)
+    if search.algorithm == "bracket":
+        _check_bracket(space, raw.get("lr_scaling"), search)
     constraints = raw.get("constraints") or []
     if not isinstance(constraints, list):
         raise ConfigError("constraints", "must be a list of {key: K, max|min: factor, of: OTHER_KEY}")
@@ -253,6 +268,44 @@ def load(path: str | Path, check: bool = True) -> Sweep:
         local_mode,
         text,
     )
+
+
+def _check_bracket(space: Dict[str, Dict[str, Any]], lr_scaling: Any, search: SearchConfig) -> None:
+    """bracket: a grid of batch sizes, grids elsewhere (the groups), and fixed initial lrs."""
+    batch = space.get("batch.tokens_per_update", {})
+    if "grid" not in batch:
+        raise ConfigError(
+            "space.batch.tokens_per_update",
+            f"got {batch or 'nothing'}; search.algorithm bracket finds the lr per batch size: "
+            "valid: a grid, e.g. {grid: [2048, 4096]}",
+        )
+    lrs = space.get("optim.lr")
+    if lrs is None and not lr_scaling:
+        raise ConfigError(
+            "space.optim.lr", "missing; search.algorithm bracket starts from {grid: [...]} here or from lr_scaling"
+        )
+    if lrs is not None and ("grid" not in lrs or not all(_is_number(x) and x > 0 for x in lrs["grid"])):
+        raise ConfigError(
+            "space.optim.lr", f"got {lrs}; search.algorithm bracket starts from a grid of learning rates > 0"
+        )
+    for key in ("base_lr", "alpha") if lr_scaling else ():
+        values = space[f"lr_scaling.{key}"].get("grid", [])
+        if len(values) != 1 or (key == "base_lr" and not values[0] > 0):
+            raise ConfigError(
+                f"lr_scaling.{key}",
+                f"got {lr_scaling.get(key, 'sqrt')!r}; search.algorithm bracket needs a fixed number"
+                + (" > 0" if key == "base_lr" else "")
+                + " (it brackets the lr around the rule's guess)",
+            )
+    for key, spec in space.items():
+        if "grid" not in spec:
+            raise ConfigError(f"space.{key}", f"got {spec}; search.algorithm bracket needs a grid (the groups)")
+    first = len(set(lrs["grid"])) if lrs is not None else 3
+    if search.max_lrs_per_batch < first:
+        raise ConfigError(
+            "search.max_lrs_per_batch",
+            f"got {search.max_lrs_per_batch}; must be at least the {first} learning rates of the first round",
+        )
 
 
 def _section(cls, data: Any, name: str, rules: Dict[str, Any]):

@@ -166,3 +166,32 @@ def test_bad_options_in_process(args, message, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_bracket_shows_its_first_round_and_its_bound(dry_run, tmp_path):
+    sweep = tmp_path / "bracket.yaml"
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "bk",
+                "base": {"config": str(ROOT / "conf" / "train" / "tiny.yaml")},
+                "space": {"batch.tokens_per_update": {"grid": [1024, 2048, 4096]}, "optim.lr": {"grid": [1e-3, 3e-3]}},
+                "search": {"algorithm": "bracket", "max_lrs_per_batch": 5, "max_concurrent": 2},
+            }
+        )
+    )
+    out, _ = dry_run(sweep)
+    lines = out.splitlines()
+    assert lines[0] == (
+        "sweep 'bk': bracket search of the learning rate per batch size, criterion final_loss (search.criterion), "
+        "step 2; first round 6 trials, at most 15 (search.max_lrs_per_batch 5 x 3 batch sizes x 1 group x 1 seed); "
+        "nothing started"
+    )
+    first = search_space.expand(search_space.load(sweep))
+    assert len(first) == 6 and all(t.name in out for t in first)
+    assert any(line.startswith("first round total: 6 trials") for line in lines)
+    (span,) = [line for line in lines if line.startswith("cost range: ")]
+    assert span.startswith("cost range: 6 .. 15 trials, ")
+    low, high = [float(x) for x in span.split()[6:9:2]]  # "..., LOW .. HIGH FLOPs"
+    assert high == pytest.approx(low * 15 / 6, rel=1e-2)  # an lr changes no cost: 5 lrs per batch size, not 2
+    assert "with 2 trials at a time" in span

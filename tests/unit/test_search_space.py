@@ -240,3 +240,105 @@ def test_early_stopping_groups_share_batch_size_decay_shape_and_seed(tmp_path):
     )  # the two learning rates of each group
     one_per_batch = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))
     assert len(search_space.lone_groups(one_per_batch, search_space.expand(one_per_batch))) == 2
+
+
+BRACKET_BASE = {"config": TINY, "overrides": {"train.total_tokens": 1048576, "schedule.warmup_tokens": 0}}
+
+
+def test_bracket_first_round_from_the_lr_grid_or_the_scaling_rule(tmp_path):
+    """The first round: every batch size x group (the other grid axes) x initial lr x seed."""
+    space = {
+        "batch.tokens_per_update": {"grid": [2048, 8192]},
+        "optim.lr": {"grid": [3e-3, 1e-3]},
+        "schedule.decay": {"grid": ["wsd", "cosine"]},
+    }
+    sweep = search_space.load(
+        write(tmp_path, base=BRACKET_BASE, space=space, search={"algorithm": "bracket", "seeds": 2})
+    )
+    trials = search_space.expand(sweep)
+    assert [
+        (t.cfg.batch.tokens_per_update, t.cfg.schedule.decay, t.cfg.optim.lr, t.cfg.train.seed) for t in trials
+    ] == [(b, d, lr, s) for b in (2048, 8192) for d in ("wsd", "cosine") for lr in (1e-3, 3e-3) for s in (0, 1)]
+    assert search_space.bracket_bound(sweep) == 7 * 2 * 2 * 2  # max_lrs_per_batch x B x groups x seeds
+    assert trials[1].name == "B=2Ki lr=1e-3 wu=0% wsd seed=1"
+    rule = {"reference_tokens": 2048, "base_lr": 1e-3, "alpha": "sqrt"}
+    sweep = search_space.load(
+        write(
+            tmp_path,
+            base=BRACKET_BASE,
+            space={"batch.tokens_per_update": {"grid": [2048, 8192]}},
+            lr_scaling=rule,
+            search={"algorithm": "bracket", "lr_step": 3},
+        )
+    )
+    trials = search_space.expand(sweep)
+    assert [t.cfg.batch.tokens_per_update for t in trials] == [2048] * 3 + [8192] * 3
+    # the rule's guess at B, / step, x 1, x step: 1e-3 x (B / 2048)^0.5
+    assert [t.cfg.optim.lr for t in trials] == pytest.approx([1e-3 / 3, 1e-3, 3e-3, 2e-3 / 3, 2e-3, 6e-3], rel=1e-5)
+
+
+BRACKET = {"batch.tokens_per_update": {"grid": [2048, 4096]}, "optim.lr": {"grid": [1e-3, 2e-3, 4e-3]}}
+
+
+@pytest.mark.parametrize(
+    "search,space,lr_scaling,key,says",
+    [
+        ({"criterion": "best"}, BRACKET, None, "search.criterion", "final_loss, stable_loss, both"),
+        ({"max_lrs_per_batch": 2}, BRACKET, None, "search.max_lrs_per_batch", ">= 3"),
+        (
+            {"max_lrs_per_batch": 3},
+            {**BRACKET, "optim.lr": {"grid": [1, 2, 3, 4]}},
+            None,
+            "search.max_lrs_per_batch",
+            "the 4 learning rates",
+        ),
+        ({"lr_step": 1}, BRACKET, None, "search.lr_step", "> 1"),
+        ({"lr_step": 0.5}, BRACKET, None, "search.lr_step", "> 1"),
+        ({}, {"optim.lr": BRACKET["optim.lr"]}, None, "space.batch.tokens_per_update", "a grid"),
+        (
+            {},
+            {**BRACKET, "batch.tokens_per_update": {"choice": [2048, 4096]}},
+            None,
+            "space.batch.tokens_per_update",
+            "a grid",
+        ),
+        ({}, {**BRACKET, "optim.lr": {"loguniform": [1e-4, 1e-2]}}, None, "space.optim.lr", "a grid of learning rates"),
+        ({}, {**BRACKET, "optim.lr": {"grid": [0, 1e-3]}}, None, "space.optim.lr", "> 0"),
+        ({}, {"batch.tokens_per_update": BRACKET["batch.tokens_per_update"]}, None, "space.optim.lr", "lr_scaling"),
+        (
+            {},
+            {**BRACKET, "schedule.warmup_share": {"uniform": [0, 0.1]}},
+            None,
+            "space.schedule.warmup_share",
+            "a grid",
+        ),
+        (
+            {},
+            {"batch.tokens_per_update": BRACKET["batch.tokens_per_update"]},
+            {"reference_tokens": 2048, "base_lr": {"loguniform": [1e-4, 1e-2]}},
+            "lr_scaling.base_lr",
+            "a fixed number",
+        ),
+        (
+            {},
+            {"batch.tokens_per_update": BRACKET["batch.tokens_per_update"]},
+            {"reference_tokens": 2048, "base_lr": 1e-3, "alpha": {"grid": [0.5, 1.0]}},
+            "lr_scaling.alpha",
+            "a fixed number",
+        ),
+    ],
+)
+def test_bad_bracket_sweep_files_exit_2_with_one_line(tmp_path, capsys, search, space, lr_scaling, key, says):
+    from orchestrator.cli import main
+
+    body = {"space": space, "search": {"algorithm": "bracket", **search}}
+    if lr_scaling:
+        body["lr_scaling"] = lr_scaling
+    path = write(tmp_path, **body)
+    with pytest.raises(ConfigError) as info:
+        search_space.load(path)
+    assert info.value.key == key
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and (f"{key}: got" in err[0] or f"{key}: missing" in err[0]), err
+    assert says in err[0], err
