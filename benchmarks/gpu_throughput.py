@@ -149,7 +149,7 @@ def _release(device) -> None:
 def run_plain(cfg, device, args) -> Dict[str, Any]:
     import torch
 
-    from orchestrator.config import batch_plan, compile_enabled
+    from orchestrator.config import adamw_constants, batch_plan, compile_enabled
     from workloads import model as gpt
     from workloads.data import TokenDataset
 
@@ -158,11 +158,11 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
     model = gpt.GPT(cfg.model).to(device)
     if compile_enabled(cfg):  # as the trainer does (workloads/engine.py)
         model.compile()
-    o = cfg.optim
+    o, constants = cfg.optim, adamw_constants(cfg)  # beta2 and weight decay as the trainer resolves them
     opt = torch.optim.AdamW(
-        gpt.param_groups(model, o.weight_decay),
+        gpt.param_groups(model, constants.weight_decay),
         lr=o.lr,
-        betas=(o.beta1, o.beta2),
+        betas=(o.beta1, constants.beta2),
         eps=o.eps,
         fused=device.type == "cuda" or None,
     )

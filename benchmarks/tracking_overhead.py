@@ -46,6 +46,7 @@ GOAL = 1.01
 def build(cfg):
     import torch
 
+    from orchestrator import config
     from orchestrator.config import batch_plan
     from workloads import model as model_lib
 
@@ -53,7 +54,10 @@ def build(cfg):
     torch.manual_seed(cfg.train.seed)
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     net = model_lib.GPT(cfg.model)
-    opt = torch.optim.AdamW(model_lib.param_groups(net, cfg.optim.weight_decay), lr=cfg.optim.lr)
+    constants = config.adamw_constants(cfg)  # as the trainer resolves them
+    opt = torch.optim.AdamW(
+        model_lib.param_groups(net, constants.weight_decay), lr=cfg.optim.lr, betas=(cfg.optim.beta1, constants.beta2)
+    )
     b, S = plan.micro_batch_size, plan.seq_len
     # Byte batches: random bytes, two documents per sequence (the mask is block-diagonal).
     batches = []

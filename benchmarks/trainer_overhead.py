@@ -69,7 +69,7 @@ def run_plain(cfg) -> Dict[str, Any]:
     """Same model, data, loss, optimizer, clipping and evaluations; no Ray, DeepSpeed or MLflow."""
     import torch
 
-    from orchestrator import batching
+    from orchestrator import batching, config
     from orchestrator.config import batch_plan
     from orchestrator.schedules import lr_at
     from workloads import model as gpt
@@ -85,8 +85,10 @@ def run_plain(cfg) -> Dict[str, Any]:
         torch.manual_seed(cfg.train.seed)
         model = gpt.GPT(cfg.model)
         train, held = TokenDataset(cfg, "train"), TokenDataset(cfg, "eval")
-        o = cfg.optim
-        opt = torch.optim.AdamW(gpt.param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+        o, constants = cfg.optim, config.adamw_constants(cfg)  # as the trainer resolves them
+        opt = torch.optim.AdamW(
+            gpt.param_groups(model, constants.weight_decay), lr=o.lr, betas=(o.beta1, constants.beta2), eps=o.eps
+        )
 
         def loss_of(batch):
             return gpt.token_losses(model(batch.inputs, batch.positions, batch.doc_ids), batch.targets, batch.loss_mask)

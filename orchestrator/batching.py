@@ -6,8 +6,10 @@ D = cluster.num_workers, A = batch.grad_accum_steps.
 Decomposition rule: the number of sequences per update N = tokens_per_update / S must be a
 whole number and split evenly over the D workers. When A is not given, b is the *largest*
 micro-batch not above the given maximum that divides the per-worker share N / D exactly, and
-A = (N / D) / b: the fewest accumulation steps that fit in memory. When A is given, b = N / (D A)
-must be a whole number not above the maximum. Nothing is ever rounded silently: an infeasible
+A = (N / D) / b: the fewest accumulation steps that fit in memory, but at least enough for
+`min_micro_batches` micro-batches in all (D x A) when the update holds that many sequences (the
+gradient noise scale needs two: config.batch_plan asks for them when gns.enabled). When A is
+given, b = N / (D A) must be a whole number not above the maximum. Nothing is ever rounded silently: an infeasible
 request raises with the nearest feasible tokens_per_update below and above.
 
 Pure Python: no Ray, DeepSpeed or MLflow here.
@@ -77,9 +79,12 @@ def solve(
     max_micro_batch_size: Optional[int],
     num_workers: int,
     grad_accum_steps: Optional[int] = None,
+    min_micro_batches: int = 1,
 ) -> BatchPlan:
     """The exact S x b x D x A decomposition, or a ConfigError saying what would be valid.
-    max_micro_batch_size None: no memory bound yet (`auto` before it is resolved)."""
+    max_micro_batch_size None: no memory bound yet (`auto` before it is resolved).
+    min_micro_batches: with A derived, split the update into at least this many micro-batches
+    (D x A) if it has the sequences for them; a given A is kept as it is."""
     for key, value in (
         ("data.seq_len", seq_len),
         ("batch.tokens_per_update", tokens_per_update),
@@ -101,6 +106,9 @@ def solve(
             )
         per_worker = tokens_per_update // sequences_unit
         bound = per_worker if max_micro_batch_size is None else min(max_micro_batch_size, per_worker)
+        fewest_steps = -(-min_micro_batches // num_workers)  # A such that D x A >= min_micro_batches
+        if per_worker >= fewest_steps:
+            bound = min(bound, per_worker // fewest_steps)
         micro = max(b for b in range(1, bound + 1) if per_worker % b == 0)
         return BatchPlan(seq_len, micro, num_workers, per_worker // micro)
 

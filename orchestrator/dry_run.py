@@ -29,6 +29,8 @@ from orchestrator.errors import ConfigError
 NO_COST_PREFIXES = ("optim.", "schedule.", "lr_scaling.", "gns.", "tracking.")
 """Space keys that change what a trial learns but not what it costs."""
 NO_COST_KEYS = ("train.seed",)
+COST_KEYS = ("gns.enabled",)
+"""Exceptions to the prefixes: measuring the noise scale splits an update in two (config.min_micro_batches)."""
 MAX_CORNERS = 4096
 
 
@@ -256,7 +258,7 @@ def _distribution(spec: Dict[str, Any]) -> str:
 
 
 def _changes_cost(key: str) -> bool:
-    return key not in NO_COST_KEYS and not key.startswith(NO_COST_PREFIXES)
+    return key in COST_KEYS or (key not in NO_COST_KEYS and not key.startswith(NO_COST_PREFIXES))
 
 
 def _is_number(x: Any) -> bool:

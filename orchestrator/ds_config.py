@@ -9,7 +9,7 @@ import copy
 from typing import Any, Dict, Optional
 
 from orchestrator.batching import BatchPlan
-from orchestrator.config import Config
+from orchestrator.config import Config, adamw_constants
 from orchestrator.errors import ConfigError
 from orchestrator.memory import DEFAULT_BUCKET
 
@@ -35,6 +35,7 @@ def build(cfg: Config, plan: BatchPlan, num_params: Optional[int] = None) -> Dic
     """DeepSpeed config for one worker of the run described by `cfg` and `plan`. `num_params`
     (the model's) caps DeepSpeed's gradient bucket: ZeRO allocates all of it up front, and a
     bucket larger than the model only holds memory."""
+    adamw = adamw_constants(cfg)  # beta2 and weight decay as given per step or in tokens
     ds: Dict[str, Any] = {
         "train_batch_size": plan.sequences_per_update,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
@@ -44,9 +45,9 @@ def build(cfg: Config, plan: BatchPlan, num_params: Optional[int] = None) -> Dic
             "type": "AdamW",
             "params": {
                 "lr": cfg.optim.lr,
-                "betas": [cfg.optim.beta1, cfg.optim.beta2],
+                "betas": [cfg.optim.beta1, adamw.beta2],
                 "eps": cfg.optim.eps,
-                "weight_decay": cfg.optim.weight_decay,
+                "weight_decay": adamw.weight_decay,
             },
         },
         "gradient_clipping": cfg.optim.grad_clip,

@@ -7,7 +7,7 @@ import math
 from typing import Any, Dict, Optional
 
 from orchestrator import batching, ds_config, memory
-from orchestrator.config import AUTO, Config, batch_plan
+from orchestrator.config import AUTO, Config, adamw_constants, batch_plan, micro_batch_limit, min_micro_batches
 from orchestrator.schedules import lr_at
 
 DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
@@ -52,6 +52,7 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
     predicted = micro_batch.predict(cfg, plan.micro_batch_size)
     ds = ds_config.build(cfg, plan, predicted[1].params if predicted else None)
     quarter_points = {f"{int(q * 100)}%": q * total for q in (0.0, 0.25, 0.5, 0.75, 1.0)}
+    adamw = adamw_constants(cfg)
     return {
         "seq_len": plan.seq_len,
         "micro_batch_size": plan.micro_batch_size,
@@ -67,6 +68,11 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "decay": cfg.schedule.decay,
         "decay_steps": steps - warmup_steps,
         "peak_lr": cfg.optim.lr,
+        "beta2": adamw.beta2,
+        "beta2_from": _form(cfg, "beta2", "beta2_half_life_tokens"),
+        "weight_decay": adamw.weight_decay,
+        "weight_decay_from": _form(cfg, "weight_decay", "weight_decay_timescale_share"),
+        "gns": gns_note(cfg, plan),
         # The LR of the first and last update and at quarters of the budget.
         "lr_at": {"first update": lr_schedule(cfg, tpu), **{k: lr_schedule(cfg, v) for k, v in quarter_points.items()}},
         "deepspeed_train_batch_size": ds["train_batch_size"],
@@ -76,6 +82,37 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "precision": cfg.deepspeed.precision,
         "memory": _memory(cfg, plan, predicted, capacity),
     }
+
+
+def _form(cfg: Config, step_key: str, token_key: str) -> str:
+    """Which form gave an optimizer constant: the per-step key, the token key, or the default."""
+    o = cfg.optim
+    if getattr(o, step_key) is not None:
+        return f"optim.{step_key}"
+    if getattr(o, token_key) is not None:
+        return f"optim.{token_key}={getattr(o, token_key):g}"
+    return "default"
+
+
+def gns_note(cfg: Config, plan) -> str:
+    """Whether B_simple is measured, and why the b and A are what they are."""
+    if not cfg.gns.enabled:
+        return "off (gns.enabled=false)"
+    if cfg.train.loss_normalization != "token":
+        return "not measured (train.loss_normalization is not 'token')"
+    if plan.micro_batches_per_update < 2:
+        if cfg.batch.grad_accum_steps is not None:
+            return (
+                f"not measured: batch.grad_accum_steps={cfg.batch.grad_accum_steps} given, so D x A = 1 "
+                "(omit it and the update is split in two)"
+            )
+        return "not measured: one sequence per update, no small batch"
+    split = min_micro_batches(cfg) > 1 and plan != batching.solve(
+        plan.seq_len, plan.tokens_per_update, micro_batch_limit(cfg), plan.num_workers
+    )
+    return f"measured over D x A = {plan.micro_batches_per_update} micro-batches per update" + (
+        " (split for it: gns.enabled, batch.grad_accum_steps omitted)" if split else ""
+    )
 
 
 def _memory(cfg: Config, plan, predicted, capacity: float) -> Optional[Dict[str, Any]]:
@@ -135,6 +172,11 @@ def format_table(info: Dict[str, Any]) -> str:
         (f"decay steps ({info['decay']})", f"{info['decay_steps']:,}"),
     ]
     rows += [(f"lr at {k}", f"{v:.3g}") for k, v in info["lr_at"].items()]
+    rows += [
+        ("AdamW beta2", f"{info['beta2']:.6g}  ({info['beta2_from']})"),
+        ("AdamW weight decay", f"{info['weight_decay']:.6g}  ({info['weight_decay_from']})"),
+        ("gradient noise scale", info["gns"]),
+    ]
     rows += [
         ("DeepSpeed train_batch_size", f"{info['deepspeed_train_batch_size']:,}"),
         ("DeepSpeed micro batch / GPU", f"{info['deepspeed_micro_batch_per_gpu']:,}"),

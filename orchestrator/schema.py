@@ -110,7 +110,8 @@ class BatchConfig:
     `auto`: the largest that fits the trial's device, probed there once per shape
     (orchestrator/micro_batch.py)."""
     grad_accum_steps: Optional[int] = None
-    """A: derived (fewest steps that fit) when omitted, checked when given."""
+    """A: derived when omitted (the fewest steps that fit, but D x A >= 2 with gns.enabled so that
+    B_simple is measured), checked when given."""
 
 
 @dataclass
@@ -131,16 +132,29 @@ class ClusterConfig:
     STRICT_SPREAD (one node each)."""
 
 
+DEFAULT_BETA2 = 0.95
+"""optim.beta2 when neither it nor optim.beta2_half_life_tokens is given."""
+DEFAULT_WEIGHT_DECAY = 0.1
+"""optim.weight_decay when neither it nor optim.weight_decay_timescale_share is given."""
+
+
 @dataclass
 class OptimConfig:
     lr: float = 1e-3
     """Peak learning rate (0 freezes the weights, for measurement runs)."""
-    weight_decay: float = 0.1
-    """AdamW decoupled weight decay (not applied to norms and biases)."""
+    weight_decay: Optional[float] = None
+    """AdamW decoupled weight decay per step (not applied to norms and biases); None = 0.1, or
+    what optim.weight_decay_timescale_share gives."""
+    weight_decay_timescale_share: Optional[float] = None
+    """Weight decay as a timescale, a share of the run: weight decay = B / (optim.lr x share x
+    train.total_tokens) with B = batch.tokens_per_update; instead of optim.weight_decay."""
     beta1: float = 0.9
     """AdamW beta1."""
-    beta2: float = 0.95
-    """AdamW beta2."""
+    beta2: Optional[float] = None
+    """AdamW beta2 per step; None = 0.95, or what optim.beta2_half_life_tokens gives."""
+    beta2_half_life_tokens: Optional[float] = None
+    """Tokens over which Adam's second-moment average halves an old gradient's weight:
+    beta2 = 0.5 ** (B / N) with B = batch.tokens_per_update; instead of optim.beta2."""
     eps: float = 1e-8
     """AdamW epsilon."""
     grad_clip: float = 1.0
@@ -221,7 +235,7 @@ class GNSConfig:
     ema_tokens: Optional[int] = None
     """Time constant, in tokens, of the EMAs of |G|^2 and tr(Sigma): an estimate's weight falls by
     a factor e every ema_tokens tokens, so every batch size smooths over the same stretch of
-    training. None = a twentieth of train.total_tokens."""
+    training. None = a fiftieth of train.total_tokens."""
 
 
 @dataclass

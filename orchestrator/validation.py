@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 from orchestrator import batching, schedules
-from orchestrator.config import AUTO, Config, batch_plan
+from orchestrator.config import AUTO, Config, adamw_constants, batch_plan
 from orchestrator.errors import ConfigError
 from orchestrator.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
 from workloads import registry as workload_registry  # names only: the standard library, no torch
@@ -181,9 +181,11 @@ FIELDS = {
     "cluster.gpus_per_worker": number(0, 1, low_open=True),
     "cluster.placement_strategy": one_of(*PLACEMENT_STRATEGIES),
     "optim.lr": number(0),
-    "optim.weight_decay": number(0),
+    "optim.weight_decay": number(0, optional=True),
+    "optim.weight_decay_timescale_share": number(0, low_open=True, optional=True),
     "optim.beta1": number(0, 1, high_open=True),
-    "optim.beta2": number(0, 1, high_open=True),
+    "optim.beta2": number(0, 1, high_open=True, optional=True),
+    "optim.beta2_half_life_tokens": number(0, low_open=True, optional=True),
     "optim.eps": number(0, low_open=True),
     "optim.grad_clip": number(0),
     "schedule.warmup_tokens": count(0),
@@ -283,11 +285,55 @@ def _across_fields(cfg: Config) -> None:
             f"would warm up; use 0 (no warmup) or at least {tpu + 1:,} "
             f"(e.g. {2 * tpu:,}: the first update at half the peak)",
         )
+    _optimizer_forms(cfg)
     if cfg.deepspeed.precision == "fp16" and not cfg.cluster.use_gpu:
         raise ConfigError(
             "deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16"
+        )
+    if cfg.deepspeed.precision == "fp16" and cfg.deepspeed.zero_stage == 0:
+        # DeepSpeed 0.19.8's ZeRO-0 fp16 optimizer divides the gradients by a loss scale its
+        # backward never applied: every update shrinks by it and clipping never acts.
+        raise ConfigError(
+            "deepspeed.precision",
+            "got 'fp16' with deepspeed.zero_stage=0, where DeepSpeed unscales gradients it never scaled; "
+            "use bf16, or fp16 with deepspeed.zero_stage 1 to 3",
         )
     if m.name == "hf":
         from workloads.hf_model import hf_config  # transformers: only for hf models
 
         hf_config(cfg)
+
+
+def _optimizer_forms(cfg: Config) -> None:
+    """beta2 and weight decay are given per step or in tokens, not both; the token forms must give
+    values AdamW can use (config.adamw_constants computes them)."""
+    o, tpu = cfg.optim, cfg.batch.tokens_per_update
+    for step_key, token_key in (("beta2", "beta2_half_life_tokens"), ("weight_decay", "weight_decay_timescale_share")):
+        if getattr(o, step_key) is not None and getattr(o, token_key) is not None:
+            raise ConfigError(
+                f"optim.{token_key}",
+                f"got {getattr(o, token_key)!r} together with optim.{step_key}={getattr(o, step_key)!r}; "
+                "give one of the two forms (the other stays null)",
+            )
+    if o.beta2_half_life_tokens is not None and adamw_constants(cfg).beta2 >= 1.0:
+        raise ConfigError(
+            "optim.beta2_half_life_tokens",
+            f"got {o.beta2_half_life_tokens!r}; so long beside batch.tokens_per_update={tpu:,} that beta2 "
+            "rounds to 1 (Adam's second moment would never be corrected); use a shorter half-life",
+        )
+    share = o.weight_decay_timescale_share
+    if share is not None:
+        if o.lr == 0:
+            raise ConfigError(
+                "optim.weight_decay_timescale_share",
+                f"got {share!r} with optim.lr=0; a timescale of lr x weight decay needs optim.lr > 0 "
+                "(or give optim.weight_decay)",
+            )
+        one_update = tpu / cfg.train.total_tokens
+        if share < one_update:
+            raise ConfigError(
+                "optim.weight_decay_timescale_share",
+                f"got {share!r}; shorter than one update ({tpu:,} of train.total_tokens="
+                f"{cfg.train.total_tokens:,} tokens, a share of {one_update:.3g}), so lr x weight decay > 1; "
+                f"use at least {one_update:.3g}",
+            )

@@ -25,6 +25,8 @@ class TrainState:
     tokens: int = 0
     run_id: str = ""
     gns: Dict[str, Any] = field(default_factory=dict)
+    stable_loss: float = float("nan")
+    """eval/loss where the stable part of the schedule ends (schedules.stable_end_tokens); NaN before."""
     mlflow_watermarks: Dict[str, int] = field(default_factory=dict)
     mlflow_pending: List[Any] = field(default_factory=list)
     torch_rng: Optional[Any] = None

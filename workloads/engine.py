@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import ds_config, noise
-from orchestrator.config import Config, compile_enabled
+from orchestrator.config import Config, adamw_constants, compile_enabled
 from workloads.gns_probe import GradNormProbe
 
 
@@ -35,12 +35,21 @@ def ensure_process_group(cfg: Config) -> bool:
 
 
 def build_engine(cfg: Config, plan, work):
-    """The DeepSpeed engine over the workload's model: AdamW, the DeepSpeed config from ds_config."""
+    """The DeepSpeed engine over the workload's model: AdamW, the DeepSpeed config from ds_config.
+    beta2 and weight decay are the run's (config.adamw_constants); a parameter group whose
+    weight_decay is None (a workload passing optim.weight_decay through, None unless given per
+    step) gets the run's weight decay."""
+    adamw = adamw_constants(cfg)
+    groups = [
+        {**g, "weight_decay": adamw.weight_decay} if g.get("weight_decay", 0.0) is None else g
+        for g in work.param_groups()
+    ]
     optimizer = torch.optim.AdamW(
-        work.param_groups(),
+        groups,
         lr=cfg.optim.lr,
-        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        betas=(cfg.optim.beta1, adamw.beta2),
         eps=cfg.optim.eps,
+        weight_decay=adamw.weight_decay,  # for groups that do not say
         fused=cfg.cluster.use_gpu or None,
     )
     num_params = sum(p.numel() for p in work.model.parameters())
@@ -68,37 +77,39 @@ def train_update(
     local_real = sum(mb.real_tokens for mb in batches)
     (global_real,) = _all_reduce([local_real])
     scale = plan.num_workers / max(global_real, 1.0)
-    loss_scale = _loss_scale(engine)  # fp16: DeepSpeed scales the loss inside backward
+    fp16 = engine.fp16_enabled()
+    scale_before = loss_scale(engine.optimizer, fp16)
 
-    loss_sum, small_sq_sum, small_count, big_sq = 0.0, 0.0, 0, None
+    loss_sum, small_sq_sum, small_count, own_sq, applied = 0.0, 0.0, 0, None, 1.0
     for i, mb in enumerate(batches):
         if probe:
             probe.start()
         summed, count = work.summed_loss(engine, mb)
         if naive:  # per-micro-batch mean, DeepSpeed's 1/A: not invariant, kept for comparison
-            engine.backward(summed / count.clamp(min=1))
+            applied = backward(engine, summed / count.clamp(min=1), fp16, gas=plan.grad_accum_steps)
         else:
             # With scale_wrt_gas=False DeepSpeed adds no 1/A of its own. (ZeRO 0/1 reduce
             # gradients once, at the accumulation boundary; ZeRO 2/3 reduce-scatter per micro-step.)
-            engine.backward(summed * scale, scale_wrt_gas=False)
+            applied = backward(engine, summed * scale, fp16)
         if probe and mb.real_tokens:
-            # Hook gradients are of (summed * scale * loss_scale): rescale to a per-token mean.
-            small_sq_sum += noise.per_token_sq_norm(probe.squared_norm(), scale * loss_scale, mb.real_tokens)
+            # Hook gradients are of (summed * scale * applied): rescale to a per-token mean.
+            small_sq_sum += noise.per_token_sq_norm(probe.squared_norm(), scale * applied, mb.real_tokens)
             small_count += 1
         if i == len(batches) - 1 and engine.zero_optimization_stage() == 0:
             # ZeRO 0 with a torch optimizer keeps no global norm, but after the boundary
-            # backward every rank's p.grad holds the all-reduced update gradient.
-            # Summed on the device: one host sync, not one per parameter.
-            grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-            big_sq = float(sum(g.double().square().sum() for g in grads))
-            big_sq /= loss_scale**2
+            # backward every rank's p.grad holds the all-reduced update gradient (before clipping).
+            own_sq = summed_squares(engine.module.parameters())
         engine.step()
         loss_sum += float(summed.detach())
 
-    grad_norm = engine.get_global_grad_norm()
-    if grad_norm is None and big_sq is not None:
-        grad_norm = math.sqrt(big_sq)
-    grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+    grad_norm = update_grad_norm(
+        engine.get_global_grad_norm(),
+        zero_stage=engine.zero_optimization_stage(),
+        applied_scale=applied,
+        scale_before=scale_before,
+        scale_after=loss_scale(engine.optimizer, fp16),
+        own_sq=own_sq,
+    )
     sources = list(work.source_names)
     local_source_tokens = [sum(mb.source_tokens.get(k, 0) for mb in batches) for k in sources]
     totals = _all_reduce([loss_sum, small_sq_sum, small_count, *local_source_tokens])
@@ -108,18 +119,80 @@ def train_update(
         "real_tokens": global_real,
         "loss": total_loss / max(global_real, 1.0),
         "grad_norm": grad_norm,
+        "clipped": clipped(grad_norm, float(engine.gradient_clipping() or 0.0)),
         "small_sq_mean": total_small_sq / max(total_small, 1.0),
         "local_slots": sum(mb.slots for mb in batches),
         "source_tokens": dict(zip(sources, source_tokens)),  # all workers
     }
 
 
-def _loss_scale(engine) -> float:
-    """The factor DeepSpeed multiplies the loss by inside backward: fp16's current (dynamic) loss
-    scale, 1 otherwise. Gradient hooks see gradients of the scaled loss."""
-    if not engine.fp16_enabled():
+def backward(engine, loss: torch.Tensor, fp16: bool, gas: Optional[int] = None) -> float:
+    """engine.backward(loss); returns the factor DeepSpeed multiplied the loss by inside it (its
+    fp16 loss scale, or 1), so that gradients can be unscaled. `gas`: let DeepSpeed divide by
+    the accumulation steps too (the naive mean), which is not part of that factor.
+
+    The factor is measured, not read off the optimizer: the gradient reaching `loss` is exactly
+    it. DeepSpeed 0.19.8 scales the loss in backward only for its ZeRO optimizers (ZeRO 1-3, and
+    bf16); at ZeRO 0 its fp16 optimizers (FP16_UnfusedOptimizer) report a loss scale but the
+    gradients are of the unscaled loss."""
+    if not fp16:
+        engine.backward(loss, scale_wrt_gas=gas is not None)
         return 1.0
-    return float(getattr(engine.optimizer, "loss_scale", None) or 1.0)
+    seen: List[torch.Tensor] = []
+    handle = loss.register_hook(seen.append)
+    try:
+        engine.backward(loss, scale_wrt_gas=gas is not None)
+    finally:
+        handle.remove()
+    return float(seen[0]) * (gas or 1) if seen else 1.0
+
+
+def loss_scale(optimizer, fp16: bool) -> float:
+    """fp16's current (dynamic) loss scale as DeepSpeed's optimizer states it, 1 otherwise."""
+    if not fp16:
+        return 1.0
+    return float(getattr(optimizer, "loss_scale", None) or 1.0)
+
+
+def summed_squares(parameters) -> float:
+    """Sum of the squared gradients, summed on the device: one host sync, not one per parameter."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    return float(sum(g.double().square().sum() for g in grads)) if grads else 0.0
+
+
+def update_grad_norm(
+    reported: Optional[float],
+    *,
+    zero_stage: int,
+    applied_scale: float,
+    scale_before: float,
+    scale_after: float,
+    own_sq: Optional[float] = None,
+) -> float:
+    """The update's global gradient norm before clipping, of the unscaled loss: the big batch of
+    the noise scale, and train/grad_norm.
+
+    `reported`: DeepSpeed's norm after the step (engine.get_global_grad_norm()); None where it
+    keeps none (ZeRO 0 with a torch optimizer), and then `own_sq`, the summed squares of p.grad
+    after the boundary backward, stands in. `applied_scale`: the factor this update's backwards
+    multiplied the loss by (`backward`); `scale_before`, `scale_after`: the loss scale DeepSpeed
+    states before and after the step. DeepSpeed 0.19.8 divides its norm by a scale of its own:
+    ZeRO 1/2 by the scale before the step (the one applied: right), ZeRO 3 by the scale after
+    it (wrong by the growth factor in a step where a dynamic scale grew), ZeRO 0's fp16
+    optimizers by none. Each is brought back to the norm of the gradients over applied_scale.
+    """
+    if reported is None:
+        return math.sqrt(own_sq) / applied_scale if own_sq is not None else float("nan")
+    divided_by = {0: 1.0, 3: scale_after}.get(zero_stage, scale_before)
+    return float(reported) * divided_by / applied_scale
+
+
+def clipped(grad_norm: float, grad_clip: float) -> float:
+    """1.0 when DeepSpeed clipped the update (its pre-clip norm above optim.grad_clip > 0), else
+    0.0; NaN (not logged) for a non-finite norm: an fp16 step skipped on overflow, not applied."""
+    if not math.isfinite(grad_norm):
+        return float("nan")
+    return float(grad_clip > 0 and grad_norm > grad_clip)
 
 
 @torch.no_grad()

@@ -1,9 +1,9 @@
 """What the worker reports between two reports: a window of updates, and when things are due.
 
 `MetricsWindow` accumulates the updates since the last report and turns them into the MLflow
-metrics of a report (throughput, MFU, packing efficiency, data shares, noise scale) and the
-smaller dict Ray Tune's schedulers decide on. `due` is the cadence of evaluations, reports and
-checkpoints, in tokens. Pure: no Ray, DeepSpeed or MLflow here.
+metrics of a report (throughput, MFU, packing efficiency, data shares); `noise_scale_metrics`
+gives the noise scale's, with the step they belong at. `due` is the cadence of evaluations,
+reports and checkpoints, in tokens. Pure: no Ray, DeepSpeed or MLflow here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from workloads.model import mfu
 
@@ -60,10 +60,10 @@ class MetricsWindow:
         return self.loss_sum / max(self.real_tokens, 1)
 
     def metrics(
-        self, update: int, tokens: int, world: int, flops_per_token: float, peak_flops: Optional[float], gns: Any = None
+        self, update: int, tokens: int, world: int, flops_per_token: float, peak_flops: Optional[float]
     ) -> Dict[str, float]:
         """The MLflow metrics of a report at `tokens`. `peak_flops` None: MFU is not measured
-        (NaN, which the logger drops). `gns`: a NoiseScaleEMA with an estimate, or None."""
+        (NaN, which the logger drops)."""
         tokens_per_s = self.tokens_per_s(tokens)
         metrics = {
             "train/optimizer_step": update,
@@ -76,8 +76,19 @@ class MetricsWindow:
         real = sum(self.source_tokens.values())
         if real:
             metrics.update({f"data/share/{name}": v / real for name, v in self.source_tokens.items()})
-        if gns is not None and gns.b_simple is not None:
-            metrics.update(
-                {"gns/b_simple": gns.b_simple, "gns/g_squared": gns.g_squared, "gns/trace_sigma": gns.trace_sigma}
-            )
         return metrics
+
+
+def noise_scale_metrics(gns: Any) -> Tuple[int, Dict[str, float]]:
+    """(step, metrics) of the noise scale: `gns/*` of a NoiseScaleEMA (None, or no estimate yet:
+    no metrics), at the EMA's centre of mass in tokens seen. Each update's estimate comes from
+    gradients taken at the weights before it (at its first token, like its train/loss); the
+    EMA's value is their weighted average, and it belongs at their weighted mean position, where
+    it has no first-order lag (noise.NoiseScaleEMA)."""
+    if gns is None or gns.b_simple is None:
+        return 0, {}
+    return round(gns.centre), {
+        "gns/b_simple": gns.b_simple,
+        "gns/g_squared": gns.g_squared,
+        "gns/trace_sigma": gns.trace_sigma,
+    }

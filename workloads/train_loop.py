@@ -21,13 +21,13 @@ import torch.distributed as dist
 
 from orchestrator import batching, logs, noise, tracking
 from orchestrator.config import AUTO, Config, batch_plan, from_dict, gns_ema_tokens
-from orchestrator.schedules import lr_at
+from orchestrator.schedules import lr_at, stable_end_tokens
 from workloads import registry, worker_warnings
 from workloads import workload as workloads
 from workloads.checkpoint import TrainState, restore, save_and_report
 from workloads.engine import build_engine, ensure_process_group, evaluate, set_lr, train_update
 from workloads.gns_probe import GradNormProbe
-from workloads.metrics_window import MetricsWindow, due
+from workloads.metrics_window import MetricsWindow, due, noise_scale_metrics
 
 FAULT_ENV = "ORCHESTRATOR_FAULT_AT_TOKENS"
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class Run:
     plan: Any
     steps: int
     budget: int
+    stable_end: int  # tokens where the part of the schedule that cannot fake progress ends
     work: Any
     engine: Any
     state: TrainState
@@ -74,15 +75,20 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
             if not math.isfinite(stats["loss"]):  # end the run; the driver marks it failed
                 _report_divergence(run, stats)
                 break
-            _log_update(run, stats, lr)
+            _log_update(run, stats, lr, before)
             window.add(stats)
-            _update_noise_scale(run, stats)
+            _update_noise_scale(run, stats, before)
 
             last, tokens, every = run.state.update == run.steps, run.state.tokens, cfg.train
             evaluated = due(before, tokens, every.eval_every_tokens) or last
-            if evaluated:
+            # The first update to reach the end of the stable phase is evaluated too: an extra
+            # eval/loss point, kept as `stable_loss` for the searcher; it is not a Ray report.
+            stable = before < run.stable_end <= tokens
+            if evaluated or stable:
                 with window.evaluating():
                     _evaluate(run)
+            if stable:
+                run.state.stable_loss = run.last_eval
             checkpoint = due(before, tokens, every.checkpoint_every_tokens) or last
             if evaluated or checkpoint or due(before, tokens, every.report_every_tokens):
                 _report(run, window, lr, evaluated, checkpoint)
@@ -100,6 +106,9 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     plan = batch_plan(cfg)
     assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
     steps = batching.total_steps(plan, cfg.train.total_tokens)
+    budget = plan.tokens_for_steps(steps)
+    s = cfg.schedule
+    stable_end = stable_end_tokens(budget, s.warmup_tokens, s.decay, s.wsd_decay_share)
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.cluster.use_gpu else torch.device("cpu")
 
     work = workloads.build(cfg, plan, device)
@@ -118,7 +127,8 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
         world,
         plan,
         steps,
-        plan.tokens_for_steps(steps),
+        budget,
+        stable_end,
         work,
         engine,
         state,
@@ -131,6 +141,8 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
         _say_what_is_not_measured(cfg, plan, probe, state)
     if state.update == 0:  # the curve starts at the initial loss (ln 257 for bytes)
         _evaluate(run)
+        if stable_end <= 0:  # no stable phase at all (wsd decaying over the whole run)
+            state.stable_loss = run.last_eval
     return run
 
 
@@ -218,11 +230,15 @@ def _closing(logger: tracking.MetricLogger):
 
 def _say_what_is_not_measured(cfg: Config, plan, probe: Optional[GradNormProbe], state: TrainState) -> None:
     if cfg.gns.enabled and probe is None:
-        why = (
-            "D x A = 1, so there is no small batch to compare with"
-            if plan.micro_batches_per_update == 1
-            else "train.loss_normalization is not 'token'"
-        )
+        if cfg.train.loss_normalization != "token":
+            why = "train.loss_normalization is not 'token'"
+        elif cfg.batch.grad_accum_steps is not None:  # config.batch_plan splits the update only when A is derived
+            why = (
+                f"batch.grad_accum_steps={cfg.batch.grad_accum_steps} is given and D x A = 1, so there is no "
+                "small batch to compare with (omit it and the update is split in two)"
+            )
+        else:
+            why = "D x A = 1 (one sequence per update), so there is no small batch to compare with"
         log.warning("gns: %s; B_simple is not measured", why)
     if state.update:
         log.info("resuming at update %d (%d tokens) from the latest checkpoint", state.update, state.tokens)
@@ -251,17 +267,21 @@ def _report_divergence(run: Run, stats: Dict[str, float]) -> None:
     if run.logger:
         reason = f"non-finite loss at {run.state.tokens:,} tokens"
         tracking.set_tags(run.logger.uri, run.state.run_id, {tracking.FAILURE_TAG: reason})
-    run.api.report({"tokens": run.state.tokens, "diverged": 1.0, "loss": stats["loss"]})
+    run.api.report(
+        {"tokens": run.state.tokens, "diverged": 1.0, "loss": stats["loss"], "stable_loss": run.state.stable_loss}
+    )
 
 
-def _log_update(run: Run, stats: Dict[str, float], lr: float) -> None:
-    if run.logger:  # the loss of this update, at the tokens seen after it (DESIGN.md 3)
-        run.logger.log(
-            {"train/loss": stats["loss"], "train/lr": lr, "train/grad_norm": stats["grad_norm"]}, run.state.tokens
-        )
+def _log_update(run: Run, stats: Dict[str, float], lr: float, before: int) -> None:
+    """The update's loss and gradient norm at the tokens the weights that produced them had
+    seen: `before` the update, so the first point is the initial weights' at 0 (DESIGN.md 3).
+    The learning rate and clipping that update applied go beside them."""
+    if run.logger:
+        keys = ("loss", "grad_norm", "clipped")
+        run.logger.log({"train/lr": lr, **{f"train/{k}": stats[k] for k in keys}}, before)
 
 
-def _update_noise_scale(run: Run, stats: Dict[str, float]) -> None:
+def _update_noise_scale(run: Run, stats: Dict[str, float], before: int) -> None:
     if not run.probe:
         return
     b_big, b_small = stats["real_tokens"], stats["real_tokens"] / run.plan.micro_batches_per_update
@@ -269,6 +289,7 @@ def _update_noise_scale(run: Run, stats: Dict[str, float]) -> None:
         run.gns.update(
             *noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big),
             tokens=run.plan.tokens_per_update,
+            at=before,  # the gradients were taken at the weights before the update
         )
 
 
@@ -280,10 +301,12 @@ def _evaluate(run: Run) -> None:
 
 def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpoint: bool) -> None:
     """The window's metrics to MLflow; to Ray (with a checkpoint when one is due)."""
-    state, gns = run.state, run.gns if run.probe else None
-    metrics = window.metrics(state.update, state.tokens, run.world, run.work.flops_per_token, _peak_flops(run.cfg), gns)
+    state = run.state
+    metrics = window.metrics(state.update, state.tokens, run.world, run.work.flops_per_token, _peak_flops(run.cfg))
+    noise_step, noise_metrics = noise_scale_metrics(run.gns if run.probe else None)
     if run.logger:
         run.logger.log(metrics, state.tokens)
+        run.logger.log(noise_metrics, noise_step)  # at the EMA's centre of mass, behind state.tokens
     if run.warnings:
         run.warnings.flush()
     ray_metrics = {
@@ -292,7 +315,8 @@ def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpo
         "eval_loss": run.last_eval,
         "lr": lr,
         "step": state.update,
-        "b_simple": metrics.get("gns/b_simple", float("nan")),
+        "b_simple": noise_metrics.get("gns/b_simple", float("nan")),
+        "stable_loss": state.stable_loss,  # NaN until the run reaches the end of its stable phase
     }
     state.gns = run.gns.state_dict()
     # A Ray Train report is a barrier across workers (about a second here), so Ray hears

@@ -91,16 +91,19 @@ def replay(
 ) -> Dict[int, Tuple[float, float, float]]:
     """The trainer's estimator, recomputed: per update, `per_update(u)` gives the micro-batch
     per-token-mean gradients [D*A, P] (float64) and the update's gradient [P] with its real
-    tokens; returns (|G|^2, tr(Sigma), B_simple) of the EMA at each report step (in tokens)."""
+    tokens; returns (|G|^2, tr(Sigma), B_simple) of the EMA at each report, keyed by the step it
+    is logged at: the EMA's centre of mass over the tokens before each update it averages."""
     ema, out = noise.NoiseScaleEMA(ema_tokens), {}
     for u in range(max(report_steps) // tokens_per_update):
         small, big, real = per_update(u)
         small_sq_mean = float(small.square().sum(1).mean())
         ema.update(
-            *noise.estimate(small_sq_mean, real / len(small), float(big.square().sum()), real), tokens=tokens_per_update
+            *noise.estimate(small_sq_mean, real / len(small), float(big.square().sum()), real),
+            tokens=tokens_per_update,
+            at=u * tokens_per_update,
         )
         if (u + 1) * tokens_per_update in report_steps:
-            out[(u + 1) * tokens_per_update] = (ema.g_squared, ema.trace_sigma, ema.b_simple)
+            out[round(ema.centre)] = (ema.g_squared, ema.trace_sigma, ema.b_simple)
     return out
 
 
@@ -147,7 +150,7 @@ def test_linreg_noise_scale_matches_closed_form(
 
     # The weights stayed at w = 0: the loss is E[y^2] / 2 = (|w*|^2 + sigma^2) / 2, logged per update.
     loss = tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
-    assert len(loss) == UPDATES
+    assert [s for s, _ in loss] == [examples * u for u in range(UPDATES)]
     assert np.mean([v for _, v in loss]) == pytest.approx((w_norm**2 + sigma**2) / 2, rel=0.05)
 
     # The same estimator on the same examples, here: the logged values to float rounding.
@@ -244,7 +247,7 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     history = gns_history(cfg, run_id)
     assert history["b_simple"], "gns/b_simple was never logged"
     loss = tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
-    assert [s for s, _ in loss] == [tokens * (u + 1) for u in range(GPT_UPDATES)], "one point per update"
+    assert [s for s, _ in loss] == [tokens * u for u in range(GPT_UPDATES)], "one point per update, before it"
     reports = [s for s, _ in tracking.metric_history(cfg.tracking.uri, run_id, "train/optimizer_step")]
     assert reports == [tokens * GPT_UPDATES * (i + 1) // 4 for i in range(4)], reports
 
@@ -276,7 +279,7 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     autograd = torch.cat([p.grad.reshape(-1) for p in work.model.parameters()]).double()
     torch.testing.assert_close(updates[0][0][0], autograd, rtol=1e-5, atol=1e-6)  # float32 sums in other orders
     # ... and it saw the trainer's data and weights: the logged loss of every update, at the
-    # tokens seen after it.
+    # tokens seen before it.
     for (step, value), (_, losses, n) in zip(loss, updates):
         assert value == pytest.approx(float(losses.sum()) / float(n.sum()), rel=1e-4), step
 

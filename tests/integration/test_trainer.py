@@ -91,7 +91,7 @@ def source_shares(cfg, run_id):
 
 
 def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus):
-    assert [s for s, _ in reference] == [128 * (i + 1) for i in range(UPDATES)]
+    assert [s for s, _ in reference] == [128 * i for i in range(UPDATES)], "each update at the tokens before it"
     # The premise of the test: micro-batches hold different numbers of real tokens.
     from workloads.data import TokenDataset
 
@@ -162,9 +162,9 @@ def test_resume_after_fault_matches_unbroken_run(reference, corpus, tmp_path, mo
     cfg_uri = f"sqlite:///{tmp_path}/mlflow.db"
     assert (tmp_path / "runs" / "faulty" / ".fault_injected").exists(), "the fault never fired"
     assert_same_curve(reference, curve)
-    for key in ("train/loss", "train/lr", "train/tokens"):
+    for key, first in (("train/loss", 0), ("train/lr", 0), ("train/tokens", 128)):  # before / after the update
         steps = [s for s, _ in tracking.metric_history(cfg_uri, run_id, key)]
-        assert steps == [128 * (i + 1) for i in range(UPDATES)], (key, steps)
+        assert steps == [first + 128 * i for i in range(UPDATES)], (key, steps)
 
 
 def test_rerunning_the_same_name_resumes(reference, corpus, tmp_path):
@@ -211,14 +211,16 @@ def test_tiny_config_through_the_cli(tmp_path):
 
 
 def test_a_worker_warning_reaches_the_driver_and_the_run(tmp_path):
-    """gns.enabled with D x A = 1 leaves no small batch to measure B_simple with: rank 0 warns in
-    its Ray worker (whose output is not forwarded), and `orchestrator train` still shows it."""
+    """gns.enabled with a given batch.grad_accum_steps=1 and one worker leaves no small batch to
+    measure B_simple with: rank 0 warns in its Ray worker (whose output is not forwarded), and
+    `orchestrator train` still shows it."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     code, out, err = run_cli(
         "train",
         TINY,
         "gns.enabled=true",
         "batch.micro_batch_size=32",
+        "batch.grad_accum_steps=1",
         "train.total_tokens=8192",
         "schedule.warmup_tokens=0",
         f"tracking.uri={uri}",
@@ -227,7 +229,7 @@ def test_a_worker_warning_reaches_the_driver_and_the_run(tmp_path):
         cwd=tmp_path,
     )
     assert code == 0, err[-3000:]
-    message = "no small batch to compare with; B_simple is not measured"
+    message = "batch.grad_accum_steps=1 is given and D x A = 1, so there is no small batch to compare with"
     assert message in out + err
     recorded = tracking.run_warnings(uri, launch.recorded_run_id(tmp_path / "runs", "warned"))
     assert [m for m in recorded.values() if message in m], recorded

@@ -57,6 +57,30 @@ def test_error_names_nearest_feasible_neighbours(seq_len, workers, tokens):
     assert brute_force(seq_len, above, above // unit, workers)
 
 
+@settings(max_examples=300, deadline=None)
+@given(seq_len=st.integers(1, 8), max_b=sizes, workers=st.integers(1, 8), seqs=st.integers(1, 256))
+def test_min_micro_batches_splits_when_the_update_allows_it(seq_len, max_b, workers, seqs):
+    """With A derived and min_micro_batches = 2 (the noise scale's small batch): the largest b
+    whose split has D x A >= 2, when any split has; the plain rule otherwise (one sequence)."""
+    tokens = seq_len * seqs
+    options = brute_force(seq_len, tokens, max_b, workers)
+    try:
+        plan = batching.solve(seq_len, tokens, max_b, workers, min_micro_batches=2)
+    except ConfigError:
+        assert options == []
+        return
+    split = [(b, a) for b, a in options if workers * a >= 2]
+    assert plan.tokens_per_update == tokens and plan.micro_batch_size <= max_b
+    assert plan.micro_batch_size == max(b for b, _ in split or options)
+    assert (plan.micro_batches_per_update >= 2) == (seqs >= 2)
+
+
+def test_a_given_accumulation_is_kept_whatever_min_micro_batches_says():
+    plan = batching.solve(128, 128 * 8, 8, 1, grad_accum_steps=1, min_micro_batches=2)
+    assert (plan.micro_batch_size, plan.grad_accum_steps) == (8, 1)
+    assert batching.solve(128, 128 * 8, 8, 1, min_micro_batches=2).grad_accum_steps == 2
+
+
 def test_design_example():
     plan = batching.solve(4096, 16_777_216, 4, 128)
     assert (plan.micro_batch_size, plan.grad_accum_steps) == (4, 8)

@@ -2,6 +2,7 @@
 
 import ast
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,101 @@ def test_compile_defaults_to_the_device():
     assert not config.compile_enabled(config.load(TINY))
     assert config.compile_enabled(config.load(TINY, ["cluster.use_gpu=true"]))
     assert config.compile_enabled(config.load(TINY, ["model.compile=true"]))
+
+
+# ---------------------------------------------------------------- the split B_simple needs
+
+
+def test_gns_splits_a_single_micro_batch_update_in_two():
+    """tiny: 32 sequences per update. b = 32 would be one micro-batch; with gns.enabled and A
+    omitted the solver takes b = 16, A = 2, and plan, the memory model and the MLflow params all
+    show that; a given A = 1 is kept and plan says B_simple is then not measured."""
+    from orchestrator import launch
+
+    split = config.load(TINY, ["batch.micro_batch_size=32"])
+    info = plan.describe(split)
+    assert (info["micro_batch_size"], info["grad_accum_steps"]) == (16, 2)
+    assert info["memory"]["activation_bytes"] == 16 * info["memory"]["activation_bytes_per_sequence"]
+    assert "measured over D x A = 2" in info["gns"] and "split for it" in info["gns"]
+    params = launch.run_params(split)
+    assert (params["batch.micro_batch_size"], params["batch.grad_accum_steps"]) == (16, 2)
+
+    for kept in (["batch.grad_accum_steps=1"], ["gns.enabled=false"], ["train.loss_normalization=micro_batch"]):
+        info = plan.describe(config.load(TINY, ["batch.micro_batch_size=32", *kept]))
+        assert (info["micro_batch_size"], info["grad_accum_steps"]) == (32, 1), kept
+    table = plan.format_table(
+        plan.describe(config.load(TINY, ["batch.micro_batch_size=32", "batch.grad_accum_steps=1"]))
+    )
+    assert "not measured: batch.grad_accum_steps=1 given" in table
+
+
+# ---------------------------------------------------------------- optimizer constants in tokens
+
+
+def test_beta2_and_weight_decay_from_their_token_forms():
+    """beta2 = 0.5 ** (B / N); weight decay = B / (lr x share x T); defaults when neither form is given."""
+    from orchestrator import ds_config, launch
+
+    default = config.load(TINY)
+    assert default.optim.beta2 is None and default.optim.weight_decay is None
+    assert config.adamw_constants(default) == (0.95, 0.1)
+    B, T, lr = 4096, 262144, 3e-3
+    cfg = config.load(
+        TINY,
+        [
+            f"batch.tokens_per_update={B}",
+            f"train.total_tokens={T}",
+            f"optim.lr={lr}",
+            "optim.beta2_half_life_tokens=40960",
+            "optim.weight_decay_timescale_share=0.5",
+        ],
+    )
+    beta2, weight_decay = config.adamw_constants(cfg)
+    assert beta2 == pytest.approx(0.5**0.1) and beta2**10 == pytest.approx(0.5)  # halves every 10 updates
+    assert weight_decay == pytest.approx(B / (lr * 0.5 * T))
+    assert (1 - lr * weight_decay) ** (T / B * 0.5) == pytest.approx(math.exp(-1), rel=0.02)  # e-fold in half the run
+    params = ds_config.build(cfg, config.batch_plan(cfg))["optimizer"]["params"]
+    assert params["betas"][1] == beta2 and params["weight_decay"] == weight_decay
+    logged = launch.run_params(cfg)
+    assert logged["optim.beta2_effective"] == beta2 and logged["optim.weight_decay_effective"] == weight_decay
+    assert logged["optim.beta2"] is None, "what was given stays as given"
+    table = plan.format_table(plan.describe(cfg))
+    assert f"AdamW beta2                  {beta2:.6g}  (optim.beta2_half_life_tokens=40960)" in table
+    assert config.adamw_constants(config.load(TINY, ["optim.beta2=0.99", "optim.weight_decay=0"])) == (0.99, 0.0)
+
+
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["optim.beta2=0.9", "optim.beta2_half_life_tokens=1000"], "optim.beta2_half_life_tokens", "one of the two"),
+        (
+            ["optim.weight_decay=0", "optim.weight_decay_timescale_share=0.5"],
+            "optim.weight_decay_timescale_share",
+            "one",
+        ),
+        (
+            ["optim.lr=0", "optim.weight_decay_timescale_share=0.5"],
+            "optim.weight_decay_timescale_share",
+            "optim.lr > 0",
+        ),
+        (["optim.weight_decay_timescale_share=0.001"], "optim.weight_decay_timescale_share", "one update"),
+        (["optim.beta2_half_life_tokens=1e300"], "optim.beta2_half_life_tokens", "rounds to 1"),
+    ],
+)
+def test_optimizer_forms_are_checked(overrides, key, words):
+    with pytest.raises(ConfigError) as err:
+        config.load(TINY, overrides)
+    assert err.value.key == key and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fp16_is_refused_where_deepspeed_mistreats_it():
+    """fp16 on CPU, and at ZeRO 0, where DeepSpeed 0.19.8 unscales gradients its backward never
+    scaled (tests/unit/test_fp16_norms.py measures the factor); ZeRO 1 to 3 on a GPU pass."""
+    gpu = ["cluster.use_gpu=true", "deepspeed.precision=fp16"]
+    with pytest.raises(ConfigError, match="needs a GPU"):
+        config.load(TINY, ["deepspeed.precision=fp16"])
+    with pytest.raises(ConfigError, match="zero_stage=0") as refused:
+        config.load(TINY, [*gpu, "deepspeed.zero_stage=0"])
+    assert refused.value.key == "deepspeed.precision" and "bf16" in str(refused.value)
+    for stage in (1, 2, 3):
+        assert config.load(TINY, [*gpu, f"deepspeed.zero_stage={stage}"]).deepspeed.zero_stage == stage

@@ -138,6 +138,11 @@ def test_a_bad_value_is_exit_2_naming_the_field(key, data, nothing_starts, capsy
 VALID_BOUNDARIES = [
     "optim.lr=0",  # measurement runs
     "optim.weight_decay=0",
+    "optim.weight_decay=null",  # the default, 0.1
+    "optim.beta2=0",
+    "optim.beta2_half_life_tokens=1",  # beta2 = 0.5 ** 4096, 0: no memory
+    "optim.weight_decay_timescale_share=1",
+    "optim.weight_decay_timescale_share=0.015625",  # one update of the budget: lr x wd = 1
     "optim.grad_clip=0",
     "optim.beta1=0",
     "schedule.warmup_tokens=0",
