@@ -36,8 +36,8 @@ loss sits at the tokens the weights that produced it had seen, so the first is a
   Lack of fit: F test of the weighted residuals against the seeds' own spread, flagged at
   p < LACK_OF_FIT_P. Trend: the slope of log B_crit on log target loss over the resolved
   targets, with its bootstrap interval, beside the same slope of B_simple.
-- Primary target: the lowest resolved one whose fit the lack-of-fit test does not flag, else
-  the lowest resolved one, else the first.
+- Primary target: the loss the sweep named (a bracket search's search.target_loss), else the
+  lowest resolved one, else the first.
 - B_simple at a target: per batch size the best configuration's gns/b_simple where its seeds
   reach it (mean), median over batch sizes.
 """
@@ -165,9 +165,11 @@ def analyse(
     target_losses: Optional[Sequence[float]] = None,
     lr_criterion: str = "final_loss",
     smoothing_tokens: float = 0.0,
+    primary_target: Optional[float] = None,
 ) -> Dict[str, Any]:
     """The report's numbers. lr_criterion: which best lr per batch size the report names,
-    `final_loss` or `steps` (fewest steps to the primary target)."""
+    `final_loss` or `steps` (fewest steps to the primary target). primary_target: a loss the
+    user named (a bracket search's search.target_loss), reported at and made the primary."""
     if lr_criterion not in ("final_loss", "steps"):
         raise ValueError(f"lr_criterion {lr_criterion!r}: final_loss or steps")
     usable = [t for t in trials if t.batch and t.train]
@@ -177,7 +179,7 @@ def analyse(
     finished = [t for t in usable if t.outcome == "finished"]
     metric = "eval/loss" if finished and all(t.eval for t in finished) else "train/loss"
     best = best_per_batch(usable, axes, metric)
-    study = steps_to_target.study(usable, axes, target_losses, smoothing_tokens)
+    study = steps_to_target.study(usable, axes, target_losses, smoothing_tokens, primary_target)
     per_batch = steps_to_target.best_lr_rows(study) if lr_criterion == "steps" else best
     return {
         "loss_metric": metric,

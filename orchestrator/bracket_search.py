@@ -5,19 +5,35 @@ It suggests `{"trial": values}`, the form a grid sweep's trials carry (values: t
 `optim.lr` and, with replicates, `train.seed`), so run_trial, trial names, resources, grouped
 early stopping and MLflow logging are the same as for a grid sweep. A trial's scores come from
 its last result (lr_bracket.scores_of: failed, diverged, non-finite or stopped before its
-budget -> +inf). `suggest` returns None while every open bracket waits for its round, and
-FINISHED when every bracket is done. Its state is JSON (save/restore), so `--resume` continues
+budget -> +inf); for the `steps` criterion, from the trial's MLflow run, read as the report reads
+it (the first crossing of search.target_loss by the monotone fit of train/loss in the part of the
+run its schedule cannot fake: trials.Trial.reach), so the searcher and the analysis agree.
+`suggest` returns None while every open bracket waits for its round, and FINISHED when every
+bracket is done. Its state is JSON (save/restore), so `--resume` continues
 the search where it stopped.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ray.tune.search import Searcher
 
 from orchestrator import lr_bracket, search_space
+
+
+def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
+    """Optimizer steps the run tagged `tags` took to reach `target` (inf if it did not, or has no run)."""
+    from orchestrator import report, tracking
+
+    run_id = tracking.find_run(uri, experiment, tags)
+    if run_id is None:
+        return math.inf
+    (trial,) = report.trials_of(uri, [tracking.get_run(uri, run_id)])
+    tokens = trial.reach(target) if trial.train and trial.batch else None
+    return tokens / trial.batch if tokens is not None else math.inf
 
 
 class BracketSearch(Searcher):
@@ -30,10 +46,14 @@ class BracketSearch(Searcher):
         criterion: str = "final_loss",
         step: float = 2.0,
         max_lrs: int = 7,
+        runs: Optional[Dict[str, Any]] = None,
     ):
         """`groups`: per (batch size, group) its values, first-round lrs and token budget (None:
-        not checked); `seeds`: the replicates' values (search_space.seed_values)."""
-        super().__init__(metric=lr_bracket.RESULT_KEYS[lr_bracket.criteria_of(criterion)[0]], mode="min")
+        not checked); `seeds`: the replicates' values (search_space.seed_values); `runs`: where
+        the trials' MLflow runs are, for the steps criterion ({uri, experiment, tags, target_loss})."""
+        # Tune checks that every result holds the searcher's metric: eval_loss, which every trial
+        # reports (the scores themselves come from lr_bracket.scores_of).
+        super().__init__(metric="eval_loss", mode="min")
         self.criterion = criterion
         self.values = [dict(v) for v, _, _ in groups]
         self.budgets = [b for _, _, b in groups]
@@ -42,11 +62,15 @@ class BracketSearch(Searcher):
         self.brackets = [lr_bracket.Bracket(lrs, len(self.seeds), criteria, step, max_lrs) for _, lrs, _ in groups]
         self.trials: Dict[str, Tuple[int, float, int]] = {}
         """Tune trial id -> (bracket, lr, seed index)."""
+        self.runs = dict(runs or {})
 
     @classmethod
-    def from_sweep(cls, sweep: search_space.Sweep, first_round: Sequence[search_space.Trial]) -> "BracketSearch":
+    def from_sweep(
+        cls, sweep: search_space.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
+    ) -> "BracketSearch":
         """The sweep's brackets that have a feasible first-round trial (`infeasible: skip` drops
-        the others); budgets: train.total_tokens rounded down to whole updates."""
+        the others); budgets: train.total_tokens rounded down to whole updates. `runs`: the
+        store, experiment and tags of the sweep's MLflow runs (the steps criterion reads them)."""
         from orchestrator import plan
 
         groups = []
@@ -55,7 +79,8 @@ class BracketSearch(Searcher):
             if mine:
                 groups.append((point, lrs, plan.rounded_budget(mine[0].cfg)))
         s = sweep.search
-        return cls(groups, search_space.seed_values(sweep), s.criterion, s.lr_step, s.max_lrs_per_batch)
+        runs = {**(runs or {}), "target_loss": s.target_loss}
+        return cls(groups, search_space.seed_values(sweep), s.criterion, s.lr_step, s.max_lrs_per_batch, runs)
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec) -> bool:
         return True  # the space is the sweep's; Tune's metric is not what a bracket scores by
@@ -76,6 +101,15 @@ class BracketSearch(Searcher):
             return
         i, lr, k = self.trials[trial_id]
         bracket = self.brackets[i]
+        if "steps" in bracket.criteria and not error:
+            from orchestrator import tracking
+
+            r = self.runs
+            tags = {**r["tags"], tracking.TRIAL_TAG: trial_id}
+            result = {
+                **(result or {}),
+                "steps_to_target": steps_to_target(r["uri"], r["experiment"], tags, r["target_loss"]),
+            }
         bracket.record(lr, k, lr_bracket.scores_of(result, error, bracket.criteria, self.budgets[i]))
 
     # ---------------------------------------------------------------- state (JSON, never a pickle)
@@ -88,6 +122,7 @@ class BracketSearch(Searcher):
             "seeds": self.seeds,
             "brackets": [b.to_json() for b in self.brackets],
             "trials": {t: list(v) for t, v in self.trials.items()},
+            "runs": self.runs,
         }
         with open(checkpoint_path, "w") as f:
             json.dump(state, f)
@@ -99,3 +134,4 @@ class BracketSearch(Searcher):
         self.values, self.budgets, self.seeds = state["values"], state["budgets"], state["seeds"]
         self.brackets = [lr_bracket.Bracket.from_json(b) for b in state["brackets"]]
         self.trials = {t: (int(i), float(lr), int(k)) for t, (i, lr, k) in state["trials"].items()}
+        self.runs = state.get("runs", {})

@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lr-criterion",
         choices=("final_loss", "steps"),
-        default="final_loss",
-        help="the one best lr per batch size the report names: lowest final loss, or fewest steps to the target",
+        default=None,
+        help="the one best lr per batch size the report names: lowest final loss, or fewest steps to the "
+        "primary target (default: the sweep file's search.criterion, else final_loss)",
     )
 
     p = verbs.add_parser("submit", help="send a sweep to a Ray cluster (Ray Jobs API)")

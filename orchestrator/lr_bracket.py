@@ -21,16 +21,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-CRITERIA = ("final_loss", "stable_loss", "both")
-RESULT_KEYS = {"final_loss": "eval_loss", "stable_loss": "stable_loss"}
-"""What each criterion reads from a trial's last Ray result."""
+CRITERIA = ("final_loss", "stable_loss", "steps", "both")
+RESULT_KEYS = {"final_loss": "eval_loss", "stable_loss": "stable_loss", "steps": "steps_to_target"}
+"""What each criterion reads from a trial's last Ray result (steps_to_target: added by the
+searcher from the trial's MLflow run, orchestrator/bracket_search.py)."""
 
 
 def criteria_of(criterion: str) -> Tuple[str, ...]:
-    """`both` -> (final_loss, stable_loss); the others -> themselves."""
+    """`both` -> (final_loss, steps): the two that can disagree; the others -> themselves."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion {criterion!r}: one of {', '.join(CRITERIA)}")
-    return ("final_loss", "stable_loss") if criterion == "both" else (criterion,)
+    return ("final_loss", "steps") if criterion == "both" else (criterion,)
 
 
 def finite_or_inf(x: Any) -> float:

@@ -169,18 +169,30 @@ def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out
     return written
 
 
+def sweep_options(search, lr_criterion: Optional[str] = None) -> Dict[str, Any]:
+    """What a sweep's search section asks of the analysis, the same for `sweep`'s summary and for
+    `report SWEEP_FILE`: the best lr by fewest steps when the search scored lrs by steps (or its
+    stable-phase proxy), and the loss it named as the primary target."""
+    if lr_criterion is None:
+        lr_criterion = "steps" if search.criterion in ("stable_loss", "steps") else "final_loss"
+    return {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
+
+
 def run(
     target: str,
     overrides: List[str],
     out: Optional[str] = None,
     target_losses: Optional[List[float]] = None,
-    lr_criterion: str = "final_loss",
+    lr_criterion: Optional[str] = None,
 ) -> int:
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
-    trials.csv and curves.csv; returns the exit code."""
-    from orchestrator import results  # pandas: only `report` needs it
+    trials.csv and curves.csv; returns the exit code. lr_criterion None: the sweep file's, else
+    final_loss."""
+    from orchestrator import results, sweep_file  # pandas: only `report` needs it
 
-    options = {"lr_criterion": lr_criterion}
+    is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
+    search = sweep_file.load(target, check=False).search if is_sweep_file else sweep_file.SearchConfig()
+    options = sweep_options(search, lr_criterion)
     if tables.is_table_folder(target):
         return _run_tables(Path(target), out, target_losses, options)
     uri, name, run_id = resolve(target, list(overrides))

@@ -17,6 +17,7 @@ from orchestrator.trials import Config, Trial, by_batch, lr_scans
 
 TARGET_FRACTIONS = (0.1, 0.3, 0.6)
 """Chosen targets: L_end + f (L_a - L_end), f the share of the way back up to the start level."""
+END_SHARE = 0.1
 MIN_BATCH_SIZES = 3
 LACK_OF_FIT_P = 0.05
 CLIP_SPREAD = 0.25
@@ -30,20 +31,31 @@ RESAMPLES, LEVEL, SEED = 1000, 0.9, 0
 
 
 def start_level(usable: Sequence[Trial], smoothing: float = 0.0) -> Optional[float]:
-    """L_a: the lowest loss any run that did not fail had at the end of its warmup."""
-    values = [cb.value_at(t.curve(smoothing), t.warmup_tokens) for t in usable if t.outcome != "failed"]
+    """L_a: the lowest loss any run that did not fail had at the end of its warmup. Without any
+    warmup, steps count from 0 and L_a is the median first loss (the first point of a fast
+    falling curve is a block of one in its monotone fit, and the lowest of them would be luck)."""
+    runs = [t for t in usable if t.outcome != "failed"]
+    if not any(t.warmup_tokens for t in runs):
+        return float(np.median([t.train[0][1] for t in runs])) if runs else None
+    values = [cb.value_at(t.curve(smoothing), t.warmup_tokens) for t in runs]
     return min(values) if values else None
 
 
-def choose_targets(usable: Sequence[Trial], start: Optional[float], smoothing: float = 0.0) -> List[float]:
+def end_level(t: Trial) -> Optional[float]:
+    """A run's loss at the end of its trusted part: the median of its train/loss points over the
+    last END_SHARE of it. Not the monotone fit's last value: the end of an isotonic fit is its
+    noisiest point (one low point can be a block of its own), which set targets below a noise
+    floor that no run reaches."""
+    end = t.stable_end()
+    values = [v for tok, v in t.train if end * (1 - END_SHARE) <= tok <= end]
+    return float(np.median(values)) if values else None
+
+
+def choose_targets(usable: Sequence[Trial], start: Optional[float]) -> List[float]:
     """Loss levels below L_a that the best run of every batch size reaches in its trusted part."""
     ends = {}
     for b, group in by_batch(usable).items():
-        at_end = [
-            cb.value_at(t.curve(smoothing), t.stable_end())
-            for t in group
-            if t.outcome != "failed" and t.tokens_seen >= t.stable_end()
-        ]
+        at_end = [x for t in group if t.outcome != "failed" and t.tokens_seen >= t.stable_end() and (x := end_level(t))]
         if at_end:
             ends[b] = min(at_end)
     if not ends or start is None or start <= max(ends.values()):
@@ -112,7 +124,7 @@ def batch_table(
         for config in scan:
             steps, tokens = [], []
             for t in config.trials:
-                t0 = t.reach(start, smoothing) if t.outcome != "failed" else None
+                t0 = (t.reach(start, smoothing) if t.warmup_tokens else 0.0) if t.outcome != "failed" else None
                 ends = [t.reach(target, smoothing) if t0 is not None else None for target in targets]
                 steps.append([math.log((e - t0) / b) if e is not None and e > t0 else math.nan for e in ends])
                 tokens.append([math.nan if e is None else e for e in ends])
@@ -158,11 +170,19 @@ def fewest_steps(batch: Batch, means: List[np.ndarray]) -> Best:
 
 
 def study(
-    usable: Sequence[Trial], axes: Sequence[str], given: Optional[Sequence[float]], smoothing: float = 0.0
+    usable: Sequence[Trial],
+    axes: Sequence[str],
+    given: Optional[Sequence[float]],
+    smoothing: float = 0.0,
+    primary_target: Optional[float] = None,
 ) -> Dict[str, Any]:
-    """critical_batch (one entry per target), primary, trend and the start level."""
+    """critical_batch (one entry per target), primary, trend and the start level.
+    `primary_target`: a loss the user named (a bracket search's search.target_loss): added to the
+    targets and the primary whatever its status."""
     start = start_level(usable, smoothing)
-    targets = sorted(given) if given else choose_targets(usable, start, smoothing)
+    targets = sorted(given) if given else choose_targets(usable, start)
+    if primary_target is not None:
+        targets = sorted({*targets, primary_target})
     empty = {"start_level": start, "critical_batch": [], "primary": None, "trend": _trend([], [], None, [])}
     if not targets or start is None:
         return empty
@@ -184,6 +204,8 @@ def study(
         boot_b_crit.append(boot)
     resolved = [i for i, f in enumerate(fits) if f["status"] == "resolved"]
     primary = fits[resolved[0]] if resolved else fits[0]
+    if primary_target is not None:
+        primary = fits[targets.index(primary_target)]
     flagged = [f["target_loss"] for f in fits if f["lack_of_fit"]["flagged"]]
     if flagged and not primary["lack_of_fit"]["flagged"]:
         primary["notes"].append(
@@ -195,7 +217,7 @@ def study(
 
 
 def _above_start(target: float, start: float) -> Dict[str, Any]:
-    note = f"not resolved: the target is not below L_a = {start:.4g}, the loss some run had at the end of its warmup"
+    note = f"not resolved: the target is not below L_a = {start:.4g}, where steps are counted from (end of warmup)"
     return _entry(target, "not resolved", None, [], [], notes=[note])
 
 

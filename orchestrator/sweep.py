@@ -159,13 +159,15 @@ def _open_parent(sweep: search_space.Sweep, cfg, trials) -> str:
     return run_id
 
 
-def _param_space(sweep: search_space.Sweep, trials):
+def _param_space(sweep: search_space.Sweep, trials, runs: Dict[str, Any]):
+    """Tune's param space and searcher. `runs`: where the trials' MLflow runs are (the bracket
+    search's steps criterion reads them)."""
     from ray import tune
 
     if sweep.search.algorithm == "bracket":  # trials: its first round
         from orchestrator.bracket_search import BracketSearch
 
-        return {}, BracketSearch.from_sweep(sweep, trials)
+        return {}, BracketSearch.from_sweep(sweep, trials, runs)
     if trials is not None:
         return {"trial": tune.grid_search([t.values for t in trials])}, None
     from ray.tune.search.optuna import OptunaSearch
@@ -288,7 +290,12 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
     )
     if resume:
         return tune.Tuner.restore(storage.join(folder, "tune"), trainable, resume_unfinished=True, resume_errored=True)
-    space, searcher = _param_space(sweep, trials)
+    runs = {
+        "uri": base.tracking.uri,
+        "experiment": base.tracking.experiment,
+        "tags": {tracking.PARENT_TAG: parent, tracking.SWEEP_TAG: sweep.name},
+    }
+    space, searcher = _param_space(sweep, trials, runs)
     samples = {"bracket": search_space.bracket_bound(sweep), "optuna": sweep.search.num_samples}
     return tune.Tuner(
         trainable,

@@ -45,7 +45,7 @@ from orchestrator.errors import ConfigError
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 ALGORITHMS = ("grid", "random", "optuna", "bracket")
-CRITERIA = ("final_loss", "stable_loss", "both")  # orchestrator/lr_bracket.py reads them
+CRITERIA = ("final_loss", "stable_loss", "steps", "both")  # orchestrator/lr_bracket.py reads them
 SCHEDULERS = ("none", "asha")
 ALPHA_PRESETS = {"sqrt": 0.5, "linear": 1.0}
 SHARE_KEYS = {"schedule.warmup_share": "schedule.warmup_tokens"}  # share of train.total_tokens
@@ -82,7 +82,10 @@ class SearchConfig:
     init and data order). Two or more give the critical batch size an interval."""
     criterion: str = "final_loss"
     """bracket: what an lr is scored by (mean over seeds): final_loss (the last eval_loss),
-    stable_loss (the eval loss where the schedule's decay starts), or both."""
+    stable_loss (the eval loss where the schedule's decay starts), steps (to search.target_loss,
+    read as the report reads them), or both (final_loss and steps)."""
+    target_loss: Optional[float] = None
+    """bracket with criterion steps or both: the train loss whose steps-to-reach score an lr."""
     max_lrs_per_batch: int = 7
     """bracket: learning rates tried per batch size and group, the first round included."""
     lr_step: float = 2.0
@@ -134,6 +137,7 @@ SEARCH_FIELDS = {
     "metric": validation.one_of("eval_loss", "loss"),  # what the trials report to Tune
     "seeds": validation.count(),
     "criterion": validation.one_of(*CRITERIA),
+    "target_loss": validation.number(0, low_open=True, optional=True),
     "max_lrs_per_batch": validation.count(3),  # a lower, a best and a higher lr at least
     "lr_step": validation.number(1, low_open=True),
 }
@@ -171,8 +175,9 @@ def _distribution(key: str, spec: Any, numeric: bool = False) -> Dict[str, Any]:
 
 def load(path: str | Path, check: bool = True) -> Sweep:
     """Read and check a sweep file; every error is a one-line ConfigError (exit 2).
-    check=False only reads it (name, base config if named, base overrides as a dotlist): what
-    `submit` and `report` need without the rest of the file having to be valid here."""
+    check=False only reads it (name, base config if named, base overrides as a dotlist, and the
+    search section, checked): what `submit` and `report` need without the rest of the file
+    having to be valid here."""
     path = Path(path)
     raw, text = yaml_files.read_mapping(path, "SWEEP", kind="sweep", shape="a mapping with name, base, space, ...")
     base = raw.get("base") if isinstance(raw.get("base"), dict) else {}
@@ -180,7 +185,8 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     name = str(raw.get("name") or path.stem)
     if not check:
         config = (path.parent / str(base["config"])).resolve() if base.get("config") else None
-        return Sweep(name, path, raw, config, overrides, text=text)
+        search = _section(SearchConfig, raw.get("search"), "search", SEARCH_FIELDS)
+        return Sweep(name, path, raw, config, overrides, search=search, text=text)
     for key in raw:
         if key not in TOP_KEYS:
             raise ConfigError(key, f"unknown sweep key; valid: {', '.join(TOP_KEYS)}")
@@ -300,6 +306,12 @@ def _check_bracket(space: Dict[str, Dict[str, Any]], lr_scaling: Any, search: Se
     for key, spec in space.items():
         if "grid" not in spec:
             raise ConfigError(f"space.{key}", f"got {spec}; search.algorithm bracket needs a grid (the groups)")
+    if search.criterion in ("steps", "both") and search.target_loss is None:
+        raise ConfigError(
+            "search.target_loss",
+            f"missing; search.criterion {search.criterion} scores an lr by its steps to this train loss "
+            "(e.g. a loss every batch size reaches before its decay)",
+        )
     first = len(set(lrs["grid"])) if lrs is not None else 3
     if search.max_lrs_per_batch < first:
         raise ConfigError(

@@ -286,8 +286,8 @@ def finish(
         _log_parent_artifacts(uri, parent, trials)
     if finished:
         try:
-            criterion = "steps" if sweep.search.criterion == "stable_loss" else "final_loss"
-            print("\n".join(report_render.summary_lines(analysis.analyse(trials, lr_criterion=criterion))))
+            result = analysis.analyse(trials, **report.sweep_options(sweep.search))
+            print("\n".join(report_render.summary_lines(result)))
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {exc}")
     status = "FAILED" if error is not None or not finished else "FINISHED"

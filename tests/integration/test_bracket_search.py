@@ -114,7 +114,7 @@ def test_a_sweep_s_searcher_suggests_what_a_grid_sweep_carries_and_resumes_from_
     first = search_space.expand(sweep)  # 2 batch sizes x 2 warmups x 2 lrs x 2 seeds
     assert len(first) == 16 and search_space.bracket_bound(sweep) == 2 * 2 * 4 * 2
     assert "criterion final_loss" in sweep_lib._how_many(sweep, first)
-    space, searcher = sweep_lib._param_space(sweep, first)
+    space, searcher = sweep_lib._param_space(sweep, first, {})
     assert space == {} and isinstance(searcher, BracketSearch)
     suggested = {f"t{i}": searcher.suggest(f"t{i}")["trial"] for i in range(16)}
     assert searcher.suggest("t16") is None  # every bracket waits for its first round

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import yaml
 
@@ -135,37 +134,48 @@ def test_a_sweep_over_all_four_axes_names_the_best_of_each_per_batch_size(ray_se
         assert {k: best.data.params[k] for k in row["settings"]} == row["settings"]
 
 
-def test_linreg_sweep_finds_b_crit_beside_its_noise_scale(ray_session, tmp_path, monkeypatch, capsys):
-    """Six batch sizes around the problem's noise scale (closed form at w = 0: 33 examples;
-    it grows as w nears w*), the learning rate swept at each, wsd decay (its stable phase is
-    what steps-to-target may read). McCandlish et al. predict B_crit near B_noise here; what
-    this run measured is recorded in docs/benchmarks.md."""
+def test_a_linreg_bracket_sweep_brackets_every_batch_size_and_says_when_not_to_trust_b_crit(
+    ray_session, tmp_path, monkeypatch, capsys
+):
+    """Five batch sizes of linear regression (AdamW, the default) with the bracketing searcher
+    scoring an lr by its steps to loss 0.8 (the floor is 0.5), the target the report then reads.
+    The searcher brackets the fastest lr at every batch size and every batch size measures
+    B_simple (the split for D x A = 1). AdamW's normalised steps reach such a loss in a handful of
+    updates at any batch size, so S_min falls under Adam's memory and B_crit measures the
+    optimizer's start-up, not the noise scale: the report must say so (the closed form B_simple
+    there is 43.7; what this run measured is in docs/benchmarks.md)."""
     code, out, uri, runs = run_sweep(
         tmp_path,
         monkeypatch,
         capsys,
         "linreg-bcrit",
         {
-            "train.total_tokens": 32768,
+            "train.total_tokens": 16384,
             "train.eval_every_tokens": 4096,
-            "train.report_every_tokens": 1024,
+            "train.report_every_tokens": 512,
             "batch.micro_batch_size": 1024,
-            "batch.grad_accum_steps": 4,
             "schedule.decay": "wsd",
-            "gns.ema_tokens": 2048,
         },
-        {"batch.tokens_per_update": {"grid": [32, 64, 128, 256, 512, 1024]}, "optim.lr": {"grid": [0.01, 0.03]}},
+        {"batch.tokens_per_update": {"grid": [16, 32, 64, 128, 256]}, "optim.lr": {"grid": [0.01, 0.02, 0.04]}},
+        search={"algorithm": "bracket", "criterion": "steps", "target_loss": 0.8, "max_lrs_per_batch": 5},
     )
     assert code == 0, out[-3000:]
-    answer = next(line for line in out.splitlines() if line.startswith("Best configuration:"))
+    assert "bracket search of the learning rate per batch size, criterion steps" in out
     report_dir = tmp_path / "report"
     assert cli.main(["report", "linreg-bcrit.yaml", f"tracking.uri={uri}", "--out", str(report_dir)]) == 0
     result = json.loads((report_dir / "report.json").read_text())
     primary = result["primary"]
-    print(f"linreg: {answer}")
-    assert primary["b_crit"] is not None and primary["b_simple"] is not None, primary["notes"]
-    assert len(primary["points"]) >= 5
-    ratio = primary["b_crit"] / primary["b_simple"]
-    print(f"B_crit / B_simple = {ratio:.2f} at loss {primary['target_loss']:.4f}")
-    assert 0.2 < ratio < 5, "B_crit and B_simple within a factor of 5 of each other"
-    assert np.isfinite(ratio)
+    assert primary["target_loss"] == 0.8 and result["lr_criterion"] == "steps"
+    assert [p["batch"] for p in primary["points"]] == [16, 32, 64, 128, 256]
+    for p in primary["points"]:  # bracketed, or the searcher used all the lrs it may
+        tried = [r for r in runs.values() if int(r.data.params["batch.tokens_per_update"]) == p["batch"]]
+        assert p["lr_edge"] is None or len(tried) == 5, (p["batch"], p["lr_edge"], len(tried))
+    assert all(p["b_simple"] is not None for p in primary["points"]), "B_simple at every batch size"
+    delta_sq = 2 * 0.8 - 1.0
+    closed = (16 * (delta_sq + 1.0) + delta_sq) / delta_sq
+    print(
+        f"linreg: B_crit {primary['b_crit_fit']:.1f} ({primary['status']}), S_min {primary['s_min']:.2f}, "
+        f"B_simple {primary['b_simple']:.1f}, closed form {closed:.1f}"
+    )
+    assert primary["b_simple"] == pytest.approx(closed, rel=0.5)
+    assert primary["s_min"] < 20 and any("below Adam's beta2 memory" in n for n in primary["notes"])

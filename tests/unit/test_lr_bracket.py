@@ -1,6 +1,6 @@
 """The learning-rate bracket of one batch size (orchestrator/lr_bracket.py), driven round by round
 by score functions whose best lr is known: extension past either edge, the refinement vertex,
-the bound, failures as +inf, seeds averaged, both criteria, and its JSON state."""
+the bound, failures as +inf, seeds averaged, two criteria, and its JSON state."""
 
 import json
 import math

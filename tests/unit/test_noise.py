@@ -11,14 +11,8 @@ from hypothesis import strategies as st
 
 from orchestrator.noise import (
     NoiseScaleEMA,
-    best_config,
-    bootstrap_b_crit,
     estimate,
-    fit_critical_batch,
     per_token_sq_norm,
-    power_law_fit,
-    smooth,
-    steps_to_reach,
 )
 
 # ---------------------------------------------------------------- estimate
@@ -107,6 +101,42 @@ def test_ema_of_a_constant_is_that_constant():
     assert ema.b_simple == pytest.approx(100.0, rel=1e-12)
 
 
+def test_an_ema_of_linear_trends_is_their_value_at_its_centre():
+    """|G|^2 falling and tr(Sigma) rising linearly in tokens: at every update the EMAs equal the
+    trends at the centre of mass (so B_simple logged there has no lag), which trails the newest
+    input by B d / (1 - d) tokens in the steady state, about ema_tokens; at the newest input the
+    ratio is well off."""
+    B, tau = 256, 3000.0
+
+    def g2(t):
+        return 2.0 - 2e-5 * t
+
+    def trace(t):
+        return 50.0 + 2e-3 * t
+
+    ema = NoiseScaleEMA(ema_tokens=tau)
+    for u in range(200):
+        ema.update(g2(u * B), trace(u * B), tokens=B, at=u * B)
+        c = ema.centre
+        assert ema.g_squared == pytest.approx(g2(c), rel=1e-9) and ema.trace_sigma == pytest.approx(trace(c), rel=1e-9)
+        assert ema.b_simple == pytest.approx(trace(c) / g2(c), rel=1e-9)
+    d = math.exp(-B / tau)
+    assert 199 * B - ema.centre == pytest.approx(B * d / (1 - d), rel=1e-6)
+    newest = trace(199 * B) / g2(199 * B)
+    assert ema.b_simple / newest - 1 < -0.05, "logged at the newest update it would lag by over 5 %"
+
+
+def test_the_centre_survives_a_checkpoint_and_defaults_to_the_tokens_averaged():
+    ema = NoiseScaleEMA(ema_tokens=1000)
+    for _ in range(5):
+        ema.update(1.0, 10.0, tokens=100)  # at = the tokens averaged so far: 0, 100, ... 400
+    again = NoiseScaleEMA(ema_tokens=1)
+    again.load_state_dict(ema.state_dict())
+    assert again.centre == ema.centre
+    w = [math.exp(-0.1 * (4 - k)) for k in range(5)]
+    assert ema.centre == pytest.approx(sum(wk * 100 * k for k, wk in enumerate(w)) / sum(w))
+
+
 def test_ema_non_positive_g2_and_non_finite_inputs():
     ema = NoiseScaleEMA(ema_tokens=100)
     ema.update(-1.0, 5.0, tokens=100)
@@ -171,116 +201,3 @@ def test_fp16_loss_scale_is_divided_out_of_the_small_batch_norms():
 
 
 BATCHES = [2**k for k in range(8, 16)]
-
-
-def test_fit_critical_batch_exact():
-    s_min, e_min = 1000.0, 4.0e6
-    steps = [s_min + e_min / b for b in BATCHES]
-    s_hat, e_hat, b_crit = fit_critical_batch(BATCHES, steps)
-    assert s_hat == pytest.approx(s_min, rel=1e-9)
-    assert e_hat == pytest.approx(e_min, rel=1e-9)
-    assert b_crit == pytest.approx(4000.0, rel=1e-9)
-
-
-def test_fit_critical_batch_with_two_percent_noise():
-    rng = np.random.default_rng(1)
-    s_min, e_min = 1000.0, 4.0e6
-    steps = [(s_min + e_min / b) * (1 + 0.02 * rng.standard_normal()) for b in BATCHES for _ in range(3)]
-    s_hat, e_hat, b_crit = fit_critical_batch([b for b in BATCHES for _ in range(3)], steps)
-    assert s_hat == pytest.approx(s_min, rel=0.05)
-    assert e_hat == pytest.approx(e_min, rel=0.05)
-    assert b_crit == pytest.approx(4000.0, rel=0.1)
-
-
-def test_best_config_needs_every_seed_to_reach_the_target():
-    assert best_config([[10.0, 14.0], [9.0, None], [11.5, 11.5]]) == (2, 11.5)
-    assert best_config([[None], []]) is None
-
-
-def test_bootstrap_redoes_the_best_configuration_choice_in_every_resample():
-    """At one batch size a steady configuration (every seed 1,500 steps) ties on the mean with a
-    noisy one (1,000 or 2,000). Alone, the steady one gives a point. With the noisy one beside it
-    and the choice redone in every resample, the better of the two draws wins each time: the
-    interval opens, mostly on the side of fewer steps at the smallest batch size (a smaller
-    E_min, so a smaller B_crit)."""
-    steps = {b: [[1000.0 + 4.0e6 / b] * 3] for b in BATCHES}
-    b = BATCHES[0]
-    steady = [1000.0 + 4.0e6 / b] * 3
-    noisy = [steady[0] - 500, steady[0] + 500, steady[0]]
-    point = fit_critical_batch(BATCHES, [s[0][0] for s in steps.values()])[2]
-    assert bootstrap_b_crit({**steps, b: [steady]}, n=300) == pytest.approx((point, point))
-    lo, hi = bootstrap_b_crit({**steps, b: [steady, noisy]}, n=300)
-    assert lo < point * 0.99 and point - lo > 1.5 * (hi - point)
-
-
-def test_fit_critical_batch_constrains_coefficients():
-    # Steps grow with batch size: the free fit has E_min < 0; constrained, E_min = 0.
-    s_hat, e_hat, b_crit = fit_critical_batch([100, 200, 400], [10.0, 11.0, 12.0])
-    assert e_hat == 0.0 and s_hat == pytest.approx(11.0) and b_crit == 0.0
-    # Pure E/B data with a negative offset: S_min clamped to 0, B_crit infinite.
-    s_hat, e_hat, b_crit = fit_critical_batch([100, 200, 400], [9.0, 4.0, 1.5])
-    assert s_hat == 0.0 and e_hat > 0 and b_crit == math.inf
-    with pytest.raises(ValueError):
-        fit_critical_batch([100, 100], [5.0, 6.0])
-
-
-def test_bootstrap_degenerate_cases():
-    # Seeds that agree: every resample gives the same B_crit.
-    steps = {b: [[1000.0 + 4.0e6 / b] * 3] for b in BATCHES}
-    assert bootstrap_b_crit(steps, n=200) == pytest.approx((4000.0, 4000.0))
-    # One seed per configuration: nothing to resample, the interval is the point.
-    assert bootstrap_b_crit({b: [[1000.0 + 4.0e6 / b]] for b in BATCHES}, n=50) == pytest.approx((4000.0, 4000.0))
-    with pytest.raises(ValueError):
-        bootstrap_b_crit({256: [[2000.0]]})
-    with pytest.raises(ValueError):
-        bootstrap_b_crit({256: [[2000.0]], 512: [[float("nan")]]})
-
-
-# ---------------------------------------------------------------- curves and power laws
-
-
-def test_steps_to_reach_interpolates():
-    tokens = [0, 1000, 2000, 3000]
-    losses = [5.0, 4.0, 3.0, 2.5]
-    steps, reached = steps_to_reach(tokens, losses, tokens_per_update=100, target_loss=3.5)
-    assert reached == pytest.approx(1500.0) and steps == pytest.approx(15.0)
-    assert steps_to_reach(tokens, losses, 100, 3.0) == (20.0, 2000.0)  # exactly on a point
-    assert steps_to_reach(tokens, losses, 100, 6.0) == (0.0, 0.0)
-    assert steps_to_reach(tokens, losses, 100, 2.0) is None
-
-
-def test_steps_to_reach_takes_the_first_crossing():
-    tokens = [0, 100, 200, 300, 400]
-    losses = [4.0, 2.0, 4.0, 2.0, 2.0]  # a spike below target at 100
-    assert steps_to_reach(tokens, losses, 10, 2.5)[1] == pytest.approx(75.0)
-
-
-def test_smoothing_window_is_in_tokens_and_centred():
-    # Points every 100 tokens; a window of 200 tokens averages a point with both neighbours.
-    tokens, values = [0, 100, 200, 300, 400], [4.0, 2.0, 4.0, 2.0, 2.0]
-    assert smooth(tokens, values, 200).tolist() == pytest.approx([3.0, 10 / 3, 8 / 3, 8 / 3, 2.0])
-    # The same stretch of tokens logged 4x as often is averaged over 4x as many points.
-    fine = np.arange(0, 401, 25)
-    assert smooth(fine, np.where(fine % 200 == 0, 1.0, 0.0), 200)[8] == pytest.approx(1 / 9)
-    # A line is unchanged by a centred window away from the ends: no lag.
-    line = np.arange(0, 1000, 10.0)
-    assert smooth(line, 5 - line / 100, 100)[10:-10] == pytest.approx(5 - line[10:-10] / 100)
-
-
-@settings(max_examples=100, deadline=None)
-@given(coef=st.floats(1e-6, 1e2), alpha=st.floats(-2, 2))
-def test_power_law_fit_recovers_exact(coef, alpha):
-    xs = [2.0**k for k in range(8, 16)]
-    c_hat, a_hat = power_law_fit(xs, [coef * x**alpha for x in xs])
-    assert a_hat == pytest.approx(alpha, abs=1e-9)
-    assert c_hat == pytest.approx(coef, rel=1e-7)
-
-
-def test_power_law_fit_with_noise():
-    rng = np.random.default_rng(2)
-    xs = np.array([2.0**k for k in range(8, 16)])
-    ys = 3e-3 * xs**0.5 * np.exp(0.05 * rng.standard_normal(len(xs)))
-    _, alpha = power_law_fit(xs, ys)
-    assert alpha == pytest.approx(0.5, abs=0.05)
-    with pytest.raises(ValueError):
-        power_law_fit([1.0, 2.0], [1.0, -1.0])

@@ -173,7 +173,7 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
             search={"algorithm": "optuna", "num_samples": 4},
         )
     )
-    space, searcher = sweep_lib._param_space(sweep, None)
+    space, searcher = sweep_lib._param_space(sweep, None, {})
     assert isinstance(searcher, OptunaSearch)
     assert isinstance(space["trial"]["optim.lr"], tune.search.sample.Float)
     assert space["trial"]["batch.tokens_per_update"].categories == [2048, 4096]
@@ -283,7 +283,9 @@ BRACKET = {"batch.tokens_per_update": {"grid": [2048, 4096]}, "optim.lr": {"grid
 @pytest.mark.parametrize(
     "search,space,lr_scaling,key,says",
     [
-        ({"criterion": "best"}, BRACKET, None, "search.criterion", "final_loss, stable_loss, both"),
+        ({"criterion": "best"}, BRACKET, None, "search.criterion", "final_loss, stable_loss, steps, both"),
+        ({"criterion": "steps"}, BRACKET, None, "search.target_loss", "steps to this train loss"),
+        ({"criterion": "both", "target_loss": -1.0}, BRACKET, None, "search.target_loss", "> 0"),
         ({"max_lrs_per_batch": 2}, BRACKET, None, "search.max_lrs_per_batch", ">= 3"),
         (
             {"max_lrs_per_batch": 3},
