@@ -10,8 +10,9 @@ loss sits at the tokens the weights that produced it had seen, so the first is a
   replicates. Configurations that differ only in the learning rate form an lr scan.
 - Final loss: the last eval/loss when every finished trial has one, else the end of the monotone
   fit of train/loss. The best learning rate per batch size by final loss is the minimum of a
-  quadratic in log lr through the best configuration of a scan and its neighbours (the
-  best tried value when a neighbour failed); a best at the lowest or highest lr tried is flagged.
+  quadratic in log lr through the best configuration of a scan and its neighbours (a neighbour
+  that failed brackets it, the parabola then takes the other side); a best at the lowest or
+  highest lr tried is flagged.
 - Curves are read through a monotone (isotonic) fit of train/loss, so no smoothing window moves
   a crossing, and only where the schedule cannot fake progress (schedules.stable_end_tokens:
   before wsd's decay, all of constant, the first half of cosine and linear, with a warning).
@@ -19,23 +20,27 @@ loss sits at the tokens the weights that produced it had seen, so the first is a
 - Warmup: steps are counted from the start level L_a, the lowest loss any run had at the end of
   its warmup, to the target. Every run crosses L_a after its warmup, so no warmup steps enter
   S_j (with a constant lr after warmup, the model's steps between two losses are exactly
-  S_min (1 + B_noise / B)); targets must lie below L_a.
-- Targets when none are given: L_end = the worst, over batch sizes, of the best loss at the end
-  of the trusted part; L_end + f (L_a - L_end) for f in TARGET_FRACTIONS.
+  S_min (1 + B_noise / B)); targets must lie below L_a. Without warmup steps count from 0.
+- Targets when none are given (steps_to_target.choose_targets): L_end = the worst, over batch
+  sizes, of the best median loss over the last END_SHARE of the trusted part;
+  L_end + f (L_a - L_end) for f in TARGET_FRACTIONS.
 - S_j: per configuration the mean over seeds of log steps (every seed must reach the target);
-  the minimum over lr from a quadratic in log lr of the speed 1 / S through the best and its
-  neighbours (a configuration that never reaches it has speed 0 and still brackets); the best
-  lr scan over the other axes. A best at an edge of the lrs tried makes S_j an upper bound.
+  the fewest over lr from a parabola in the lr of the speed 1 / S through the best and its
+  neighbours (critical_batch.best_over: a configuration that failed or never reaches the target
+  brackets the best but has no value); the best lr scan over the other axes. A best at an edge
+  of the lrs tried is flagged and makes S_j an upper bound.
 - Fit (critical_batch.fit): S = S_min (1 + B_crit / B) in log steps, each point weighted by the
   inverse variance of its seed mean (seed deviations pooled within the batch size); unweighted
   with one seed. Status: not resolved (fewer than MIN_BATCH_SIZES batch sizes reach the target),
   below (B_crit under the smallest B that does), above (over the largest), else resolved.
-- Interval (two or more seeds): the 90% bootstrap of critical_batch.bootstrap, which redraws
+- Interval (two or more seeds): a 90% bootstrap (steps_to_target.Batch.resample) that redraws
   every configuration's seeds from its batch size's pooled deviations, jointly for all targets,
-  and redoes the lr interpolation, the choice of configuration and the fit in each resample.
+  moves each point by its lr interpolation's error scale, and redoes the interpolation, the
+  choice of configuration and the fit in each resample.
   Lack of fit: F test of the weighted residuals against the seeds' own spread, flagged at
-  p < LACK_OF_FIT_P. Trend: the slope of log B_crit on log target loss over the resolved
-  targets, with its bootstrap interval, beside the same slope of B_simple.
+  p < LACK_OF_FIT_P. Trend (diagnostics.trend): the slope of log B_crit on log target loss over
+  the resolved targets, with its bootstrap interval, beside the same slope of B_simple. The
+  other notes that say when not to trust a number: diagnostics.notes.
 - Primary target: the loss the sweep named (a bracket search's search.target_loss), else the
   lowest resolved one, else the first.
 - B_simple at a target: per batch size the best configuration's gns/b_simple where its seeds
@@ -84,7 +89,7 @@ def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) ->
                 "spread": spread,
                 "seeds": len(chosen.trials),
                 "lr": _lr(opt),
-                "lr_edge": _edge_word(opt.edge),
+                "lr_edge": opt.edge_word(),
                 "run_id": best.run_id,
                 "run_name": best.name,
                 "configurations": sum(len(s[2]) for s in scored),
@@ -96,10 +101,6 @@ def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) ->
 
 def _lr(opt: cb.Optimum) -> Optional[float]:
     return float(math.exp(opt.position)) if math.isfinite(float(opt.position)) else None
-
-
-def _edge_word(edge) -> Optional[str]:
-    return {-1: "lowest", 1: "highest", 2: "only"}.get(int(edge))
 
 
 def _edges(best: Trial, tried: Sequence[Trial], axes: Sequence[str]) -> Dict[str, str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import optimize, stats
@@ -96,6 +96,10 @@ class Optimum:
     """The value at the best grid point: how far the parabola moved it is the scale of its error."""
     edge: np.ndarray
     """-1: the best is the lowest lr tried; 1: the highest; 0: interior (2: the only one)."""
+
+    def edge_word(self, i: Any = ()) -> Optional[str]:
+        """The edge (of row or target i) as the report says it: lowest, highest, only, or None."""
+        return {-1: "lowest", 1: "highest", 2: "only"}.get(int(self.edge[i]))
 
 
 def best_over(positions: Sequence[float], values: np.ndarray, maximize: bool) -> Optimum:
@@ -217,7 +221,11 @@ def slope(xs: Sequence[float], ys: np.ndarray) -> np.ndarray:
     return ((y - y.mean(-1, keepdims=True)) * xc).sum(-1) / (xc**2).sum()
 
 
-def percentile_interval(values: np.ndarray, level: float = 0.9) -> Tuple[float, float]:
+INTERVAL_LEVEL = 0.9
+"""The report's intervals hold the middle 90% of the bootstrap."""
+
+
+def percentile_interval(values: np.ndarray, level: float = INTERVAL_LEVEL) -> Tuple[float, float]:
     """The middle `level` of the bootstrap values, ranked (infinities count as the largest or smallest)."""
     v = np.sort(np.asarray(values, np.float64)[~np.isnan(values)])
     tail = (1 - level) / 2

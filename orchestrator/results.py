@@ -50,7 +50,8 @@ class Fit:
     """The report's numbers (`analysis.analyse`: its docstring states every rule), from `raw`."""
 
     loss_metric: str
-    """What a final loss is: the last eval/loss when every finished trial has one, else train/loss smoothed."""
+    """What a final loss is: the last eval/loss when every finished trial has one, else the end of
+    the monotone fit of train/loss."""
     axes: List[str]
     """The swept axes: config keys whose values differ between trials, the batch size first."""
     best_per_batch: pd.DataFrame

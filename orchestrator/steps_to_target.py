@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator import critical_batch as cb
-from orchestrator.schedules import TRUSTED_SHARE
+from orchestrator import diagnostics
 from orchestrator.trials import Config, Trial, by_batch, lr_scans
 
 TARGET_FRACTIONS = (0.1, 0.3, 0.6)
@@ -20,11 +20,7 @@ TARGET_FRACTIONS = (0.1, 0.3, 0.6)
 END_SHARE = 0.1
 MIN_BATCH_SIZES = 3
 LACK_OF_FIT_P = 0.05
-CLIP_SPREAD = 0.25
-"""Warn when the share of clipped updates before a target differs by more than this between B."""
-WARMUP_FACTOR = 3.0
-"""Warn when E_min is within this many times the warmup tokens."""
-RESAMPLES, LEVEL, SEED = 1000, 0.9, 0
+RESAMPLES, SEED = 1000, 0
 
 
 # ---------------------------------------------------------------- levels
@@ -181,9 +177,9 @@ def study(
     targets and the primary whatever its status."""
     start = start_level(usable, smoothing)
     targets = sorted(given) if given else choose_targets(usable, start)
-    if primary_target is not None:
-        targets = sorted({*targets, primary_target})
-    empty = {"start_level": start, "critical_batch": [], "primary": None, "trend": _trend([], [], None, [])}
+    if primary_target is not None:  # it replaces a chosen target within half a percent of it
+        targets = sorted({primary_target, *(t for t in targets if abs(t / primary_target - 1) > 0.005)})
+    empty = {"start_level": start, "critical_batch": [], "primary": None, "trend": diagnostics.trend([], [], None, [])}
     if not targets or start is None:
         return empty
     reachable = [t for t in targets if t < start]
@@ -212,7 +208,7 @@ def study(
             "lack of fit at loss " + ", ".join(f"{x:.4g}" for x in flagged) + ": the hyperbola describes these "
             "batch sizes poorly, so distrust this B_crit too"
         )
-    trend = _trend(fits, resolved, boot_b_crit, targets)
+    trend = diagnostics.trend(fits, resolved, boot_b_crit, targets)
     return {"start_level": start, "critical_batch": fits, "primary": primary, "trend": trend}
 
 
@@ -290,7 +286,7 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
         entry["b_crit"] = float(fit.b_crit)
         if weighted and all(c is not None for c in boot_cols):
             boot_b_crit = cb.fit(sizes, np.stack(boot_cols, axis=1), weights).b_crit
-            entry["b_crit_interval"] = list(cb.percentile_interval(boot_b_crit, LEVEL))
+            entry["b_crit_interval"] = list(cb.percentile_interval(boot_b_crit))
         else:
             notes.append("no interval: one seed per configuration (search.seeds >= 2 gives one)")
     elif status in ("below", "above"):
@@ -306,7 +302,7 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
                 f"lack of fit: the steps depart from S_min + E_min / B by more than the seeds' spread explains "
                 f"(p = {p:.2g}); B_crit is a summary, not a measurement"
             )
-    entry["notes"] = notes + _diagnostics(usable, entry, missing)
+    entry["notes"] = notes + diagnostics.notes(usable, entry, missing)
     measured = [p["b_simple"] for p in rows if p["b_simple"] is not None]
     entry["b_simple"] = float(np.median(measured)) if measured else None
     return entry, boot_b_crit
@@ -331,14 +327,13 @@ def _point(b: Batch, best: Best, k: int) -> Dict[str, Any]:
     b_simple = [x for t, tok in zip(config.trials, crossings) if (x := t.b_simple_at(tok)) is not None]
     clipped = [x for t, tok in zip(config.trials, crossings) if (x := t.clipped_before(tok)) is not None]
     walls = [t.duration_s * min(1.0, tok / t.tokens_seen) for t, tok in zip(config.trials, crossings) if t.duration_s]
-    edge = int(opt.edge[k])
     return {
         "batch": b.batch,
         "steps": float(best.steps[k]),
         "tokens": float(best.steps[k] * b.batch),
         "tokens_to_target": float(np.mean(crossings)),
         "lr": float(opt.position[k]) or None,
-        "lr_edge": {-1: "lowest", 1: "highest", 2: "only"}.get(edge),
+        "lr_edge": opt.edge_word(k),
         "seeds": len(config.trials),
         "run_id": config.trials[0].run_id,
         "run_name": config.trials[0].name,
@@ -346,82 +341,6 @@ def _point(b: Batch, best: Best, k: int) -> Dict[str, Any]:
         "b_simple": float(np.mean(b_simple)) if b_simple else None,
         "clipped": float(np.mean(clipped)) if clipped else None,
     }
-
-
-def _diagnostics(usable: Sequence[Trial], entry: Dict[str, Any], missing: Sequence[int]) -> List[str]:
-    notes, points = [], entry["points"]
-    bound = [p for p in points if p["lr_edge"] in ("lowest", "highest")]
-    for side in ("lowest", "highest"):
-        at = [f"{p['batch']:,}" for p in bound if p["lr_edge"] == side]
-        if at:
-            notes.append(
-                f"steps at B = {', '.join(at)} are upper bounds: the best lr there is the {side} tried "
-                f"(search.algorithm: bracket extends the lrs until the best is inside)"
-            )
-    if missing:
-        notes.append("not reached by batch sizes " + ", ".join(f"{b:,}" for b in missing))
-    warmup = max((t.warmup_tokens for t in usable), default=0.0)
-    if entry["e_min"] is not None and warmup and entry["e_min"] < WARMUP_FACTOR * warmup:
-        notes.append(
-            f"E_min = {entry['e_min']:,.0f} tokens is within {WARMUP_FACTOR:g}x the warmup ({warmup:,.0f} tokens): "
-            "the regime may still be the optimizer's start-up"
-        )
-    largest = max(usable, key=lambda t: t.batch)
-    if entry["s_min"] is not None and largest.beta2 and largest.beta2 < 1:
-        memory = 1 / (1 - largest.beta2)
-        if entry["s_min"] < memory:
-            notes.append(
-                f"S_min = {entry['s_min']:.3g} steps is below Adam's beta2 memory (1 / (1 - beta2) = {memory:.3g} "
-                "updates): steps this few measure the optimizer's start-up, not the gradient noise"
-            )
-    shares = [p["clipped"] for p in points if p["clipped"] is not None]
-    if len(shares) >= 2 and max(shares) - min(shares) > CLIP_SPREAD:
-        notes.append(
-            f"clipped updates before this loss range from {min(shares):.0%} to {max(shares):.0%} across batch sizes: "
-            "clipping shortens the noisier small-batch steps more (raise optim.grad_clip or lower the lr)"
-        )
-    schedules = {t.params.get("schedule.decay") for t in usable} & {"cosine", "linear"}
-    if schedules:
-        notes.append(
-            f"steps read before {TRUSTED_SHARE:.0%} of the budget ({'/'.join(sorted(schedules))} decay from the "
-            "end of warmup): the fit depends on the schedule; wsd or constant give one it cannot fake"
-        )
-    if not any(p["b_simple"] is not None for p in points):
-        notes.append("no gns/b_simple at this loss (gns.enabled=false, or B_simple was not measured)")
-    return notes
-
-
-def _trend(fits, resolved: List[int], boot, targets) -> Dict[str, Any]:
-    """Slopes of log B_crit and log B_simple on log target loss (negative: they rise as the loss falls)."""
-    out: Dict[str, Any] = {
-        "targets": [targets[i] for i in resolved],
-        "b_crit_slope": None,
-        "b_crit_slope_interval": None,
-    }
-    out.update({"b_simple_slope": None, "agree": None, "note": None})
-    if len(resolved) < 2:
-        out["note"] = f"no trend: it needs 2 resolved targets; {len(resolved)} resolved"
-        return out
-    xs = [targets[i] for i in resolved]
-    out["b_crit_slope"] = float(cb.slope(xs, np.array([fits[i]["b_crit"] for i in resolved])))
-    if all(boot[i] is not None for i in resolved):
-        out["b_crit_slope_interval"] = list(
-            cb.percentile_interval(cb.slope(xs, np.stack([boot[i] for i in resolved], -1)), LEVEL)
-        )
-    measured = [(fits[i]["target_loss"], fits[i]["b_simple"]) for i in resolved if fits[i]["b_simple"]]
-    if len(measured) >= 2:
-        out["b_simple_slope"] = float(cb.slope([m[0] for m in measured], np.array([m[1] for m in measured])))
-        # Opposite signs count when B_crit's direction is settled (its interval excludes 0), or,
-        # without an interval, when the two point slopes differ in sign.
-        lo, hi = out["b_crit_slope_interval"] or (out["b_crit_slope"], out["b_crit_slope"])
-        settled = np.sign(lo) == np.sign(hi) != 0
-        out["agree"] = bool(not settled or np.sign(lo) == np.sign(out["b_simple_slope"]))
-        if not out["agree"]:
-            out["note"] = (
-                "B_crit and B_simple move in opposite directions as the loss falls; theory (McCandlish et al. 2018, "
-                "Kaplan et al. 2020) has both rise: distrust the B_crit trend"
-            )
-    return out
 
 
 def best_lr_rows(result_study: Dict[str, Any]) -> List[Dict[str, Any]]:

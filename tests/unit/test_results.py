@@ -14,7 +14,7 @@ from orchestrator import analysis, results, tables
 from tests.conftest import ROOT
 from tests.known_truth import World
 
-EXTRA = [(0, 1.0), (4096, 1.5), (8192, 2.5)]  # a curve analysis.Trial does not carry (e.g. train/lr)
+EXTRA = [(0, 1.0), (4096, 1.5), (8192, 2.5)]  # a curve a Trial does not carry (e.g. train/lr)
 WORLD = World(max_points=200, draw=2)
 
 
