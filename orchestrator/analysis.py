@@ -186,6 +186,7 @@ def analyse(
         "loss_metric": metric,
         "axes": axes,
         "targets_chosen": not target_losses,
+        "primary_target": primary_target,
         "start_level": study["start_level"],
         "smoothing_tokens": smoothing_tokens,
         "lr_criterion": lr_criterion,

@@ -91,7 +91,9 @@ def critical_batch_sentence(p: Dict[str, Any]) -> str:
     shown = [note for note in p["notes"] if not note.startswith(("not resolved", "below", "above"))]
     if status == "resolved":
         lo_hi = p["b_crit_interval"]
-        parts = [f"90% interval over seeds {_n(lo_hi[0], 'tok')} - {_n(lo_hi[1], 'tok')}"] if lo_hi else []
+        parts = ["resolved"] + (
+            [f"90% interval over seeds {_n(lo_hi[0], 'tok')} - {_n(lo_hi[1], 'tok')}"] if lo_hi else []
+        )
         parts += [f"{len(p['points'])} batch sizes", *shown]
         text = (
             f"At loss {target} the critical batch size is B_crit = {_n(p['b_crit'], 'tok')} tokens ({'; '.join(parts)})"
@@ -258,6 +260,8 @@ def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[t
         for f in result["critical_batch"]
     ]
     how = "chosen automatically" if result["targets_chosen"] else "given"
+    if result.get("primary_target") is not None:
+        how += f", and {result['primary_target']:.4g}, the primary, named by the sweep (search.target_loss)"
     law = scaling["note"] if scaling["alpha"] is None else f"lr_opt ~ {scaling['coef']:.3g} x B^{scaling['alpha']:.3f}"
     swept = ", ".join(map(_label, result["axes"])) or "nothing"
     start = result["start_level"]

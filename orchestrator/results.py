@@ -256,10 +256,16 @@ def _last(curve: Curve) -> Optional[float]:
     return curve[-1][1] if curve else None
 
 
+_WORDS = {"None": None, "True": True, "False": False}
+"""How MLflow spells Python's None and booleans (it logs str(value))."""
+
+
 def _scalar(value: Any) -> Any:
-    """A param's string as the int or float it spells, else as it is."""
+    """A param's string as the None, bool, int or float it spells, else as it is."""
     if not isinstance(value, str):
         return value
+    if value in _WORDS:
+        return _WORDS[value]
     for kind in (int, float):
         try:
             return kind(value)

@@ -260,7 +260,7 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
     weights = [1 / v for v in variances[0]] if weighted else None
     fit = None
     if len(set(sizes)) >= 2:
-        one = cb.fit(sizes, [[r["steps"] for r in rows]], weights if weighted else None)
+        one = cb.fit(sizes, [[r["steps"] for r in rows]], weights)
         fit = cb.Fit(one.s_min[0], one.b_crit[0], one.sse[0], one.at_grid_edge[0])
     notes = []
     if len(rows) < MIN_BATCH_SIZES:

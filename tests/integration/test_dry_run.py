@@ -72,14 +72,15 @@ def expected_eta(path, use_gpu):
 def test_demo(dry_run):
     out, err = dry_run(DEMO)
     trials, eta = expected_eta(DEMO, use_gpu=False)
-    assert len(trials) == 15
+    assert len(trials) == 24  # the bracket's first round: 3 lrs x 4 batch sizes x 2 seeds
     for t in trials:
         assert t.name in out
     assert "effective 63.2 GFLOP/s per CPU thread, measured with tiny.yaml" in out
     assert "start-up 15 s per trial" in out
-    assert "total: 15 trials, 1.31e13 FLOPs" in out and "CPU-hours" in out
-    (eta_line,) = [line for line in out.splitlines() if line.startswith("ETA: ")]
+    assert "first round total: 24 trials, 2.17e13 FLOPs" in out and "CPU-hours" in out
+    (eta_line,) = [line for line in out.splitlines() if line.startswith("first round ETA: ")]
     assert f"{cost.format_duration(eta)} ({eta:,.0f} s) with 2 trials at a time" in eta_line
+    assert "cost range: 24 .. 32 trials" in out  # search.max_lrs_per_batch 4 bounds the later rounds
     assert "Traceback" not in err
 
 
@@ -102,8 +103,10 @@ def test_gpt_350m_cluster(dry_run):
 def test_auto_micro_batch_from_the_memory_model(dry_run):
     out, _ = dry_run(DEMO, "batch.micro_batch_size=auto", "--device-memory", "2GiB")
     lines = out.splitlines()
-    b8k = next(line for line in lines if line.startswith("B=8Ki lr=3e-4"))
-    assert b8k.split()[5:8] == ["64*", "1", "1"]  # the whole update in one micro-batch: it fits 2 GiB
+    b2k = next(line for line in lines if line.startswith("B=2Ki lr=5e-4 wu=2% seed=0"))
+    # half the update (32 sequences) in a micro-batch: it would fit 2 GiB whole, but gns.enabled
+    # splits every update in at least two micro-batches to measure B_simple
+    assert b2k.split()[6:9] == ["16*", "2", "1"]
     assert "* batch.micro_batch_size auto: the memory model's largest b for 2.0 GiB per worker" in out
     _, eta = expected_eta(DEMO, use_gpu=False)  # b does not change the FLOPs, so not the ETA either
     assert f"({eta:,.0f} s)" in out

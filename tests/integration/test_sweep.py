@@ -124,7 +124,9 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
 
     for file, frame in (("trials.csv", loaded.trials), ("curves.csv", loaded.curves)):
         back = pd.read_csv(tmp_path / "report" / file)
-        assert list(back.columns) == list(frame.columns) and values(back) == values(frame), file
+        assert list(back.columns) == list(frame.columns), file
+        differ = [c for c in frame.columns if values(back[[c]]) != values(frame[[c]])]
+        assert not differ, (file, differ, back[differ].head(2).to_dict(), frame[differ].head(2).to_dict())
     assert {"trials.csv", "curves.csv"} <= logged, logged
 
 

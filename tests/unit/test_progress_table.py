@@ -10,7 +10,7 @@ import pytest
 from orchestrator import cost, search_space, sweep_summary
 from tests.conftest import ROOT
 
-BUDGET = 294_912  # conf/sweep/demo.yaml: train.total_tokens, a whole number of updates at every B
+BUDGET = 327_680  # conf/sweep/demo.yaml: train.total_tokens, a whole number of updates at every B
 
 
 class Clock:
@@ -29,6 +29,7 @@ def trial(trial_id, batch, lr):
 @pytest.fixture
 def table_and_trials():
     sweep = search_space.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    assert search_space.expand(sweep)[0].cfg.train.total_tokens == BUDGET, "the figures below assume it"
     clock = Clock()
     table = sweep_summary.ProgressTable(sweep, clock=clock)
     table.setup(total_num_samples=15)
@@ -62,11 +63,11 @@ def test_plain_table_shows_progress_and_etas(table_and_trials, capsys):
     capsys.readouterr()
     table.print()
     lines = last_block(capsys.readouterr().out)
-    # a: (294,912 - 16,384) / 819.2 = 340 s; b: (294,912 - 32,768) / 1,228.8 = 213.3 s
-    assert cost.format_duration((BUDGET - 16_384) / 819.2) == "5m 40s"
-    assert " 6% " in line_of(lines, "B=512 lr=3e-4") and "5m 40s" in line_of(lines, "B=512 lr=3e-4")
-    assert " 11% " in line_of(lines, "B=8Ki lr=1e-3") and "3m 33s" in line_of(lines, "B=8Ki lr=1e-3")
-    # sweep: 278,528 + 262,144 left in the two, 13 trials not created yet x 294,912, at 2,048 tokens/s
+    # a: (327,680 - 16,384) / 819.2 = 380 s; b: (327,680 - 32,768) / 1,228.8 = 240 s
+    assert cost.format_duration((BUDGET - 16_384) / 819.2) == "6m 20s"
+    assert " 5% " in line_of(lines, "B=512 lr=3e-4") and "6m 20s" in line_of(lines, "B=512 lr=3e-4")
+    assert " 10% " in line_of(lines, "B=8Ki lr=1e-3") and "4m 00s" in line_of(lines, "B=8Ki lr=1e-3")
+    # sweep: 311,296 + 294,912 left in the two, 13 trials not created yet x 327,680, at 2,048 tokens/s
     left = (BUDGET - 16_384) + (BUDGET - 32_768) + 13 * BUDGET
     assert table.remaining_tokens() == left
     assert table.running_rate() == pytest.approx(2_048)
@@ -74,7 +75,7 @@ def test_plain_table_shows_progress_and_etas(table_and_trials, capsys):
         f"--- sweep demo: 0/15 trials ended; ETA {cost.format_duration(left / 2048)} "
         f"({left:,} tokens left at 2,048 tokens/s) ---"
     )
-    assert cost.format_duration(left / 2048) == "35m 36s"
+    assert cost.format_duration(left / 2048) == "39m 36s"
 
 
 def test_a_trial_that_ends_prints_at_once_and_leaves_the_sweep_eta(table_and_trials, capsys):
@@ -91,7 +92,7 @@ def test_a_trial_that_ends_prints_at_once_and_leaves_the_sweep_eta(table_and_tri
     assert "100%" in line_of(lines, "B=512 lr=3e-4")
     left = (BUDGET - 32_768) + 13 * BUDGET  # only b runs now, at 1,228.8 tokens/s
     assert lines[0].startswith(f"--- sweep demo: 1/15 trials ended; ETA {cost.format_duration(left / 1228.8)} (")
-    assert cost.format_duration(left / 1228.8) == "55m 33s"
+    assert cost.format_duration(left / 1228.8) == "1h 01m"
 
 
 def test_a_restarted_trial_measures_its_rate_again(table_and_trials):
@@ -124,7 +125,7 @@ def test_on_a_terminal_the_table_refreshes_in_place_and_stops(capsys):
         table.on_trial_result(0, [a], a, {"tokens": tokens, "loss": 2.5})
     assert table._live is not None and table._live in sweep_summary._LIVE
     shown = screen.getvalue()
-    assert "B=512 lr=3e-4" in shown and "5m 40s" in shown and "2.500" in shown
+    assert "B=512 lr=3e-4" in shown and "6m 20s" in shown and "2.500" in shown
     assert "ETA " + cost.format_duration((BUDGET - 16_384 + BUDGET) / 819.2) in shown
     table.on_experiment_end([a])
     assert table._live is None and sweep_summary._LIVE == []

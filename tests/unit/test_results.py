@@ -100,6 +100,26 @@ def test_the_tables_read_back_to_the_same_trials(sweep, tmp_path):
     assert [r["lr"] for r in again["best_lr"]] == pytest.approx([r["lr"] for r in result["best_lr"]], rel=1e-12)
 
 
+def test_params_are_typed_so_pandas_reads_the_csv_back_to_the_same_frame(sweep, tmp_path):
+    """MLflow holds params as text ('None', 'False', '4096', '0.95'); the frame holds them as
+    Python values, which is what pandas reads back from trials.csv."""
+    trials, curves, result, _ = sweep
+    texts = {"cluster.address": "None", "cluster.use_gpu": "False", "gns.enabled": "True", "optim.eps": "1e-08"}
+    typed = [dataclasses.replace(t, params={**t.params, **texts}) for t in trials]
+    built = results.build("syn", "parent", typed, curves, result, results.METRICS)
+    frame = built.trials
+    assert frame["cluster.address"].isna().all() and frame["optim.eps"].eq(1e-08).all()
+    assert frame["cluster.use_gpu"].dtype == bool and not frame["cluster.use_gpu"].any() and frame["gns.enabled"].all()
+    built.to_csv(tmp_path)
+    for file, frame in (("trials.csv", built.trials), ("curves.csv", built.curves)):
+        back = pd.read_csv(tmp_path / file)
+        assert list(back.columns) == list(frame.columns), file
+        # CSV changes dtypes (Int64 -> int64, None -> NaN), not values
+        same = back.astype(object).where(back.notna(), None).equals(frame.astype(object).where(frame.notna(), None))
+        assert same, file
+    assert [t.params.get("cluster.use_gpu") for t in tables.read(tmp_path)] == ["False"] * len(trials)
+
+
 def test_curves_hold_every_point_of_the_metrics_asked_for_value_for_value(sweep):
     trials, curves, _, built = sweep
     frame = built.curves
