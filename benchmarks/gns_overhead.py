@@ -71,13 +71,15 @@ class ReplayedData:
     the data pipeline is outside the timing and on and off periods see the same batches."""
 
     def __init__(self, work, plan):
-        self.work = work
+        self.work, self.n = work, plan.sequences_per_update
         self._batches = {
-            (u, a): work.micro_batch(u, 0, a) for u in range(DATA_UPDATES) for a in range(plan.grad_accum_steps)
+            (u, a): work.micro_batch(u * self.n, plan, 0, a)
+            for u in range(DATA_UPDATES)
+            for a in range(plan.grad_accum_steps)
         }
 
-    def micro_batch(self, update: int, rank: int, accum_step: int):
-        return self._batches[(update % DATA_UPDATES, accum_step)]
+    def micro_batch(self, first: int, plan, rank: int, accum_step: int):
+        return self._batches[(first // self.n % DATA_UPDATES, accum_step)]
 
     def __getattr__(self, name):  # summed_loss, source_names, ...
         return getattr(self.work, name)
@@ -119,7 +121,7 @@ def main(argv: List[str] | None = None) -> int:
         nonlocal update
         probe = Probe(work.model) if on else None
         for _ in range(UPDATES_PER_PERIOD):
-            stats = train_update(engine, data, plan, update, 0, probe, naive)
+            stats = train_update(engine, data, plan, update * plan.sequences_per_update, 0, probe, naive)
             if probe:  # what train_worker does after each update
                 b_big = stats["real_tokens"]
                 gns.update(

@@ -170,7 +170,9 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
     bf16 = cfg.deepspeed.precision == "bf16"
 
     def step(update: int) -> None:
-        batches = [data.micro_batch(update, plan, 0, a) for a in range(plan.grad_accum_steps)]
+        batches = [
+            data.micro_batch(update * plan.sequences_per_update, plan, 0, a) for a in range(plan.grad_accum_steps)
+        ]
         real = max(sum(b.real_tokens for b in batches), 1)
         total = torch.zeros((), device=device)
         for b in batches:
@@ -209,7 +211,7 @@ def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     engine = build_engine(cfg, plan, work)
 
     def step(update: int) -> None:
-        train_update(engine, work, plan, update, 0, probe)
+        train_update(engine, work, plan, update * plan.sequences_per_update, 0, probe)
 
     try:
         return _measure(step, device, args.warmup, args.steps, args.max_seconds, "deepspeed")

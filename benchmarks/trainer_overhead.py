@@ -120,7 +120,9 @@ def run_plain(cfg) -> Dict[str, Any]:
                     min_lr_ratio=cfg.schedule.min_lr_ratio,
                     wsd_decay_share=cfg.schedule.wsd_decay_share,
                 )
-            batches = [train.micro_batch(update, plan, 0, a) for a in range(plan.grad_accum_steps)]
+            batches = [
+                train.micro_batch(update * plan.sequences_per_update, plan, 0, a) for a in range(plan.grad_accum_steps)
+            ]
             real = max(sum(b.real_tokens for b in batches), 1)  # token-weighted, as DESIGN.md 4.2
             for batch in batches:
                 summed, _ = loss_of(batch)

@@ -146,13 +146,16 @@ def stopped_early(trials: Sequence[Trial]) -> Dict[str, Any]:
 
 
 def optimizer_forms(trials: Sequence[Trial]) -> Dict[str, Dict[str, int]]:
-    """How many runs gave beta2 and weight decay per step, or in tokens (README: optimizer keys)."""
+    """How many runs gave beta2 and weight decay per step, or in tokens (README: optimizer keys);
+    an SGD run (optim.name=sgd) has no beta2."""
     forms: Dict[str, Dict[str, int]] = {"beta2": {}, "weight_decay": {}}
     for t in trials:
         for name, token_key in (
             ("beta2", "optim.beta2_half_life_tokens"),
             ("weight_decay", "optim.weight_decay_timescale_share"),
         ):
+            if name == "beta2" and t.params.get("optim.name") == "sgd":
+                continue
             form = "tokens" if t.number(token_key) else "per step"
             forms[name][form] = forms[name].get(form, 0) + 1
     return forms

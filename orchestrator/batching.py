@@ -18,7 +18,7 @@ Pure Python: no Ray, DeepSpeed or MLflow here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from orchestrator.errors import ConfigError
 
@@ -134,3 +134,80 @@ def total_steps(plan: BatchPlan, total_tokens: int) -> int:
             f"(batch.tokens_per_update); use at least {plan.tokens_per_update:,}",
         )
     return steps
+
+
+# ---------------------------------------------------------------- batch-size ramps
+
+ALPHA_WORDS = {"sqrt": 0.5, "linear": 1.0}
+"""lr scaling exponents by name: the sweep file's lr_scaling.alpha and batch.ramp_lr_scaling."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a run at one batch size: whole updates of `plan` from start_tokens (the
+    tokens seen before its first update) to end_tokens."""
+
+    start_tokens: int
+    end_tokens: int
+    plan: BatchPlan
+    start_update: int = 0
+    """Updates taken before this segment."""
+    lr_factor: float = 1.0
+    """The peak learning rate's multiplier here: (B / the first B) ** batch.ramp_lr_scaling."""
+
+    @property
+    def updates(self) -> int:
+        return (self.end_tokens - self.start_tokens) // self.plan.tokens_per_update
+
+
+def alpha_of(value: Any, key: str) -> float:
+    """sqrt, linear or a number (an lr scaling exponent) as a float."""
+    alpha = ALPHA_WORDS.get(value, value) if isinstance(value, str) else value
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise ConfigError(key, f"got {value!r}; valid: sqrt, linear, a number, or 0 for none")
+    return float(alpha)
+
+
+def segments(
+    changes: Sequence[Tuple[int, int]], total_tokens: int, plan_for: Callable[[int], BatchPlan], alpha: float = 0.0
+) -> List[Segment]:
+    """The run's segments from (from_tokens, tokens_per_update) changes, the first at 0; each
+    stretch must be whole updates of its batch size, and the last ends at the budget rounded
+    down to whole updates. plan_for(B) is B's decomposition (config.batch_plan's rule)."""
+    if not changes or changes[0][0] != 0:
+        got = changes[0][0] if changes else None
+        raise ConfigError("batch.ramp.0.from_tokens", f"got {got}; the first step is at 0")
+    plans = []
+    for i, (_, tokens) in enumerate(changes):
+        try:
+            plans.append(plan_for(tokens))
+        except ConfigError as error:
+            raise ConfigError(f"batch.ramp.{i}.tokens_per_update", error.message) from None
+    ends = [t for t, _ in changes[1:]]
+    last_start, last = changes[-1][0], plans[-1].tokens_per_update
+    if total_tokens - last_start < last:
+        raise ConfigError(
+            "train.total_tokens",
+            f"got {total_tokens:,}; batch.ramp's last step (B = {last:,} from {last_start:,} tokens) needs at "
+            f"least {last_start + last:,} for one update",
+        )
+    ends.append(last_start + (total_tokens - last_start) // last * last)
+    out: List[Segment] = []
+    first_b = plans[0].tokens_per_update
+    for i, ((start, _), end, plan) in enumerate(zip(changes, ends, plans)):
+        B = plan.tokens_per_update
+        if end <= start or (end - start) % B:
+            whole = start + max(0, end - start) // B * B
+            valid = [f"{t:,}" for t in (whole, whole + B) if t > start]
+            raise ConfigError(
+                f"batch.ramp.{i + 1}.from_tokens",
+                f"got {end:,}; segment {i} (B = {B:,} from {start:,} tokens) must be whole updates: "
+                f"valid from_tokens {' or '.join(valid)}",
+            )
+        out.append(Segment(start, end, plan, sum(s.updates for s in out), (B / first_b) ** alpha))
+    return out
+
+
+def segment_at(run: Sequence[Segment], tokens: int) -> Segment:
+    """The segment whose next update starts at `tokens` (the last one at or past the end)."""
+    return next((s for s in run if s.start_tokens <= tokens < s.end_tokens), run[-1])

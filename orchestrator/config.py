@@ -25,9 +25,11 @@ from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, Omega
 from orchestrator import batching
 from orchestrator.errors import ConfigError
 from orchestrator.schema import (  # noqa: F401  (re-exported: callers import the schema from here)
+    ADAMW_ONLY_KEYS,
     AUTO,
     DEFAULT_BETA2,
     DEFAULT_WEIGHT_DECAY,
+    OPTIMIZERS,
     BatchConfig,
     ClusterConfig,
     Config,
@@ -37,6 +39,7 @@ from orchestrator.schema import (  # noqa: F401  (re-exported: callers import th
     HFModelConfig,
     ModelConfig,
     OptimConfig,
+    RampStep,
     ScheduleConfig,
     SourceConfig,
     TrackingConfig,
@@ -128,6 +131,8 @@ def load(
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise _omegaconf_error(exc) from None
+    if cfg.batch.ramp:  # the ramp's first batch size is the run's batch size at 0
+        cfg.batch.tokens_per_update = cfg.batch.ramp[0].tokens_per_update
     # Which keys came from the environment: redacted wherever the config is logged or printed.
     object.__setattr__(cfg, "_secret_keys", tuple(secret_keys))
     if validate_config:
@@ -165,7 +170,7 @@ def _interpolated_secret_keys(node: Any, prefix: str = "") -> List[str]:
     for key, _ in items:
         full = f"{prefix}{key}"
         child = node._get_node(key)
-        if OmegaConf.is_config(child):
+        if OmegaConf.is_config(child) and not child._is_none():  # a list or section set to None has no items
             keys += _interpolated_secret_keys(child, full + ".")
         elif OmegaConf.is_interpolation(node, key) and _SECRET_RE.search(str(child._value())):
             keys.append(full)
@@ -267,6 +272,14 @@ def adamw_constants(cfg: Config) -> AdamWConstants:
     return AdamWConstants(float(beta2), float(weight_decay))
 
 
+def sgd_weight_decay(cfg: Config) -> float:
+    """optim.name=sgd: torch SGD's coupled L2 coefficient (added to the gradient, so it passes
+    through the momentum), optim.weight_decay as given, 0 when null: AdamW's default 0.1 is a
+    decoupled decay and does not carry over. The torch optimizer, the DeepSpeed config, `plan`
+    and the MLflow params read it."""
+    return float(cfg.optim.weight_decay or 0.0)
+
+
 def micro_batch_limit(cfg: Config) -> Optional[int]:
     """batch.micro_batch_size as the solver's bound; None while it is `auto` (not yet resolved)."""
     b = cfg.batch.micro_batch_size
@@ -282,14 +295,28 @@ def min_micro_batches(cfg: Config) -> int:
     return 2 if measured and cfg.batch.grad_accum_steps is None else 1
 
 
+def batch_segments(cfg: Config) -> List[batching.Segment]:
+    """The run's batch sizes along its budget (batch.ramp; one segment without it), each
+    decomposed by batch_plan's rule, with the lr factor batch.ramp_lr_scaling gives it."""
+    steps = cfg.batch.ramp or [RampStep(0, cfg.batch.tokens_per_update)]
+    alpha = batching.alpha_of(cfg.batch.ramp_lr_scaling, "batch.ramp_lr_scaling")
+    return batching.segments(
+        [(r.from_tokens, r.tokens_per_update) for r in steps], cfg.train.total_tokens, lambda B: _plan(cfg, B), alpha
+    )
+
+
 def batch_plan(cfg: Config) -> batching.BatchPlan:
     """S x b x D x A of the config (plan, dry-run, the memory model, the trainer and the MLflow
     params all read this one). With `auto` not yet resolved (orchestrator/micro_batch.py), b is
     bounded by the per-worker share of the update alone: right for checking that the batch
     decomposes, not for running."""
+    return _plan(cfg, cfg.batch.tokens_per_update)
+
+
+def _plan(cfg: Config, tokens_per_update: int) -> batching.BatchPlan:
     return batching.solve(
         cfg.data.seq_len,
-        cfg.batch.tokens_per_update,
+        tokens_per_update,
         micro_batch_limit(cfg),
         cfg.cluster.num_workers,
         cfg.batch.grad_accum_steps,

@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator import batching, cost, memory, micro_batch, search_space
 from orchestrator import config as config_lib
+from orchestrator import cost, memory, micro_batch, search_space
 from orchestrator import plan as planning
 from orchestrator.config import AUTO, Config
 from orchestrator.errors import ConfigError
@@ -114,7 +114,7 @@ def estimate(name: str, cfg: Config, options: Options) -> Row:
             )
         cfg.batch.micro_batch_size = answer["micro_batch_size"]
     plan = config_lib.batch_plan(cfg)
-    steps = batching.total_steps(plan, cfg.train.total_tokens)
+    steps = planning.total_updates(cfg)
     predicted = micro_batch.predict(cfg, plan.micro_batch_size)
     rate = cost.throughput(cfg.cluster.use_gpu, options.peak_flops, options.mfu, options.startup_s)
     devices, held = _devices(cfg)

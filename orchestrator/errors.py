@@ -8,5 +8,5 @@ class ConfigError(ValueError):
     """
 
     def __init__(self, key: str, message: str):
-        self.key = key
+        self.key, self.message = key, message
         super().__init__(f"{key}: {message}" if key else message)

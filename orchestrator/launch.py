@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
-from orchestrator import batching, ds_config, feasibility, micro_batch, storage, tracking
+from orchestrator import ds_config, feasibility, micro_batch, storage, tracking
 from orchestrator import plan as planning
-from orchestrator.config import Config, adamw_constants, batch_plan, flatten, to_dict, to_yaml
+from orchestrator.config import Config, adamw_constants, batch_plan, flatten, sgd_weight_decay, to_dict, to_yaml
 from orchestrator.errors import ConfigError
 
 RUN_RECORD = "orchestrator_run.json"
@@ -160,11 +160,15 @@ def run_params(cfg: Config) -> Dict[str, Any]:
     params = flatten(to_dict(cfg))
     params["batch.grad_accum_steps"] = plan.grad_accum_steps
     params["batch.micro_batch_size"] = plan.micro_batch_size
-    params["train.total_steps"] = batching.total_steps(plan, cfg.train.total_tokens)
+    params["train.total_steps"] = planning.total_updates(cfg)
     params["train.total_tokens_rounded"] = planning.rounded_budget(cfg)
-    # The beta2 and weight decay used, whichever form gave them (the given keys stay as given).
-    adamw = adamw_constants(cfg)
-    params["optim.beta2_effective"], params["optim.weight_decay_effective"] = adamw.beta2, adamw.weight_decay
+    # The beta2 and weight decay used, whichever form gave them (the given keys stay as given);
+    # SGD has no beta2, and its weight decay is the coupled L2 it applies.
+    if cfg.optim.name == "sgd":
+        params["optim.weight_decay_effective"] = sgd_weight_decay(cfg)
+    else:
+        adamw = adamw_constants(cfg)
+        params["optim.beta2_effective"], params["optim.weight_decay_effective"] = adamw.beta2, adamw.weight_decay
     return params
 
 

@@ -23,7 +23,7 @@ import os
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 from orchestrator import memory, storage
-from orchestrator.config import AUTO, Config, batch_plan, to_dict
+from orchestrator.config import AUTO, Config, batch_plan, batch_segments, to_dict
 from orchestrator.errors import ConfigError
 
 DEVICE_MEMORY_ENV = "ORCHESTRATOR_DEVICE_MEMORY"
@@ -49,8 +49,8 @@ def _cache_file(cfg: Config) -> str:
 
 
 def per_worker_share(cfg: Config) -> int:
-    """Sequences per worker per update: b can never usefully exceed it."""
-    return batch_plan(cfg).sequences_per_update // cfg.cluster.num_workers
+    """Sequences per worker per update (of the largest batch.ramp segment): b can never usefully exceed it."""
+    return max(s.plan.sequences_per_update for s in batch_segments(cfg)) // cfg.cluster.num_workers
 
 
 def resolve(cfg: Config, upper: Optional[int] = None) -> None:

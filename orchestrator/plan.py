@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from orchestrator import batching, ds_config, memory
-from orchestrator.config import AUTO, Config, adamw_constants, batch_plan, micro_batch_limit, min_micro_batches
+from orchestrator.config import (
+    AUTO,
+    Config,
+    adamw_constants,
+    batch_plan,
+    batch_segments,
+    micro_batch_limit,
+    min_micro_batches,
+    sgd_weight_decay,
+)
 from orchestrator.schedules import lr_at
 
 DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
 
 
 def lr_schedule(cfg: Config, tokens: float) -> float:
+    """The lr of the update that ends at `tokens` (the first update's at its end), as the trainer
+    sets it: the schedule times its batch.ramp segment's factor."""
     s = cfg.schedule
-    return lr_at(
+    segments = batch_segments(cfg)
+    factor = next((g.lr_factor for g in segments if g.start_tokens < tokens <= g.end_tokens), segments[0].lr_factor)
+    return factor * lr_at(
         tokens,
         peak=cfg.optim.lr,
         total_tokens=rounded_budget(cfg),
@@ -27,9 +40,13 @@ def lr_schedule(cfg: Config, tokens: float) -> float:
 
 
 def rounded_budget(cfg: Config) -> int:
-    """train.total_tokens rounded down to whole updates."""
-    plan = batch_plan(cfg)
-    return plan.tokens_for_steps(batching.total_steps(plan, cfg.train.total_tokens))
+    """train.total_tokens rounded down to whole updates (of the last batch.ramp segment)."""
+    return batch_segments(cfg)[-1].end_tokens
+
+
+def total_updates(cfg: Config) -> int:
+    """Optimizer updates over the rounded budget, along every batch.ramp segment."""
+    return sum(s.updates for s in batch_segments(cfg))
 
 
 def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, Any]:
@@ -45,14 +62,17 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         answer = micro_batch.from_model(cfg, capacity, micro_batch.per_worker_share(cfg))
         cfg.batch.micro_batch_size = max(1, answer["micro_batch_size"])
     plan = batch_plan(cfg)
-    steps = batching.total_steps(plan, cfg.train.total_tokens)
-    total = plan.tokens_for_steps(steps)
+    steps, total = total_updates(cfg), rounded_budget(cfg)
     tpu = plan.tokens_per_update
-    warmup_steps = math.ceil(cfg.schedule.warmup_tokens / tpu)
-    predicted = micro_batch.predict(cfg, plan.micro_batch_size)
+    segments, warmup = batch_segments(cfg), cfg.schedule.warmup_tokens
+    warmup_steps = sum(
+        min(s.updates, max(0, math.ceil((warmup - s.start_tokens) / s.plan.tokens_per_update))) for s in segments
+    )
+    # memory peaks at the largest micro-batch of any segment
+    peak_b = max(s.plan.micro_batch_size for s in segments)
+    predicted = micro_batch.predict(cfg, peak_b)
     ds = ds_config.build(cfg, plan, predicted[1].params if predicted else None)
     quarter_points = {f"{int(q * 100)}%": q * total for q in (0.0, 0.25, 0.5, 0.75, 1.0)}
-    adamw = adamw_constants(cfg)
     return {
         "seq_len": plan.seq_len,
         "micro_batch_size": plan.micro_batch_size,
@@ -68,11 +88,9 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "decay": cfg.schedule.decay,
         "decay_steps": steps - warmup_steps,
         "peak_lr": cfg.optim.lr,
-        "beta2": adamw.beta2,
-        "beta2_from": _form(cfg, "beta2", "beta2_half_life_tokens"),
-        "weight_decay": adamw.weight_decay,
-        "weight_decay_from": _form(cfg, "weight_decay", "weight_decay_timescale_share"),
+        **_optimizer(cfg),
         "gns": gns_note(cfg, plan),
+        "ramp": _ramp(cfg) if cfg.batch.ramp else [],
         # The LR of the first and last update and at quarters of the budget.
         "lr_at": {"first update": lr_schedule(cfg, tpu), **{k: lr_schedule(cfg, v) for k, v in quarter_points.items()}},
         "deepspeed_train_batch_size": ds["train_batch_size"],
@@ -80,7 +98,42 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "deepspeed_gradient_accumulation_steps": ds["gradient_accumulation_steps"],
         "zero_stage": cfg.deepspeed.zero_stage,
         "precision": cfg.deepspeed.precision,
-        "memory": _memory(cfg, plan, predicted, capacity),
+        "memory": _memory(peak_b, predicted, capacity),
+    }
+
+
+def _ramp(cfg: Config) -> List[Dict[str, Any]]:
+    """Each batch.ramp segment: where it starts, its split, its updates and the lr right after the change."""
+    return [
+        {
+            "from_tokens": s.start_tokens,
+            "tokens_per_update": s.plan.tokens_per_update,
+            "micro_batch_size": s.plan.micro_batch_size,
+            "grad_accum_steps": s.plan.grad_accum_steps,
+            "updates": s.updates,
+            "lr_factor": s.lr_factor,
+            "lr_after_change": lr_schedule(cfg, s.start_tokens + s.plan.tokens_per_update),
+        }
+        for s in batch_segments(cfg)
+    ]
+
+
+def _optimizer(cfg: Config) -> Dict[str, Any]:
+    """The optimizer and its constants as the run resolves them (SGD: no beta2, coupled L2)."""
+    if cfg.optim.name == "sgd":
+        return {
+            "optimizer": "sgd",
+            "momentum": cfg.optim.momentum,
+            "weight_decay": sgd_weight_decay(cfg),
+            "weight_decay_from": "optim.weight_decay" if cfg.optim.weight_decay is not None else "default",
+        }
+    adamw = adamw_constants(cfg)
+    return {
+        "optimizer": "adamw",
+        "beta2": adamw.beta2,
+        "beta2_from": _form(cfg, "beta2", "beta2_half_life_tokens"),
+        "weight_decay": adamw.weight_decay,
+        "weight_decay_from": _form(cfg, "weight_decay", "weight_decay_timescale_share"),
     }
 
 
@@ -115,13 +168,15 @@ def gns_note(cfg: Config, plan) -> str:
     )
 
 
-def _memory(cfg: Config, plan, predicted, capacity: float) -> Optional[Dict[str, Any]]:
-    """The memory model's figures per worker (orchestrator/memory.py), None if the workload gives none."""
+def _memory(b: int, predicted, capacity: float) -> Optional[Dict[str, Any]]:
+    """The memory model's figures per worker at micro-batch b (orchestrator/memory.py), None if
+    the workload gives none."""
     if predicted is None:
         return None
     estimate, costs = predicted
     fixed = estimate.states + estimate.bucket
     return {
+        "micro_batch_size": b,
         "params": costs.params,
         "states_bytes": estimate.states,
         "bucket_bytes": estimate.bucket,
@@ -172,11 +227,25 @@ def format_table(info: Dict[str, Any]) -> str:
         (f"decay steps ({info['decay']})", f"{info['decay_steps']:,}"),
     ]
     rows += [(f"lr at {k}", f"{v:.3g}") for k, v in info["lr_at"].items()]
-    rows += [
-        ("AdamW beta2", f"{info['beta2']:.6g}  ({info['beta2_from']})"),
-        ("AdamW weight decay", f"{info['weight_decay']:.6g}  ({info['weight_decay_from']})"),
-        ("gradient noise scale", info["gns"]),
-    ]
+    for s in info["ramp"]:
+        rows.append(
+            (
+                f"ramp from {s['from_tokens']:,} tokens",
+                f"B {s['tokens_per_update']:,} (b {s['micro_batch_size']} x A {s['grad_accum_steps']}), "
+                f"{s['updates']:,} updates, lr x {s['lr_factor']:.3g}: {s['lr_after_change']:.3g} after the change",
+            )
+        )
+    if info["optimizer"] == "sgd":
+        rows += [
+            ("SGD momentum", f"{info['momentum']:.6g}"),
+            ("SGD weight decay (L2)", f"{info['weight_decay']:.6g}  ({info['weight_decay_from']})"),
+        ]
+    else:
+        rows += [
+            ("AdamW beta2", f"{info['beta2']:.6g}  ({info['beta2_from']})"),
+            ("AdamW weight decay", f"{info['weight_decay']:.6g}  ({info['weight_decay_from']})"),
+        ]
+    rows += [("gradient noise scale", info["gns"])]
     rows += [
         ("DeepSpeed train_batch_size", f"{info['deepspeed_train_batch_size']:,}"),
         ("DeepSpeed micro batch / GPU", f"{info['deepspeed_micro_batch_per_gpu']:,}"),
@@ -191,7 +260,7 @@ def format_table(info: Dict[str, Any]) -> str:
             (
                 "memory / worker (model)",
                 f"{gib(m['total_bytes'])} = states {gib(m['states_bytes'])} + bucket {gib(m['bucket_bytes'])} "
-                f"+ activations {gib(m['activation_bytes'])} (b={info['micro_batch_size']})",
+                f"+ activations {gib(m['activation_bytes'])} (b={m['micro_batch_size']})",
             ),
             ("activations / sequence", gib(m["activation_bytes_per_sequence"])),
             (

@@ -102,9 +102,17 @@ class DataConfig:
 
 
 @dataclass
+class RampStep:
+    from_tokens: int = MISSING
+    """The tokens seen when this batch size starts (the first step at 0)."""
+    tokens_per_update: int = MISSING
+    """Global tokens per optimizer update from then on."""
+
+
+@dataclass
 class BatchConfig:
     tokens_per_update: int = 4096
-    """Global tokens per optimizer update (S x b x D x A)."""
+    """Global tokens per optimizer update (S x b x D x A); with batch.ramp, its first batch size."""
     micro_batch_size: Any = 8
     """b: the largest number of sequences per worker per forward/backward that fits in memory; or
     `auto`: the largest that fits the trial's device, probed there once per shape
@@ -112,6 +120,12 @@ class BatchConfig:
     grad_accum_steps: Optional[int] = None
     """A: derived when omitted (the fewest steps that fit, but D x A >= 2 with gns.enabled so that
     B_simple is measured), checked when given."""
+    ramp: Optional[List[RampStep]] = None
+    """A batch-size schedule: the tokens per update from each step's from_tokens on (the first at
+    0, each stretch whole updates); sets batch.tokens_per_update to its first batch size."""
+    ramp_lr_scaling: Any = 0
+    """The peak lr times (B / first B)^alpha from each change of a ramp on: sqrt (0.5), linear (1),
+    a number, or 0 for none."""
 
 
 @dataclass
@@ -136,6 +150,10 @@ DEFAULT_BETA2 = 0.95
 """optim.beta2 when neither it nor optim.beta2_half_life_tokens is given."""
 DEFAULT_WEIGHT_DECAY = 0.1
 """optim.weight_decay when neither it nor optim.weight_decay_timescale_share is given."""
+OPTIMIZERS = ("adamw", "sgd")
+"""optim.name's values."""
+ADAMW_ONLY_KEYS = ("beta1", "beta2", "beta2_half_life_tokens", "eps", "weight_decay_timescale_share")
+"""optim.* keys only AdamW reads: with optim.name=sgd each must stay at its default."""
 
 
 @dataclass
@@ -144,7 +162,8 @@ class OptimConfig:
     """Peak learning rate (0 freezes the weights, for measurement runs)."""
     weight_decay: Optional[float] = None
     """AdamW decoupled weight decay per step (not applied to norms and biases); None = 0.1, or
-    what optim.weight_decay_timescale_share gives."""
+    what optim.weight_decay_timescale_share gives. With optim.name=sgd: SGD's coupled L2
+    coefficient, None = 0."""
     weight_decay_timescale_share: Optional[float] = None
     """Weight decay as a timescale, a share of the run: weight decay = B / (optim.lr x share x
     train.total_tokens) with B = batch.tokens_per_update; instead of optim.weight_decay."""
@@ -159,6 +178,11 @@ class OptimConfig:
     """AdamW epsilon."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables it."""
+    name: str = "adamw"
+    """adamw (torch AdamW) or sgd (torch SGD: optim.momentum, optim.weight_decay as coupled L2;
+    the AdamW-only keys stay at their defaults)."""
+    momentum: float = 0.0
+    """sgd only: heavy-ball momentum (torch.optim.SGD's, no dampening or Nesterov); 0 = plain SGD."""
 
 
 @dataclass

@@ -39,15 +39,15 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from orchestrator import batching, validation, yaml_files
 from orchestrator import config as config_lib
-from orchestrator import validation, yaml_files
 from orchestrator.errors import ConfigError
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 ALGORITHMS = ("grid", "random", "optuna", "bracket")
 CRITERIA = ("final_loss", "stable_loss", "steps", "both")  # orchestrator/lr_bracket.py reads them
 SCHEDULERS = ("none", "asha")
-ALPHA_PRESETS = {"sqrt": 0.5, "linear": 1.0}
+ALPHA_PRESETS = batching.ALPHA_WORDS
 SHARE_KEYS = {"schedule.warmup_share": "schedule.warmup_tokens"}  # share of train.total_tokens
 LR_KEYS = ("lr_scaling.base_lr", "lr_scaling.alpha")
 TOP_KEYS = (

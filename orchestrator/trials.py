@@ -15,6 +15,8 @@ from orchestrator import critical_batch as cb
 from orchestrator import schedules
 
 BATCH_KEY, LR_KEY, SEED_KEY = "batch.tokens_per_update", "optim.lr", "train.seed"
+RAMP_CHANGE_KEY = "batch.ramp.1.tokens_per_update"
+"""The param of a batch.ramp's second step (MLflow holds the ramp flattened): present when it changes B."""
 DERIVED = {
     "train.run_name",
     "train.total_steps",
@@ -57,8 +59,15 @@ class Trial:
         return kind(value) if math.isfinite(value) else None
 
     @property
+    def ramped(self) -> bool:
+        """Trained along a batch.ramp of more than one batch size."""
+        return RAMP_CHANGE_KEY in self.params
+
+    @property
     def batch(self) -> Optional[int]:
-        return self.number(BATCH_KEY, int)
+        """Its tokens per update; None for a ramped run, which is no point of steps against one
+        batch size, so the analysis leaves it out."""
+        return None if self.ramped else self.number(BATCH_KEY, int)
 
     @property
     def lr(self) -> Optional[float]:

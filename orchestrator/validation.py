@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 from orchestrator import batching, schedules
-from orchestrator.config import AUTO, Config, adamw_constants, batch_plan
+from orchestrator.config import (
+    ADAMW_ONLY_KEYS,
+    AUTO,
+    OPTIMIZERS,
+    Config,
+    OptimConfig,
+    adamw_constants,
+    batch_plan,
+    batch_segments,
+)
 from orchestrator.errors import ConfigError
 from orchestrator.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
 from workloads import registry as workload_registry  # names only: the standard library, no torch
@@ -171,9 +180,13 @@ FIELDS = {
     "data.eval_fraction": number(0, 1, low_open=True, high_open=True),
     "data.max_documents_per_source": count(0),
     "data.shard_dir": Field("str", optional=True),
+    # a ramp's first batch size is batch.tokens_per_update too: checked first, named as given
+    "batch.ramp.*.from_tokens": count(0),
+    "batch.ramp.*.tokens_per_update": count(),
     "batch.tokens_per_update": count(),
     "batch.micro_batch_size": count(also=(AUTO,)),
     "batch.grad_accum_steps": count(optional=True),
+    "batch.ramp_lr_scaling": number(also=tuple(batching.ALPHA_WORDS)),
     "cluster.num_workers": count(),
     "cluster.address": Field("str", optional=True, check=_ray_address),
     "cluster.cpus_per_worker": number(0, low_open=True),
@@ -188,6 +201,8 @@ FIELDS = {
     "optim.beta2_half_life_tokens": number(0, low_open=True, optional=True),
     "optim.eps": number(0, low_open=True),
     "optim.grad_clip": number(0),
+    "optim.name": one_of(*OPTIMIZERS),
+    "optim.momentum": number(0, 1, high_open=True),
     "schedule.warmup_tokens": count(0),
     "schedule.decay": one_of(*schedules.DECAYS),
     "schedule.min_lr_ratio": number(0, 1),
@@ -227,7 +242,7 @@ def values(cfg: Config, key: str) -> Iterator[Tuple[str, Any]]:
     if not star:
         yield key, node
         return
-    for i, item in enumerate(node):
+    for i, item in enumerate(node or []):
         yield f"{head}.{i}.{tail}", getattr(item, tail)
 
 
@@ -271,6 +286,7 @@ def _across_fields(cfg: Config) -> None:
             raise ConfigError(f"data.sources.{i}.path", f"missing; a `{src.kind}` source needs a local path")
     plan = batch_plan(cfg)
     batching.total_steps(plan, t.total_tokens)
+    batch_segments(cfg)  # a ramp's steps: each stretch whole updates, each batch size decomposable
     if s.warmup_tokens > t.total_tokens:
         raise ConfigError(
             "schedule.warmup_tokens",
@@ -285,6 +301,7 @@ def _across_fields(cfg: Config) -> None:
             f"would warm up; use 0 (no warmup) or at least {tpu + 1:,} "
             f"(e.g. {2 * tpu:,}: the first update at half the peak)",
         )
+    _optimizer_keys(cfg)
     _optimizer_forms(cfg)
     if cfg.deepspeed.precision == "fp16" and not cfg.cluster.use_gpu:
         raise ConfigError(
@@ -302,6 +319,28 @@ def _across_fields(cfg: Config) -> None:
         from workloads.hf_model import hf_config  # transformers: only for hf models
 
         hf_config(cfg)
+
+
+def _optimizer_keys(cfg: Config) -> None:
+    """Each optimizer's own keys: with sgd the AdamW-only keys stay at their defaults (they would
+    silently do nothing), with adamw optim.momentum stays 0 (AdamW's momentum is optim.beta1)."""
+    o = cfg.optim
+    if o.name == "sgd":
+        defaults = {f.name: f.default for f in fields(OptimConfig)}
+        for key in ADAMW_ONLY_KEYS:
+            given, default = getattr(o, key), defaults[key]
+            if given != default:
+                raise ConfigError(
+                    f"optim.{key}",
+                    f"got {given!r} with optim.name=sgd, which does not use it (AdamW only); "
+                    f"leave it at its default {'null' if default is None else repr(default)}, or set optim.name=adamw",
+                )
+    elif o.momentum != 0:
+        raise ConfigError(
+            "optim.momentum",
+            f"got {o.momentum!r} with optim.name={o.name}, which does not use it (sgd only); "
+            "leave it 0 (AdamW's momentum is optim.beta1), or set optim.name=sgd",
+        )
 
 
 def _optimizer_forms(cfg: Config) -> None:

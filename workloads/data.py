@@ -171,13 +171,14 @@ class TokenDataset:
         """The whole global batch of one optimizer update."""
         return self._gather(*self.stream_slots(update_index * num_sequences, num_sequences))
 
-    def micro_batch(self, update_index: int, plan: BatchPlan, rank: int, accum_step: int) -> Batch:
-        """Worker `rank`'s slice at `accum_step`: slots accum_step*D*b + rank*b + [0, b)."""
+    def micro_batch(self, first: int, plan: BatchPlan, rank: int, accum_step: int) -> Batch:
+        """Worker `rank`'s slice at `accum_step` of the update whose first sequence is stream
+        position `first` (the sequences consumed before it): positions first + accum_step*D*b +
+        rank*b + [0, b). A run that changes its batch size continues where it was."""
         b, D = plan.micro_batch_size, plan.num_workers
         if not (0 <= rank < D and 0 <= accum_step < plan.grad_accum_steps):
             raise ValueError(f"rank {rank} / accum_step {accum_step} outside D={D}, A={plan.grad_accum_steps}")
-        first = update_index * plan.sequences_per_update + accum_step * D * b + rank * b
-        return self._gather(*self.stream_slots(first, b))
+        return self._gather(*self.stream_slots(first + accum_step * D * b + rank * b, b))
 
     def sequence_batch(self, source: int, seqs: Sequence[int]) -> Batch:
         """Windows `seqs` of one source in stream order (no epoch permutation): for tests and tools."""

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import ds_config, noise
-from orchestrator.config import Config, adamw_constants, compile_enabled
+from orchestrator.config import Config, adamw_constants, compile_enabled, sgd_weight_decay
 from workloads.gns_probe import GradNormProbe
 
 
@@ -34,17 +34,17 @@ def ensure_process_group(cfg: Config) -> bool:
     return True
 
 
-def build_engine(cfg: Config, plan, work):
-    """The DeepSpeed engine over the workload's model: AdamW, the DeepSpeed config from ds_config.
-    beta2 and weight decay are the run's (config.adamw_constants); a parameter group whose
-    weight_decay is None (a workload passing optim.weight_decay through, None unless given per
-    step) gets the run's weight decay."""
+def _optimizer(cfg: Config, param_groups: List[Dict]) -> torch.optim.Optimizer:
+    """The torch optimizer DeepSpeed wraps (at ZeRO 1-3 it steps it on the flat fp32 partitions)."""
+    if cfg.optim.name == "sgd":
+        decay = sgd_weight_decay(cfg)
+        groups = [{**g, "weight_decay": decay} if g.get("weight_decay", 0.0) is None else g for g in param_groups]
+        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=decay)
     adamw = adamw_constants(cfg)
     groups = [
-        {**g, "weight_decay": adamw.weight_decay} if g.get("weight_decay", 0.0) is None else g
-        for g in work.param_groups()
+        {**g, "weight_decay": adamw.weight_decay} if g.get("weight_decay", 0.0) is None else g for g in param_groups
     ]
-    optimizer = torch.optim.AdamW(
+    return torch.optim.AdamW(
         groups,
         lr=cfg.optim.lr,
         betas=(cfg.optim.beta1, adamw.beta2),
@@ -52,6 +52,15 @@ def build_engine(cfg: Config, plan, work):
         weight_decay=adamw.weight_decay,  # for groups that do not say
         fused=cfg.cluster.use_gpu or None,
     )
+
+
+def build_engine(cfg: Config, plan, work):
+    """The DeepSpeed engine over the workload's model: the torch optimizer optim.name picks (AdamW,
+    or SGD), handed to DeepSpeed, with the DeepSpeed config from ds_config. AdamW's beta2 and
+    weight decay are the run's (config.adamw_constants); SGD's weight decay is coupled L2
+    (config.sgd_weight_decay). A parameter group whose weight_decay is None (a workload passing
+    optim.weight_decay through, None unless given per step) gets the run's weight decay."""
+    optimizer = _optimizer(cfg, work.param_groups())
     num_params = sum(p.numel() for p in work.model.parameters())
     config = ds_config.build(cfg, plan, num_params)
     engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=config)
@@ -68,11 +77,20 @@ def set_lr(engine, lr: float) -> None:
         group["lr"] = lr
 
 
+def set_plan(engine, plan) -> None:
+    """Accumulate `plan`'s A micro-batches of b per update from the next one on (a batch.ramp
+    step): DeepSpeed keeps D and reads b and A from its config at every micro-step."""
+    engine.set_train_micro_batch_size(plan.micro_batch_size)
+    engine.set_train_batch_size(plan.sequences_per_update)
+    assert engine.gradient_accumulation_steps() == plan.grad_accum_steps, "DeepSpeed did not take the new A"
+
+
 def train_update(
-    engine, work, plan, update: int, rank: int, probe: Optional[GradNormProbe], naive: bool = False
+    engine, work, plan, first: int, rank: int, probe: Optional[GradNormProbe], naive: bool = False
 ) -> Dict[str, float]:
-    """One optimizer update: A micro-batches on this worker, then DeepSpeed's step."""
-    batches = [work.micro_batch(update, rank, a) for a in range(plan.grad_accum_steps)]
+    """One optimizer update split as `plan`, from stream position `first`: A micro-batches on
+    this worker, then DeepSpeed's step."""
+    batches = [work.micro_batch(first, plan, rank, a) for a in range(plan.grad_accum_steps)]
     # The update's real-token count over all workers, known before the first backward.
     local_real = sum(mb.real_tokens for mb in batches)
     (global_real,) = _all_reduce([local_real])
@@ -82,6 +100,9 @@ def train_update(
 
     loss_sum, small_sq_sum, small_count, own_sq, applied = 0.0, 0.0, 0, None, 1.0
     for i, mb in enumerate(batches):
+        # The boundary is said, not counted: DeepSpeed's micro-step count restarts at a resume
+        # and need not be a multiple of a new A after a batch.ramp step.
+        engine.set_gradient_accumulation_boundary(i == len(batches) - 1)
         if probe:
             probe.start()
         summed, count = work.summed_loss(engine, mb)

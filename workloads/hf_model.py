@@ -110,8 +110,8 @@ class HFWorkload:
 
         return token_micro_batch(batch, self.source_names, self.device)
 
-    def micro_batch(self, update: int, rank: int, accum_step: int):
-        return self._wrap(self.train_data.micro_batch(update, self.plan, rank, accum_step))
+    def micro_batch(self, first: int, plan, rank: int, accum_step: int):
+        return self._wrap(self.train_data.micro_batch(first, plan, rank, accum_step))
 
     def summed_loss(self, engine: nn.Module, mb) -> Tuple[torch.Tensor, torch.Tensor]:
         t = mb.tensors

@@ -59,14 +59,11 @@ class MetricsWindow:
     def mean_loss(self) -> float:
         return self.loss_sum / max(self.real_tokens, 1)
 
-    def metrics(
-        self, update: int, tokens: int, world: int, flops_per_token: float, peak_flops: Optional[float]
-    ) -> Dict[str, float]:
+    def metrics(self, tokens: int, world: int, flops_per_token: float, peak_flops: Optional[float]) -> Dict[str, float]:
         """The MLflow metrics of a report at `tokens`. `peak_flops` None: MFU is not measured
         (NaN, which the logger drops)."""
         tokens_per_s = self.tokens_per_s(tokens)
         metrics = {
-            "train/optimizer_step": update,
             "train/tokens": tokens,
             "perf/tokens_per_s": tokens_per_s,
             "perf/mfu": mfu(tokens_per_s, flops_per_token, peak_flops) if peak_flops else float("nan"),

@@ -13,19 +13,19 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import ray.train
 import torch
 import torch.distributed as dist
 
 from orchestrator import batching, logs, noise, tracking
-from orchestrator.config import AUTO, Config, batch_plan, from_dict, gns_ema_tokens
+from orchestrator.config import AUTO, Config, batch_segments, from_dict, gns_ema_tokens
 from orchestrator.schedules import lr_at, stable_end_tokens
 from workloads import registry, worker_warnings
 from workloads import workload as workloads
 from workloads.checkpoint import TrainState, restore, save_and_report
-from workloads.engine import build_engine, ensure_process_group, evaluate, set_lr, train_update
+from workloads.engine import build_engine, ensure_process_group, evaluate, set_lr, set_plan, train_update
 from workloads.gns_probe import GradNormProbe
 from workloads.metrics_window import MetricsWindow, due, noise_scale_metrics
 
@@ -41,7 +41,8 @@ class Run:
     api: Any  # ray.train, or ray.tune in local mode (see `_ray`)
     rank: int
     world: int
-    plan: Any
+    segments: List[batching.Segment]  # the batch sizes along the budget (batch.ramp; one without)
+    plan: Any  # the current segment's split
     steps: int
     budget: int
     stable_end: int  # tokens where the part of the schedule that cannot fake progress ends
@@ -103,20 +104,22 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     collector = _capture_warnings(cfg, payload["run_id"], resources) if rank == 0 else None
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
     assert cfg.batch.micro_batch_size != AUTO, "the driver resolves batch.micro_batch_size: auto before launching"
-    plan = batch_plan(cfg)
+    segments = batch_segments(cfg)
+    plan = segments[0].plan
     assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
-    steps = batching.total_steps(plan, cfg.train.total_tokens)
-    budget = plan.tokens_for_steps(steps)
+    steps, budget = sum(s.updates for s in segments), segments[-1].end_tokens
     s = cfg.schedule
     stable_end = stable_end_tokens(budget, s.warmup_tokens, s.decay, s.wsd_decay_share)
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.cluster.use_gpu else torch.device("cpu")
 
     work = workloads.build(cfg, plan, device)
-    probe = _gns_probe(cfg, plan, work)
+    probe = _gns_probe(cfg, segments, work)
     if probe:
         resources.callback(probe.remove)
     engine = build_engine(cfg, plan, work)
     state = restore(engine, TrainState(run_id=payload["run_id"]), api)
+    plan = batching.segment_at(segments, state.tokens).plan  # a resume within a later segment
+    set_plan(engine, plan)
     gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
     if state.gns:
         gns.load_state_dict(state.gns)
@@ -125,6 +128,7 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
         api,
         rank,
         world,
+        segments,
         plan,
         steps,
         budget,
@@ -172,10 +176,11 @@ def _ray(payload: Dict[str, Any]):
     return ray.train
 
 
-def _gns_probe(cfg: Config, plan, work) -> Optional[GradNormProbe]:
+def _gns_probe(cfg: Config, segments, work) -> Optional[GradNormProbe]:
     """The per-micro-batch gradient norm hook, when B_simple can be measured: it needs more than
-    one micro-batch per update, and its rescaling assumes token-weighted losses."""
-    measurable = plan.micro_batches_per_update > 1 and cfg.train.loss_normalization == "token"
+    one micro-batch per update (in some segment), and its rescaling assumes token-weighted losses."""
+    split = any(s.plan.micro_batches_per_update > 1 for s in segments)
+    measurable = split and cfg.train.loss_normalization == "token"
     return GradNormProbe(work.model) if cfg.gns.enabled and measurable else None
 
 
@@ -245,11 +250,16 @@ def _say_what_is_not_measured(cfg: Config, plan, probe: Optional[GradNormProbe],
 
 
 def _update(run: Run, update: int):
-    """One optimizer update at the scheduled learning rate; returns (lr, train_update's stats)."""
+    """One optimizer update at the scheduled learning rate, split as the segment it is in;
+    returns (lr, train_update's stats)."""
     before, cfg = run.state.tokens, run.cfg
+    segment = batching.segment_at(run.segments, before)
+    if segment.plan != run.plan:  # a batch.ramp step: DeepSpeed accumulates the new A from here
+        run.plan = segment.plan
+        set_plan(run.engine, run.plan)
     lr = lr_at(
         before + run.plan.tokens_per_update,
-        peak=cfg.optim.lr,
+        peak=cfg.optim.lr * segment.lr_factor,
         total_tokens=run.budget,
         warmup_tokens=cfg.schedule.warmup_tokens,
         decay=cfg.schedule.decay,
@@ -258,7 +268,9 @@ def _update(run: Run, update: int):
     )
     set_lr(run.engine, lr)
     naive = cfg.train.loss_normalization == "micro_batch"
-    stats = train_update(run.engine, run.work, run.plan, update, run.rank, run.probe, naive)
+    # Every sequence has S tokens, so the stream position is the tokens seen over S.
+    first = before // run.plan.seq_len
+    stats = train_update(run.engine, run.work, run.plan, first, run.rank, run.probe, naive)
     run.state.update, run.state.tokens = update + 1, before + run.plan.tokens_per_update
     return lr, stats
 
@@ -278,11 +290,13 @@ def _log_update(run: Run, stats: Dict[str, float], lr: float, before: int) -> No
     The learning rate and clipping that update applied go beside them."""
     if run.logger:
         keys = ("loss", "grad_norm", "clipped")
-        run.logger.log({"train/lr": lr, **{f"train/{k}": stats[k] for k in keys}}, before)
+        per_update = {"train/lr": lr, "train/tokens_per_update": run.plan.tokens_per_update}
+        per_update["train/optimizer_step"] = run.state.update - 1  # the updates the weights at `before` had taken
+        run.logger.log({**per_update, **{f"train/{k}": stats[k] for k in keys}}, before)
 
 
 def _update_noise_scale(run: Run, stats: Dict[str, float], before: int) -> None:
-    if not run.probe:
+    if not run.probe or run.plan.micro_batches_per_update < 2:
         return
     b_big, b_small = stats["real_tokens"], stats["real_tokens"] / run.plan.micro_batches_per_update
     if math.isfinite(stats["grad_norm"]) and b_big > b_small:
@@ -302,7 +316,7 @@ def _evaluate(run: Run) -> None:
 def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpoint: bool) -> None:
     """The window's metrics to MLflow; to Ray (with a checkpoint when one is due)."""
     state = run.state
-    metrics = window.metrics(state.update, state.tokens, run.world, run.work.flops_per_token, _peak_flops(run.cfg))
+    metrics = window.metrics(state.tokens, run.world, run.work.flops_per_token, _peak_flops(run.cfg))
     noise_step, noise_metrics = noise_scale_metrics(run.gns if run.probe else None)
     if run.logger:
         run.logger.log(metrics, state.tokens)

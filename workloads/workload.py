@@ -12,6 +12,7 @@ with `@registry.register("name")`; `model.name: name` then validates and builds 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
@@ -52,10 +53,12 @@ class Workload(Protocol):
         """AdamW parameter groups of `model`, each with its own weight_decay."""
         ...
 
-    def micro_batch(self, update: int, rank: int, accum_step: int) -> MicroBatch:
-        """The training micro-batch of worker `rank` at accumulation step `accum_step` of update
-        `update`: a pure function of these three and the config, so that every split b x D x A
-        of an update sees the same examples (DESIGN.md 4.1, 4.5)."""
+    def micro_batch(self, first: int, plan: BatchPlan, rank: int, accum_step: int) -> MicroBatch:
+        """The training micro-batch of worker `rank` at accumulation step `accum_step` of the
+        update that starts at stream position `first` (sequences consumed so far) and is split
+        as `plan` (the current segment's, which changes along a batch.ramp): a pure function of
+        these and the config, so that every split b x D x A of an update sees the same examples
+        (DESIGN.md 4.1, 4.5) and a run that changes its batch size continues where it was."""
         ...
 
     def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -126,8 +129,8 @@ class GPTWorkload:
     def _wrap(self, batch) -> MicroBatch:
         return token_micro_batch(batch, self.source_names, self.device)
 
-    def micro_batch(self, update: int, rank: int, accum_step: int) -> MicroBatch:
-        return self._wrap(self.train_data.micro_batch(update, self.plan, rank, accum_step))
+    def micro_batch(self, first: int, plan: BatchPlan, rank: int, accum_step: int) -> MicroBatch:
+        return self._wrap(self.train_data.micro_batch(first, plan, rank, accum_step))
 
     def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:
         t = mb.tensors
@@ -165,10 +168,9 @@ class LinRegWorkload:
     def _wrap(self, x: torch.Tensor, y: torch.Tensor) -> MicroBatch:
         return MicroBatch({"x": x.to(self.device), "y": y.to(self.device)}, len(y), len(y), {})
 
-    def micro_batch(self, update: int, rank: int, accum_step: int) -> MicroBatch:
-        p = self.plan
-        start = (accum_step * p.num_workers + rank) * p.micro_batch_size  # the global slot mapping of data.py
-        return self._wrap(*self.data.micro_batch(update, p.sequences_per_update, start, p.micro_batch_size))
+    def micro_batch(self, first: int, plan: BatchPlan, rank: int, accum_step: int) -> MicroBatch:
+        start = (accum_step * plan.num_workers + rank) * plan.micro_batch_size  # the slot mapping of data.py
+        return self._wrap(*self.data.examples(first + start, plan.micro_batch_size))
 
     def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:
         return self._losses(engine(mb.tensors["x"]), mb.tensors["y"])
@@ -188,5 +190,11 @@ def build(cfg: Config, plan: BatchPlan, device: torch.device) -> Workload:
     if missing:
         raise TypeError(
             f"workload {cfg.model.name!r} lacks {', '.join(missing)} of the Workload protocol (workloads/workload.py)"
+        )
+    if len(inspect.signature(work.micro_batch).parameters) == 3:
+        raise TypeError(
+            f"workload {cfg.model.name!r}: micro_batch(update, rank, accum_step) is the old signature; it is now "
+            "micro_batch(first, plan, rank, accum_step), first = update x plan.sequences_per_update for a fixed "
+            "batch (README: Your own workload)"
         )
     return work

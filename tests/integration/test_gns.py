@@ -248,7 +248,9 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     assert history["b_simple"], "gns/b_simple was never logged"
     loss = tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
     assert [s for s, _ in loss] == [tokens * u for u in range(GPT_UPDATES)], "one point per update, before it"
-    reports = [s for s, _ in tracking.metric_history(cfg.tracking.uri, run_id, "train/optimizer_step")]
+    steps = tracking.metric_history(cfg.tracking.uri, run_id, "train/optimizer_step")
+    assert steps == [(tokens * u, u) for u in range(GPT_UPDATES)], "the updates the weights had taken, per update"
+    reports = [s for s, _ in tracking.metric_history(cfg.tracking.uri, run_id, "train/tokens")]
     assert reports == [tokens * GPT_UPDATES * (i + 1) // 4 for i in range(4)], reports
 
     started = time.monotonic()

@@ -66,7 +66,7 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
     cfg = bigram_config(tmp_path)
     work = build(cfg, config.batch_plan(cfg), torch.device("cpu"))
     assert isinstance(work, Bigram) and isinstance(work, Workload)
-    mb = work.micro_batch(0, 0, 0)
+    mb = work.micro_batch(0, config.batch_plan(cfg), 0, 0)
     summed, count = work.summed_loss(work.model, mb)
     assert count == mb.real_tokens > 0 and summed.item() > 0
 
@@ -78,6 +78,14 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
         "micro_batch, summed_loss, eval_batches of the Workload protocol",
     ):
         build(config.load(TINY, ["model.name=empty"]), config.batch_plan(cfg), torch.device("cpu"))
+
+    class OldSignature(Bigram):  # written before batch ramps: examples indexed by update
+        def micro_batch(self, update, rank, accum_step):
+            return super().micro_batch(update * self.plan.sequences_per_update, self.plan, rank, accum_step)
+
+    registry.register("old", OldSignature)
+    with pytest.raises(TypeError, match=r"micro_batch\(update, rank, accum_step\) is the old signature; it is now"):
+        build(config.load(TINY, ["model.name=old"]), config.batch_plan(cfg), torch.device("cpu"))
     with pytest.raises(ValueError, match="'bigram' is already registered as tests.fixtures.user_workload:Bigram"):
         registry.register("bigram", lambda cfg, plan, device: object())
 

@@ -101,3 +101,71 @@ def test_total_steps_whole_updates_only(seq_len, seqs, workers, budget):
         return
     steps = batching.total_steps(plan, budget)
     assert plan.tokens_for_steps(steps) <= budget < plan.tokens_for_steps(steps + 1)
+
+
+# ---------------------------------------------------------------- batch.ramp segments
+
+
+def plan_for(tokens):
+    return batching.solve(16, tokens, 8, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(1, 6), st.sampled_from([32, 64, 128, 256, 512])), min_size=1, max_size=4),
+    tail=st.integers(0, 2000),
+    alpha=st.sampled_from([0.0, 0.5, 1.0]),
+)
+def test_segments_tile_the_budget_in_whole_updates(steps, tail, alpha):
+    """Brute force: walking the ramp update by update (each stretch `n` updates of its B) gives
+    the segments' starts, update counts and ends; the budget's remainder is dropped."""
+    changes, t = [], 0
+    for n, B in steps:
+        changes.append((t, B))
+        t += n * B
+    last_start, last_b = changes[-1]
+    total = last_start + steps[-1][0] * last_b + tail
+    segments = batching.segments(changes, total, plan_for, alpha)
+    walked, updates = [], 0
+    for i, (n, B) in enumerate(steps):
+        count = n if i < len(steps) - 1 else (total - last_start) // B
+        walked.append((changes[i][0], changes[i][0] + count * B, updates, count, (B / steps[0][1]) ** alpha))
+        updates += count
+    got = [(s.start_tokens, s.end_tokens, s.start_update, s.updates) for s in segments]
+    assert got == [w[:4] for w in walked]
+    assert [s.lr_factor for s in segments] == pytest.approx([w[4] for w in walked])
+    assert all(s.plan.tokens_per_update == B for s, (_, B) in zip(segments, changes))
+    for tokens in range(0, segments[-1].end_tokens, 16):
+        here = batching.segment_at(segments, tokens)
+        assert here.start_tokens <= tokens < here.end_tokens
+
+
+@pytest.mark.parametrize(
+    "changes, total, key, words",
+    [
+        ([(64, 64)], 1024, "batch.ramp.0.from_tokens", "got 64; the first step is at 0"),
+        ([(0, 64), (96, 128)], 1024, "batch.ramp.1.from_tokens", "(B = 64 from 0 tokens) must be whole updates: "),
+        ([(0, 64), (96, 128)], 1024, "batch.ramp.1.from_tokens", "valid from_tokens 64 or 128"),
+        ([(0, 64), (64, 128), (128, 256)], 1024, "batch.ramp.2.from_tokens", "valid from_tokens 192"),
+        ([(0, 64), (64, 128), (32, 256)], 1024, "batch.ramp.2.from_tokens", "got 32; segment 1"),
+        ([(0, 64), (128, 48)], 1024, "batch.ramp.1.tokens_per_update", "not a multiple of data.seq_len"),
+        ([(0, 64), (960, 128)], 1024, "train.total_tokens", "needs at least 1,088 for one update"),
+    ],
+)
+def test_a_ramp_that_does_not_split_names_its_step(changes, total, key, words):
+    with pytest.raises(ConfigError) as error:
+        batching.segments(changes, total, plan_for)
+    assert error.value.key == key and words in str(error.value), str(error.value)
+
+
+def test_plan_prints_the_segments_and_refuses_a_ramp_that_does_not_split(capsys):
+    from orchestrator.cli import main
+    from tests.conftest import TINY
+
+    ramp = "batch.ramp=[{from_tokens: 0, tokens_per_update: 1024}, {from_tokens: 8192, tokens_per_update: 4096}]"
+    assert main(["plan", str(TINY), ramp, "batch.ramp_lr_scaling=sqrt"]) == 0
+    out = capsys.readouterr().out
+    assert "ramp from 0 tokens" in out and "ramp from 8,192 tokens       B 4,096 (b 8 x A 4), 62 updates, lr x 2" in out
+    assert main(["plan", str(TINY), ramp.replace("8192", "8000")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "batch.ramp.1.from_tokens: got 8,000" in line and "valid from_tokens 7,168 or 8,192" in line

@@ -201,6 +201,48 @@ def test_optimizer_forms_are_checked(overrides, key, words):
     assert err.value.key == key and words in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["optim.name=adam"], "optim.name", "one of adamw, sgd"),
+        (["optim.name=sgd", "optim.beta1=0.8"], "optim.beta1", "default 0.9, or set optim.name=adamw"),
+        (["optim.name=sgd", "optim.beta2=0.99"], "optim.beta2", "default null"),
+        (["optim.name=sgd", "optim.beta2_half_life_tokens=40960"], "optim.beta2_half_life_tokens", "AdamW only"),
+        (["optim.name=sgd", "optim.eps=1e-6"], "optim.eps", "default 1e-08"),
+        (["optim.name=sgd", "optim.weight_decay_timescale_share=0.5"], "optim.weight_decay_timescale_share", "null"),
+        (["optim.momentum=0.9"], "optim.momentum", "with optim.name=adamw, which does not use it (sgd only)"),
+        (["optim.name=sgd", "optim.momentum=1"], "optim.momentum", "[0, 1)"),
+    ],
+)
+def test_each_optimizer_refuses_the_others_keys(overrides, key, words):
+    """An AdamW-only key away from its default with sgd, or momentum with adamw, would do nothing."""
+    with pytest.raises(ConfigError) as err:
+        config.load(TINY, overrides)
+    assert err.value.key == key and words in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_sgd_resolves_its_own_constants():
+    """sgd: AdamW-only keys at their defaults (even given) pass; weight decay is coupled L2, 0 when
+    null; plan prints SGD's constants and no AdamW ones; the DeepSpeed config allows the optimizer
+    at ZeRO 1-3; adamw's sections stay as they were."""
+    from orchestrator import ds_config
+
+    cfg = config.load(TINY, ["optim.name=sgd", "optim.momentum=0.9", "optim.beta1=0.9", "deepspeed.zero_stage=2"])
+    assert config.sgd_weight_decay(cfg) == 0.0
+    assert config.sgd_weight_decay(config.load(TINY, ["optim.name=sgd", "optim.weight_decay=0.01"])) == 0.01
+    table = plan.format_table(plan.describe(cfg))
+    assert "SGD momentum                 0.9" in table and "SGD weight decay (L2)        0  (default)" in table
+    assert "AdamW" not in table
+    ds = ds_config.build(cfg, config.batch_plan(cfg))
+    assert ds["optimizer"] == {"type": "SGD", "params": {"lr": cfg.optim.lr, "momentum": 0.9, "weight_decay": 0.0}}
+    assert ds["zero_allow_untested_optimizer"] is True
+    adamw = config.load(TINY)
+    assert adamw.optim.name == "adamw" and adamw.optim.momentum == 0.0
+    ds = ds_config.build(adamw, config.batch_plan(adamw))
+    assert ds["optimizer"]["type"] == "AdamW" and "zero_allow_untested_optimizer" not in ds
+    assert "AdamW beta2" in plan.format_table(plan.describe(adamw))
+
+
 def test_fp16_is_refused_where_deepspeed_mistreats_it():
     """fp16 on CPU, and at ZeRO 0, where DeepSpeed 0.19.8 unscales gradients its backward never
     scaled (tests/unit/test_fp16_norms.py measures the factor); ZeRO 1 to 3 on a GPU pass."""

@@ -3,6 +3,7 @@ mixture, decomposition)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator import config
 from orchestrator.batching import BatchPlan
 from orchestrator.config import Config, SourceConfig
 from orchestrator.errors import ConfigError
@@ -341,7 +343,7 @@ def test_every_split_sees_the_same_sequences_in_the_same_slots(splits):
         for b, d, a in splits:
             plan = BatchPlan(S, b, d, a)
             assert plan.tokens_per_update == n * S
-            parts = [ds.micro_batch(u, plan, rank, step) for step in range(a) for rank in range(d)]
+            parts = [ds.micro_batch(u * n, plan, rank, step) for step in range(a) for rank in range(d)]
             assert same(cat(parts), full)
             rows = sorted(map(tuple, torch.cat([p.inputs for p in parts]).tolist()))
             assert rows == sorted(map(tuple, full.inputs.tolist()))
@@ -363,7 +365,8 @@ def test_micro_batches_differ_in_real_tokens():
     ds = D.TokenDataset(cfg)
     plan = BatchPlan(cfg.data.seq_len, 8, 1, cfg.batch.tokens_per_update // (8 * cfg.data.seq_len))
     for u in range(3):
-        real = [ds.micro_batch(u, plan, 0, a).real_tokens for a in range(plan.grad_accum_steps)]
+        first = u * plan.sequences_per_update
+        real = [ds.micro_batch(first, plan, 0, a).real_tokens for a in range(plan.grad_accum_steps)]
         assert len(set(real)) >= 2 and sum(real) == ds.update_batch(u, plan.sequences_per_update).real_tokens
     assert 0.9 < D.packing_efficiency(ds.update_batch(0, 32)) < 1.0
 
@@ -474,7 +477,7 @@ def consumed(cfg: Config, tokens: int) -> D.Batch:
 
     plan, ds = batch_plan(cfg), D.TokenDataset(cfg)
     parts = [
-        ds.micro_batch(u, plan, rank, a)
+        ds.micro_batch(u * plan.sequences_per_update, plan, rank, a)
         for u in range(tokens // plan.tokens_per_update)
         for a in range(plan.grad_accum_steps)
         for rank in range(plan.num_workers)
@@ -501,6 +504,46 @@ def test_every_batch_size_of_the_demo_trains_on_the_same_stream():
         document = np.append(C.load_source(trials[0], source).document(doc), C.EOS)
         n = min(S, len(document) - offset)
         assert reference.inputs[row, :n].tolist() == document[offset : offset + n].tolist()
+
+
+def ramped(cfg: Config) -> Config:
+    """cfg on 2 workers with a batch.ramp of two changes: 256 -> 512 at 2,048 tokens -> 1,024 at 6,144."""
+    out = copy.deepcopy(cfg)
+    out.cluster.num_workers = 2
+    out.batch.ramp = [config.RampStep(0, 256), config.RampStep(2048, 512), config.RampStep(6144, 1024)]
+    return out
+
+
+def consumed_along(cfg: Config, tokens: int) -> D.Batch:
+    """What `consumed` gives, for a run whose split follows its segments (batch.ramp): each
+    update read from the stream position of the tokens seen before it, as the trainer does."""
+    ds, parts = D.TokenDataset(cfg), []
+    for segment in config.batch_segments(cfg):
+        p = segment.plan
+        for before in range(segment.start_tokens, min(segment.end_tokens, tokens), p.tokens_per_update):
+            for a in range(p.grad_accum_steps):
+                parts += [ds.micro_batch(before // p.seq_len, p, rank, a) for rank in range(p.num_workers)]
+    return cat(parts)
+
+
+def test_a_ramped_run_consumes_the_fixed_runs_stream_in_order():
+    """Two changes of batch size (and of b, A, D against the fixed run): the same (source,
+    document, offset) sequences in the same order as the fixed-batch run over the same tokens,
+    and each source within one sequence of its share at every prefix of the whole budget."""
+    fixed = demo_trials()[0]
+    assert fixed.batch.tokens_per_update == 256
+    ramp = ramped(fixed)
+    segments = config.batch_segments(ramp)
+    assert [s.plan.tokens_per_update for s in segments] == [256, 512, 1024]
+    tokens = 12 * 1024
+    assert same(consumed_along(ramp, tokens), consumed(fixed, tokens))
+    assert same(consumed_along(fixed, tokens), consumed(fixed, tokens)), "one segment: the fixed run itself"
+    ids = consumed_along(ramp, ramp.train.total_tokens).source_ids.numpy()
+    assert len(ids) == segments[-1].end_tokens // ramp.data.seq_len
+    weights = np.array([s.weight for s in ramp.data.sources])
+    counts = np.cumsum(np.eye(len(weights), dtype=np.int64)[ids], axis=0)
+    expected = np.arange(1, len(ids) + 1)[:, None] * weights / weights.sum()
+    assert np.abs(counts - expected).max() < 1
 
 
 def test_every_prefix_of_the_stream_holds_each_source_at_its_weight():

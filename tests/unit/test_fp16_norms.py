@@ -139,7 +139,7 @@ def test_zero3_fp16_norm_uses_the_scale_of_the_backward_not_the_grown_one():
     for update in range(3):
         micro, big = fp32_reference(work, plan, update)
         before = engine.optimizer.loss_scale
-        stats = train_update(engine, work, plan, update, 0, probe)
+        stats = train_update(engine, work, plan, update * plan.sequences_per_update, 0, probe)
         after = engine.optimizer.loss_scale
         grads, _ = captured.take()
         summed = torch.stack(grads).sum(0)

@@ -120,6 +120,20 @@ def test_params_are_typed_so_pandas_reads_the_csv_back_to_the_same_frame(sweep, 
     assert [t.params.get("cluster.use_gpu") for t in tables.read(tmp_path)] == ["False"] * len(trials)
 
 
+def test_a_ramped_run_is_left_out_of_the_critical_batch(sweep):
+    """A run along a batch.ramp has no one batch size: it is no point of S(B), so the analysis
+    of the other runs is what it was."""
+    trials, _, result, _ = sweep
+    ramp = {"batch.ramp.0.from_tokens": "0", "batch.ramp.0.tokens_per_update": "1024"}
+    ramp.update({"batch.ramp.1.from_tokens": "65536", "batch.ramp.1.tokens_per_update": "4096"})
+    ramped = dataclasses.replace(trials[0], name="ramped", run_id="ramped", params={**trials[0].params, **ramp})
+    assert ramped.ramped and ramped.batch is None and not trials[0].ramped
+    again = analysis.analyse([*trials, ramped])
+    assert again["primary"]["b_crit_fit"] == pytest.approx(result["primary"]["b_crit_fit"], rel=1e-12)
+    one_step = {k: v for k, v in ramp.items() if ".0." in k}  # a ramp of one step is a fixed batch
+    assert dataclasses.replace(trials[0], params={**trials[0].params, **one_step}).batch == trials[0].batch
+
+
 def test_curves_hold_every_point_of_the_metrics_asked_for_value_for_value(sweep):
     trials, curves, _, built = sweep
     frame = built.curves

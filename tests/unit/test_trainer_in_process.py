@@ -226,6 +226,84 @@ def test_stable_loss_is_evaluated_reported_and_survives_a_resume(uri, tmp_path):
     assert [s for s, _ in history(cfg, run_id, "train/tokens")] == [B, 2 * B, 3 * B, 4 * B]
 
 
+# ---------------------------------------------------------------- batch.ramp
+
+RAMP = [(0, 8), (16, 16), (48, 32)]  # (from_tokens, tokens_per_update): 2 updates at each
+
+
+def ramp_config(uri, tmp_path, stage):
+    steps = ", ".join(f"{{from_tokens: {t}, tokens_per_update: {b}}}" for t, b in RAMP)
+    return linreg(
+        uri,
+        tmp_path,
+        f"batch.ramp=[{steps}]",
+        "batch.ramp_lr_scaling=sqrt",
+        "batch.micro_batch_size=8",
+        "train.total_tokens=112",
+        "train.report_every_tokens=16",
+        "train.eval_every_tokens=112",
+        "train.checkpoint_every_tokens=32",
+        "schedule.warmup_tokens=24",
+        "optim.lr=0.05",
+        f"deepspeed.zero_stage={stage}",
+    )
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri, tmp_path, stage):
+    """batch.ramp 8 -> 16 -> 32 tokens per update (b and A change: 4x2, 8x2, 8x4) with sqrt lr
+    scaling: the run is a plain AdamW loop over consecutive examples of the one stream, each
+    update at the schedule's lr times sqrt(B / 8); train/tokens_per_update and
+    train/optimizer_step are logged per update. A run killed at 40 tokens and resumed from its
+    checkpoint at 32 (within the second segment) gives the same curve, each step once."""
+    cfg = ramp_config(uri, tmp_path, stage)
+    assert cfg.batch.tokens_per_update == 8, "the ramp's first batch size"
+    segments = config.batch_segments(cfg)
+    plans = [(s.plan.micro_batch_size, s.plan.grad_accum_steps) for s in segments]
+    assert plans == [(4, 2), (8, 2), (8, 4)], plans
+    run_id = train(cfg, FakeRay(tmp_path / "unbroken"))
+
+    model = copy.deepcopy(workloads.build(cfg, segments[0].plan, torch.device("cpu")).model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    data = LinRegData(cfg.model.dim, cfg.model.noise_std, cfg.model.w_star_norm, cfg.train.seed)
+    expected, tokens, step = {"train/loss": [], "train/lr": [], "train/tokens_per_update": []}, 0, []
+    for start, B in RAMP:
+        end = dict(zip([t for t, _ in RAMP], [t for t, _ in RAMP[1:]] + [112]))[start]
+        while tokens < end:
+            x, y = data.examples(tokens, B)  # one stream: the examples right after the last update's
+            opt.zero_grad()
+            loss = 0.5 * (model(x) - y).square().mean()
+            loss.backward()
+            lr = lr_at(tokens + B, peak=0.05, total_tokens=112, warmup_tokens=24, decay="constant") * (B / 8) ** 0.5
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.step()
+            for key, value in zip(expected, (loss.item(), lr, B)):
+                expected[key].append((tokens, value))
+            step.append((tokens, len(step)))
+            tokens += B
+    assert cfg.schedule.decay == "constant" and cfg.optim.grad_clip == 0
+    for key, points in expected.items():
+        logged = history(cfg, run_id, key)
+        assert [t for t, _ in logged] == [t for t, _ in points], key
+        assert [v for _, v in logged] == pytest.approx([v for _, v in points], rel=1e-5), key
+    assert history(cfg, run_id, "train/optimizer_step") == step
+
+    killed = FakeRay(tmp_path / "killed")
+    resumed_id = tracking.create_run(cfg.tracking.uri, EXPERIMENT, "killed")
+    payload = {"config": config.to_dict(cfg, redact=False), "run_id": resumed_id}
+    payload["fault"] = {"at_tokens": 40, "marker": str(tmp_path / "fault-marker")}
+    with pytest.raises(RuntimeError, match="injected fault at 48 tokens"):
+        train_loop._train(cfg, payload, killed)
+    (checkpoint,) = [kept for m, kept in killed.reports if kept is not None]
+    assert checkpoint.name == "checkpoint-32"
+    train_loop._train(cfg, payload, FakeRay(tmp_path / "resumed", resume_from=checkpoint))
+    for key in ("train/loss", "train/lr", "train/tokens_per_update", "train/optimizer_step", "eval/loss"):
+        unbroken, again = history(cfg, run_id, key), history(cfg, resumed_id, key)
+        assert [t for t, _ in again] == [t for t, _ in unbroken], (key, "each step once")
+        assert [v for _, v in again] == pytest.approx([v for _, v in unbroken], rel=1e-4), key
+
+
 def test_stable_loss_is_nan_before_the_stable_phase_ends(uri, tmp_path):
     """cosine: the trusted part is the first half; a report at a quarter has no stable_loss yet."""
     cfg = linreg(
@@ -274,6 +352,81 @@ def test_the_engines_adamw_and_the_deepspeed_config_use_the_resolved_constants(u
     )
     adamw = ds_config.build(cfg, plan)["optimizer"]["params"]
     assert adamw["betas"][1] == group["betas"][1] and adamw["weight_decay"] == group["weight_decay"]
+
+
+@pytest.mark.parametrize("stage, momentum", [(0, 0.0), (0, 0.9), (2, 0.0), (2, 0.9), (3, 0.9)])
+def test_sgd_through_the_trainer_is_torch_sgd(uri, tmp_path, stage, momentum):
+    """optim.name=sgd: four updates of 16 examples (A = 2) through the trainer and DeepSpeed (ZeRO 0,
+    and ZeRO 2 and 3 stepping torch's SGD on their flat fp32 partitions) match torch.optim.SGD on
+    a copy of the initial model and the same batches: the loss and gradient norm before every
+    update (the weights after 0 to 3 updates) and the eval loss after the last."""
+    B, updates, lr = 16, 4, 0.2
+    cfg = linreg(
+        uri,
+        tmp_path,
+        "optim.name=sgd",
+        f"optim.momentum={momentum}",
+        f"optim.lr={lr}",
+        f"batch.tokens_per_update={B}",
+        "batch.micro_batch_size=8",
+        f"train.total_tokens={updates * B}",
+        f"train.report_every_tokens={updates * B}",
+        f"train.eval_every_tokens={updates * B}",
+        f"deepspeed.zero_stage={stage}",
+    )
+    run_id = train(cfg, FakeRay(tmp_path))
+
+    plan = config.batch_plan(cfg)
+    initial = workloads.build(cfg, plan, torch.device("cpu")).model
+    data = LinRegData(cfg.model.dim, cfg.model.noise_std, cfg.model.w_star_norm, cfg.train.seed)
+    eval_x, eval_y = data.eval_batch(cfg.train.eval_tokens)
+
+    def plain(momentum):
+        """(losses, gradient norms, final eval loss) of plain torch SGD."""
+        model = copy.deepcopy(initial)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        losses, norms = [], []
+        for u in range(updates):
+            x, y = data.update_batch(u, plan.sequences_per_update)
+            opt.zero_grad()
+            loss = 0.5 * (model(x) - y).square().mean()
+            loss.backward()
+            losses.append(loss.item())
+            norms.append(float(torch.linalg.vector_norm(model.linear.weight.grad)))
+            opt.step()
+        return losses, norms, mean_loss(model, eval_x, eval_y)
+
+    losses, norms, final = plain(momentum)
+    assert [v for _, v in history(cfg, run_id, "train/loss")] == pytest.approx(losses, rel=1e-5)
+    assert [v for _, v in history(cfg, run_id, "train/grad_norm")] == pytest.approx(norms, rel=1e-5)
+    assert history(cfg, run_id, "eval/loss")[-1] == (updates * B, pytest.approx(final, rel=1e-5))
+    assert losses[-1] < 0.9 * losses[0], "the premise: the updates move the weights"
+    other = plain(0.9 if momentum == 0 else 0.0)[2]
+    assert abs(other / final - 1) > 0.01, "the premise: momentum changes the result beyond the tolerance"
+
+
+def test_the_engines_sgd_uses_coupled_weight_decay_and_no_adamw_constants(uri, tmp_path):
+    """optim.weight_decay is torch SGD's weight_decay (L2 added to the gradient) for the groups that
+    pass it through, 0 when null; no betas or eps anywhere; MLflow gets no beta2_effective."""
+    from orchestrator import launch
+
+    for given, decay in (("0.01", 0.01), ("null", 0.0)):
+        cfg = linreg(uri, tmp_path, "optim.name=sgd", "optim.momentum=0.5", f"optim.weight_decay={given}")
+        plan = config.batch_plan(cfg)
+        engine = build_engine(cfg, plan, PassThrough(cfg, plan, torch.device("cpu")))
+        assert type(engine.basic_optimizer) is torch.optim.SGD
+        (group,) = engine.optimizer.param_groups
+        assert (group["momentum"], group["weight_decay"], group["dampening"], group["nesterov"]) == (
+            0.5,
+            decay,
+            0,
+            False,
+        )
+        assert "betas" not in group and "eps" not in group
+        section = ds_config.build(cfg, plan)["optimizer"]
+        assert section == {"type": "SGD", "params": {"lr": cfg.optim.lr, "momentum": 0.5, "weight_decay": decay}}
+        params = launch.run_params(cfg)
+        assert params["optim.weight_decay_effective"] == decay and "optim.beta2_effective" not in params
 
 
 # ---------------------------------------------------------------- the noise scale's lag

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from orchestrator import config, launch, tracking, validation
 from orchestrator.cli import main
-from orchestrator.config import SourceConfig
+from orchestrator.config import RampStep, SourceConfig
 from orchestrator.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
 from orchestrator.validation import FIELDS, Field
 from tests.conftest import ROOT, TINY, run_cli
@@ -27,6 +27,8 @@ def leaf_keys(schema=config.Config, prefix=""):
             keys |= leaf_keys(type(default), f"{prefix}{f.name}.")
         elif f.name == "sources":
             keys |= {f"{prefix}sources.*.{s.name}" for s in fields(SourceConfig)}
+        elif f.name == "ramp":
+            keys |= {f"{prefix}ramp.*.{s.name}" for s in fields(RampStep)}
         else:
             keys.add(f"{prefix}{f.name}")
     return keys
@@ -127,6 +129,8 @@ def test_a_bad_value_is_exit_2_naming_the_field(key, data, nothing_starts, capsy
     value = data.draw(invalid(FIELDS[key], key), label="value")
     override = f"{concrete(key)}={dotlist(value)}"
     extra = ["model.name=hf"] if key.startswith("model.hf.") else []  # read only for that workload
+    if key.startswith("batch.ramp."):  # a ramp whose first step the override changes
+        extra = ["batch.ramp=[{from_tokens: 0, tokens_per_update: 4096}]"]
     for verb in ("plan", "train"):
         code = main([verb, str(TINY), *extra, override])
         err = capsys.readouterr().err.strip().splitlines()
@@ -145,6 +149,8 @@ VALID_BOUNDARIES = [
     "optim.weight_decay_timescale_share=0.015625",  # one update of the budget: lr x wd = 1
     "optim.grad_clip=0",
     "optim.beta1=0",
+    "optim.momentum=0",
+    "optim.name=sgd",
     "schedule.warmup_tokens=0",
     "schedule.min_lr_ratio=0",
     "schedule.min_lr_ratio=1",
@@ -172,6 +178,22 @@ VALID_BOUNDARIES = [
 @pytest.mark.parametrize("override", VALID_BOUNDARIES)
 def test_valid_boundary_values_pass(override, capsys):
     assert main(["plan", str(TINY), override]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["optim.name=rmsprop"], "optim.name"),
+        (["optim.name=sgd", "optim.beta2_half_life_tokens=4096"], "optim.beta2_half_life_tokens"),
+        (["optim.momentum=0.9"], "optim.momentum"),
+    ],
+)
+def test_an_optimizers_foreign_key_is_exit_2_naming_it(overrides, key, nothing_starts, capsys):
+    for verb in ("plan", "train"):
+        code = main([verb, str(TINY), *overrides])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and f"error: {key}: got " in err[0], (verb, err)
+    assert os.listdir(nothing_starts) == []
 
 
 @pytest.mark.parametrize(
