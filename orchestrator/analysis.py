@@ -54,8 +54,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from orchestrator import branch_analysis, branch_cbs, steps_to_target
 from orchestrator import critical_batch as cb
-from orchestrator import steps_to_target
 from orchestrator.trials import LR_KEY, SEED_KEY, Trial, by_batch, lr_scans, settings, swept_axes
 
 # ---------------------------------------------------------------- best configurations
@@ -170,6 +170,7 @@ def analyse(
     lr_criterion: str = "final_loss",
     smoothing_tokens: float = 0.0,
     primary_target: Optional[float] = None,
+    branch_tolerance: float = branch_cbs.DEFAULT_TOLERANCE,
 ) -> Dict[str, Any]:
     """The report's numbers. lr_criterion: which best lr per batch size the report names,
     `final_loss` or `steps` (fewest steps to the primary target). primary_target: a loss the
@@ -185,7 +186,11 @@ def analyse(
     best = best_per_batch(usable, axes, metric)
     study = steps_to_target.study(usable, axes, target_losses, smoothing_tokens, primary_target)
     per_batch = steps_to_target.best_lr_rows(study) if lr_criterion == "steps" else best
+    branches = branch_analysis.study(trials, branch_tolerance)  # None unless a branch study
     return {
+        "branch": branches,
+        "branch_cbs": branches["points"] if branches else [],
+        "branch_fit": branches["fit"] if branches else None,
         "loss_metric": metric,
         "axes": axes,
         "targets_chosen": not target_losses,

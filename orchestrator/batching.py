@@ -208,6 +208,14 @@ def segments(
     return out
 
 
+def updates_until(run: Sequence[Segment], tokens: int) -> Optional[int]:
+    """The updates taken when `tokens` have been seen; None when no update ends there."""
+    for s in run:
+        if s.start_tokens <= tokens <= s.end_tokens and (tokens - s.start_tokens) % s.plan.tokens_per_update == 0:
+            return s.start_update + (tokens - s.start_tokens) // s.plan.tokens_per_update
+    return None
+
+
 def segment_at(run: Sequence[Segment], tokens: int) -> Segment:
     """The segment whose next update starts at `tokens` (the last one at or past the end)."""
     return next((s for s in run if s.start_tokens <= tokens < s.end_tokens), run[-1])

@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from orchestrator import batching, branch_study, cost, memory, micro_batch, search_space
 from orchestrator import config as config_lib
-from orchestrator import cost, memory, micro_batch, search_space
 from orchestrator import plan as planning
 from orchestrator.config import AUTO, Config
 from orchestrator.errors import ConfigError
@@ -98,8 +98,9 @@ def _devices(cfg: Config) -> Tuple[float, float]:
     return c.num_workers * max(1, int(c.cpus_per_worker)), c.num_workers * c.cpus_per_worker
 
 
-def estimate(name: str, cfg: Config, options: Options) -> Row:
-    """One trial's row; ConfigError when an `auto` micro-batch fits no sequence."""
+def estimate(name: str, cfg: Config, options: Options, start: int = 0) -> Row:
+    """One trial's row, training from `start` tokens (a branch's branch point) to its budget or
+    train.stop_at_tokens; ConfigError when an `auto` micro-batch fits no sequence."""
     cfg = copy.deepcopy(cfg)
     auto = cfg.batch.micro_batch_size == AUTO
     capacity = None
@@ -113,8 +114,10 @@ def estimate(name: str, cfg: Config, options: Options) -> Row:
                 f"{memory.format_bytes(capacity)} per worker (memory model)",
             )
         cfg.batch.micro_batch_size = answer["micro_batch_size"]
-    plan = config_lib.batch_plan(cfg)
-    steps = planning.total_updates(cfg)
+    segments = config_lib.batch_segments(cfg)
+    plan = batching.segment_at(segments, start).plan
+    end = cfg.train.stop_at_tokens or segments[-1].end_tokens
+    steps = batching.updates_until(segments, end) - batching.updates_until(segments, start)
     predicted = micro_batch.predict(cfg, plan.micro_batch_size)
     rate = cost.throughput(cfg.cluster.use_gpu, options.peak_flops, options.mfu, options.startup_s)
     devices, held = _devices(cfg)
@@ -130,7 +133,7 @@ def estimate(name: str, cfg: Config, options: Options) -> Row:
         num_workers=plan.num_workers,
         steps=steps,
         memory=predicted[0].total if predicted else None,
-        cost=cost.trial_cost(planning.rounded_budget(cfg), flops_per_token, devices, held, rate),
+        cost=cost.trial_cost(end - start, flops_per_token, devices, held, rate),
         rate=rate,
         held=held,
     )
@@ -139,8 +142,9 @@ def estimate(name: str, cfg: Config, options: Options) -> Row:
 def _estimate_all(trials: Sequence[search_space.Trial], options: Options) -> Tuple[List[Row], List[str]]:
     rows, problems = [], []
     for t in trials:
+        branch = "train.stop_at_tokens" in t.values  # a branch study's branch, from its branch point
         try:
-            rows.append(estimate(t.name, t.cfg, options))
+            rows.append(estimate(t.name, t.cfg, options, t.cfg.batch.ramp[-1].from_tokens if branch else 0))
         except ConfigError as exc:
             problems.append(f"[{t.name}] {exc}")
     return rows, problems
@@ -340,6 +344,9 @@ def optuna_report(sweep: search_space.Sweep, options: Options) -> List[str]:
 def grid_report(sweep: search_space.Sweep, options: Options) -> List[str]:
     trials, skipped = search_space.split_feasible(sweep, search_space.expand(sweep))
     search_space.check_asha_alignment(sweep, trials)
+    if sweep.branch and not sweep.branch.from_run:  # a branch study trains its base first
+        base = config_lib.load(sweep.base_config, sweep.base_overrides)
+        trials = [search_space.resolve(sweep, branch_study.base_values(sweep.branch, base)), *trials]
     rows, problems = _estimate_all(trials, options)
     lines = [f"sweep {sweep.name!r}: {_count(len(trials), 'trial')} ({sweep.search.algorithm} search); nothing started"]
     for kind in sorted({r.cost.kind for r in rows}):

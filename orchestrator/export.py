@@ -76,11 +76,11 @@ def run(
     dest = _check_out(out)
     if tokens is not None and tokens < 0:
         raise ConfigError("--tokens", f"got {tokens}; a token count >= 0")
-    run_id, run_name = _find_run(uri, settings.tracking.experiment, target)
+    run_id, run_name = find_run(uri, settings.tracking.experiment, target)
     text = tracking.read_text_artifact(uri, run_id, CONFIG)
     if text is None:
         raise ConfigError("RUN_OR_TRIAL", f"run {run_id} has no {CONFIG} artifact: not a training run of this tool")
-    location = checkpoint or _checkpoints_of(uri, run_id)
+    location = checkpoint or checkpoints_of(uri, run_id)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.export-{secrets.token_hex(4)}"
     staging.mkdir()  # not mkdtemp: DIR gets the mode the umask gives, like any new folder
@@ -121,7 +121,7 @@ def _check_out(out: str) -> Path:
     return dest
 
 
-def _find_run(uri: str, experiment: str, target: str) -> Tuple[str, str]:
+def find_run(uri: str, experiment: str, target: str) -> Tuple[str, str]:
     """(run id, run name) of an MLflow run id, a run name or a Tune trial id."""
     if not tracking.store_exists(uri):
         raise ConfigError("tracking.uri", f"no MLflow store at {uri}")
@@ -138,7 +138,7 @@ def _find_run(uri: str, experiment: str, target: str) -> Tuple[str, str]:
     return run.info.run_id, run.info.run_name
 
 
-def _checkpoints_of(uri: str, run_id: str) -> str:
+def checkpoints_of(uri: str, run_id: str) -> str:
     """Where the run's checkpoints live: its tag, or for a `train` run from before the tag, the
     folder `train.storage_path/<train.run_name>`."""
     run = tracking.get_run(uri, run_id)

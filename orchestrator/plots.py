@@ -242,3 +242,37 @@ def lr_vs_batch(
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def branch_cbs(points: Sequence[Dict], fit: Optional[Dict], b_simple: Sequence[Tuple[float, float]] = ()):
+    """A branch study: the critical batch size at each branch point (with its 90% interval; a
+    triangle for a bound), its power law, B_simple over training on the same axes, log-log."""
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for p in points:
+        if p["cbs"] is None:
+            continue
+        marker = {"above": "^", "below": "v"}.get(p["status"], "o")
+        ax.plot([p["tokens"]], [p["cbs"]], marker, color="C0", ms=7)
+        low, high = p["cbs_interval"] or (None, None)
+        if low or high:
+            ax.plot([p["tokens"]] * 2, [low or p["cbs"], high or p["cbs"]], "-", color="C0", lw=1.5)
+    ax.plot([], [], "o", color="C0", label="critical batch size (branches), 90% interval")
+    if fit:
+        ts = [p["tokens"] for p in points]
+        grid = np.geomspace(min(ts) / 2, max(ts) * 2, 100)
+        law = fit["coef"] * (grid / fit["t_ref"]) ** fit["exponent"]
+        ax.plot(grid, law, "--", color="C0", lw=1, label=f"power law: tokens^{fit['exponent']:.2f}")
+    if b_simple:
+        t, b = zip(*[(t, b) for t, b in b_simple if t > 0 and b > 0])
+        ax.plot(t, b, "-", color="C1", lw=1, label="B_simple of the base run")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens trained (branch point)")
+    ax.set_ylabel("batch size (tokens per update)")
+    ax.set_title("critical batch size along training", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator import analysis, tables, tracking
+from orchestrator import analysis, branch_analysis, tables, tracking
 from orchestrator.errors import ConfigError
 from orchestrator.report_render import document, json_safe, summary_lines, to_html, to_markdown
 from orchestrator.trials import Curve, Trial
@@ -126,6 +126,11 @@ def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[
         "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
         "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
     }
+    if result.get("branch"):  # a branch study: one base run, so no from-scratch comparison to draw
+        base = next((t for t in trials if branch_analysis.BASE_KEY in t.params), None)
+        b_simple = base.b_simple if base else []
+        figs["branch_cbs.png"] = plots.branch_cbs(result["branch"]["points"], result["branch"]["fit"], b_simple)
+        return figs
     cells = [
         (t.lr, t.batch, t.final(metric))
         for t in usable
@@ -169,13 +174,17 @@ def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out
     return written
 
 
-def sweep_options(search, lr_criterion: Optional[str] = None) -> Dict[str, Any]:
+def sweep_options(search, lr_criterion: Optional[str] = None, raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """What a sweep's search section asks of the analysis, the same for `sweep`'s summary and for
     `report SWEEP_FILE`: the best lr by fewest steps when the search scored lrs by steps (or its
-    stable-phase proxy), and the loss it named as the primary target."""
+    stable-phase proxy), the loss it named as the primary target, and a branch study's tolerance
+    (`raw`: the sweep file as read)."""
     if lr_criterion is None:
         lr_criterion = "steps" if search.criterion in ("stable_loss", "steps") else "final_loss"
-    return {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
+    branch = (raw or {}).get("branch")
+    tolerance = branch.get("tolerance") if isinstance(branch, dict) else None
+    options = {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
+    return {**options, "branch_tolerance": tolerance} if tolerance else options
 
 
 def run(
@@ -191,8 +200,10 @@ def run(
     from orchestrator import results, sweep_file  # pandas: only `report` needs it
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
-    search = sweep_file.load(target, check=False).search if is_sweep_file else sweep_file.SearchConfig()
-    options = sweep_options(search, lr_criterion)
+    read = sweep_file.load(target, check=False) if is_sweep_file else None
+    options = sweep_options(
+        read.search if read else sweep_file.SearchConfig(), lr_criterion, read.raw if read else None
+    )
     if tables.is_table_folder(target):
         return _run_tables(Path(target), out, target_losses, options)
     uri, name, run_id = resolve(target, list(overrides))

@@ -183,7 +183,10 @@ def _lr_cell(row: Optional[Dict[str, Any]]) -> str:
 
 
 def summary_lines(result: Dict[str, Any]) -> List[str]:
-    """What `sweep` prints when it ends: the answer and the best configuration per batch size."""
+    """What `sweep` prints when it ends: the answer and the best configuration per batch size
+    (for a branch study: the critical batch size along training and the ramp it suggests)."""
+    if result.get("branch"):
+        return branch_lines(result["branch"])
     header, rows = per_batch_table(result)
     swept = ", ".join(map(_label, result["axes"])) or "nothing"
     lines = [answer(result), f"best configuration per batch size (swept: {swept}):"]
@@ -193,6 +196,66 @@ def summary_lines(result: Dict[str, Any]) -> List[str]:
 
 
 G, S, TOK = "{:.4g}", "{}", "tok"  # cell formats: number, text, token count
+BRANCH_COLUMNS = [
+    ("branch point (tokens)", "tokens", TOK),
+    ("status", "status", S),
+    ("critical batch", "shown", S),
+    ("90% interval", "interval", S),
+    ("B_simple there", "b_simple", TOK),
+    ("factor-1 loss", "reference_loss", G),
+    ("excess loss by batch", "excess_shown", S),
+]
+
+
+def _branch_rows(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    rows = []
+    for p in points:
+        mark = {"above": "> ", "below": "< "}.get(p["status"], "")
+        low, high = p["cbs_interval"] or (None, None)
+        interval = (
+            f"{_n(low, TOK) if low else '...'} - {_n(high, TOK) if high else '...'}" if p["cbs_interval"] else "-"
+        )
+        excess = ", ".join(f"{_n(b, TOK)}: {e:+.1%}" for b, e in zip(p["batches"], p["excess"]))
+        shown = mark + _n(p["cbs"], TOK) if p["cbs"] else "-"
+        rows.append({**p, "shown": shown, "interval": interval, "excess_shown": excess})
+    return rows
+
+
+def _branch_text(branch: Dict[str, Any]) -> List[str]:
+    """The method and the power law, as sentences."""
+    words = [
+        f"Branches of {branch['base_run'] or 'the base run'} (B = {branch['base_batch']:,} tokens per update) at "
+        f"k x B with the lr x k^alpha; the critical batch size at a branch point is the largest branch batch whose "
+        f"{branch['loss']} is within {branch['tolerance']:.1%} of the factor-1 branch's (interpolated in log B; "
+        "'>': every factor within, '<': factor 2 already beyond). Interval: 90%, from the eval loss's standard error "
+        "and the seeds (Merrill et al. 2025, 'Critical Batch Size Revisited')."
+    ]
+    fit = branch["fit"]
+    if fit:
+        span = fit["exponent_interval"]
+        within = f" (90% interval {span[0]:.2f} to {span[1]:.2f})" if span else " (2 points: no interval)"
+        words.append(
+            f"Power law over the {fit['points']} resolved points: critical batch ~ {fit['coef']:,.0f} tokens x "
+            f"(tokens / {fit['t_ref']:,.0f})^{fit['exponent']:.2f}{within}."
+        )
+    else:
+        words.append("Power law: fewer than 2 resolved branch points.")
+    return words
+
+
+def branch_lines(branch: Dict[str, Any]) -> List[str]:
+    """A branch study's answer: the table, the power law, the suggested ramp."""
+    rows = _branch_rows(branch["points"])
+    header, cells = _table(rows, BRANCH_COLUMNS)[1:]
+    widths = [max(len(c) for c in col) for col in zip(header, *cells)]
+    lines = ["Critical batch size along training:", *_branch_text(branch)]
+    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [header, *cells]]
+    lines += ["Suggested batch ramp (doubles where the critical batch size passes twice the batch):"]
+    lines += ["  " + line for line in branch["ramp_yaml"].splitlines()]
+    lines += [f"  or: orchestrator train CONFIG '{branch['ramp_override']}'"]
+    return lines
+
+
 TARGET_COLUMNS = [
     ("target loss", "target_loss", G),
     ("status", "status", S),
@@ -246,7 +309,7 @@ def _b_crit_cell(f: Dict[str, Any]) -> str:
 
 
 def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[tuple]:
-    """The summary as blocks: ("h1".."h3", text), ("p", text), ("table", header, rows), ("img", file)."""
+    """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", text), ("table", header, rows), ("img", file)."""
     metric, src, scaling = result["loss_metric"], result.get("source", {}), result["lr_scaling"]
     targets = [
         {
@@ -265,8 +328,17 @@ def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[t
     law = scaling["note"] if scaling["alpha"] is None else f"lr_opt ~ {scaling['coef']:.3g} x B^{scaling['alpha']:.3f}"
     swept = ", ".join(map(_label, result["axes"])) or "nothing"
     start = result["start_level"]
+    if result.get("branch"):  # a branch study: its own answer first
+        branch = result["branch"]
+        doc_branch = [("h2", "Critical batch size along training (branches)")]
+        doc_branch += [("p", text) for text in _branch_text(branch)]
+        doc_branch += [_table(_branch_rows(branch["points"]), BRANCH_COLUMNS)]
+        doc_branch += [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch["ramp_yaml"])]
+    else:
+        doc_branch = []
     doc = [
         ("h1", f"Report: {name}"),
+        *doc_branch,
         ("p", answer(result)),
         (
             "p",
@@ -338,6 +410,8 @@ def to_markdown(doc: Sequence[tuple]) -> str:
             lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rest[1]]
         elif kind == "img":
             lines.append(f"![{rest[0]}]({rest[0]})")
+        elif kind == "pre":
+            lines.append(f"```yaml\n{rest[0].rstrip()}\n```")
         else:
             lines.append(rest[0] if kind == "p" else "#" * int(kind[1]) + " " + rest[0])
         lines.append("")

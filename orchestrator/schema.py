@@ -213,6 +213,9 @@ class TrainConfig:
     """Cadence of checkpoints; 0 = only at the end."""
     keep_checkpoints: int = 2
     """Newest checkpoints kept by Ray Train."""
+    checkpoint_at_tokens: List[int] = field(default_factory=list)
+    """Checkpoints at these token counts too (the first update to reach each): the branch
+    points of a branch study."""
     run_name: Optional[str] = None
     """Name of the run; re-running with the same name resumes it."""
     storage_path: str = "runs"
@@ -224,6 +227,12 @@ class TrainConfig:
     loss_normalization: str = "token"
     """`token`: every real token of the update weighs the same (decomposition-invariant).
     `micro_batch`: the naive mean per micro-batch, then 1/A and 1/D (for comparison only)."""
+    start_from_checkpoint: Optional[str] = None
+    """A branch: the folder of another run's checkpoint (weights, optimizer, RNG, tokens seen
+    and so the stream position), continued in this run with its own MLflow history."""
+    stop_at_tokens: Optional[int] = None
+    """End the run when it has seen this many tokens (an update boundary), the schedule still
+    that of train.total_tokens: a branch trains a stretch of the base run's schedule."""
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from orchestrator import branch_study, lr_bracket
 from orchestrator import config as config_lib
-from orchestrator import lr_bracket
 from orchestrator.config import Config
 from orchestrator.errors import ConfigError
 from orchestrator.sweep_file import (  # noqa: F401  (re-exported: the sweep file's schema and reader)
@@ -50,7 +50,12 @@ class Trial:
         if self.cfg is None:
             return " ".join(f"{k}={v}" for k, v in self.overrides.items())
         c = self.cfg
-        parts = [f"B={_binary(c.batch.tokens_per_update)}", f"lr={_short(c.optim.lr)}"]
+        if "train.stop_at_tokens" in self.values:  # a branch: where it starts, at what batch
+            last = c.batch.ramp[-1]
+            parts = [f"at={_binary(last.from_tokens)}", f"B={_binary(last.tokens_per_update)}"]
+            return " ".join(parts + ([f"seed={c.train.seed}"] if "train.seed" in self.values else []))
+        parts = ["base"] if "train.checkpoint_at_tokens" in self.values else []  # a branch study's
+        parts += [f"B={_binary(c.batch.tokens_per_update)}", f"lr={_short(c.optim.lr)}"]
         parts.append(f"wu={100 * c.schedule.warmup_tokens / c.train.total_tokens:.0f}%")
         if any(k.startswith("schedule.decay") for k in self.overrides):
             parts.append(c.schedule.decay)
@@ -111,7 +116,11 @@ def _grid_points(space: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
 def expand(sweep: Sweep) -> List[Trial]:
     """Every trial of a grid or random sweep, in a reproducible order, validated; a bracket
     search's first round (every batch size x group x initial lr x seed)."""
-    if sweep.search.algorithm == "bracket":
+    if sweep.branch:  # the branches (their checkpoints known once the base has run)
+        base = config_lib.load(sweep.base_config, sweep.base_overrides)
+        branch_study.check(sweep.branch, base)
+        values = branch_study.branch_values(sweep.branch, base)
+    elif sweep.search.algorithm == "bracket":
         values = [{**point, "optim.lr": lr} for point, lrs in bracket_groups(sweep) for lr in lrs]
     else:
         rng = np.random.default_rng(sweep.search.seed)

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+from orchestrator import branch_study, launch, micro_batch, search_space, storage, tracking
 from orchestrator import config as config_lib
-from orchestrator import launch, micro_batch, search_space, storage, tracking
 from orchestrator.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     trial_id = tune.get_context().get_trial_id()
     cfg.train.run_name = trial_id
     tags = {tracking.PARENT_TAG: setup["parent_run_id"], tracking.TRIAL_TAG: trial_id, tracking.SWEEP_TAG: sweep.name}
+    tags.update(setup.get("tags", {}))
+    at = branch_study.branch_point(cfg)
+    if at is not None:
+        tags[tracking.BRANCH_AT_TAG] = str(at)
     run_id = tracking.find_run(cfg.tracking.uri, cfg.tracking.experiment, tags)
     if run_id and tracking.get_run(cfg.tracking.uri, run_id).info.status == "FINISHED":
         # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
@@ -249,9 +253,12 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     else:
         _preflight([search_space.Trial({}, base)])
     _say_how_early_stopping_compares(sweep, trials)
+    base_trial = None
+    if sweep.branch and not sweep.branch.from_run:  # trained first, with a checkpoint at every branch point
+        base_trial = search_space.resolve(sweep, branch_study.base_values(sweep.branch, base))
     launch.ray_init(base.cluster.address)
-    launch.check_cluster(base, trial_shapes(sweep, trials, base))
-    micro_batch.resolve_all([t.cfg for t in trials] if trials is not None else [base])
+    launch.check_cluster(base, trial_shapes(sweep, trials + [base_trial] if base_trial else trials, base))
+    micro_batch.resolve_all([t.cfg for t in trials + [base_trial] if t] if trials is not None else [base])
 
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume:
@@ -265,7 +272,11 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
     scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
     try:
-        _tuner(sweep, trials, base, parent, folder, resume, scheduler).fit()
+        tags = {}
+        if sweep.branch:
+            trials, base_run = _branch_base(sweep, base, parent, folder, resume, trials, base_trial)
+            tags = {tracking.BRANCH_OF_TAG: base_run}
+        _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags).fit()
     except Exception as exc:
         error = exc
     from orchestrator import sweep_summary
@@ -273,7 +284,38 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     return sweep_summary.finish(sweep, base, parent, error, getattr(scheduler, "stopped_at", None))
 
 
-def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, scheduler):
+def _branch_base(sweep, base, parent: str, folder: str, resume: bool, branches, base_trial):
+    """A branch study's base run (trained now as its own Tune phase, or `branch.from`) and the
+    branch trials, each with the base's checkpoint at its branch point: (trials, base run id)."""
+    uri, experiment, branch = base.tracking.uri, base.tracking.experiment, sweep.branch
+    if branch.from_run:
+        run_id = branch_study.find_base(uri, experiment, branch.from_run)
+    else:
+        tags = branch_study.base_tags(parent)
+        run_id = tracking.find_run(uri, experiment, tags)
+        if not run_id or tracking.get_run(uri, run_id).info.status != "FINISHED":
+            print(f"branch study {sweep.name!r}: the base run first, then {len(branches)} branches")
+            restore = resume and _can_restore(storage.join(folder, "base"))
+            _tuner(sweep, [base_trial], base, parent, folder, restore, None, tags=tags, phase="base").fit()
+            run_id = tracking.find_run(uri, experiment, tags)
+        if not run_id or tracking.get_run(uri, run_id).info.status != "FINISHED":
+            raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
+    checkpoints = branch_study.checkpoints_of(uri, run_id, branch.at_tokens)
+    trials = []
+    for t in branches:
+        at = t.cfg.batch.ramp[1].from_tokens
+        trials.append(search_space.resolve(sweep, {**t.values, "train.start_from_checkpoint": checkpoints[at]}))
+    return trials, run_id
+
+
+def _can_restore(path: str) -> bool:
+    from ray import tune
+
+    return tune.Tuner.can_restore(path)
+
+
+def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, scheduler, tags=None, phase="tune"):
+    """The Tune run of `trials` (a branch study's base is a phase of its own, `base`)."""
     from ray import tune
 
     from orchestrator.sweep_summary import ProgressTable
@@ -282,26 +324,29 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
         "sweep": sweep,
         "parent_run_id": parent,
         "train_storage": storage.join(folder, "train"),
-        "tune_storage": storage.join(folder, "tune"),
+        "tune_storage": storage.join(folder, phase),
         "cwd": os.getcwd(),
+        "tags": dict(tags or {}),
     }
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, setup=setup), lambda params: trial_resources(sweep, params)
     )
-    if resume:
-        return tune.Tuner.restore(storage.join(folder, "tune"), trainable, resume_unfinished=True, resume_errored=True)
+    if resume and (phase == "base" or not sweep.branch or _can_restore(storage.join(folder, phase))):
+        return tune.Tuner.restore(storage.join(folder, phase), trainable, resume_unfinished=True, resume_errored=True)
     runs = {
         "uri": base.tracking.uri,
         "experiment": base.tracking.experiment,
         "tags": {tracking.PARENT_TAG: parent, tracking.SWEEP_TAG: sweep.name},
     }
     space, searcher = _param_space(sweep, trials, runs)
-    samples = {"bracket": search_space.bracket_bound(sweep), "optuna": sweep.search.num_samples}
+    algorithm = sweep.search.algorithm
+    samples = search_space.bracket_bound(sweep) if algorithm == "bracket" else 1
+    samples = sweep.search.num_samples if algorithm == "optuna" else samples
     return tune.Tuner(
         trainable,
         param_space=space,
         tune_config=tune.TuneConfig(
-            num_samples=samples.get(sweep.search.algorithm, 1),
+            num_samples=samples,
             max_concurrent_trials=sweep.search.max_concurrent,
             scheduler=scheduler,
             search_alg=searcher,
@@ -309,11 +354,13 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
             mode=None if searcher or sweep.scheduler.type == "asha" else "min",
         ),
         run_config=tune.RunConfig(
-            name="tune",
+            name=phase,
             storage_path=folder,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             # Checkpoints of trials in local mode (multi-worker trials keep theirs with Ray Train).
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=base.train.keep_checkpoints),
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=trials[0].cfg.train.keep_checkpoints if trials else base.train.keep_checkpoints
+            ),
             callbacks=[ProgressTable(sweep)],
             verbose=0,
         ),

@@ -62,6 +62,7 @@ TOP_KEYS = (
     "scheduler",
     "max_failures",
     "local_mode",
+    "branch",
 )
 
 
@@ -103,6 +104,26 @@ class SchedulerConfig:
 
 
 @dataclass
+class BranchConfig:
+    """A branch study (README: critical batch size along training): short continuations of one
+    base run from its checkpoints, at multiples of its batch size."""
+
+    at_tokens: List[int] = field(default_factory=list)
+    """The branch points: checkpoints of the base run (taken there if it trains here)."""
+    factors: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    """Branch batch = factor x the base's tokens per update; 1 (the base's own continuation) is needed."""
+    tokens: int = 0
+    """Tokens each branch trains."""
+    lr_scaling: Any = "sqrt"
+    """The base's lr x factor^alpha: sqrt (0.5), linear (1), a number, 0 for none."""
+    tolerance: float = 0.01
+    """A branch batch is within the critical batch size while its end loss exceeds factor 1's by
+    at most this share."""
+    from_run: Optional[str] = None
+    """`from` in the file: an existing run (id or name) to branch from instead of training the base here."""
+
+
+@dataclass
 class Sweep:
     name: str
     path: Path
@@ -122,6 +143,7 @@ class Sweep:
     """Single-worker trials run in Ray Train's local mode, in the Tune trial's own process."""
     text: str = ""
     """The file as written (submit scans it for the `${oc.env:NAME}` it needs)."""
+    branch: Optional[BranchConfig] = None
 
 
 def _is_number(x: Any) -> bool:
@@ -140,6 +162,14 @@ SEARCH_FIELDS = {
     "target_loss": validation.number(0, low_open=True, optional=True),
     "max_lrs_per_batch": validation.count(3),  # a lower, a best and a higher lr at least
     "lr_step": validation.number(1, low_open=True),
+}
+BRANCH_FIELDS = {
+    "at_tokens": validation.Field("list", check=validation.token_counts),
+    "factors": validation.Field("list", check=validation.token_counts),
+    "tokens": validation.count(),
+    "lr_scaling": validation.number(also=tuple(ALPHA_PRESETS)),
+    "tolerance": validation.number(0, 1, low_open=True, high_open=True),
+    "from_run": validation.Field("str", optional=True),
 }
 SCHEDULER_FIELDS = {
     "type": validation.one_of(*SCHEDULERS),
@@ -258,6 +288,7 @@ def load(path: str | Path, check: bool = True) -> Sweep:
         raise ConfigError(
             "max_failures", f"got {max_failures!r}; valid: an integer >= 0 (Tune retries of a failed trial)"
         )
+    branch = _check_branch(raw, space, search, scheduler) if "branch" in raw else None
     return Sweep(
         name,
         path,
@@ -273,7 +304,28 @@ def load(path: str | Path, check: bool = True) -> Sweep:
         max_failures,
         local_mode,
         text,
+        branch,
     )
+
+
+def _check_branch(raw: Dict[str, Any], space, search: SearchConfig, scheduler: SchedulerConfig) -> BranchConfig:
+    """The branch section; what a branch study cannot combine with. Its batch arithmetic (each
+    factor's split, whole updates) is checked with the base config (branch_study.py)."""
+    section = dict(raw["branch"]) if isinstance(raw["branch"], dict) else raw["branch"]
+    if isinstance(section, dict) and "from" in section:
+        section["from_run"] = section.pop("from")
+    branch = _section(BranchConfig, section, "branch", BRANCH_FIELDS)
+    if not branch.at_tokens:
+        raise ConfigError("branch.at_tokens", "missing: the token counts to branch from, e.g. [65536, 131072]")
+    if 1 not in branch.factors:
+        raise ConfigError("branch.factors", f"got {branch.factors}; needs 1, the base's own continuation")
+    if not branch.tokens:
+        raise ConfigError("branch.tokens", "missing: the tokens each branch trains, e.g. 32768")
+    if space:
+        raise ConfigError("space", f"a branch study sweeps branch.factors at branch.at_tokens, not {', '.join(space)}")
+    if search.algorithm != "grid" or scheduler.type != "none":
+        raise ConfigError("branch", "a branch study runs every branch: search.algorithm grid, no scheduler")
+    return branch
 
 
 def _check_bracket(space: Dict[str, Dict[str, Any]], lr_scaling: Any, search: SearchConfig) -> None:

@@ -89,10 +89,11 @@ class ProgressTable(tune.Callback):
             c = resolved.cfg
             self.rows[trial.trial_id] = {
                 "name": resolved.name,
-                "B": c.batch.tokens_per_update if c else None,
+                # a branch: its batch after the branch point, and the tokens where it stops
+                "B": (c.batch.ramp[-1].tokens_per_update if c.batch.ramp else c.batch.tokens_per_update) if c else None,
                 "lr": c.optim.lr if c else None,
                 "warmup": c.schedule.warmup_tokens if c else None,
-                "budget": planning.rounded_budget(c) if c else None,
+                "budget": (c.train.stop_at_tokens or planning.rounded_budget(c)) if c else None,
                 "tokens": 0,
                 "loss": None,
                 "eval": None,
@@ -286,7 +287,7 @@ def finish(
         _log_parent_artifacts(uri, parent, trials)
     if finished:
         try:
-            result = analysis.analyse(trials, **report.sweep_options(sweep.search))
+            result = analysis.analyse(trials, **report.sweep_options(sweep.search, raw=sweep.raw))
             print("\n".join(report_render.summary_lines(result)))
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {exc}")

@@ -8,7 +8,7 @@ README "Analysis from tables"), so curves from any trainer can be analysed.
   reads them); `run_id`, `trial_id`, `stopped_at` and `wall_s` are read when present; other
   columns (what `report --out` adds for people: outcome, final losses) are ignored.
 - curves.csv: long form `trial, metric, tokens, value` with MLflow's metric names
-  (`train/loss` required; `eval/loss`, `gns/b_simple`, `train/clipped` optional); `tokens` the
+  (`train/loss` required; `eval/loss`, `eval/loss_se`, `gns/b_simple`, `train/clipped` optional); `tokens` the
   tokens the weights that produced the value had seen.
 
 Pure Python (csv): no pandas, no MLflow.
@@ -26,7 +26,13 @@ from orchestrator.trials import BATCH_KEY, Trial
 
 TRIALS, CURVES = "trials.csv", "curves.csv"
 CURVE_FIELDS = ("trial", "metric", "tokens", "value")
-METRICS = {"train/loss": "train", "eval/loss": "eval", "gns/b_simple": "b_simple", "train/clipped": "clipped"}
+METRICS = {
+    "train/loss": "train",
+    "eval/loss": "eval",
+    "gns/b_simple": "b_simple",
+    "train/clipped": "clipped",
+    "eval/loss_se": "eval_se",
+}
 """The curves the analysis reads, and the Trial field each goes to."""
 
 

@@ -27,6 +27,8 @@ SEARCH_TAG = "orchestrator.search"  # a sweep's search algorithm
 SCHEDULER_TAG = "orchestrator.scheduler"  # ... and its early-stopping scheduler
 SWEEP_RUN_FILTER = f"tags.`{ROLE_TAG}` = '{SWEEP_ROLE}'"  # MLflow search filter of sweep parent runs
 TRIAL_TAG = "orchestrator.trial_id"
+BRANCH_OF_TAG = "orchestrator.branch_of"  # a branch's base run id
+BRANCH_AT_TAG = "orchestrator.branch_at_tokens"  # the tokens the branch starts from
 SWEEP_TAG = "orchestrator.sweep"
 FAILURE_TAG = "orchestrator.failure_reason"
 STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a trial was stopped at

@@ -44,6 +44,8 @@ class Trial:
     b_simple: Curve = field(default_factory=list)
     clipped: Curve = field(default_factory=list)
     """train/clipped: 1 where the update's gradient was clipped."""
+    eval_se: Curve = field(default_factory=list)
+    """eval/loss_se: the standard error of each eval/loss point (over the eval micro-batches)."""
     duration_s: Optional[float] = None
     stopped_at: Optional[int] = None
     """Tokens of the scheduler's rung at which the run was stopped early."""
@@ -81,11 +83,13 @@ class Trial:
 
     @property
     def budget(self) -> int:
-        """The run's budget rounded down to whole updates (what it would see if it finished)."""
+        """The tokens the run sees if it finishes: its train.stop_at_tokens (a branch), else its
+        budget rounded down to whole updates."""
         total = self.number("train.total_tokens", int)
         if total and self.batch:
             total = total // self.batch * self.batch
-        return self.number("train.total_tokens_rounded", int) or total or self.tokens_seen
+        stop = self.number("train.stop_at_tokens", int)
+        return stop or self.number("train.total_tokens_rounded", int) or total or self.tokens_seen
 
     @property
     def outcome(self) -> str:

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from orchestrator import batching, schedules
 from orchestrator.config import (
@@ -62,7 +62,7 @@ class Field:
         if self.choices is not None:
             return "one of " + ", ".join(map(str, self.choices()))
         what = {"int": "an integer", "float": "a finite number", "bool": "true or false"}.get(self.kind, "")
-        what = what or {"str": "non-empty text", "dict": "a mapping"}[self.kind]
+        what = what or {"str": "non-empty text", "dict": "a mapping", "list": "a list"}[self.kind]
         if self.low is not None and self.high is not None:
             left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
             what += f" in {left}{_num(self.low)}, {_num(self.high)}{right}"
@@ -85,8 +85,8 @@ class Field:
             if not isinstance(value, (int, float)) or (self.kind == "int" and not isinstance(value, int)):
                 return False
             return math.isfinite(value) and self._in_range(value)
-        if self.kind == "dict":
-            return isinstance(value, dict)
+        if self.kind in ("dict", "list"):
+            return isinstance(value, dict if self.kind == "dict" else list)
         if not isinstance(value, str) or not value.strip():
             return False
         return self.choices is None or value in self.choices()
@@ -142,6 +142,11 @@ def _scheme(valid: Tuple[str, ...], what: str) -> Callable[[str, Any], None]:
 def _exists(key: str, value: str) -> None:
     if "://" not in value and not Path(value).expanduser().exists():
         raise ConfigError(key, f"got {value!r}; no such file or folder")
+
+
+def token_counts(key: str, value: List[Any]) -> None:
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in value):
+        raise ConfigError(key, f"got {value!r}; must be a list of token counts >= 1")
 
 
 def _ray_address(key: str, value: str) -> None:
@@ -218,6 +223,9 @@ FIELDS = {
     "train.storage_path": Field("str", check=_scheme(STORAGE_SCHEMES, "a URI with scheme")),
     "train.max_failures": count(0),
     "train.loss_normalization": one_of("token", "micro_batch"),
+    "train.start_from_checkpoint": Field("str", optional=True, check=_exists),
+    "train.stop_at_tokens": count(optional=True),
+    "train.checkpoint_at_tokens": Field("list", check=token_counts),
     "deepspeed.zero_stage": Field("int", low=0, high=3),
     "deepspeed.precision": one_of(*PRECISIONS),
     "deepspeed.extra": Field("dict"),
@@ -286,7 +294,14 @@ def _across_fields(cfg: Config) -> None:
             raise ConfigError(f"data.sources.{i}.path", f"missing; a `{src.kind}` source needs a local path")
     plan = batch_plan(cfg)
     batching.total_steps(plan, t.total_tokens)
-    batch_segments(cfg)  # a ramp's steps: each stretch whole updates, each batch size decomposable
+    segments = batch_segments(cfg)  # a ramp's steps: each stretch whole updates, each batch size decomposable
+    if t.stop_at_tokens is not None and not batching.updates_until(segments, t.stop_at_tokens):
+        ends = [f"{s.start_tokens:,} + k x {s.plan.tokens_per_update:,}" for s in segments]
+        raise ConfigError(
+            "train.stop_at_tokens",
+            f"got {t.stop_at_tokens:,}; no update ends there: valid are {' or '.join(ends)} up to the budget "
+            f"{segments[-1].end_tokens:,}",
+        )
     if s.warmup_tokens > t.total_tokens:
         raise ConfigError(
             "schedule.warmup_tokens",

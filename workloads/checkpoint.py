@@ -5,7 +5,7 @@ every rank (ZeRO shards its state), merged and persisted by Ray Train (by Ray Tu
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -32,12 +32,26 @@ class TrainState:
     torch_rng: Optional[Any] = None
 
 
-def restore(engine, state: TrainState, api) -> TrainState:
+def restore(engine, state: TrainState, api, branch_from: Optional[str] = None) -> TrainState:
+    """The run's own latest checkpoint (a retry), else the one it branches from
+    (train.start_from_checkpoint), else `state` as it is (a fresh start)."""
     checkpoint = api.get_checkpoint()
-    if checkpoint is None:
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            return _load(engine, folder)
+    if branch_from is None:
         return state
-    with checkpoint.as_directory() as folder:
-        _, client = engine.load_checkpoint(folder, tag=CHECKPOINT_TAG)
+    # Another run's state: its weights, optimizer, RNG and tokens seen; this run's MLflow history.
+    branched = _load(engine, branch_from)
+    return replace(branched, run_id=state.run_id, mlflow_watermarks={}, mlflow_pending=[])
+
+
+def _load(engine, folder: str) -> TrainState:
+    path, client = engine.load_checkpoint(folder, tag=CHECKPOINT_TAG)
+    if path is None:
+        raise ConfigError(
+            "train.start_from_checkpoint", f"{folder} holds no checkpoint of this trainer (tag {CHECKPOINT_TAG})"
+        )
     restored = TrainState(**{k: v for k, v in client.items() if k in TrainState.__dataclass_fields__})
     if restored.torch_rng is not None:
         torch.set_rng_state(restored.torch_rng)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import deepspeed
 import torch
@@ -217,15 +217,24 @@ def clipped(grad_norm: float, grad_clip: float) -> float:
 
 
 @torch.no_grad()
-def evaluate(engine, work, rank: int, world: int) -> float:
+def evaluate(engine, work, rank: int, world: int) -> Tuple[float, float]:
+    """(the held-out loss per real token, its standard error): the ratio estimator's over the
+    eval micro-batches, which sample the held-out sequences (NaN with fewer than two)."""
     engine.eval()
-    loss_sum, count = 0.0, 0.0
+    sums = [0.0] * 6  # loss, tokens, batches, loss^2, loss x tokens, tokens^2, per micro-batch
     for mb in work.eval_batches(rank, world):
         summed, n = work.summed_loss(engine, mb)
-        loss_sum, count = loss_sum + float(summed), count + float(n)
+        s, n = float(summed), float(n)
+        if n:
+            for i, v in enumerate((s, n, 1.0, s * s, s * n, n * n)):
+                sums[i] += v
     engine.train()
-    loss_sum, count = _all_reduce([loss_sum, count])
-    return loss_sum / max(count, 1.0)
+    loss, tokens, k, s2, sn, n2 = _all_reduce(sums)
+    mean = loss / max(tokens, 1.0)
+    if k < 2:
+        return mean, float("nan")
+    spread = max(0.0, s2 - 2 * mean * sn + mean * mean * n2)  # sum of (s_i - mean n_i)^2
+    return mean, math.sqrt(spread / (k * (k - 1))) / (tokens / k)
 
 
 def _all_reduce(values: List[float]) -> List[float]:

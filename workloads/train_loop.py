@@ -91,6 +91,7 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
             if stable:
                 run.state.stable_loss = run.last_eval
             checkpoint = due(before, tokens, every.checkpoint_every_tokens) or last
+            checkpoint = checkpoint or any(before < t <= tokens for t in every.checkpoint_at_tokens)
             if evaluated or checkpoint or due(before, tokens, every.report_every_tokens):
                 _report(run, window, lr, evaluated, checkpoint)
                 window = MetricsWindow(tokens)
@@ -107,7 +108,8 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     segments = batch_segments(cfg)
     plan = segments[0].plan
     assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
-    steps, budget = sum(s.updates for s in segments), segments[-1].end_tokens
+    budget = segments[-1].end_tokens  # the schedule's, also for a branch that stops before it
+    steps = batching.updates_until(segments, cfg.train.stop_at_tokens or budget)
     s = cfg.schedule
     stable_end = stable_end_tokens(budget, s.warmup_tokens, s.decay, s.wsd_decay_share)
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.cluster.use_gpu else torch.device("cpu")
@@ -117,7 +119,7 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     if probe:
         resources.callback(probe.remove)
     engine = build_engine(cfg, plan, work)
-    state = restore(engine, TrainState(run_id=payload["run_id"]), api)
+    state = restore(engine, TrainState(run_id=payload["run_id"]), api, cfg.train.start_from_checkpoint)
     plan = batching.segment_at(segments, state.tokens).plan  # a resume within a later segment
     set_plan(engine, plan)
     gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
@@ -308,9 +310,9 @@ def _update_noise_scale(run: Run, stats: Dict[str, float], before: int) -> None:
 
 
 def _evaluate(run: Run) -> None:
-    run.last_eval = evaluate(run.engine, run.work, run.rank, run.world)
+    run.last_eval, se = evaluate(run.engine, run.work, run.rank, run.world)
     if run.logger:
-        run.logger.log({"eval/loss": run.last_eval}, run.state.tokens)
+        run.logger.log({"eval/loss": run.last_eval, "eval/loss_se": se}, run.state.tokens)
 
 
 def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpoint: bool) -> None:

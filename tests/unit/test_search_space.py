@@ -344,3 +344,50 @@ def test_bad_bracket_sweep_files_exit_2_with_one_line(tmp_path, capsys, search, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and (f"{key}: got" in err[0] or f"{key}: missing" in err[0]), err
     assert says in err[0], err
+
+
+# ---------------------------------------------------------------- branch studies
+
+BRANCH_BASE = {"config": TINY, "overrides": {"train.total_tokens": 131072, "batch.tokens_per_update": 4096}}
+
+
+def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
+    """Every (branch point, factor): the base config with a ramp to k x B at the point, the lr
+    scaled by k^alpha from there, stopping `tokens` later; the base trial keeps its checkpoints."""
+    from orchestrator import branch_study, config
+
+    branch = {"at_tokens": [65536, 16384], "factors": [1, 2, 4], "tokens": 16384, "lr_scaling": "sqrt"}
+    sweep = search_space.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "from": None}))
+    trials = search_space.expand(sweep)
+    assert [t.name for t in trials] == [f"at={a} B={b}" for a in ("16Ki", "64Ki") for b in ("4Ki", "8Ki", "16Ki")]
+    for t, (at, k) in zip(trials, [(a, k) for a in (16384, 65536) for k in (1, 2, 4)]):
+        c = t.cfg
+        assert [(r.from_tokens, r.tokens_per_update) for r in c.batch.ramp] == [(0, 4096), (at, k * 4096)]
+        assert c.train.stop_at_tokens == at + 16384 and c.train.total_tokens == 131072
+        (_, second) = config.batch_segments(c)[:2]
+        assert second.lr_factor == pytest.approx(k**0.5)
+    base = search_space.resolve(sweep, branch_study.base_values(sweep.branch, config.load(TINY, sweep.base_overrides)))
+    assert base.name.startswith("base B=4Ki") and base.cfg.train.checkpoint_at_tokens == [16384, 65536]
+    assert base.cfg.train.keep_checkpoints >= 2 + 131072 // base.cfg.train.checkpoint_every_tokens
+
+
+@pytest.mark.parametrize(
+    "branch, base, key, says",
+    [
+        ({"at_tokens": [10000]}, {}, "branch.at_tokens", "not a whole number of the base's updates of 4,096 tokens"),
+        ({"tokens": 12288}, {}, "branch.tokens", "use a multiple of 16,384"),
+        ({"at_tokens": [122880]}, {}, "branch.tokens", "raise it to at least 139,264"),
+        ({"factors": [2, 4]}, {}, "branch.factors", "needs 1"),
+        ({"at_tokens": []}, {}, "branch.at_tokens", "missing"),
+        ({"tolerance": 1.5}, {}, "branch.tolerance", "(0, 1)"),
+        ({"lr_scaling": "cubic"}, {}, "branch.lr_scaling", "'sqrt'"),
+        ({"every": 2}, {}, "branch.every", "unknown key"),
+        ({}, {"space": {"optim.lr": {"grid": [1e-3, 2e-3]}}}, "space", "not optim.lr"),
+        ({}, {"scheduler": {"type": "asha", "grace_period_tokens": 4096}}, "branch", "no scheduler"),
+    ],
+)
+def test_a_branch_study_that_cannot_run_names_its_key(tmp_path, branch, base, key, says):
+    good = {"at_tokens": [16384], "factors": [1, 2, 4], "tokens": 16384}
+    with pytest.raises(ConfigError) as info:
+        search_space.expand(search_space.load(write(tmp_path, base=BRANCH_BASE, branch={**good, **branch}, **base)))
+    assert info.value.key == key and says in str(info.value), str(info.value)

@@ -304,6 +304,67 @@ def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri
         assert [v for _, v in again] == pytest.approx([v for _, v in unbroken], rel=1e-4), key
 
 
+# ---------------------------------------------------------------- branches from a checkpoint
+
+
+@pytest.mark.parametrize("stage, decay", [(0, "constant"), (2, "constant"), (0, "wsd"), (2, "wsd")])
+def test_a_factor_one_branch_continues_the_base_run(uri, tmp_path, stage, decay):
+    """A base run of 8 updates of 16 examples, checkpointed every 32 tokens; branches from its
+    checkpoint at 32 train to 96 tokens (train.stop_at_tokens) on the base's schedule, with
+    batch.ramp switching to factor x 16 at 32 and sqrt lr scaling. Factor 1 is the base run's
+    own continuation: the same train/loss and eval/loss at every shared token count, in a run of
+    its own that holds only the steps from 32 on. Factor 2 trains at 32 examples per update from
+    32 on, at sqrt(2) times the base's lr there."""
+    B, at, stop = 16, 32, 96
+    common = [
+        "batch.micro_batch_size=8",
+        "train.total_tokens=128",
+        "train.report_every_tokens=16",
+        "train.eval_every_tokens=32",
+        f"schedule.decay={decay}",
+        "schedule.wsd_decay_share=0.5",
+        "optim.lr=0.05",
+        f"deepspeed.zero_stage={stage}",
+    ]
+    base_cfg = linreg(uri, tmp_path, f"batch.tokens_per_update={B}", "train.checkpoint_every_tokens=32", *common)
+    api = FakeRay(tmp_path / "base")
+    base = train(base_cfg, api)
+    (checkpoint,) = [kept for m, kept in api.reports if kept is not None and m["tokens"] == at]
+
+    def branch(factor):
+        steps = f"{{from_tokens: 0, tokens_per_update: {B}}}, {{from_tokens: {at}, tokens_per_update: {factor * B}}}"
+        ramp = f"batch.ramp=[{steps}]"
+        cfg = linreg(
+            uri,
+            tmp_path,
+            ramp,
+            "batch.ramp_lr_scaling=sqrt",
+            f"train.start_from_checkpoint={checkpoint}",
+            f"train.stop_at_tokens={stop}",
+            "train.checkpoint_every_tokens=0",
+            *common,
+        )
+        return cfg, train(cfg, FakeRay(tmp_path / f"branch{factor}"))
+
+    cfg, one = branch(1)
+    for key in ("train/loss", "train/lr", "eval/loss"):
+        # train points at the tokens before each update, eval points after one: none at 32 itself
+        low, high = (at, stop - B) if key != "eval/loss" else (at + 1, stop)
+        shared = [(t, v) for t, v in history(base_cfg, base, key) if low <= t <= high]
+        got = history(cfg, one, key)
+        assert [t for t, _ in got] == [t for t, _ in shared], key
+        assert [v for _, v in got] == pytest.approx([v for _, v in shared], rel=1e-5), key
+    assert [t for t, _ in history(cfg, one, "eval/loss")] == [64, 96], "no eval at the branch point: the base has it"
+
+    cfg, two = branch(2)
+    assert history(cfg, two, "train/tokens_per_update") == [(32, 32.0), (64, 32.0)]
+    schedule = [
+        lr_at(t + 2 * B, peak=0.05, total_tokens=128, warmup_tokens=0, decay=decay, wsd_decay_share=0.5)
+        for t in (32, 64)
+    ]
+    assert [v for _, v in history(cfg, two, "train/lr")] == pytest.approx([2**0.5 * v for v in schedule], rel=1e-9)
+
+
 def test_stable_loss_is_nan_before_the_stable_phase_ends(uri, tmp_path):
     """cosine: the trusted part is the first half; a report at a quarter has no stable_loss yet."""
     cfg = linreg(
@@ -561,3 +622,29 @@ def test_the_split_leaves_the_loss_curve_as_it_was(uri, tmp_path):
         curves.append(history(cfg, train(cfg, FakeRay(tmp_path / gns)), "train/loss"))
     assert [s for s, _ in curves[0]] == [s for s, _ in curves[1]] == [64 * u for u in range(16)]
     assert [v for _, v in curves[0]] == pytest.approx([v for _, v in curves[1]], rel=1e-5)
+
+
+def test_eval_loss_comes_with_the_standard_error_of_its_micro_batches():
+    """evaluate's standard error against the textbook one: with equal tokens per micro-batch the
+    ratio estimator's is the standard deviation of the batch means over sqrt(k); an all-masked
+    filler batch (a rank short of a batch) counts for nothing."""
+    from workloads.engine import evaluate
+
+    class Engine:
+        def eval(self):
+            pass
+
+        def train(self):
+            pass
+
+    means = torch.tensor([2.0, 2.5, 1.5, 3.0, 2.2], dtype=torch.float64)
+    batches = [SimpleNamespace(mean=float(m), n=64) for m in means] + [SimpleNamespace(mean=0.0, n=0)]
+    work = SimpleNamespace(
+        eval_batches=lambda rank, world: batches,
+        summed_loss=lambda engine, mb: (torch.tensor(mb.mean * mb.n, dtype=torch.float64), torch.tensor(float(mb.n))),
+    )
+    loss, se = evaluate(Engine(), work, 0, 1)
+    assert loss == pytest.approx(float(means.mean()))
+    assert se == pytest.approx(float(means.std(unbiased=True)) / math.sqrt(len(means)), rel=1e-12)
+    one = SimpleNamespace(eval_batches=lambda rank, world: batches[:1], summed_loss=work.summed_loss)
+    assert math.isnan(evaluate(Engine(), one, 0, 1)[1])

@@ -53,6 +53,9 @@ SPECIAL = {  # fields that take several forms: an invalid value of each
     "train.storage_path": ["ftp://host/runs", "http://host/runs"],
     "tracking.uri": ["ftp://nowhere/x", "s3://bucket/mlruns"],
     "model.init_from": ["/no/such/weights.safetensors"],
+    "train.start_from_checkpoint": ["/no/such/checkpoint"],
+    "train.stop_at_tokens": [1000, 10**9],
+    "train.checkpoint_at_tokens": [[0], [-4096], [4096, 1.5]],  # no update of 4,096 tokens ends there; past the budget
     "data.tokenizer": ["/no/such/tokenizer.json", "byte"],
     "train.run_name": ["a/b", ".."],
     "cluster.address": ["5", "localhost", "http://head:8265"],
@@ -62,7 +65,7 @@ SPECIAL = {  # fields that take several forms: an invalid value of each
 def invalid(rule: Field, key: str):
     """A strategy of values the rule refuses, of the field's kind and of other kinds."""
     # (a number given to a text field is its text: OmegaConf converts it, and "5" may be a valid name)
-    others = {"dict": [[1, 2], "abc", 5], "str": [[1, 2], {"a": 1}]}
+    others = {"dict": [[1, 2], "abc", 5], "str": [[1, 2], {"a": 1}], "list": [{"a": 1}, "abc", 5]}
     wrong_kind = st.sampled_from(others.get(rule.kind, [[1, 2], {"a": 1}, "abc"]))
     options = [wrong_kind]
     if rule.kind in ("int", "float"):
