@@ -21,9 +21,14 @@ def is_branch(t: Trial) -> bool:
     )
 
 
+def base_of(trials: Sequence[Trial]) -> Optional[Trial]:
+    """The study's base run among `trials` (None when the study branched from another run)."""
+    return next((t for t in trials if BASE_KEY in t.params), None)
+
+
 def branch_ends(trials: Sequence[Trial]) -> List[branch_cbs.BranchEnd]:
     """The finished branches' eval losses at their ends, B_simple of the base at their branch points."""
-    base = next((t for t in trials if BASE_KEY in t.params), None)
+    base = base_of(trials)
     ends = []
     for t in trials:
         if not is_branch(t) or t.outcome != "finished" or not t.eval:
@@ -50,7 +55,7 @@ def study(trials: Sequence[Trial], tolerance: float = branch_cbs.DEFAULT_TOLERAN
         return None
     along = branch_cbs.critical_batch_along(ends, tolerance)
     fit = branch_cbs.power_law_fit(along)
-    base = next((t for t in trials if BASE_KEY in t.params), None)
+    base = base_of(trials)
     branch = next(t for t in trials if is_branch(t))
     p = (base or branch).params
     base_batch = int(float(branch.params["batch.ramp.0.tokens_per_update"]))

@@ -81,11 +81,17 @@ def branch_values(branch: BranchConfig, base: Config, checkpoints: Optional[Dict
     return values
 
 
+def branch_at(cfg: Config) -> int:
+    """The tokens a branch trial of a study starts from: where its ramp switches to factor x B
+    (known before the base's checkpoint is)."""
+    return cfg.batch.ramp[1].from_tokens
+
+
 def branch_point(cfg: Config) -> Optional[int]:
-    """The tokens a branch trial starts from (None for any other run)."""
+    """The tokens a run starts from when it is a branch with its checkpoint (None for any other run)."""
     if not cfg.train.start_from_checkpoint or not cfg.batch.ramp or len(cfg.batch.ramp) < 2:
         return None
-    return cfg.batch.ramp[1].from_tokens
+    return branch_at(cfg)
 
 
 def find_base(uri: str, experiment: str, target: str) -> str:

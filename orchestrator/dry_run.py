@@ -144,7 +144,7 @@ def _estimate_all(trials: Sequence[search_space.Trial], options: Options) -> Tup
     for t in trials:
         branch = "train.stop_at_tokens" in t.values  # a branch study's branch, from its branch point
         try:
-            rows.append(estimate(t.name, t.cfg, options, t.cfg.batch.ramp[-1].from_tokens if branch else 0))
+            rows.append(estimate(t.name, t.cfg, options, branch_study.branch_at(t.cfg) if branch else 0))
         except ConfigError as exc:
             problems.append(f"[{t.name}] {exc}")
     return rows, problems

@@ -127,7 +127,7 @@ def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[
         "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
     }
     if result.get("branch"):  # a branch study: one base run, so no from-scratch comparison to draw
-        base = next((t for t in trials if branch_analysis.BASE_KEY in t.params), None)
+        base = branch_analysis.base_of(trials)
         b_simple = base.b_simple if base else []
         figs["branch_cbs.png"] = plots.branch_cbs(result["branch"]["points"], result["branch"]["fit"], b_simple)
         return figs

@@ -295,15 +295,14 @@ def _branch_base(sweep, base, parent: str, folder: str, resume: bool, branches, 
         run_id = tracking.find_run(uri, experiment, tags)
         if not run_id or tracking.get_run(uri, run_id).info.status != "FINISHED":
             print(f"branch study {sweep.name!r}: the base run first, then {len(branches)} branches")
-            restore = resume and _can_restore(storage.join(folder, "base"))
-            _tuner(sweep, [base_trial], base, parent, folder, restore, None, tags=tags, phase="base").fit()
+            _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base").fit()
             run_id = tracking.find_run(uri, experiment, tags)
         if not run_id or tracking.get_run(uri, run_id).info.status != "FINISHED":
             raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
     checkpoints = branch_study.checkpoints_of(uri, run_id, branch.at_tokens)
     trials = []
     for t in branches:
-        at = t.cfg.batch.ramp[1].from_tokens
+        at = branch_study.branch_at(t.cfg)
         trials.append(search_space.resolve(sweep, {**t.values, "train.start_from_checkpoint": checkpoints[at]}))
     return trials, run_id
 
@@ -331,7 +330,8 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, setup=setup), lambda params: trial_resources(sweep, params)
     )
-    if resume and (phase == "base" or not sweep.branch or _can_restore(storage.join(folder, phase))):
+    # A branch study resumed before a phase had started begins that phase afresh.
+    if resume and (not sweep.branch or _can_restore(storage.join(folder, phase))):
         return tune.Tuner.restore(storage.join(folder, phase), trainable, resume_unfinished=True, resume_errored=True)
     runs = {
         "uri": base.tracking.uri,
