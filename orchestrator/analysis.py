@@ -50,7 +50,7 @@ loss sits at the tokens the weights that produced it had seen, so the first is a
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -171,10 +171,12 @@ def analyse(
     smoothing_tokens: float = 0.0,
     primary_target: Optional[float] = None,
     branch_tolerance: float = branch_cbs.DEFAULT_TOLERANCE,
+    compare_with: Optional[Tuple[str, Sequence[Trial]]] = None,
 ) -> Dict[str, Any]:
     """The report's numbers. lr_criterion: which best lr per batch size the report names,
     `final_loss` or `steps` (fewest steps to the primary target). primary_target: a loss the
-    user named (a bracket search's search.target_loss), reported at and made the primary."""
+    user named (a bracket search's search.target_loss), reported at and made the primary.
+    compare_with: a branch study's `branch.compare_with`, (the sweep's name, its runs)."""
     if lr_criterion not in ("final_loss", "steps"):
         raise ValueError(f"lr_criterion {lr_criterion!r}: final_loss or steps")
     usable = [t for t in trials if t.batch and t.train]
@@ -186,7 +188,8 @@ def analyse(
     best = best_per_batch(usable, axes, metric)
     study = steps_to_target.study(usable, axes, target_losses, smoothing_tokens, primary_target)
     per_batch = steps_to_target.best_lr_rows(study) if lr_criterion == "steps" else best
-    branches = branch_analysis.study(trials, branch_tolerance)  # None unless a branch study
+    name, scratch = compare_with or (None, ())
+    branches = branch_analysis.study(trials, branch_tolerance, scratch, name)  # None unless a branch study
     return {
         "branch": branches,
         "branch_cbs": branches["points"] if branches else [],

@@ -1,14 +1,18 @@
 """A branch study's runs as the measurement of orchestrator/branch_cbs.py: which runs are
 branches (their batch.ramp switches at the branch point and they stop at train.stop_at_tokens),
 their end losses with the eval's standard error, B_simple of the base run at each branch point,
-and the report's `branch_cbs`, `branch_fit` and suggested ramp. Pure: reads Trials, no MLflow."""
+the from-scratch B_crit at the base's loss there (`branch.compare_with`), and the report's
+`branch_cbs`, `branch_fit` and suggested ramp. Pure: reads Trials, no MLflow."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from orchestrator import branch_cbs
-from orchestrator.trials import RAMP_CHANGE_KEY, Trial
+import numpy as np
+
+from orchestrator import branch_cbs, steps_to_target
+from orchestrator import critical_batch as cb
+from orchestrator.trials import RAMP_CHANGE_KEY, Trial, swept_axes
 
 BRANCH_AT_KEY = "batch.ramp.1.from_tokens"
 BASE_KEY = "train.checkpoint_at_tokens.0"
@@ -48,12 +52,61 @@ def _at(base: Optional[Trial], tokens: int) -> Optional[float]:
     return points[-1] if points else None
 
 
-def study(trials: Sequence[Trial], tolerance: float = branch_cbs.DEFAULT_TOLERANCE) -> Optional[Dict[str, Any]]:
-    """The critical batch size along training from a branch study's runs (None: no branches)."""
+def loss_at(trials: Sequence[Trial], tokens: int) -> Optional[float]:
+    """The train loss a branch point was at: the monotone fit of the base run's train/loss there
+    (with `branch.from`, where no base is among the trials, the factor-1 branch's at its start)."""
+    base = base_of(trials)
+    if base is not None:
+        curve = base.train
+    else:
+        starts = [t for t in trials if is_branch(t) and int(float(t.params[BRANCH_AT_KEY])) == tokens]
+        first = min(starts, key=lambda t: int(float(t.params[RAMP_CHANGE_KEY])), default=None)
+        curve = first.train if first else []
+    if not curve:
+        return None
+    fitted = cb.monotone(*map(np.asarray, zip(*curve)))
+    return float(np.interp(tokens, *fitted))
+
+
+def from_scratch(points: List[Dict[str, Any]], trials: Sequence[Trial], scratch: Sequence[Trial]) -> None:
+    """`branch.compare_with`: beside each branch point, the from-scratch sweep's B_crit at the
+    loss the base run was at there (its steps-to-target study with those losses as targets)."""
+    usable = [t for t in scratch if t.batch and t.train and not t.ramped]
+    levels = {p["tokens"]: loss_at(trials, p["tokens"]) for p in points}
+    targets = sorted({v for v in levels.values() if v is not None})
+    fits = steps_to_target.study(usable, swept_axes(usable), targets)["critical_batch"] if usable and targets else []
+    by_target = {f["target_loss"]: f for f in fits}
+    for p in points:
+        p["b_crit_scratch"] = _scratch_entry(by_target.get(levels[p["tokens"]]))
+
+
+def _scratch_entry(fit: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """What a branch point shows of a from-scratch fit: a bound stands in for an unresolved B_crit."""
+    if fit is None:
+        return None
+    b_crit = fit["b_crit"] if fit["b_crit"] is not None else fit["b_crit_bound"]
+    return {
+        "target_loss": fit["target_loss"],
+        "status": fit["status"],
+        "b_crit": b_crit,
+        "b_crit_interval": fit["b_crit_interval"],
+    }
+
+
+def study(
+    trials: Sequence[Trial],
+    tolerance: float = branch_cbs.DEFAULT_TOLERANCE,
+    scratch: Sequence[Trial] = (),
+    scratch_name: Optional[str] = None,
+) -> Optional[Dict[str, Any]]:
+    """The critical batch size along training from a branch study's runs (None: no branches);
+    `scratch`: the runs of the from-scratch sweep `scratch_name` to compare with."""
     ends = branch_ends(trials)
     if not ends:
         return None
     along = branch_cbs.critical_batch_along(ends, tolerance)
+    if scratch:
+        from_scratch(along, trials, scratch)
     fit = branch_cbs.power_law_fit(along)
     base = base_of(trials)
     branch = next(t for t in trials if is_branch(t))
@@ -75,4 +128,5 @@ def study(trials: Sequence[Trial], tolerance: float = branch_cbs.DEFAULT_TOLERAN
         "lr_scaling": alpha,
         "ramp_yaml": branch_cbs.ramp_yaml(ramp, alpha),
         "ramp_override": branch_cbs.ramp_override(ramp),
+        "compared_with": scratch_name if scratch else None,
     }

@@ -108,7 +108,10 @@ def checkpoints_of(uri: str, run_id: str, at_tokens: List[int]) -> Dict[int, str
 
     location = export.checkpoints_of(uri, run_id)
     with tempfile.TemporaryDirectory() as scratch:
-        return {t: export.choose_checkpoint(location, t, Path(scratch)) for t in sorted(at_tokens)}
+        try:
+            return {t: export.choose_checkpoint(location, t, Path(scratch)) for t in sorted(at_tokens)}
+        except ConfigError as exc:  # export's words name its flags; here the study's key is at fault
+            raise ConfigError("branch.at_tokens", f"the base run {run_id}: {exc.message}") from None
 
 
 def base_tags(parent: str) -> Dict[str, str]:

@@ -246,7 +246,8 @@ def lr_vs_batch(
 
 def branch_cbs(points: Sequence[Dict], fit: Optional[Dict], b_simple: Sequence[Tuple[float, float]] = ()):
     """A branch study: the critical batch size at each branch point (with its 90% interval; a
-    triangle for a bound), its power law, B_simple over training on the same axes, log-log."""
+    triangle for a bound), its power law, B_simple over training and the from-scratch B_crit at
+    each point's loss (branch.compare_with) on the same axes, log-log."""
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(7, 5))
@@ -267,6 +268,14 @@ def branch_cbs(points: Sequence[Dict], fit: Optional[Dict], b_simple: Sequence[T
     if b_simple:
         t, b = zip(*[(t, b) for t, b in b_simple if t > 0 and b > 0])
         ax.plot(t, b, "-", color="C1", lw=1, label="B_simple of the base run")
+    scratch = [(p["tokens"], p["b_crit_scratch"]) for p in points if (p.get("b_crit_scratch") or {}).get("b_crit")]
+    for tokens, s in scratch:
+        marker = {"above": "^", "below": "v"}.get(s["status"], "s")
+        ax.plot([tokens], [s["b_crit"]], marker, color="C2", ms=7, mfc="none")
+        if s["b_crit_interval"]:
+            ax.plot([tokens] * 2, s["b_crit_interval"], "-", color="C2", lw=1)
+    if scratch:
+        ax.plot([], [], "s", color="C2", mfc="none", label="B_crit from scratch at the base's loss there")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("tokens trained (branch point)")

@@ -66,6 +66,22 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
     return uri, sweep_name, run_id
 
 
+def compared_sweep(raw: Optional[Dict[str, Any]], uri: str, experiment: str) -> Optional[Tuple[str, List[Trial]]]:
+    """A branch study's `branch.compare_with`: (the from-scratch sweep's name, its runs) from the
+    same store, or None when the study names none."""
+    branch = (raw or {}).get("branch")
+    name = branch.get("compare_with") if isinstance(branch, dict) else None
+    if not name:
+        return None
+    run_id = tracking.find_sweep_run_anywhere(uri, name, experiment)
+    if run_id is None:
+        raise ConfigError(
+            "branch.compare_with",
+            f"no sweep named {name!r} in {uri}; name a from-scratch sweep run into the same store (its `name:`)",
+        )
+    return name, trials_of(uri, sweep_runs(uri, run_id))
+
+
 def sweep_runs(uri: str, run_id: str) -> list:
     """The sweep's child runs, or the run itself when it has none."""
     return tracking.child_runs(uri, run_id) or [tracking.get_run(uri, run_id)]
@@ -215,6 +231,8 @@ def run(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
         )
         return 1
+    if read is not None:
+        options["compare_with"] = compared_sweep(read.raw, uri, _tracking_for(target, list(overrides))[2])
     result = analyse(uri, run_id, trials, target_losses, **options)
     out_dir = Path(out) if out else _default_out(name)
     tables_ = results.build(name, run_id, trials, curves, result, results.METRICS, uri)

@@ -205,6 +205,23 @@ BRANCH_COLUMNS = [
     ("factor-1 loss", "reference_loss", G),
     ("excess loss by batch", "excess_shown", S),
 ]
+SCRATCH_COLUMN = ("from-scratch B_crit at that loss", "scratch_shown", S)
+
+
+def _branch_columns(branch: Dict[str, Any]) -> List[Tuple[str, str, str]]:
+    """The branch table's columns; the from-scratch B_crit after B_simple with branch.compare_with."""
+    if not branch.get("compared_with"):
+        return BRANCH_COLUMNS
+    return [*BRANCH_COLUMNS[:5], SCRATCH_COLUMN, *BRANCH_COLUMNS[5:]]
+
+
+def _scratch_cell(scratch: Optional[Dict[str, Any]]) -> str:
+    if not scratch or scratch["b_crit"] is None:
+        return f"- ({scratch['status']})" if scratch else "-"
+    mark = {"above": "> ", "below": "< "}.get(scratch["status"], "")
+    low, high = scratch["b_crit_interval"] or (None, None)
+    span = f" [{_n(low, TOK)} - {_n(high, TOK)}]" if low and high else ""
+    return f"{mark}{_n(scratch['b_crit'], TOK)}{span} at {scratch['target_loss']:.4g}"
 
 
 def _branch_rows(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -217,7 +234,8 @@ def _branch_rows(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
         )
         excess = ", ".join(f"{_n(b, TOK)}: {e:+.1%}" for b, e in zip(p["batches"], p["excess"]))
         shown = mark + _n(p["cbs"], TOK) if p["cbs"] else "-"
-        rows.append({**p, "shown": shown, "interval": interval, "excess_shown": excess})
+        scratch = _scratch_cell(p.get("b_crit_scratch"))
+        rows.append({**p, "shown": shown, "interval": interval, "excess_shown": excess, "scratch_shown": scratch})
     return rows
 
 
@@ -230,6 +248,11 @@ def _branch_text(branch: Dict[str, Any]) -> List[str]:
         "'>': every factor within, '<': factor 2 already beyond). Interval: 90%, from the eval loss's standard error "
         "and the seeds (Merrill et al. 2025, 'Critical Batch Size Revisited')."
     ]
+    if branch.get("compared_with"):
+        words.append(
+            f"From-scratch B_crit: the steps-to-target fit of sweep {branch['compared_with']!r} at the base run's "
+            "train loss at each branch point (an average along the path to that loss, not the value at the point)."
+        )
     fit = branch["fit"]
     if fit:
         span = fit["exponent_interval"]
@@ -246,7 +269,7 @@ def _branch_text(branch: Dict[str, Any]) -> List[str]:
 def branch_lines(branch: Dict[str, Any]) -> List[str]:
     """A branch study's answer: the table, the power law, the suggested ramp."""
     rows = _branch_rows(branch["points"])
-    header, cells = _table(rows, BRANCH_COLUMNS)[1:]
+    header, cells = _table(rows, _branch_columns(branch))[1:]
     widths = [max(len(c) for c in col) for col in zip(header, *cells)]
     lines = ["Critical batch size along training:", *_branch_text(branch)]
     lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [header, *cells]]
@@ -332,7 +355,7 @@ def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[t
         branch = result["branch"]
         doc_branch = [("h2", "Critical batch size along training (branches)")]
         doc_branch += [("p", text) for text in _branch_text(branch)]
-        doc_branch += [_table(_branch_rows(branch["points"]), BRANCH_COLUMNS)]
+        doc_branch += [_table(_branch_rows(branch["points"]), _branch_columns(branch))]
         doc_branch += [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch["ramp_yaml"])]
     else:
         doc_branch = []

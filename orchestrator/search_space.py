@@ -8,6 +8,7 @@ Pure: no Ray, no MLflow.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -55,7 +56,13 @@ class Trial:
             parts = [f"at={_binary(last.from_tokens)}", f"B={_binary(last.tokens_per_update)}"]
             return " ".join(parts + ([f"seed={c.train.seed}"] if "train.seed" in self.values else []))
         parts = ["base"] if "train.checkpoint_at_tokens" in self.values else []  # a branch study's
-        parts += [f"B={_binary(c.batch.tokens_per_update)}", f"lr={_short(c.optim.lr)}"]
+        batch = _binary(c.batch.tokens_per_update)
+        if c.batch.ramp and len(c.batch.ramp) > 1:  # B=256>512@4Ki: each change, at its tokens
+            batch = ">".join(
+                [_binary(c.batch.ramp[0].tokens_per_update)]
+                + [f"{_binary(s.tokens_per_update)}@{_binary(s.from_tokens)}" for s in c.batch.ramp[1:]]
+            )
+        parts += [f"B={batch}", f"lr={_short(c.optim.lr)}"]
         parts.append(f"wu={100 * c.schedule.warmup_tokens / c.train.total_tokens:.0f}%")
         if any(k.startswith("schedule.decay") for k in self.overrides):
             parts.append(c.schedule.decay)
@@ -219,14 +226,21 @@ def comparison_keys(sweep: Sweep) -> Tuple[str, ...]:
     - the decay shape, when swept: mid-run a cosine schedule is ahead of a stable-then-decay one
       that ends better;
     - the seed, when replicated: trials on the same data order and init compare pairwise, and no
-      configuration loses a replicate to the luck of another seed."""
-    keys = ("batch.tokens_per_update",) + tuple(k for k in SHAPE_KEYS if k in sweep.space)
+      configuration loses a replicate to the luck of another seed;
+    - the batch ramp, when swept: a ramped trial takes fewer steps than a fixed one at equal
+      tokens, as a larger batch does."""
+    keys = ("batch.tokens_per_update",) + tuple(k for k in (*SHAPE_KEYS, "batch.ramp") if k in sweep.space)
     return keys + (("train.seed",) if sweep.search.seeds > 1 else ())
 
 
 def comparison_group(keys: Tuple[str, ...], values: Dict[str, Any]) -> Tuple[Any, ...]:
-    """The group of a trial from its sampled values (keys the sweep does not vary are shared)."""
-    return tuple(values.get(k) for k in keys)
+    """The group of a trial from its sampled values (keys the sweep does not vary are shared; a
+    list value, a ramp, by its JSON text)."""
+    return tuple(_hashable(values.get(k)) for k in keys)
+
+
+def _hashable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
 
 
 def lone_groups(sweep: Sweep, trials: List[Trial]) -> List[Trial]:

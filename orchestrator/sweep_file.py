@@ -121,6 +121,9 @@ class BranchConfig:
     at most this share."""
     from_run: Optional[str] = None
     """`from` in the file: an existing run (id or name) to branch from instead of training the base here."""
+    compare_with: Optional[str] = None
+    """A from-scratch sweep's name in the same store: `report` gives its B_crit at the base's loss
+    at each branch point, beside the branched critical batch size."""
 
 
 @dataclass
@@ -170,6 +173,7 @@ BRANCH_FIELDS = {
     "lr_scaling": validation.number(also=tuple(ALPHA_PRESETS)),
     "tolerance": validation.number(0, 1, low_open=True, high_open=True),
     "from_run": validation.Field("str", optional=True),
+    "compare_with": validation.Field("str", optional=True),
 }
 SCHEDULER_FIELDS = {
     "type": validation.one_of(*SCHEDULERS),

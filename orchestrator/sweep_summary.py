@@ -11,6 +11,7 @@ from ray import tune
 
 from orchestrator import cost, launch, search_space, tracking
 from orchestrator import plan as planning
+from orchestrator.errors import ConfigError
 
 PRINT_EVERY_S = 20.0
 ENDED = ("DONE", "STOPPED", "ERROR")
@@ -287,7 +288,12 @@ def finish(
         _log_parent_artifacts(uri, parent, trials)
     if finished:
         try:
-            result = analysis.analyse(trials, **report.sweep_options(sweep.search, raw=sweep.raw))
+            try:
+                compare = report.compared_sweep(sweep.raw, uri, base.tracking.experiment)
+            except ConfigError as exc:  # the sweep to compare with may not have run yet: `report` later
+                print(f"no comparison: {exc}")
+                compare = None
+            result = analysis.analyse(trials, **report.sweep_options(sweep.search, raw=sweep.raw), compare_with=compare)
             print("\n".join(report_render.summary_lines(result)))
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {exc}")

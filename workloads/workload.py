@@ -175,10 +175,17 @@ class LinRegWorkload:
     def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:
         return self._losses(engine(mb.tensors["x"]), mb.tensors["y"])
 
+    EVAL_CHUNK = 256
+    """Held-out examples per eval forward: chunks of a fixed size, whatever b, so the loss's
+    standard error (over the chunks) is the same for every split."""
+
     def eval_batches(self, rank: int, world: int) -> List[MicroBatch]:
-        """One forward per rank over its contiguous part of all the held-out examples."""
+        """This rank's contiguous part of all the held-out examples, in chunks."""
         x, y = self.data.eval_batch(self.cfg.train.eval_tokens)
-        return [self._wrap(x.tensor_split(world)[rank], y.tensor_split(world)[rank])]
+        mine = zip(
+            x.tensor_split(world)[rank].split(self.EVAL_CHUNK), y.tensor_split(world)[rank].split(self.EVAL_CHUNK)
+        )
+        return [self._wrap(xs, ys) for xs, ys in mine]
 
 
 def build(cfg: Config, plan: BatchPlan, device: torch.device) -> Workload:

@@ -242,6 +242,21 @@ def test_early_stopping_groups_share_batch_size_decay_shape_and_seed(tmp_path):
     assert len(search_space.lone_groups(one_per_batch, search_space.expand(one_per_batch))) == 2
 
 
+def test_a_ramp_axis_names_each_trial_by_its_ramp_and_groups_early_stopping_by_it(tmp_path):
+    fixed = [{"from_tokens": 0, "tokens_per_update": 2048}]
+    ramps = [fixed, [*fixed, {"from_tokens": 4096, "tokens_per_update": 4096}]]
+    space = {"batch.ramp": {"grid": ramps}, "optim.lr": {"grid": [1e-3, 3e-3]}}
+    sweep = search_space.load(write(tmp_path, space=space))
+    trials = search_space.expand(sweep)
+    assert [t.name.split(" lr=")[0] for t in trials] == ["B=2Ki", "B=2Ki", "B=2Ki>4Ki@4Ki", "B=2Ki>4Ki@4Ki"]
+    assert [len(t.cfg.batch.ramp) for t in trials] == [1, 1, 2, 2]
+    keys = search_space.comparison_keys(sweep)
+    assert keys == ("batch.tokens_per_update", "batch.ramp")
+    groups = [search_space.comparison_group(keys, t.values) for t in trials]
+    assert groups[0] == groups[1] != groups[2] == groups[3]  # the lrs of one ramp compete, the ramps never
+    assert search_space.lone_groups(sweep, trials) == []
+
+
 BRACKET_BASE = {"config": TINY, "overrides": {"train.total_tokens": 1048576, "schedule.warmup_tokens": 0}}
 
 
