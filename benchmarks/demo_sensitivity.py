@@ -48,11 +48,11 @@ def run_demo(folder: Path, overrides: List[str]) -> str:
 
 
 def analyse(uri: str, smoothing: float = 0.0) -> Dict[str, Any]:
-    from orchestrator import analysis, report, sweep_file
+    from orchestrator import analysis, report, report_inputs, sweep_file
 
     sweep = sweep_file.load(DEMO, check=False)
-    _, _, parent = report.resolve(str(DEMO), [f"tracking.uri={uri}"])
-    trials = report.read_trials(uri, parent)
+    _, _, parent = report_inputs.resolve(str(DEMO), [f"tracking.uri={uri}"])
+    trials = report_inputs.read_trials(uri, parent)
     result = analysis.analyse(trials, smoothing_tokens=smoothing, **report.sweep_options(sweep.search))
     p = result["primary"]
     return {

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import List
 
+from orchestrator import derived
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
@@ -101,7 +103,7 @@ def main(argv: List[str] | None = None) -> int:
     from workloads.engine import build_engine, ensure_process_group, train_update
 
     cfg = config.load(args.config, [*args.overrides, "cluster.num_workers=1"])
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     if plan.micro_batches_per_update < 2:
         raise SystemExit(
             f"D x A = {plan.micro_batches_per_update}: the trainer measures no noise scale; use a config with A >= 2"
@@ -111,7 +113,7 @@ def main(argv: List[str] | None = None) -> int:
     work = workloads.build(cfg, plan, torch.device("cpu"))
     engine = build_engine(cfg, plan, work)
     data = ReplayedData(work, plan)
-    gns = noise.NoiseScaleEMA(config.gns_ema_tokens(cfg))
+    gns = noise.NoiseScaleEMA(derived.gns_ema_tokens(cfg))
     naive = cfg.train.loss_normalization == "micro_batch"
     Probe = timed_probe_class()
 

@@ -61,7 +61,7 @@ def load_config(path: Path, args):
     """The config with one worker doing the per-worker share of the configured update, at
     micro-batch `args.micro_batch` (auto: resolved by `choose_micro_batch`)."""
     from orchestrator import config
-    from orchestrator.config import batch_plan
+    from orchestrator.derived import batch_plan
 
     cfg = config.load(path, args.overrides)
     plan = batch_plan(cfg)
@@ -149,7 +149,7 @@ def _release(device) -> None:
 def run_plain(cfg, device, args) -> Dict[str, Any]:
     import torch
 
-    from orchestrator.config import adamw_constants, batch_plan, compile_enabled
+    from orchestrator.derived import adamw_constants, batch_plan, compile_enabled
     from workloads import model as gpt
     from workloads.data import TokenDataset
 
@@ -197,7 +197,7 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
 def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     import torch
 
-    from orchestrator.config import batch_plan
+    from orchestrator.derived import batch_plan
     from workloads import workload as workloads
     from workloads.engine import build_engine, ensure_process_group, train_update
     from workloads.gns_probe import GradNormProbe
@@ -239,7 +239,7 @@ def measure_config(path: Path, args, device, name: str, peak: Optional[float]) -
     import torch
 
     from orchestrator import memory, micro_batch
-    from orchestrator.config import batch_plan
+    from orchestrator.derived import batch_plan
     from workloads import data
     from workloads import model as gpt
 

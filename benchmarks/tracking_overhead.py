@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from orchestrator import derived
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
@@ -46,15 +48,14 @@ GOAL = 1.01
 def build(cfg):
     import torch
 
-    from orchestrator import config
-    from orchestrator.config import batch_plan
+    from orchestrator.derived import batch_plan
     from workloads import model as model_lib
 
     plan = batch_plan(cfg)
     torch.manual_seed(cfg.train.seed)
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     net = model_lib.GPT(cfg.model)
-    constants = config.adamw_constants(cfg)  # as the trainer resolves them
+    constants = derived.adamw_constants(cfg)  # as the trainer resolves them
     opt = torch.optim.AdamW(
         model_lib.param_groups(net, constants.weight_decay), lr=cfg.optim.lr, betas=(cfg.optim.beta1, constants.beta2)
     )

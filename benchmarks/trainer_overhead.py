@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+from orchestrator import derived
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
@@ -69,8 +71,8 @@ def run_plain(cfg) -> Dict[str, Any]:
     """Same model, data, loss, optimizer, clipping and evaluations; no Ray, DeepSpeed or MLflow."""
     import torch
 
-    from orchestrator import batching, config
-    from orchestrator.config import batch_plan
+    from orchestrator import batching
+    from orchestrator.derived import batch_plan
     from orchestrator.schedules import lr_at
     from workloads import model as gpt
     from workloads.data import TokenDataset
@@ -85,7 +87,7 @@ def run_plain(cfg) -> Dict[str, Any]:
         torch.manual_seed(cfg.train.seed)
         model = gpt.GPT(cfg.model)
         train, held = TokenDataset(cfg, "train"), TokenDataset(cfg, "eval")
-        o, constants = cfg.optim, config.adamw_constants(cfg)  # as the trainer resolves them
+        o, constants = cfg.optim, derived.adamw_constants(cfg)  # as the trainer resolves them
         opt = torch.optim.AdamW(
             gpt.param_groups(model, constants.weight_decay), lr=o.lr, betas=(o.beta1, constants.beta2), eps=o.eps
         )
@@ -205,7 +207,7 @@ def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
     import copy
 
     from orchestrator import batching
-    from orchestrator.config import batch_plan
+    from orchestrator.derived import batch_plan
     from workloads import train_loop
 
     cfg = copy.deepcopy(cfg)
@@ -331,7 +333,7 @@ def main(argv: List[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from orchestrator import launch
-    from orchestrator.config import batch_plan
+    from orchestrator.derived import batch_plan
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
     cfg = load_config(args.config, args.overrides, tmp)

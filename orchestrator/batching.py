@@ -8,7 +8,7 @@ whole number and split evenly over the D workers. When A is not given, b is the 
 micro-batch not above the given maximum that divides the per-worker share N / D exactly, and
 A = (N / D) / b: the fewest accumulation steps that fit in memory, but at least enough for
 `min_micro_batches` micro-batches in all (D x A) when the update holds that many sequences (the
-gradient noise scale needs two: config.batch_plan asks for them when gns.enabled). When A is
+gradient noise scale needs two: derived.batch_plan asks for them when gns.enabled). When A is
 given, b = N / (D A) must be a whole number not above the maximum. Nothing is ever rounded silently: an infeasible
 request raises with the nearest feasible tokens_per_update below and above.
 
@@ -173,7 +173,7 @@ def segments(
 ) -> List[Segment]:
     """The run's segments from (from_tokens, tokens_per_update) changes, the first at 0; each
     stretch must be whole updates of its batch size, and the last ends at the budget rounded
-    down to whole updates. plan_for(B) is B's decomposition (config.batch_plan's rule)."""
+    down to whole updates. plan_for(B) is B's decomposition (derived.batch_plan's rule)."""
     if not changes or changes[0][0] != 0:
         got = changes[0][0] if changes else None
         raise ConfigError("batch.ramp.0.from_tokens", f"got {got}; the first step is at 0")

@@ -26,12 +26,12 @@ from orchestrator import lr_bracket, search_space
 
 def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
     """Optimizer steps the run tagged `tags` took to reach `target` (inf if it did not, or has no run)."""
-    from orchestrator import report, tracking
+    from orchestrator import report_inputs, tracking
 
     run_id = tracking.find_run(uri, experiment, tags)
     if run_id is None:
         return math.inf
-    (trial,) = report.trials_of(uri, [tracking.get_run(uri, run_id)])
+    (trial,) = report_inputs.trials_of(uri, [tracking.get_run(uri, run_id)])
     tokens = trial.reach(target) if trial.train and trial.batch else None
     return tokens / trial.batch if tokens is not None else math.inf
 

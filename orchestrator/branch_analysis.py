@@ -117,6 +117,17 @@ def study(
         along, fit, base_batch, total, int(float(p["data.seq_len"])), int(float(p["cluster.num_workers"]))
     )
     alpha = float(branch.params.get("batch.ramp_lr_scaling", 0.0))
+    eval_tokens = int(float(p.get("train.eval_tokens", 0)))
+    needed = branch_cbs.eval_tokens_needed(ends, tolerance, eval_tokens) if eval_tokens else None
+    notes = []
+    if needed:
+        notes.append(
+            f"the eval loss's standard error is more than 1/{branch_cbs.SE_PER_TOLERANCE} of the {tolerance:.1%} "
+            f"tolerance: eval noise can move a branch across it; raise train.eval_tokens from {eval_tokens:,} to at "
+            f"least {needed:,}"
+        )
+    if not any(e.loss_se > 0 for e in ends):
+        notes.append("no eval/loss_se was logged: the interval holds only the spread over seeds")
     return {
         "loss": "eval/loss at the end of each branch",
         "tolerance": tolerance,
@@ -129,4 +140,5 @@ def study(
         "ramp_yaml": branch_cbs.ramp_yaml(ramp, alpha),
         "ramp_override": branch_cbs.ramp_override(ramp),
         "compared_with": scratch_name if scratch else None,
+        "notes": notes,
     }

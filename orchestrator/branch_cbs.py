@@ -33,6 +33,10 @@ DEFAULT_TOLERANCE = 0.01
 (with the eval set sized to make the tolerance at least three standard errors) large enough that
 eval noise alone rarely crosses it. A stated choice, not a law: the report names it."""
 
+SE_PER_TOLERANCE = 3
+"""The eval set should make the tolerance at least this many standard errors of the eval loss,
+so that eval noise alone seldom moves a branch across it."""
+
 DEFAULT_DRAWS = 2000
 """Bootstrap draws per branch point: the 5th and 95th percentiles of 2000 draws move by well
 under a grid step of the factors from one seed to another."""
@@ -113,6 +117,17 @@ def _not_resolved(tokens: int, reason: str, tolerance: float, **rest: Any) -> Di
     }
     out.update(rest)
     return out
+
+
+def eval_tokens_needed(ends: Sequence[BranchEnd], tolerance: float, eval_tokens: int) -> Optional[int]:
+    """The eval set that makes `tolerance` SE_PER_TOLERANCE standard errors of the branches'
+    median relative eval standard error, which falls as 1 / sqrt(eval tokens); None when the
+    eval set is large enough already or no branch has a standard error."""
+    relative = [e.loss_se / e.loss for e in ends if e.loss_se > 0 and math.isfinite(e.loss) and e.loss > 0]
+    if not relative:
+        return None
+    needed = eval_tokens * (SE_PER_TOLERANCE * float(np.median(relative)) / tolerance) ** 2
+    return math.ceil(needed) if needed > eval_tokens else None
 
 
 def _generator(rng: Union[None, int, np.random.Generator]) -> np.random.Generator:

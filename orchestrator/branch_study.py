@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from orchestrator import batching
-from orchestrator.config import Config
 from orchestrator.errors import ConfigError
+from orchestrator.schema import Config
 from orchestrator.sweep_file import BranchConfig
 
 BASE_ROLE = "branch-base"

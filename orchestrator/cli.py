@@ -219,9 +219,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from orchestrator import ray_jobs
+    from orchestrator import jobs
 
-    return ray_jobs.jobs(args.action, args.job_id, address=args.address, follow=args.follow, insecure=args.insecure)
+    return jobs.run(args.action, args.job_id, address=args.address, follow=args.follow, insecure=args.insecure)
 
 
 def _ui(args: argparse.Namespace) -> int:

@@ -20,17 +20,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator import batching, branch_study, cost, memory, micro_batch, search_space
+from orchestrator import batching, branch_study, cost, derived, memory, micro_batch, search_space
 from orchestrator import config as config_lib
 from orchestrator import plan as planning
-from orchestrator.config import AUTO, Config
 from orchestrator.errors import ConfigError
+from orchestrator.schema import AUTO, Config
 
 NO_COST_PREFIXES = ("optim.", "schedule.", "lr_scaling.", "gns.", "tracking.")
 """Space keys that change what a trial learns but not what it costs."""
 NO_COST_KEYS = ("train.seed",)
 COST_KEYS = ("gns.enabled",)
-"""Exceptions to the prefixes: measuring the noise scale splits an update in two (config.min_micro_batches)."""
+"""Exceptions to the prefixes: measuring the noise scale splits an update in two (derived.min_micro_batches)."""
 MAX_CORNERS = 4096
 
 
@@ -114,7 +114,7 @@ def estimate(name: str, cfg: Config, options: Options, start: int = 0) -> Row:
                 f"{memory.format_bytes(capacity)} per worker (memory model)",
             )
         cfg.batch.micro_batch_size = answer["micro_batch_size"]
-    segments = config_lib.batch_segments(cfg)
+    segments = derived.batch_segments(cfg)
     plan = batching.segment_at(segments, start).plan
     end = cfg.train.stop_at_tokens or segments[-1].end_tokens
     steps = batching.updates_until(segments, end) - batching.updates_until(segments, start)

@@ -9,9 +9,10 @@ import copy
 from typing import Any, Dict, Optional
 
 from orchestrator.batching import BatchPlan
-from orchestrator.config import Config, adamw_constants, sgd_weight_decay
+from orchestrator.derived import adamw_constants, sgd_weight_decay
 from orchestrator.errors import ConfigError
 from orchestrator.memory import DEFAULT_BUCKET
+from orchestrator.schema import Config
 
 
 def _deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from orchestrator.schema import Config
+
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _EPS = 1e-9
 
@@ -132,3 +134,14 @@ def node_groups(alive: Sequence[Resources], groups: Sequence[tuple]) -> List[Dic
 def _same(a: Resources, b: Resources) -> bool:
     keys = {k for k in (*a, *b) if k in ("CPU", "GPU")}
     return all(abs(a.get(k, 0.0) - b.get(k, 0.0)) < _EPS for k in keys)
+
+
+def worker_resources(cfg: Config) -> Dict[str, float]:
+    """What Ray reserves for one worker, e.g. {"CPU": 8, "GPU": 1}."""
+    c = cfg.cluster
+    return {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.use_gpu else {})}
+
+
+def shape_of(cfg: Config, trial: Optional[Dict[str, float]] = None) -> Shape:
+    """What a run of `cfg` holds: D worker bundles, plus `trial` (a Tune trial's own resources)."""
+    return Shape(cfg.cluster.num_workers, worker_resources(cfg), cfg.cluster.placement_strategy, dict(trial or {}))

@@ -6,7 +6,7 @@ BACKOFF_CAP_S) for RECONNECT_WINDOW_S, skips what it already printed (Ray's log 
 starts again at the job's first line), checks a quiet stream every IDLE_CHECK_S (a half-open
 tunnel would block it forever) and falls back to polling the status every POLL_S when the
 stream keeps failing. It exits LOST_CONTACT (3) when the dashboard stays unreachable, since the
-job may still be running. Talking to the cluster (connect, auth, errors, `_get`) is
+job may still be running. Talking to the cluster (connect, auth, errors, `get_json`) is
 orchestrator.ray_jobs.
 """
 
@@ -19,7 +19,7 @@ import time
 from typing import Optional
 
 from orchestrator.errors import ConfigError
-from orchestrator.ray_jobs import TERMINAL, ClusterError, _first_line, _get, _Lost, mask
+from orchestrator.ray_jobs import TERMINAL, ClusterError, ContactLost, first_line, get_json, mask
 
 LOST_CONTACT = 3
 """Exit code of `--follow` that lost contact with a job that may still be running (DESIGN.md 3)."""
@@ -40,14 +40,14 @@ def _lost_reason(exc: BaseException) -> Optional[str]:
     websocket closed abnormally, an HTTP 5xx from a proxy."""
     import aiohttp
 
-    if isinstance(exc, _Lost):
+    if isinstance(exc, ContactLost):
         return str(exc)
     if isinstance(exc, aiohttp.ClientResponseError):  # the websocket handshake got an HTTP error
         return f"HTTP {exc.status}" if exc.status >= 500 else None
     if isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, OSError)):
-        return _first_line(exc)
+        return first_line(exc)
     if isinstance(exc, RuntimeError) and "WebSocket" in str(exc):  # Ray's tail_job_logs, cut off
-        return _first_line(exc)
+        return first_line(exc)
     return None
 
 
@@ -80,7 +80,7 @@ def follow_job(client, job_id: str) -> int:
                 chunk = asyncio.ensure_future(stream.__anext__())
                 while not (await asyncio.wait({chunk}, timeout=IDLE_CHECK_S))[0]:
                     try:  # a quiet stream: is the dashboard still there?
-                        await asyncio.to_thread(_get, client, f"/api/jobs/{job_id}", job_id)
+                        await asyncio.to_thread(get_json, client, f"/api/jobs/{job_id}", job_id)
                     except BaseException:
                         chunk.cancel()
                         await asyncio.wait({chunk})
@@ -105,10 +105,10 @@ def follow_job(client, job_id: str) -> int:
     try:
         while True:
             try:
-                job = _get(client, f"/api/jobs/{job_id}", job_id)
+                job = get_json(client, f"/api/jobs/{job_id}", job_id)
                 answered = time.monotonic()
                 if job.get("status") in TERMINAL:
-                    logs = _get(client, f"/api/jobs/{job_id}/logs", job_id).get("logs") or ""
+                    logs = get_json(client, f"/api/jobs/{job_id}/logs", job_id).get("logs") or ""
                     in_contact()
                     sys.stdout.write(logs[written:])
                     break
@@ -126,7 +126,7 @@ def follow_job(client, job_id: str) -> int:
                 if why is None and streaming and not isinstance(exc, (ConfigError, ClusterError)):
                     # the log stream failed in another way (e.g. a proxy without websockets)
                     print(
-                        f"log stream unavailable ({mask(_first_line(exc))}); waiting for the job to end",
+                        f"log stream unavailable ({mask(first_line(exc))}); waiting for the job to end",
                         file=sys.stderr,
                     )
                     streaming = False

@@ -18,8 +18,10 @@ from typing import Any, Dict, List, Optional, Set
 
 from orchestrator import ds_config, feasibility, micro_batch, storage, tracking
 from orchestrator import plan as planning
-from orchestrator.config import Config, adamw_constants, batch_plan, flatten, sgd_weight_decay, to_dict, to_yaml
+from orchestrator.config import flatten, to_dict, to_yaml
+from orchestrator.derived import adamw_constants, batch_plan, sgd_weight_decay
 from orchestrator.errors import ConfigError
+from orchestrator.schema import Config
 
 RUN_RECORD = "orchestrator_run.json"
 log = logging.getLogger(__name__)
@@ -92,19 +94,6 @@ def ray_init(address: Optional[str] = None) -> None:
             configure_logging=True,
             logging_level="WARNING",
         )
-
-
-def worker_resources(cfg: Config) -> Dict[str, float]:
-    """What Ray reserves for one worker, e.g. {"CPU": 8, "GPU": 1}."""
-    c = cfg.cluster
-    return {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.use_gpu else {})}
-
-
-def shape(cfg: Config, trial: Optional[Dict[str, float]] = None) -> feasibility.Shape:
-    """What a run of `cfg` holds: D worker bundles, plus `trial` (a Tune trial's own resources)."""
-    return feasibility.Shape(
-        cfg.cluster.num_workers, worker_resources(cfg), cfg.cluster.placement_strategy, dict(trial or {})
-    )
 
 
 def cluster_nodes() -> List[Dict[str, float]]:
@@ -227,7 +216,7 @@ def build_trainer(
         scaling_config=ScalingConfig(
             num_workers=0 if local_mode else plan.num_workers,
             use_gpu=cfg.cluster.use_gpu,
-            resources_per_worker=worker_resources(cfg),
+            resources_per_worker=feasibility.worker_resources(cfg),
             placement_strategy=cfg.cluster.placement_strategy,
         ),
         torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
@@ -341,7 +330,7 @@ def train(cfg: Config) -> int:
     preflight(cfg)
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     ray_init(cfg.cluster.address)
-    check_cluster(cfg, [shape(cfg)])
+    check_cluster(cfg, [feasibility.shape_of(cfg)])
     micro_batch.resolve(cfg)
     folder = storage.join(cfg.train.storage_path, name)
     run_id = recorded_run_id(cfg.train.storage_path, name)

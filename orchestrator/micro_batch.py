@@ -22,9 +22,11 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from orchestrator import memory, storage
-from orchestrator.config import AUTO, Config, batch_plan, batch_segments, to_dict
+from orchestrator import feasibility, memory, storage
+from orchestrator.config import to_dict
+from orchestrator.derived import batch_plan, batch_segments
 from orchestrator.errors import ConfigError
+from orchestrator.schema import AUTO, Config
 
 DEVICE_MEMORY_ENV = "ORCHESTRATOR_DEVICE_MEMORY"
 log = logging.getLogger(__name__)
@@ -136,9 +138,8 @@ def predict(cfg: Config, micro_batch_size: int) -> Optional[Tuple[memory.MemoryE
 def _probe_on_worker(cfg: Config, upper: int, capacity: Optional[float]) -> Dict[str, Any]:
     import ray
 
-    from orchestrator import launch
     from workloads.micro_batch_probe import probe
 
-    resources = launch.worker_resources(cfg)
+    resources = feasibility.worker_resources(cfg)
     task = ray.remote(num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0), max_calls=1)(probe)
     return ray.get(task.remote(to_dict(cfg, redact=False), upper, capacity))

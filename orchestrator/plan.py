@@ -7,9 +7,7 @@ import math
 from typing import Any, Dict, List, Optional
 
 from orchestrator import batching, ds_config, memory
-from orchestrator.config import (
-    AUTO,
-    Config,
+from orchestrator.derived import (
     adamw_constants,
     batch_plan,
     batch_segments,
@@ -18,6 +16,7 @@ from orchestrator.config import (
     sgd_weight_decay,
 )
 from orchestrator.schedules import lr_at
+from orchestrator.schema import AUTO, Config
 
 DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
 

@@ -1,10 +1,11 @@
-"""The Ray Jobs API client: auth token, connect, the dashboard's errors, and the `jobs` verb.
+"""The Ray Jobs API client: auth token, connect, the dashboard's errors.
 
 `connect` checks the dashboard address, probes it and returns Ray's JobSubmissionClient; the
 client's failures become one-line errors (ConfigError, exit 2, for what can be fixed here;
-ClusterError, exit 1, for other answers of the dashboard). `_get` reads a dashboard endpoint
-with a timeout and raises _Lost when contact breaks off; `--follow` (streaming a job's logs and
-reconnecting) is orchestrator.follow. `jobs` is `orchestrator jobs status|logs|stop|list`.
+ClusterError, exit 1, for other answers of the dashboard; `calls` for each call). `get_json`
+reads a dashboard endpoint with a timeout and raises ContactLost when contact breaks off.
+`--follow` (streaming a job's logs and reconnecting) is orchestrator.follow; the `jobs` verb is
+orchestrator.jobs.
 
 Ray token authentication (Ray >= 2.52, RAY_AUTH_MODE=token on the cluster): the dashboard wants
 `Authorization: Bearer <token>`. The token is looked up as Ray does (RAY_AUTH_TOKEN, the file
@@ -29,7 +30,7 @@ from orchestrator.errors import ConfigError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 HTTP_TIMEOUT_S = 30.0
-"""Timeout of the dashboard requests made here (`_get`, used by `--follow` and the node check)."""
+"""Timeout of the dashboard requests made here (`get_json`, used by `--follow` and the node check)."""
 _USERINFO_RE = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^\s/@]+@", re.IGNORECASE)
 
 
@@ -37,7 +38,7 @@ class ClusterError(Exception):
     """The cluster answered with an error that is not a bad argument: exit 1, one line."""
 
 
-class _Lost(Exception):
+class ContactLost(Exception):
     """Contact with the dashboard broke off; the job may run on."""
 
 
@@ -94,7 +95,7 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """The gist of an error in one short line: requests nests the OS's reason ("[Errno 111]
     Connection refused") deep inside a long repr."""
     text = str(exc).strip()
@@ -155,7 +156,7 @@ def _cluster_errors(address: str, token_source: str) -> Iterator[None]:
             ) from None
         raise _token_refused(address, token_source) from None
     except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
-        raise _unreachable(address, _first_line(exc)) from None
+        raise _unreachable(address, first_line(exc)) from None
 
 
 def connect(address: str, insecure: bool = False):
@@ -185,12 +186,12 @@ def connect(address: str, insecure: bool = False):
     with _cluster_errors(address, source):
         client = JobSubmissionClient(address, headers=headers)
     client._orchestrator_token_source = source  # for error messages of later calls
-    client._orchestrator_headers = headers or {}  # for the requests made here (_get)
+    client._orchestrator_headers = headers or {}  # for the requests made here (get_json)
     return client
 
 
 @contextlib.contextmanager
-def _calls(client, job_id: Optional[str] = None) -> Iterator[None]:
+def calls(client, job_id: Optional[str] = None) -> Iterator[None]:
     """Errors of one call: auth and connection as in connect, an unknown job id as exit 2, any
     other error answer of the dashboard as ClusterError (exit 1, one line)."""
     try:
@@ -200,13 +201,13 @@ def _calls(client, job_id: Optional[str] = None) -> Iterator[None]:
         if job_id and "404" in str(exc):
             raise _no_job(client.get_address(), job_id) from None
         raise ClusterError(
-            f"the Ray dashboard at {mask(client.get_address())} answered: {mask(_first_line(exc))}"
+            f"the Ray dashboard at {mask(client.get_address())} answered: {mask(first_line(exc))}"
         ) from None
 
 
-def _get(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
+def get_json(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
     """GET a dashboard endpoint as JSON, with a timeout (Ray's job client sets none, so a
-    half-open tunnel would hang it). _Lost when the dashboard cannot be reached."""
+    half-open tunnel would hang it). ContactLost when the dashboard cannot be reached."""
     import requests
 
     address = client.get_address()
@@ -216,13 +217,13 @@ def _get(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
         if r.status_code == 200:
             return r.json()
     except (requests.RequestException, ValueError) as exc:  # refused, reset, timed out, cut off mid-answer
-        raise _Lost(_first_line(exc)) from None
+        raise ContactLost(first_line(exc)) from None
     if r.status_code in (401, 403):
         raise _token_refused(address, getattr(client, "_orchestrator_token_source", "the request headers"))
     if r.status_code == 404 and job_id:
         raise _no_job(address, job_id)
     if r.status_code >= 500:  # a proxy in front of a dashboard that is restarting
-        raise _Lost(f"HTTP {r.status_code}")
+        raise ContactLost(f"HTTP {r.status_code}")
     body = (r.text.strip().splitlines() or [""])[0][:200]
     raise ClusterError(
         f"the Ray dashboard at {mask(address)} answered GET {path} with HTTP {r.status_code}: {mask(body)}"
@@ -235,8 +236,8 @@ def wait_for(
     """Poll until the job's status is one of `statuses` (or the timeout); the last status seen."""
     deadline = time.monotonic() + timeout_s
     while True:
-        with _calls(client, job_id):
-            status = _value(client.get_job_status(job_id))
+        with calls(client, job_id):
+            status = status_text(client.get_job_status(job_id))
         if status in statuses or time.monotonic() >= deadline:
             return status
         time.sleep(poll_s)
@@ -246,16 +247,16 @@ def cluster_nodes(client) -> Optional[List[Dict[str, float]]]:
     """Total resources of the cluster's alive nodes (the dashboard's state API), or None when
     they cannot be read (an older Ray, no permission): then only the sweep on the cluster checks."""
     try:
-        data = _get(client, "/api/v0/nodes?detail=1&limit=10000")
+        data = get_json(client, "/api/v0/nodes?detail=1&limit=10000")
         return [
             {k: float(v) for k, v in (n.get("resources_total") or {}).items()}
             for n in data["data"]["result"]["result"]
             if n.get("state") == "ALIVE"
         ]
-    except (_Lost, ClusterError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ContactLost, ClusterError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(
             f"warning: cannot read the nodes of the Ray cluster at {mask(client.get_address())} "
-            f"({mask(_first_line(exc))}); "
+            f"({mask(first_line(exc))}); "
             "not checking that the trials fit before uploading",
             file=sys.stderr,
             flush=True,
@@ -263,78 +264,6 @@ def cluster_nodes(client) -> Optional[List[Dict[str, float]]]:
         return None
 
 
-# ---------------------------------------------------------------- jobs status | logs | stop | list
-
-
-def _when(ms: Optional[int]) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
-
-
-def _value(x: Any) -> str:
+def status_text(x: Any) -> str:
+    """A job status (Ray's enum or its string) as its name."""
     return str(getattr(x, "value", x))
-
-
-def format_table(jobs: Sequence[Any], width: int = 72) -> str:
-    """id, status, entrypoint, start time; newest last."""
-    rows = [("ID", "STATUS", "ENTRYPOINT", "START")]
-    for j in sorted(jobs, key=lambda j: j.start_time or 0):
-        entry = mask(j.entrypoint or "")
-        entry = entry if len(entry) <= width else entry[: width - 3] + "..."
-        rows.append((j.submission_id or j.job_id or "-", _value(j.status), entry, _when(j.start_time)))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
-
-
-def jobs(
-    action: str, job_id: Optional[str] = None, address: str = "", follow: bool = False, insecure: bool = False
-) -> int:
-    """`orchestrator jobs status|logs|stop|list`."""
-    if action == "list" and job_id:
-        raise ConfigError("JOB_ID", f"`jobs list` takes no submission id (got {job_id!r})")
-    if action != "list" and not job_id:
-        raise ConfigError(
-            "JOB_ID", f"`jobs {action}` needs a submission id; see `orchestrator jobs list --address URL`"
-        )
-    try:
-        return _jobs(action, job_id, connect(address, insecure=insecure), follow)
-    except ClusterError as exc:
-        print(f"orchestrator jobs: error: {exc}", file=sys.stderr)
-        return 1
-
-
-def _jobs(action: str, job_id: Optional[str], client, follow: bool) -> int:
-    if action == "list":
-        with _calls(client):
-            print(format_table(client.list_jobs()))
-        return 0
-    if action == "logs":
-        if follow:
-            from orchestrator.follow import follow_job  # follow imports this module
-
-            return follow_job(client, job_id)
-        with _calls(client, job_id):
-            sys.stdout.write(client.get_job_logs(job_id))
-        return 0
-    if action == "stop":
-        with _calls(client, job_id):
-            stopping = client.stop_job(job_id)
-        status = wait_for(client, job_id, timeout_s=60.0)
-        if not stopping:
-            print(f"job {job_id} was not running: {status}")
-        else:
-            print(f"job {job_id} {status}" + ("" if status in TERMINAL else " (stop requested; not ended within 60 s)"))
-        return 0 if status in TERMINAL else 1
-    with _calls(client, job_id):
-        info = client.get_job_info(job_id)
-    for key, value in (
-        ("id", job_id),
-        ("status", _value(info.status)),
-        ("entrypoint", mask(info.entrypoint or "")),
-        ("start", _when(info.start_time)),
-        ("end", _when(info.end_time)),
-        ("message", mask(info.message or "")),
-        ("exit code", info.driver_exit_code),
-    ):
-        if value not in (None, ""):
-            print(f"{key:<11} {value}")
-    return 0

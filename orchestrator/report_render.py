@@ -263,6 +263,7 @@ def _branch_text(branch: Dict[str, Any]) -> List[str]:
         )
     else:
         words.append("Power law: fewer than 2 resolved branch points.")
+    words += [f"Note: {note}." for note in branch.get("notes", [])]
     return words
 
 

@@ -6,7 +6,7 @@
     sweep.curves    # long: trial, run_id, metric, tokens, value -- every point MLflow holds
     sweep.fit       # the report's numbers (best configuration per batch size, B_crit, B_simple)
 
-Reading is report.py's (MLflow only through tracking.py), the numbers are `analysis.analyse`'s:
+Reading is report_inputs.py's (MLflow only through tracking.py), the numbers are `analysis.analyse`'s:
 this module only lays them out. `orchestrator report --out DIR` writes the same two tables as
 trials.csv and curves.csv, in the format `orchestrator report DIR` reads back (tables.py): every
 param as a column by its dotted config key, so the output is its input. The only module that
@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
-from orchestrator import report
+from orchestrator import report_inputs
 from orchestrator.trials import BATCH_KEY, Curve, Trial
 
 METRICS = ("train/loss", "eval/loss", "gns/b_simple", "train/clipped", "train/lr", "perf/tokens_per_s")
@@ -42,7 +42,7 @@ FIT_COLUMNS = ["target_loss", "status", "b_crit", "b_crit_low", "b_crit_high", "
 FIT_COLUMNS += ["s_min", "e_min", "b_simple", "lack_of_fit_p", "batch_sizes", "notes"]
 BEST_COLUMNS = ["batch", "final_loss", "spread", "seeds", "lr", "lr_edge", "trial", "run_id", "configurations"]
 Curves = Mapping[str, Mapping[str, Curve]]
-"""{run id: {metric: [(tokens, value)]}}, as report.read_curves returns."""
+"""{run id: {metric: [(tokens, value)]}}, as report_inputs.read_curves returns."""
 
 
 @dataclass
@@ -130,13 +130,13 @@ def load_sweep(
     curves to read (default METRICS); `target_losses` as `report --target-loss`."""
     overrides = [f"tracking.uri={tracking_uri}"] if tracking_uri else []
     overrides += [f"tracking.experiment={experiment}"] if experiment else []
-    uri, name, run_id = report.resolve(os.fspath(name_or_file), overrides)
+    uri, name, run_id = report_inputs.resolve(os.fspath(name_or_file), overrides)
     metrics = list(metrics or METRICS)
-    runs = report.sweep_runs(uri, run_id)
-    curves = report.read_curves(uri, runs, metrics)
-    trials = report.trials_of(uri, runs, curves)
+    runs = report_inputs.sweep_runs(uri, run_id)
+    curves = report_inputs.read_curves(uri, runs, metrics)
+    trials = report_inputs.trials_of(uri, runs, curves)
     usable = any(t.batch and t.train for t in trials)
-    result = report.analyse(uri, run_id, trials, target_losses) if usable else None
+    result = report_inputs.analyse(uri, run_id, trials, target_losses) if usable else None
     return build(name, run_id, trials, curves, result, metrics, uri)
 
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from orchestrator import branch_study, lr_bracket
 from orchestrator import config as config_lib
-from orchestrator.config import Config
 from orchestrator.errors import ConfigError
+from orchestrator.schema import Config
 from orchestrator.sweep_file import (  # noqa: F401  (re-exported: the sweep file's schema and reader)
     ALGORITHMS,
     ALPHA_PRESETS,

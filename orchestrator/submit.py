@@ -27,8 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.errors import ConfigError
 from orchestrator.follow import follow_job
-from orchestrator.ray_jobs import ClusterError, _calls, _first_line, cluster_nodes, connect, mask
-from orchestrator.upload import EXCLUDES, _mib, check_upload_size, upload_limit
+from orchestrator.ray_jobs import ClusterError, calls, cluster_nodes, connect, first_line, mask
+from orchestrator.upload import EXCLUDES, check_upload_size, mib, upload_limit
 
 _ENV_REF_RE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -228,7 +228,7 @@ def _submit_job(client, spec: JobSpec) -> str:
     """client.submit_job, with upload failures as one line: exit 2 for what can be fixed here."""
     root = spec.runtime_env.get("working_dir", "")
     try:
-        with _calls(client):
+        with calls(client):
             return client.submit_job(
                 entrypoint=spec.entrypoint,
                 runtime_env=spec.runtime_env,
@@ -242,12 +242,12 @@ def _submit_job(client, spec: JobSpec) -> str:
             raise ConfigError(
                 "working_dir",
                 f"the Ray dashboard at {mask(client.get_address())} refused the upload of "
-                f"{root} as too large (Ray's limit: {_mib(upload_limit())}); exclude large files in "
+                f"{root} as too large (Ray's limit: {mib(upload_limit())}); exclude large files in "
                 f"{root}/.rayignore",
             ) from None
         raise
     except (OSError, ValueError) as exc:  # reading or zipping the working directory, Ray's own size check
-        raise ConfigError("working_dir", f"cannot upload {root}: {mask(_first_line(exc))}") from None
+        raise ConfigError("working_dir", f"cannot upload {root}: {mask(first_line(exc))}") from None
 
 
 def run(
@@ -259,7 +259,7 @@ def run(
 ) -> int:
     """Submit `spec`, print its id and the commands to follow and stop it; follow if asked.
     `shapes`: trial shapes to check against the cluster's nodes before uploading."""
-    check_upload_size(spec)  # before any contact
+    check_upload_size(spec.runtime_env)  # before any contact
     client = connect(address, insecure=insecure)
     if shapes:
         check_fit(client, shapes)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from orchestrator import branch_study, launch, micro_batch, search_space, storage, tracking
+from orchestrator import branch_study, derived, feasibility, launch, micro_batch, search_space, storage, tracking
 from orchestrator import config as config_lib
 from orchestrator.errors import ConfigError
 
@@ -30,7 +30,7 @@ TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the
 
 def in_trial_process(sweep: search_space.Sweep, cfg: config_lib.Config) -> bool:
     """Does this trial run its one worker in the Tune trial's process (Ray Train local mode)?"""
-    return sweep.local_mode and config_lib.batch_plan(cfg).num_workers == 1
+    return sweep.local_mode and derived.batch_plan(cfg).num_workers == 1
 
 
 def trial_resources(sweep: search_space.Sweep, params: Dict[str, Any]) -> Dict[str, float]:
@@ -38,7 +38,7 @@ def trial_resources(sweep: search_space.Sweep, params: Dict[str, Any]) -> Dict[s
     cfg = search_space.resolve(sweep, params["trial"]).cfg
     if cfg is None or not in_trial_process(sweep, cfg):
         return {"CPU": TRIAL_DRIVER_CPUS}
-    return launch.worker_resources(cfg)
+    return feasibility.worker_resources(cfg)
 
 
 # ---------------------------------------------------------------- inside each Tune trial
@@ -126,8 +126,8 @@ def trial_shape(sweep: search_space.Sweep, cfg: config_lib.Config):
     """What one trial holds: its worker bundles and the Tune trial's own CPU, or, when the
     worker runs inside the trial, one bundle for both."""
     if in_trial_process(sweep, cfg):
-        return launch.shape(cfg)
-    return launch.shape(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
+        return feasibility.shape_of(cfg)
+    return feasibility.shape_of(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
 
 
 def trial_shapes(sweep: search_space.Sweep, trials, base: config_lib.Config) -> list:

@@ -276,11 +276,11 @@ def finish(
     stopped_at: Optional[Dict[str, int]] = None,
 ) -> int:
     """Close the parent run and print the answer, the same as `orchestrator report` gives."""
-    from orchestrator import analysis, report, report_render
+    from orchestrator import analysis, report, report_inputs, report_render
 
     stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri = base.tracking.uri
-    trials = report.trials_of(uri, tracking.child_runs(uri, parent))
+    trials = report_inputs.trials_of(uri, tracking.child_runs(uri, parent))
     _close_unfinished_runs(uri, trials, stopped_at or {})
     finished = [t for t in trials if t.outcome == "finished"]
     print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
@@ -289,7 +289,7 @@ def finish(
     if finished:
         try:
             try:
-                compare = report.compared_sweep(sweep.raw, uri, base.tracking.experiment)
+                compare = report_inputs.compared_sweep(sweep.raw, uri, base.tracking.experiment)
             except ConfigError as exc:  # the sweep to compare with may not have run yet: `report` later
                 print(f"no comparison: {exc}")
                 compare = None

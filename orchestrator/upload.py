@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from orchestrator.errors import ConfigError
-
-if TYPE_CHECKING:
-    from orchestrator.submit import JobSpec
 
 # Left out of the uploaded working directory (gitignore syntax, relative to the project root;
 # a pattern without a slash matches at any depth). Ray also honours the project's .gitignore
@@ -108,7 +105,7 @@ def upload_limit() -> int:
     return min(x for x in limits if x) if any(limits) else 100 * 1024**2
 
 
-def _mib(n: float) -> str:
+def mib(n: float) -> str:
     return f"{n / 1024**2:,.1f} MiB"
 
 
@@ -135,13 +132,13 @@ def _biggest(sizes: Dict[str, int], n: int = 3) -> List[Tuple[str, int]]:
     return picked
 
 
-def check_upload_size(spec: JobSpec) -> None:
+def check_upload_size(runtime_env: Mapping[str, Any]) -> None:
     """Refuse, before contacting the cluster, a working directory Ray would refuse to take."""
-    root = spec.runtime_env.get("working_dir")
+    root = runtime_env.get("working_dir")
     if not root:
         return
     try:
-        sizes = upload_files(Path(root), spec.runtime_env.get("excludes", []))
+        sizes = upload_files(Path(root), runtime_env.get("excludes", []))
     except (ImportError, AttributeError):  # another Ray without these helpers: its upload decides
         return
     except OSError as exc:
@@ -152,10 +149,10 @@ def check_upload_size(spec: JobSpec) -> None:
     total = sum(size + 100 + 2 * len(name) for name, size in sizes.items())
     limit = upload_limit()
     if total >= limit:
-        largest = ", ".join(f"{name} ({_mib(size)})" for name, size in _biggest(sizes))
+        largest = ", ".join(f"{name} ({mib(size)})" for name, size in _biggest(sizes))
         raise ConfigError(
             "working_dir",
-            f"the project folder {root} would upload {_mib(total)} ({len(sizes)} files), above "
-            f"Ray's limit of {_mib(limit)}; largest: {largest}; exclude them in {Path(root) / '.rayignore'} "
+            f"the project folder {root} would upload {mib(total)} ({len(sizes)} files), above "
+            f"Ray's limit of {mib(limit)}; largest: {largest}; exclude them in {Path(root) / '.rayignore'} "
             "(gitignore syntax) or move them out of the project folder",
         )

@@ -16,18 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from orchestrator import batching, schedules
-from orchestrator.config import (
-    ADAMW_ONLY_KEYS,
-    AUTO,
-    OPTIMIZERS,
-    Config,
-    OptimConfig,
-    adamw_constants,
-    batch_plan,
-    batch_segments,
-)
+from orchestrator.derived import adamw_constants, batch_plan, batch_segments
 from orchestrator.errors import ConfigError
 from orchestrator.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
+from orchestrator.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, Config, OptimConfig
 from workloads import registry as workload_registry  # names only: the standard library, no torch
 
 SOURCE_KINDS = ("code", "prose", "arithmetic", "files", "hf")
@@ -360,7 +352,7 @@ def _optimizer_keys(cfg: Config) -> None:
 
 def _optimizer_forms(cfg: Config) -> None:
     """beta2 and weight decay are given per step or in tokens, not both; the token forms must give
-    values AdamW can use (config.adamw_constants computes them)."""
+    values AdamW can use (derived.adamw_constants computes them)."""
     o, tpu = cfg.optim, cfg.batch.tokens_per_update
     for step_key, token_key in (("beta2", "beta2_half_life_tokens"), ("weight_decay", "weight_decay_timescale_share")):
         if getattr(o, step_key) is not None and getattr(o, token_key) is not None:

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from orchestrator.batching import BatchPlan
-from orchestrator.config import Config
 from orchestrator.errors import ConfigError
+from orchestrator.schema import Config
 from workloads import mixture
-from workloads.corpus import SourceTokens, hash64, load_source
+from workloads.corpus import SourceTokens, hash64, heldout_mask, load_source
 
 EVAL_SEED = 0  # eval must not depend on train.seed: every run is scored on the same tokens
 
@@ -33,20 +33,6 @@ EVAL_SEED = 0  # eval must not depend on train.seed: every run is scored on the 
 def _rng(*parts: int | str) -> np.random.Generator:
     """A generator keyed by named parts, e.g. (seed, source name, "epoch", 3)."""
     return np.random.default_rng([hash64(p) if isinstance(p, str) else int(p) % 2**64 for p in parts])
-
-
-def heldout_mask(name: str, doc_keys: np.ndarray, fraction: float) -> np.ndarray:
-    """True for held-out documents: splitmix64(hash(name) ^ index) / 2^64 < fraction.
-
-    Keyed by document index, where exact copies share their first copy's index: a document can
-    never sit in train and eval at once. Vectorised: a million documents cost milliseconds.
-    """
-    x = np.asarray(doc_keys, dtype=np.uint64) ^ np.uint64(hash64(name))
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    x = x ^ (x >> np.uint64(31))
-    return (x >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction
 
 
 class PackedSource:

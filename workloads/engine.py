@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import ds_config, noise
-from orchestrator.config import Config, adamw_constants, compile_enabled, sgd_weight_decay
+from orchestrator.derived import adamw_constants, compile_enabled, sgd_weight_decay
+from orchestrator.schema import Config
 from workloads.gns_probe import GradNormProbe
 
 
@@ -57,8 +58,8 @@ def _optimizer(cfg: Config, param_groups: List[Dict]) -> torch.optim.Optimizer:
 def build_engine(cfg: Config, plan, work):
     """The DeepSpeed engine over the workload's model: the torch optimizer optim.name picks (AdamW,
     or SGD), handed to DeepSpeed, with the DeepSpeed config from ds_config. AdamW's beta2 and
-    weight decay are the run's (config.adamw_constants); SGD's weight decay is coupled L2
-    (config.sgd_weight_decay). A parameter group whose weight_decay is None (a workload passing
+    weight decay are the run's (derived.adamw_constants); SGD's weight decay is coupled L2
+    (derived.sgd_weight_decay). A parameter group whose weight_decay is None (a workload passing
     optim.weight_decay through, None unless given per step) gets the run's weight decay."""
     optimizer = _optimizer(cfg, work.param_groups())
     num_params = sum(p.numel() for p in work.model.parameters())

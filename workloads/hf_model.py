@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from orchestrator.batching import BatchPlan
-from orchestrator.config import Config
 from orchestrator.errors import ConfigError
 from orchestrator.memory import ModelCosts
+from orchestrator.schema import Config
 from workloads.checkpoint import load_weights
 
 

@@ -19,8 +19,10 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from orchestrator.config import AUTO, Config, batch_plan, from_dict, to_dict
+from orchestrator.config import from_dict, to_dict
+from orchestrator.derived import batch_plan
 from orchestrator.memory import HEADROOM
+from orchestrator.schema import AUTO, Config
 
 
 def search(peak_at: Callable[[int], Optional[float]], capacity: float, upper: int) -> int:

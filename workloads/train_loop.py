@@ -20,8 +20,10 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import batching, logs, noise, tracking
-from orchestrator.config import AUTO, Config, batch_segments, from_dict, gns_ema_tokens
+from orchestrator.config import from_dict
+from orchestrator.derived import batch_segments, gns_ema_tokens
 from orchestrator.schedules import lr_at, stable_end_tokens
+from orchestrator.schema import AUTO, Config
 from workloads import registry, worker_warnings
 from workloads import workload as workloads
 from workloads.checkpoint import TrainState, restore, save_and_report
@@ -239,7 +241,7 @@ def _say_what_is_not_measured(cfg: Config, plan, probe: Optional[GradNormProbe],
     if cfg.gns.enabled and probe is None:
         if cfg.train.loss_normalization != "token":
             why = "train.loss_normalization is not 'token'"
-        elif cfg.batch.grad_accum_steps is not None:  # config.batch_plan splits the update only when A is derived
+        elif cfg.batch.grad_accum_steps is not None:  # derived.batch_plan splits the update only when A is derived
             why = (
                 f"batch.grad_accum_steps={cfg.batch.grad_accum_steps} is given and D x A = 1, so there is no "
                 "small batch to compare with (omit it and the update is split in two)"

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from orchestrator.batching import BatchPlan
-from orchestrator.config import Config
 from orchestrator.memory import ModelCosts
+from orchestrator.schema import Config
 from workloads import registry
 
 

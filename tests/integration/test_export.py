@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_model
 
 from orchestrator import cli, config, export, launch, storage, tracking
-from orchestrator.config import batch_plan
+from orchestrator.derived import batch_plan
 from tests.conftest import BUCKET, TINY
 
 pytestmark = pytest.mark.slow

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator import config, launch, noise, tracking
+from orchestrator import config, derived, launch, noise, tracking
 from tests.conftest import ROOT, TINY, varied_corpus
 
 pytestmark = pytest.mark.slow
@@ -254,7 +254,7 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     assert reports == [tokens * GPT_UPDATES * (i + 1) // 4 for i in range(4)], reports
 
     started = time.monotonic()
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     work = workloads.build(cfg, plan, torch.device("cpu"))  # the workers' initial weights (same seed)
     updates = []
     threads = torch.get_num_threads()

@@ -333,7 +333,7 @@ def test_oversized_working_directory_refused_before_contact(tmp_path):
     assert message.startswith("working_dir:") and "data/shards/big.bin" in message and ".rayignore" in message, message
     assert f"{upload.upload_limit() / 2**20:,.1f} MiB" in message and "unreachable" not in message, message
     (tmp_path / ".rayignore").write_text("data/\n")  # the fix the message suggests
-    upload.check_upload_size(spec)
+    upload.check_upload_size(spec.runtime_env)
 
 
 def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
@@ -397,7 +397,7 @@ def test_unreadable_nodes_warn_and_go_on(monkeypatch, capsys):
     def refused(client, path, job_id=None):
         raise ray_jobs.ClusterError("the Ray dashboard answered GET /api/v0/nodes with HTTP 404")
 
-    monkeypatch.setattr(ray_jobs, "_get", refused)
+    monkeypatch.setattr(ray_jobs, "get_json", refused)
     submit.check_fit(Client(), [feasibility.Shape(64, {"CPU": 1.0})])  # no error: cannot judge
     err = capsys.readouterr().err
     assert err.startswith("warning: cannot read the nodes") and "HTTP 404" in err and len(err.splitlines()) == 1, err
@@ -431,7 +431,7 @@ def test_follow_skips_what_it_printed_and_falls_back_to_polling(monkeypatch, cap
     fake = _FakeJobs(
         [(["a\n", "b\n"], cut), (["a\nb", "\nc\n"], None)], ["RUNNING", "RUNNING", "SUCCEEDED"], "a\nb\nc\nd\n"
     )
-    monkeypatch.setattr(follow, "_get", fake.get)
+    monkeypatch.setattr(follow, "get_json", fake.get)
     assert follow.follow_job(fake, "j1") == 0
     out, err = capsys.readouterr()
     assert out == "a\nb\nc\nd\njob j1 SUCCEEDED\n", out
@@ -440,7 +440,7 @@ def test_follow_skips_what_it_printed_and_falls_back_to_polling(monkeypatch, cap
     monkeypatch.setattr(follow, "RECONNECT_WINDOW_S", 0.2)
     monkeypatch.setattr(follow, "POLL_S", 0.0)
     fake = _FakeJobs([([], cut)] * 20, ["RUNNING"] * 8 + ["FAILED"], "x\n")
-    monkeypatch.setattr(follow, "_get", fake.get)
+    monkeypatch.setattr(follow, "get_json", fake.get)
     assert follow.follow_job(fake, "j2") == 1
     out, err = capsys.readouterr()
     assert out == "x\njob j2 FAILED\n" and "log stream keeps breaking off" in err, out + err

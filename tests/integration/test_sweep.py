@@ -72,7 +72,7 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
         tpu = int(run.data.params["batch.tokens_per_update"])
         share = tpu // 64  # sequences of S = 64 per update, one worker
         # the largest b the probe allows that divides the share, at most half of it: B_simple
-        # needs two micro-batches, so the update is split in two (config.min_micro_batches)
+        # needs two micro-batches, so the update is split in two (derived.min_micro_batches)
         b = max(b for b in range(1, min(answer["micro_batch_size"], share // 2) + 1) if share % b == 0)
         assert (run.data.params["batch.micro_batch_size"], run.data.params["batch.grad_accum_steps"]) == (
             str(b),

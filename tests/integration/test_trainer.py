@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from orchestrator import config, launch, tracking
+from orchestrator import config, derived, launch, tracking
 from tests.conftest import TINY, run_cli, varied_corpus
 
 pytestmark = pytest.mark.slow
@@ -96,7 +96,7 @@ def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus)
     from workloads.data import TokenDataset
 
     cfg = small_config(corpus.parent, corpus, "batch.micro_batch_size=1", "batch.grad_accum_steps=4")
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     counts = {TokenDataset(cfg).micro_batch(0, plan, 0, a).real_tokens for a in range(4)}
     assert len(counts) > 1, counts
 

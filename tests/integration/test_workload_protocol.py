@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from orchestrator import config, launch, tracking
+from orchestrator import config, derived, launch, tracking
 from orchestrator.errors import ConfigError
 from tests.conftest import ROOT, TINY, varied_corpus
 from tests.fixtures import user_workload
@@ -64,9 +64,9 @@ def test_registered_names_are_what_validation_accepts(tmp_path):
 
 def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, monkeypatch):
     cfg = bigram_config(tmp_path)
-    work = build(cfg, config.batch_plan(cfg), torch.device("cpu"))
+    work = build(cfg, derived.batch_plan(cfg), torch.device("cpu"))
     assert isinstance(work, Bigram) and isinstance(work, Workload)
-    mb = work.micro_batch(0, config.batch_plan(cfg), 0, 0)
+    mb = work.micro_batch(0, derived.batch_plan(cfg), 0, 0)
     summed, count = work.summed_loss(work.model, mb)
     assert count == mb.real_tokens > 0 and summed.item() > 0
 
@@ -77,7 +77,7 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
         match="'empty' lacks model, flops_per_token, source_names, param_groups, "
         "micro_batch, summed_loss, eval_batches of the Workload protocol",
     ):
-        build(config.load(TINY, ["model.name=empty"]), config.batch_plan(cfg), torch.device("cpu"))
+        build(config.load(TINY, ["model.name=empty"]), derived.batch_plan(cfg), torch.device("cpu"))
 
     class OldSignature(Bigram):  # written before batch ramps: examples indexed by update
         def micro_batch(self, update, rank, accum_step):
@@ -85,7 +85,7 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
 
     registry.register("old", OldSignature)
     with pytest.raises(TypeError, match=r"micro_batch\(update, rank, accum_step\) is the old signature; it is now"):
-        build(config.load(TINY, ["model.name=old"]), config.batch_plan(cfg), torch.device("cpu"))
+        build(config.load(TINY, ["model.name=old"]), derived.batch_plan(cfg), torch.device("cpu"))
     with pytest.raises(ValueError, match="'bigram' is already registered as tests.fixtures.user_workload:Bigram"):
         registry.register("bigram", lambda cfg, plan, device: object())
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from orchestrator import config, launch, tracking
+from orchestrator import config, derived, launch, tracking
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from tests.conftest import ROOT, TINY, varied_corpus
@@ -96,7 +96,7 @@ def test_a_bpe_tokenizer_trained_by_prepare_drives_a_sweep(ray_session, tmp_path
     assert [s for s, _ in tokens] == [2048 * (i + 1) for i in range(4)]
     assert tracking.metric_history(uri, run.info.run_id, "perf/tokens_per_s")
     cfg = config.load(TINY, [f"{k}={v}" for k, v in sweep["base"]["overrides"].items()])
-    batch = TokenDataset(cfg, "train").micro_batch(0, config.batch_plan(cfg), 0, 0)
+    batch = TokenDataset(cfg, "train").micro_batch(0, derived.batch_plan(cfg), 0, 0)
     ids = torch.cat([batch.inputs.flatten(), batch.targets.flatten()])
     assert ids.max() < 1000 and (ids >= 257).any(), "merged tokens, beyond the bytes"
     assert (batch.targets == tok.eos_id).any(), "documents end with the tokenizer's EOS"
@@ -135,7 +135,7 @@ def test_a_datasets_source_mixes_with_files_at_its_weight(tmp_path):
         TINY, [*SMALL, sources, "batch.tokens_per_update=1280", "train.total_tokens=2560"]
     )  # 40 sequences an update
     data = TokenDataset(cfg, "train")
-    batch = data.micro_batch(0, config.batch_plan(cfg), 0, 0)
+    batch = data.micro_batch(0, derived.batch_plan(cfg), 0, 0)
     counts = np.bincount(batch.source_ids.numpy(), minlength=2)
     assert abs(counts[0] - 0.75 * counts.sum()) <= 1 and abs(counts[1] - 0.25 * counts.sum()) <= 1
     from workloads.corpus import decode
@@ -157,7 +157,7 @@ HF = ["model.name=hf", "model.hf.architecture=llama", "model.hf.extra={num_key_v
 
 def test_a_packed_sequence_loses_what_its_documents_lose_one_by_one():
     cfg = config.load(TINY, [*SMALL, *HF, "model.n_layers=2"])
-    work = workload.build(cfg, config.batch_plan(cfg), torch.device("cpu"))
+    work = workload.build(cfg, derived.batch_plan(cfg), torch.device("cpu"))
     assert type(work.model).__name__ == "LlamaForCausalLM"
     lengths = [7, 12, 13]  # three documents packed into one sequence of 32
     g = torch.Generator().manual_seed(0)
@@ -216,7 +216,7 @@ def test_an_exported_zero_3_llama_loads_in_transformers_with_the_run_s_eval_loss
     out = tmp_path / "exported"
     assert main(["export", run_id, "--out", str(out), f"tracking.uri={cfg.tracking.uri}"]) == 0
     model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
-    work = workload.build(cfg, config.batch_plan(cfg), torch.device("cpu"))
+    work = workload.build(cfg, derived.batch_plan(cfg), torch.device("cpu"))
     with torch.no_grad():
         losses = [work.summed_loss(model, mb) for mb in work.eval_batches(0, 1)]
     loss = sum(float(s) for s, _ in losses) / sum(float(n) for _, n in losses)
@@ -224,7 +224,7 @@ def test_an_exported_zero_3_llama_loads_in_transformers_with_the_run_s_eval_loss
     assert abs(loss - last) <= 1e-5, (loss, last)
     # ... and model.init_from starts a new run from those weights
     again = small(tmp_path, corpus, *HF, f"model.init_from={out}")
-    start = workload.build(again, config.batch_plan(again), torch.device("cpu"))
+    start = workload.build(again, derived.batch_plan(again), torch.device("cpu"))
     with torch.no_grad():
         losses = [start.summed_loss(start.model, mb) for mb in start.eval_batches(0, 1)]
     assert abs(sum(float(s) for s, _ in losses) / sum(float(n) for _, n in losses) - last) <= 1e-5

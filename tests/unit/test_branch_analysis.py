@@ -6,6 +6,8 @@ hyperbola)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -22,10 +24,15 @@ def base_loss(tokens):
     return 2.0 + 3.5 * (1 + np.asarray(tokens, np.float64) / 3e4) ** -0.6
 
 
-def study_trials():
+def study_trials(eval_se: float = 0.0, eval_tokens: int = 65536):
     """A base run at B0 with a checkpoint at every AT, and a branch per factor from each, whose
     eval loss at the end rises with the factor (2 % per doubling past 2 x)."""
-    common = {"data.seq_len": 64, "cluster.num_workers": 1, "train.total_tokens": 180224}
+    common = {
+        "data.seq_len": 64,
+        "cluster.num_workers": 1,
+        "train.total_tokens": 180224,
+        "train.eval_tokens": eval_tokens,
+    }
     grid = np.arange(0, 180224 + 1, 1024)
     base = Trial(
         "base",
@@ -48,7 +55,8 @@ def study_trials():
             }
             end = float(base_loss(t + SPAN)) * (1 + 0.02 * max(0.0, np.log2(k) - 1))
             train = [(t, float(base_loss(t))), (t + SPAN - k * B0, end)]
-            branches.append(Trial(f"b{t}-{k}", f"b{t}-{k}", "FINISHED", params, train, [(t + SPAN, end)]))
+            name, evals = f"b{t}-{k}", [(t + SPAN, end)]
+            branches.append(Trial(name, name, "FINISHED", params, train, evals, eval_se=[(t + SPAN, eval_se * end)]))
     return [base, *branches]
 
 
@@ -81,8 +89,24 @@ def test_the_branched_critical_batch_is_unchanged_by_the_comparison(compared):
 
 def test_the_report_shows_the_from_scratch_column_only_when_compared(compared):
     lines = report_render.branch_lines(compared["branch"])
-    assert "from-scratch B_crit at that loss" in lines[4] and "of sweep 'scratch'" in " ".join(lines)
+    assert any(
+        line.lstrip().startswith("branch point (tokens)") and "from-scratch B_crit at that loss" in line
+        for line in lines
+    )
+    assert "of sweep 'scratch'" in " ".join(lines)
     first = float(base_loss(AT[0]))
     assert any(f"at {first:.4g}" in line for line in lines)
     plain = report_render.branch_lines(analysis.analyse(study_trials())["branch"])
     assert not any("from-scratch" in line for line in plain)
+
+
+def test_an_eval_set_too_small_for_the_tolerance_is_named_with_the_size_it_needs():
+    """The standard error falls as 1 / sqrt(eval tokens): 0.4 % of the loss at 65,536 tokens is
+    1/2.5 of a 1 % tolerance, and three standard errors need 65,536 x (3 x 0.4 / 1)^2 tokens."""
+    noisy = analysis.analyse(study_trials(eval_se=0.004))["branch"]
+    (note,) = noisy["notes"]
+    assert f"from 65,536 to at least {math.ceil(65536 * 1.2**2):,}" in note
+    assert any(note in line for line in report_render.branch_lines(noisy))
+    assert analysis.analyse(study_trials(eval_se=0.003))["branch"]["notes"] == []  # 3.3 standard errors
+    (none,) = analysis.analyse(study_trials())["branch"]["notes"]
+    assert "no eval/loss_se" in none

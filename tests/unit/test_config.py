@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import config, plan, schema
+from orchestrator import config, derived, plan, schema
 from orchestrator.errors import ConfigError
 from tests.conftest import ROOT, TINY
 
@@ -111,9 +111,9 @@ def test_gpu_share_and_micro_batch_forms_are_checked(override, key):
 
 
 def test_compile_defaults_to_the_device():
-    assert not config.compile_enabled(config.load(TINY))
-    assert config.compile_enabled(config.load(TINY, ["cluster.use_gpu=true"]))
-    assert config.compile_enabled(config.load(TINY, ["model.compile=true"]))
+    assert not derived.compile_enabled(config.load(TINY))
+    assert derived.compile_enabled(config.load(TINY, ["cluster.use_gpu=true"]))
+    assert derived.compile_enabled(config.load(TINY, ["model.compile=true"]))
 
 
 # ---------------------------------------------------------------- the split B_simple needs
@@ -151,7 +151,7 @@ def test_beta2_and_weight_decay_from_their_token_forms():
 
     default = config.load(TINY)
     assert default.optim.beta2 is None and default.optim.weight_decay is None
-    assert config.adamw_constants(default) == (0.95, 0.1)
+    assert derived.adamw_constants(default) == (0.95, 0.1)
     B, T, lr = 4096, 262144, 3e-3
     cfg = config.load(
         TINY,
@@ -163,18 +163,18 @@ def test_beta2_and_weight_decay_from_their_token_forms():
             "optim.weight_decay_timescale_share=0.5",
         ],
     )
-    beta2, weight_decay = config.adamw_constants(cfg)
+    beta2, weight_decay = derived.adamw_constants(cfg)
     assert beta2 == pytest.approx(0.5**0.1) and beta2**10 == pytest.approx(0.5)  # halves every 10 updates
     assert weight_decay == pytest.approx(B / (lr * 0.5 * T))
     assert (1 - lr * weight_decay) ** (T / B * 0.5) == pytest.approx(math.exp(-1), rel=0.02)  # e-fold in half the run
-    params = ds_config.build(cfg, config.batch_plan(cfg))["optimizer"]["params"]
+    params = ds_config.build(cfg, derived.batch_plan(cfg))["optimizer"]["params"]
     assert params["betas"][1] == beta2 and params["weight_decay"] == weight_decay
     logged = launch.run_params(cfg)
     assert logged["optim.beta2_effective"] == beta2 and logged["optim.weight_decay_effective"] == weight_decay
     assert logged["optim.beta2"] is None, "what was given stays as given"
     table = plan.format_table(plan.describe(cfg))
     assert f"AdamW beta2                  {beta2:.6g}  (optim.beta2_half_life_tokens=40960)" in table
-    assert config.adamw_constants(config.load(TINY, ["optim.beta2=0.99", "optim.weight_decay=0"])) == (0.99, 0.0)
+    assert derived.adamw_constants(config.load(TINY, ["optim.beta2=0.99", "optim.weight_decay=0"])) == (0.99, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -228,17 +228,17 @@ def test_sgd_resolves_its_own_constants():
     from orchestrator import ds_config
 
     cfg = config.load(TINY, ["optim.name=sgd", "optim.momentum=0.9", "optim.beta1=0.9", "deepspeed.zero_stage=2"])
-    assert config.sgd_weight_decay(cfg) == 0.0
-    assert config.sgd_weight_decay(config.load(TINY, ["optim.name=sgd", "optim.weight_decay=0.01"])) == 0.01
+    assert derived.sgd_weight_decay(cfg) == 0.0
+    assert derived.sgd_weight_decay(config.load(TINY, ["optim.name=sgd", "optim.weight_decay=0.01"])) == 0.01
     table = plan.format_table(plan.describe(cfg))
     assert "SGD momentum                 0.9" in table and "SGD weight decay (L2)        0  (default)" in table
     assert "AdamW" not in table
-    ds = ds_config.build(cfg, config.batch_plan(cfg))
+    ds = ds_config.build(cfg, derived.batch_plan(cfg))
     assert ds["optimizer"] == {"type": "SGD", "params": {"lr": cfg.optim.lr, "momentum": 0.9, "weight_decay": 0.0}}
     assert ds["zero_allow_untested_optimizer"] is True
     adamw = config.load(TINY)
     assert adamw.optim.name == "adamw" and adamw.optim.momentum == 0.0
-    ds = ds_config.build(adamw, config.batch_plan(adamw))
+    ds = ds_config.build(adamw, derived.batch_plan(adamw))
     assert ds["optimizer"]["type"] == "AdamW" and "zero_allow_untested_optimizer" not in ds
     assert "AdamW beta2" in plan.format_table(plan.describe(adamw))
 

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import config
+from orchestrator import config, derived
 from orchestrator.batching import BatchPlan
 from orchestrator.config import Config, SourceConfig
 from orchestrator.errors import ConfigError
@@ -473,7 +473,7 @@ def demo_trials():
 def consumed(cfg: Config, tokens: int) -> D.Batch:
     """Every sequence a run of `cfg` trains on in its first `tokens` tokens, in the order the
     updates, accumulation steps and ranks consume them."""
-    from orchestrator.config import batch_plan
+    from orchestrator.derived import batch_plan
 
     plan, ds = batch_plan(cfg), D.TokenDataset(cfg)
     parts = [
@@ -518,7 +518,7 @@ def consumed_along(cfg: Config, tokens: int) -> D.Batch:
     """What `consumed` gives, for a run whose split follows its segments (batch.ramp): each
     update read from the stream position of the tokens seen before it, as the trainer does."""
     ds, parts = D.TokenDataset(cfg), []
-    for segment in config.batch_segments(cfg):
+    for segment in derived.batch_segments(cfg):
         p = segment.plan
         for before in range(segment.start_tokens, min(segment.end_tokens, tokens), p.tokens_per_update):
             for a in range(p.grad_accum_steps):
@@ -533,7 +533,7 @@ def test_a_ramped_run_consumes_the_fixed_runs_stream_in_order():
     fixed = demo_trials()[0]
     assert fixed.batch.tokens_per_update == 256
     ramp = ramped(fixed)
-    segments = config.batch_segments(ramp)
+    segments = derived.batch_segments(ramp)
     assert [s.plan.tokens_per_update for s in segments] == [256, 512, 1024]
     tokens = 12 * 1024
     assert same(consumed_along(ramp, tokens), consumed(fixed, tokens))

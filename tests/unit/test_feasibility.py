@@ -90,13 +90,13 @@ def test_autoscaling_groups_add_the_nodes_they_may_still_start():
 
 
 def test_fractional_gpus_let_small_trials_share_a_gpu():
-    from orchestrator import config, launch
+    from orchestrator import config, feasibility
     from tests.conftest import TINY
 
     half = config.load(TINY, ["cluster.use_gpu=true", "cluster.gpus_per_worker=0.5", "cluster.cpus_per_worker=1"])
     one_gpu_node = [{"CPU": 4.0, "GPU": 1.0}]
-    assert launch.worker_resources(half) == {"CPU": 1.0, "GPU": 0.5}
-    two_trials = Shape(2, launch.worker_resources(half), "STRICT_PACK")  # what two such trials hold
+    assert feasibility.worker_resources(half) == {"CPU": 1.0, "GPU": 0.5}
+    two_trials = Shape(2, feasibility.worker_resources(half), "STRICT_PACK")  # what two such trials hold
     assert fits(two_trials, one_gpu_node)
     whole = config.load(TINY, ["cluster.use_gpu=true", "cluster.cpus_per_worker=1"])
-    assert not fits(Shape(2, launch.worker_resources(whole), "STRICT_PACK"), one_gpu_node)
+    assert not fits(Shape(2, feasibility.worker_resources(whole), "STRICT_PACK"), one_gpu_node)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
-from orchestrator import config
+from orchestrator import config, derived
 from tests.conftest import ROOT
 from workloads import engine as trainer
 from workloads.engine import build_engine, ensure_process_group, train_update
@@ -51,7 +51,7 @@ def fp16_engine(stage: int, fp16: dict):
     cfg.deepspeed.precision = "fp16"  # after validation, which refuses it on CPU
     cfg.deepspeed.extra = {"fp16": fp16}
     ensure_process_group(cfg)  # a world of one that stays (DeepSpeed keeps its groups)
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     torch.manual_seed(0)
     work = HalfLinReg(cfg, plan, torch.device("cpu"))
     with torch.no_grad():  # away from w = 0, so that every example's gradient differs

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import config, memory, micro_batch
+from orchestrator import config, derived, memory, micro_batch
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from tests.conftest import TINY
@@ -101,7 +101,7 @@ def test_each_shape_is_probed_once_and_every_config_of_it_gets_the_answer(tmp_pa
     ]
     micro_batch.resolve_all(configs)
     assert sorted(found) == [(64, 32), (128, 64)], "one search per shape, up to the largest share any needs"
-    plans = [config.batch_plan(c) for c in configs]
+    plans = [derived.batch_plan(c) for c in configs]
     # the largest divisor of each run's share not above the answer
     assert [(p.micro_batch_size, p.grad_accum_steps) for p in plans] == [(8, 4), (8, 8), (8, 2), (4, 8)]
     cached = list((tmp_path / "runs" / "micro_batch").glob("*.json"))

@@ -12,7 +12,7 @@ import math
 import matplotlib.image as mpimg
 import pytest
 
-from orchestrator import analysis, report, report_render, tracking
+from orchestrator import analysis, report, report_inputs, report_render, tracking
 from orchestrator.errors import ConfigError
 from tests.known_truth import World, factor_grid
 
@@ -80,7 +80,7 @@ def sweep_report(store):
 
 @pytest.fixture(scope="module")
 def trials(store):
-    return report.read_trials(store["uri"], store["parent"])
+    return report_inputs.read_trials(store["uri"], store["parent"])
 
 
 # ---------------------------------------------------------------- what counts
@@ -233,7 +233,7 @@ def test_sweep_file_names_the_sweep(store, tmp_path):
         f"name: {SWEEP}\nbase:\n  config: conf/train/tiny.yaml\n  overrides:\n"
         f"    - tracking.uri={store['uri']}\n    - optim.lr=1e-3\n"
     )
-    uri, name, run_id = report.resolve(str(sweep_file), [])
+    uri, name, run_id = report_inputs.resolve(str(sweep_file), [])
     assert (uri, name, run_id) == (store["uri"], SWEEP, store["parent"])
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import yaml
 
-from orchestrator import search_space
+from orchestrator import derived, search_space
 from orchestrator.errors import ConfigError
 from tests.conftest import ROOT
 
@@ -379,7 +379,7 @@ def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
         c = t.cfg
         assert [(r.from_tokens, r.tokens_per_update) for r in c.batch.ramp] == [(0, 4096), (at, k * 4096)]
         assert c.train.stop_at_tokens == at + 16384 and c.train.total_tokens == 131072
-        (_, second) = config.batch_segments(c)[:2]
+        (_, second) = derived.batch_segments(c)[:2]
         assert second.lr_factor == pytest.approx(k**0.5)
     base = search_space.resolve(sweep, branch_study.base_values(sweep.branch, config.load(TINY, sweep.base_overrides)))
     assert base.name.startswith("base B=4Ki") and base.cfg.train.checkpoint_at_tokens == [16384, 65536]

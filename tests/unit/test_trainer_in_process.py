@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from orchestrator import config, ds_config, noise, tracking
+from orchestrator import config, derived, ds_config, noise, tracking
 from orchestrator.schedules import lr_at
 from tests.conftest import ROOT
 from workloads import train_loop
@@ -133,7 +133,7 @@ def test_each_update_is_logged_at_the_tokens_its_weights_had_seen(uri, tmp_path,
     run_id = train(cfg, api)
 
     # Plain PyTorch: a copy of the initial model, AdamW with the run's constants, clipped by hand.
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     model = copy.deepcopy(workloads.build(cfg, plan, torch.device("cpu")).model)
     opt = torch.optim.AdamW(model.parameters(), lr=peak, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)  # defaults
     data = LinRegData(cfg.model.dim, cfg.model.noise_std, cfg.model.w_star_norm, cfg.train.seed)
@@ -258,7 +258,7 @@ def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri
     checkpoint at 32 (within the second segment) gives the same curve, each step once."""
     cfg = ramp_config(uri, tmp_path, stage)
     assert cfg.batch.tokens_per_update == 8, "the ramp's first batch size"
-    segments = config.batch_segments(cfg)
+    segments = derived.batch_segments(cfg)
     plans = [(s.plan.micro_batch_size, s.plan.grad_accum_steps) for s in segments]
     assert plans == [(4, 2), (8, 2), (8, 4)], plans
     run_id = train(cfg, FakeRay(tmp_path / "unbroken"))
@@ -403,7 +403,7 @@ def test_the_engines_adamw_and_the_deepspeed_config_use_the_resolved_constants(u
         "optim.beta2_half_life_tokens=2560",
         "optim.weight_decay_timescale_share=0.5",
     )
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     B, T = cfg.batch.tokens_per_update, cfg.train.total_tokens
     beta2, weight_decay = 0.5 ** (B / 2560), B / (cfg.optim.lr * 0.5 * T)
     engine = build_engine(cfg, plan, PassThrough(cfg, plan, torch.device("cpu")))
@@ -437,7 +437,7 @@ def test_sgd_through_the_trainer_is_torch_sgd(uri, tmp_path, stage, momentum):
     )
     run_id = train(cfg, FakeRay(tmp_path))
 
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     initial = workloads.build(cfg, plan, torch.device("cpu")).model
     data = LinRegData(cfg.model.dim, cfg.model.noise_std, cfg.model.w_star_norm, cfg.train.seed)
     eval_x, eval_y = data.eval_batch(cfg.train.eval_tokens)
@@ -473,7 +473,7 @@ def test_the_engines_sgd_uses_coupled_weight_decay_and_no_adamw_constants(uri, t
 
     for given, decay in (("0.01", 0.01), ("null", 0.0)):
         cfg = linreg(uri, tmp_path, "optim.name=sgd", "optim.momentum=0.5", f"optim.weight_decay={given}")
-        plan = config.batch_plan(cfg)
+        plan = derived.batch_plan(cfg)
         engine = build_engine(cfg, plan, PassThrough(cfg, plan, torch.device("cpu")))
         assert type(engine.basic_optimizer) is torch.optim.SGD
         (group,) = engine.optimizer.param_groups
@@ -524,7 +524,7 @@ def test_b_simple_tracks_the_closed_form_of_the_runs_own_weights(uri, tmp_path):
     assert len(logged) == updates // 8 and len(losses) == updates
 
     # The run's weights before every update, by plain AdamW on the same examples.
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     data = LinRegData(dim, cfg.model.noise_std, cfg.model.w_star_norm, cfg.train.seed)
     model = workloads.build(cfg, plan, torch.device("cpu")).model
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
@@ -557,7 +557,7 @@ def test_b_simple_tracks_the_closed_form_of_the_runs_own_weights(uri, tmp_path):
                 out.append((round(ema.centre), ema.b_simple, (u + 1) * B))
         return out
 
-    noise_free = replay(config.gns_ema_tokens(cfg))
+    noise_free = replay(derived.gns_ema_tokens(cfg))
     assert [s for s, _ in logged] == [s for s, _, _ in noise_free], "logged at the EMA's centre of mass"
     lag = [b / closed_form(step) - 1 for step, b, _ in noise_free]
     old = [b / closed_form(after) - 1 for _, b, after in replay(B * updates // 20)]
@@ -595,7 +595,7 @@ def test_one_micro_batch_updates_are_split_so_b_simple_is_measured(uri, tmp_path
         "gns.ema_tokens=100000000",  # every update weighs almost alike
         "optim.lr=0",
     )
-    plan = config.batch_plan(cfg)
+    plan = derived.batch_plan(cfg)
     assert (plan.micro_batch_size, plan.grad_accum_steps) == (examples // 2, 2)
     run_id = train(cfg, FakeRay(tmp_path))
     (*_, (_, b_simple)) = history(cfg, run_id, "gns/b_simple")
@@ -618,7 +618,7 @@ def test_the_split_leaves_the_loss_curve_as_it_was(uri, tmp_path):
             "train.eval_every_tokens=1024",
             f"gns.enabled={gns}",
         )
-        assert config.batch_plan(cfg).grad_accum_steps == (2 if gns == "true" else 1)
+        assert derived.batch_plan(cfg).grad_accum_steps == (2 if gns == "true" else 1)
         curves.append(history(cfg, train(cfg, FakeRay(tmp_path / gns)), "train/loss"))
     assert [s for s, _ in curves[0]] == [s for s, _ in curves[1]] == [64 * u for u in range(16)]
     assert [v for _, v in curves[0]] == pytest.approx([v for _, v in curves[1]], rel=1e-5)
