@@ -125,7 +125,7 @@ def run_plain(cfg) -> Dict[str, Any]:
             batches = [
                 train.micro_batch(update * plan.sequences_per_update, plan, 0, a) for a in range(plan.grad_accum_steps)
             ]
-            real = max(sum(b.real_tokens for b in batches), 1)  # token-weighted, as DESIGN.md 4.2
+            real = max(sum(b.real_tokens for b in batches), 1)  # token-weighted, as docs/design.md 4.2
             for batch in batches:
                 summed, _ = loss_of(batch)
                 (summed / real).backward()

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
-from orchestrator import validation
+from orchestrator import registry, validation
 from orchestrator.errors import ConfigError
 from orchestrator.schema import (  # noqa: F401  (re-exported: callers import the schema from here)
     ADAMW_ONLY_KEYS,
@@ -144,9 +144,7 @@ def load(
 
 def follow_tokenizer(cfg: Config) -> None:
     """model.vocab_size None -> the tokenizer's; a given one must equal it."""
-    from workloads import tokenizer  # torch-free
-
-    size = tokenizer.load(cfg.data.tokenizer).vocab_size
+    size = registry.vocab_size(cfg.data.tokenizer)
     if cfg.model.vocab_size is None:
         cfg.model.vocab_size = size
     elif cfg.model.vocab_size != size and cfg.model.name != "linreg":

@@ -75,7 +75,7 @@ def min_micro_batches(cfg: Config) -> int:
     """Micro-batches (D x A) an update needs at least: two when the gradient noise scale is
     measured and A is left to the solver, since B_simple compares a micro-batch's gradient with
     the update's. Token-weighted accumulation makes the split invisible in the loss curve
-    (DESIGN.md 4.1); the naive per-micro-batch mean is not split-invariant, so it is not split."""
+    (docs/design.md 4.1); the naive per-micro-batch mean is not split-invariant, so it is not split."""
     measured = cfg.gns.enabled and cfg.train.loss_normalization == "token"
     return 2 if measured and cfg.batch.grad_accum_steps is None else 1
 

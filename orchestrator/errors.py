@@ -1,4 +1,4 @@
-"""Errors the command line maps to exit codes (DESIGN.md section 3)."""
+"""Errors the command line maps to exit codes (docs/design.md 3)."""
 
 
 class ConfigError(ValueError):

@@ -330,7 +330,7 @@ def _write_model(cfg, state_dict: Dict[str, Any], folder: Path, info: Dict[str, 
 
 
 def _workload_hook(cfg):
-    from workloads import registry
+    from orchestrator import registry
 
     try:
         factory = registry.factory(cfg.model.name)

@@ -22,7 +22,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.ray_jobs import TERMINAL, ClusterError, ContactLost, first_line, get_json, mask
 
 LOST_CONTACT = 3
-"""Exit code of `--follow` that lost contact with a job that may still be running (DESIGN.md 3)."""
+"""Exit code of `--follow` that lost contact with a job that may still be running (docs/design.md 3)."""
 RECONNECT_WINDOW_S = 600.0
 """How long `--follow` keeps trying to reach the dashboard again (a port-forward restarted, a
 dashboard back up) before it gives up with LOST_CONTACT."""

@@ -34,7 +34,7 @@ def preflight(cfg: Config) -> None:
         from workloads import data
 
         data.check_corpus(cfg, plan.tokens_per_update)
-    from workloads import registry
+    from orchestrator import registry
 
     if cfg.model.name not in registry.BUILTIN:
         check_workload(cfg, plan)
@@ -194,7 +194,7 @@ def build_trainer(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from workloads import registry
+    from orchestrator import registry
     from workloads.train_loop import FAULT_ENV, train_worker
 
     plan = batch_plan(cfg)

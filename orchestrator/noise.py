@@ -2,7 +2,7 @@
 
 For a batch of B tokens, the per-token-mean gradient G_B has E|G_B|^2 = |G|^2 + tr(Sigma) / B,
 with G the true gradient and Sigma the per-token gradient covariance. Two batch sizes give two
-equations and so unbiased estimates of both unknowns (DESIGN.md section 5):
+equations and so unbiased estimates of both unknowns (docs/design.md 5):
 
     |G|^2 ~= (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
     S     ~= (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from orchestrator import batching, schedules
+from orchestrator import registry as workload_registry
 from orchestrator.derived import adamw_constants, batch_plan, batch_segments
 from orchestrator.errors import ConfigError
 from orchestrator.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
 from orchestrator.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, Config, OptimConfig
-from workloads import registry as workload_registry  # names only: the standard library, no torch
 
 SOURCE_KINDS = ("code", "prose", "arithmetic", "files", "hf")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -322,10 +322,7 @@ def _across_fields(cfg: Config) -> None:
             "got 'fp16' with deepspeed.zero_stage=0, where DeepSpeed unscales gradients it never scaled; "
             "use bf16, or fp16 with deepspeed.zero_stage 1 to 3",
         )
-    if m.name == "hf":
-        from workloads.hf_model import hf_config  # transformers: only for hf models
-
-        hf_config(cfg)
+    workload_registry.check(cfg)  # e.g. hf: transformers reads the model's config
 
 
 def _optimizer_keys(cfg: Config) -> None:

@@ -6,7 +6,7 @@ cut into windows of S+1 tokens. The training stream is one fixed sequence of suc
 given the data config and `train.seed`: position k draws its source from `workloads/mixture.py`
 (every prefix holds each source within one sequence of its weight) and takes that source's next
 window. Update u consumes positions [u N, (u+1) N) of N sequences, sliced over accumulation
-steps and workers, so every batch size sees the same tokens at equal tokens (DESIGN.md 4.5) and
+steps and workers, so every batch size sees the same tokens at equal tokens (docs/design.md 4.5) and
 every b x D x A split of an update the same sequences (4.1). The corpus itself (sources,
 tokenizer, token cache) is `workloads/corpus.py`.
 """
@@ -109,7 +109,7 @@ class Batch:
 
     @property
     def real_tokens(self) -> int:
-        """Loss-bearing tokens: what the token-weighted loss divides by (DESIGN.md 4.2)."""
+        """Loss-bearing tokens: what the token-weighted loss divides by (docs/design.md 4.2)."""
         return int(self.loss_mask.sum().item())
 
 

@@ -1,7 +1,7 @@
 """The DeepSpeed side of a worker: the process group, the engine, one optimizer update
 (`train_update`) and an evaluation pass. train_loop.py drives them; benchmarks call them directly.
 
-Token-weighted accumulation (DESIGN.md 4.2): before the first backward of an update we count
+Token-weighted accumulation (docs/design.md 4.2): before the first backward of an update we count
 the real tokens of all its micro-batches on all workers (N). Each micro-batch's *summed* token
 loss is scaled by D / N: DeepSpeed averages gradients over the D workers, so the update's
 gradient is exactly the mean over every real token, however the batch is split. We call

@@ -2,7 +2,7 @@
 
 A packed sequence holds several documents back to back. Each token carries its document id
 and its position inside that document (restarting at 0), and query i attends to key j iff
-j <= i and both belong to the same document: the block-diagonal causal mask of DESIGN.md 4.3.
+j <= i and both belong to the same document: the block-diagonal causal mask of docs/design.md 4.3.
 
 Choices, in the spirit of nanoGPT's model.py:
 - pre-norm blocks with LayerNorm without bias (GPT-2's norm; no biases anywhere else either);
@@ -191,7 +191,7 @@ def token_losses(
     """(summed cross-entropy over loss-bearing positions, number of such positions).
 
     The sum, not the mean: the trainer divides by the update's global real-token count, so
-    every real token weighs the same however the update is split (DESIGN.md 4.2).
+    every real token weighs the same however the update is split (docs/design.md 4.2).
     """
     mask = loss_mask.reshape(-1).to(torch.float32)
     # Masked targets may hold anything (e.g. -1 for padding): point them at a valid class so

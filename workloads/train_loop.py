@@ -19,12 +19,12 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from orchestrator import batching, logs, noise, tracking
+from orchestrator import batching, logs, noise, registry, tracking
 from orchestrator.config import from_dict
 from orchestrator.derived import batch_segments, gns_ema_tokens
 from orchestrator.schedules import lr_at, stable_end_tokens
 from orchestrator.schema import AUTO, Config
-from workloads import registry, worker_warnings
+from workloads import worker_warnings
 from workloads import workload as workloads
 from workloads.checkpoint import TrainState, restore, save_and_report
 from workloads.engine import build_engine, ensure_process_group, evaluate, set_lr, set_plan, train_update
@@ -290,7 +290,7 @@ def _report_divergence(run: Run, stats: Dict[str, float]) -> None:
 
 def _log_update(run: Run, stats: Dict[str, float], lr: float, before: int) -> None:
     """The update's loss and gradient norm at the tokens the weights that produced them had
-    seen: `before` the update, so the first point is the initial weights' at 0 (DESIGN.md 3).
+    seen: `before` the update, so the first point is the initial weights' at 0 (docs/design.md 3).
     The learning rate and clipping that update applied go beside them."""
     if run.logger:
         keys = ("loss", "grad_norm", "clipped")

@@ -1,5 +1,6 @@
 """What the train loop needs from a workload (the `Workload` protocol), the two built-in ones,
-and `build`, which makes the one that `model.name` names through workloads/registry.py.
+and `build`, which makes the one that `model.name` names through orchestrator/registry.py
+(public as workloads.registry).
 
 A workload owns its model and its data and answers three questions: which micro-batch does
 worker r see at accumulation step a of update u, what is the *summed* token loss of a
@@ -19,10 +20,10 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime
 import torch
 from torch import nn
 
+from orchestrator import registry
 from orchestrator.batching import BatchPlan
 from orchestrator.memory import ModelCosts
 from orchestrator.schema import Config
-from workloads import registry
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Workload(Protocol):
         update that starts at stream position `first` (sequences consumed so far) and is split
         as `plan` (the current segment's, which changes along a batch.ramp): a pure function of
         these and the config, so that every split b x D x A of an update sees the same examples
-        (DESIGN.md 4.1, 4.5) and a run that changes its batch size continues where it was."""
+        (docs/design.md 4.1, 4.5) and a run that changes its batch size continues where it was."""
         ...
 
     def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The gradient noise scale measured by the trainer (Ray Train + DeepSpeed, DESIGN.md 5) against
+"""The gradient noise scale measured by the trainer (Ray Train + DeepSpeed, docs/design.md 5) against
 values known without it, at frozen weights (optim.lr=0), so every update samples the same
 gradient distribution and the EMA of the estimates converges.
 

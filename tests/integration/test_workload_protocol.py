@@ -8,11 +8,10 @@ import sys
 import pytest
 import torch
 
-from orchestrator import config, derived, launch, tracking
+from orchestrator import config, derived, launch, registry, tracking
 from orchestrator.errors import ConfigError
 from tests.conftest import ROOT, TINY, varied_corpus
 from tests.fixtures import user_workload
-from workloads import registry
 from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build
 
 UPDATES = 8

@@ -456,7 +456,7 @@ def test_check_corpus_passes_and_fails_with_one_clear_line(tmp_path: Path):
         D.check_corpus(tiny, tokens_per_update=256)
 
 
-# ---------------------------------------------------------------- one stream for every batch size (DESIGN.md 4.5)
+# ---------------------------------------------------------------- one stream for every batch size (docs/design.md 4.5)
 
 DEMO_SWEEP = Path(__file__).resolve().parents[2] / "conf" / "sweep" / "demo.yaml"
 

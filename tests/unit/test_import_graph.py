@@ -2,17 +2,60 @@
 every import, at module level or inside a function (a function-level import that closes a
 circle is still a circle, only a later one), except those under `if TYPE_CHECKING:`.
 
-No circle: a module's imports, followed any number of steps, never lead back to it."""
+No circle: a module's imports, followed any number of steps, never lead back to it. The layers
+(docs/design.md): the core imports only the core, the analysis the core and itself, workloads
+the core, themselves and the tracking door, reporting never the driver; core and analysis name
+no Ray, DeepSpeed, MLflow or torch anywhere, and import with those four blocked."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Set
+
+import pytest
 
 from tests.conftest import ROOT
 
 PACKAGES = ("orchestrator", "workloads")
+HEAVY = ("ray", "deepspeed", "mlflow", "torch")
+
+
+def _modules(names: str) -> Set[str]:
+    return {f"orchestrator.{m}" for m in names.split()}
+
+
+CORE = _modules(
+    "errors schema yaml_files config validation derived registry batching schedules noise memory cost "
+    "feasibility storage ds_config logs"
+)
+"""Pure: the config (schema, loading, validation, what it implies), the batch and memory arithmetic,
+what core needs of the workloads by import path (registry)."""
+ANALYSIS = _modules(
+    "trials tables critical_batch steps_to_target diagnostics analysis branch_cbs branch_analysis lr_bracket"
+)
+"""Pure: runs as records, the critical batch size, the branch measurement."""
+REPORTING = _modules("report report_inputs report_render results plots")
+TRACKING = _modules("tracking metric_logger")
+DRIVER = _modules("launch sweep sweep_summary dry_run micro_batch plan submit jobs follow ray_jobs upload cli")
+
+
+def layer_violations(graph: Dict[str, Set[str]]) -> List[str]:
+    """'a -> b' for every import that breaks the layers."""
+    allowed = {
+        **{m: CORE for m in CORE},
+        **{m: CORE | ANALYSIS for m in ANALYSIS},
+        **{
+            m: CORE | {w for w in graph if w.startswith("workloads.")} | TRACKING
+            for m in graph
+            if m.startswith("workloads.")
+        },
+    }
+    bad = [f"{m} -> {x}" for m, out in graph.items() if m in allowed for x in sorted(out - allowed[m])]
+    bad += [f"{m} -> {x}" for m in REPORTING for x in sorted(graph.get(m, set()) & DRIVER)]
+    return sorted(bad)
 
 
 def _module_name(root: Path, path: Path) -> str:
@@ -92,6 +135,43 @@ def test_the_project_has_no_import_circle():
     graph = import_graph(ROOT)
     assert len(graph) > 60 and graph["orchestrator.cli"], "the graph reads the project"
     assert cycles(graph) == []
+
+
+def test_the_layers_hold():
+    graph = import_graph(ROOT)
+    assert CORE | ANALYSIS | REPORTING | TRACKING | DRIVER <= set(graph), "every named module exists"
+    assert layer_violations(graph) == []
+
+
+def test_a_planted_upward_import_is_a_violation():
+    graph = import_graph(ROOT)
+    graph["orchestrator.batching"] = graph["orchestrator.batching"] | {"orchestrator.launch"}
+    graph["orchestrator.plots"] = graph["orchestrator.plots"] | {"orchestrator.sweep"}
+    assert layer_violations(graph) == [
+        "orchestrator.batching -> orchestrator.launch",
+        "orchestrator.plots -> orchestrator.sweep",
+    ]
+
+
+@pytest.mark.parametrize("module", sorted(CORE | ANALYSIS))
+def test_the_pure_layers_name_no_heavy_library(module):
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    named = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    named |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in named if m.split(".")[0] in HEAVY}, "an import of Ray, DeepSpeed, MLflow or torch"
+
+
+def test_the_pure_layers_import_with_ray_deepspeed_mlflow_and_torch_blocked():
+    blocker = (
+        "import importlib, sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {HEAVY!r}: raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"for m in {sorted(CORE | ANALYSIS)!r}: importlib.import_module(m)\n"
+        f"assert not [m for m in sys.modules if m.split('.')[0] in {HEAVY!r}]\n"
+    )
+    subprocess.run([sys.executable, "-c", blocker], cwd=ROOT, check=True)
 
 
 def test_a_planted_circle_is_found_even_through_a_function_level_import(tmp_path):
