@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from orchestrator import logs
+from orchestrator import cost, logs
 from orchestrator.errors import ConfigError
 
 
@@ -31,7 +31,11 @@ def _config_args(p: argparse.ArgumentParser, what: str = "CONFIG") -> None:
 
 DRY_RUN_OPTIONS = [
     ("--mfu", float, "share of the peak FLOP/s a trial achieves (default 0.4 on GPU)"),
-    ("--peak-flops", float, "peak FLOP/s of one GPU (default 989e12) or CPU thread (default: measured)"),
+    (
+        "--peak-flops",
+        float,
+        f"peak FLOP/s of one GPU (default {cost.GPU_PEAK_FLOPS:g}) or CPU thread (default: measured)",
+    ),
     ("--device-memory", str, "memory of one worker's device for `auto` micro-batches, e.g. 80GiB"),
     ("--startup-s", float, "start-up seconds per trial (default 60 on GPU, 15 on CPU)"),
 ]

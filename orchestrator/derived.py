@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional
 
-from orchestrator import batching
+from orchestrator import batching, schedules
 from orchestrator.schema import AUTO, DEFAULT_BETA2, DEFAULT_WEIGHT_DECAY, Config, RampStep
 
 
@@ -106,4 +106,22 @@ def _plan(cfg: Config, tokens_per_update: int) -> batching.BatchPlan:
         cfg.cluster.num_workers,
         cfg.batch.grad_accum_steps,
         min_micro_batches(cfg),
+    )
+
+
+def scheduled_lr(cfg: Config, tokens: float, segments: Optional[List[batching.Segment]] = None) -> float:
+    """The lr of the update that ends at `tokens`, as the trainer sets it and `plan` prints it:
+    the schedule over the budget in whole updates, times the batch.ramp segment's factor
+    (`segments`: batch_segments(cfg), when the caller has them)."""
+    segments = segments or batch_segments(cfg)
+    factor = next((g.lr_factor for g in segments if g.start_tokens < tokens <= g.end_tokens), segments[0].lr_factor)
+    s = cfg.schedule
+    return factor * schedules.lr_at(
+        tokens,
+        peak=cfg.optim.lr,
+        total_tokens=segments[-1].end_tokens,
+        warmup_tokens=s.warmup_tokens,
+        decay=s.decay,
+        min_lr_ratio=s.min_lr_ratio,
+        wsd_decay_share=s.wsd_decay_share,
     )

@@ -84,7 +84,9 @@ def _check(options: Options) -> None:
     if options.mfu is not None and not 0 < options.mfu <= 1:
         raise ConfigError("--mfu", f"got {options.mfu:g}; must be in (0, 1], e.g. 0.4 for 40% of the peak")
     if options.peak_flops is not None and not (options.peak_flops > 0 and math.isfinite(options.peak_flops)):
-        raise ConfigError("--peak-flops", f"got {options.peak_flops:g}; must be > 0 FLOP/s, e.g. 989e12")
+        raise ConfigError(
+            "--peak-flops", f"got {options.peak_flops:g}; must be > 0 FLOP/s, e.g. {cost.GPU_PEAK_FLOPS:g}"
+        )
     if options.startup_s is not None and not (options.startup_s >= 0 and math.isfinite(options.startup_s)):
         raise ConfigError("--startup-s", f"got {options.startup_s:g}; must be >= 0 seconds")
 

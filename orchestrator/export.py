@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
-TAG = "state"  # the DeepSpeed checkpoint tag the trainer writes (workloads/checkpoint.py)
 CHECKPOINT_PREFIX = "checkpoint_"
 TIED = "tied"  # safetensors metadata: {alias: stored name}, JSON
 ZERO3_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
@@ -152,7 +151,7 @@ def checkpoints_of(uri: str, run_id: str) -> str:
 
 
 def _is_checkpoint(location: str) -> bool:
-    return _exists(storage.join(location, TAG))
+    return _exists(storage.join(location, storage.CHECKPOINT_TAG))
 
 
 def choose_checkpoint(location: str, tokens: Optional[int], scratch: Path) -> str:
@@ -177,16 +176,8 @@ def choose_checkpoint(location: str, tokens: Optional[int], scratch: Path) -> st
 def _exists(location: str) -> bool:
     import pyarrow.fs as pafs
 
-    fs, path = _filesystem(location)
+    fs, path = storage.filesystem(location)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
-
-
-def _filesystem(location: str):
-    import pyarrow.fs as pafs
-
-    if storage.is_uri(location):
-        return pafs.FileSystem.from_uri(location)
-    return pafs.LocalFileSystem(), str(Path(location).resolve())
 
 
 def fetch(location: str, scratch: Path, only_model_states: bool = False) -> Path:
@@ -200,13 +191,13 @@ def fetch(location: str, scratch: Path, only_model_states: bool = False) -> Path
             raise ConfigError("--checkpoint", f"no checkpoint folder at {location}")
         return local
     shutil.rmtree(scratch, ignore_errors=True)
-    (scratch / TAG).mkdir(parents=True)
-    fs, path = _filesystem(location)
+    (scratch / storage.CHECKPOINT_TAG).mkdir(parents=True)
+    fs, path = storage.filesystem(location)
     if only_model_states:
         for name in (ZERO3_STATES, MODEL_STATES):
-            source = f"{path}/{TAG}/{name}"
+            source = f"{path}/{storage.CHECKPOINT_TAG}/{name}"
             if fs.get_file_info(source).type == pafs.FileType.File:
-                pafs.copy_files(source, str(scratch / TAG / name), source_filesystem=fs)
+                pafs.copy_files(source, str(scratch / storage.CHECKPOINT_TAG / name), source_filesystem=fs)
         return scratch
     if fs.get_file_info(path).type != pafs.FileType.Directory:
         raise ConfigError("--checkpoint", f"no checkpoint folder at {location}")
@@ -219,9 +210,9 @@ def fetch(location: str, scratch: Path, only_model_states: bool = False) -> Path
 
 def _model_states_file(folder: Path) -> Path:
     for name in (ZERO3_STATES, MODEL_STATES):
-        if (folder / TAG / name).is_file():
-            return folder / TAG / name
-    raise ConfigError("--checkpoint", f"{folder} holds no DeepSpeed checkpoint with tag {TAG!r}")
+        if (folder / storage.CHECKPOINT_TAG / name).is_file():
+            return folder / storage.CHECKPOINT_TAG / name
+    raise ConfigError("--checkpoint", f"{folder} holds no DeepSpeed checkpoint with tag {storage.CHECKPOINT_TAG!r}")
 
 
 def _model_states(folder: Path) -> Dict[str, Any]:
@@ -236,7 +227,7 @@ def _check_pickles(folder: Path) -> None:
     DeepSpeed's zero_to_fp32 loads them with weights_only=False, which runs whatever they name."""
     import torch
 
-    for path in sorted((folder / TAG).glob("*.pt")):
+    for path in sorted((folder / storage.CHECKPOINT_TAG).glob("*.pt")):
         unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - DEEPSPEED_GLOBALS
         if unsafe:
             raise ConfigError(
@@ -265,7 +256,7 @@ def consolidate(folder: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
         _check_pickles(folder)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its chatter
-            state_dict = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=TAG)
+            state_dict = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=storage.CHECKPOINT_TAG)
     return state_dict, info
 
 

@@ -372,7 +372,3 @@ def train(cfg: Config) -> int:
         f"open it with `{tracking.ui_command(cfg.tracking.uri)}`, then {link}"
     )
     return 0
-
-
-if os.environ.get("RAY_TRAIN_V2_ENABLED") is None:
-    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # the Train V2 API (the default in ray >= 2.50)

@@ -13,29 +13,12 @@ from orchestrator.derived import (
     batch_segments,
     micro_batch_limit,
     min_micro_batches,
+    scheduled_lr,
     sgd_weight_decay,
 )
-from orchestrator.schedules import lr_at
 from orchestrator.schema import AUTO, Config
 
 DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
-
-
-def lr_schedule(cfg: Config, tokens: float) -> float:
-    """The lr of the update that ends at `tokens` (the first update's at its end), as the trainer
-    sets it: the schedule times its batch.ramp segment's factor."""
-    s = cfg.schedule
-    segments = batch_segments(cfg)
-    factor = next((g.lr_factor for g in segments if g.start_tokens < tokens <= g.end_tokens), segments[0].lr_factor)
-    return factor * lr_at(
-        tokens,
-        peak=cfg.optim.lr,
-        total_tokens=rounded_budget(cfg),
-        warmup_tokens=s.warmup_tokens,
-        decay=s.decay,
-        min_lr_ratio=s.min_lr_ratio,
-        wsd_decay_share=s.wsd_decay_share,
-    )
 
 
 def rounded_budget(cfg: Config) -> int:
@@ -91,7 +74,10 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "gns": gns_note(cfg, plan),
         "ramp": _ramp(cfg) if cfg.batch.ramp else [],
         # The LR of the first and last update and at quarters of the budget.
-        "lr_at": {"first update": lr_schedule(cfg, tpu), **{k: lr_schedule(cfg, v) for k, v in quarter_points.items()}},
+        "lr_at": {
+            "first update": scheduled_lr(cfg, tpu),
+            **{k: scheduled_lr(cfg, v) for k, v in quarter_points.items()},
+        },
         "deepspeed_train_batch_size": ds["train_batch_size"],
         "deepspeed_micro_batch_per_gpu": ds["train_micro_batch_size_per_gpu"],
         "deepspeed_gradient_accumulation_steps": ds["gradient_accumulation_steps"],
@@ -111,7 +97,7 @@ def _ramp(cfg: Config) -> List[Dict[str, Any]]:
             "grad_accum_steps": s.plan.grad_accum_steps,
             "updates": s.updates,
             "lr_factor": s.lr_factor,
-            "lr_after_change": lr_schedule(cfg, s.start_tokens + s.plan.tokens_per_update),
+            "lr_after_change": scheduled_lr(cfg, s.start_tokens + s.plan.tokens_per_update),
         }
         for s in batch_segments(cfg)
     ]

@@ -16,6 +16,7 @@ sends it only when RAY_AUTH_MODE=token is set in the submitting process too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 import re
@@ -176,18 +177,29 @@ def connect(address: str, insecure: bool = False):
     _probe(address)
     import logging
 
-    from ray.job_submission import JobSubmissionClient
-
     # Upload chatter, "WebSocket closed": failures surface as exceptions. Ray's job client modules
     # set their own loggers to INFO, so the parent's level is not enough.
     for name in ("ray", "ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk"):
         logging.getLogger(name).setLevel(logging.ERROR)
     headers = {"Authorization": f"Bearer {token}"} if token else None
     with _cluster_errors(address, source):
-        client = JobSubmissionClient(address, headers=headers)
-    client._orchestrator_token_source = source  # for error messages of later calls
-    client._orchestrator_headers = headers or {}  # for the requests made here (get_json)
-    return client
+        return _jobs_client()(address, headers=headers, token_source=source)
+
+
+@functools.lru_cache(maxsize=None)
+def _jobs_client() -> type:
+    """Ray's JobSubmissionClient with what the requests made here need (Ray imported on first use)."""
+    from ray.job_submission import JobSubmissionClient
+
+    class JobsClient(JobSubmissionClient):
+        def __init__(self, address: str, headers: Optional[Dict[str, str]], token_source: str):
+            super().__init__(address, headers=headers)
+            self.token_source = token_source
+            """Where the auth token came from, for the error messages of later calls."""
+            self.auth_headers = headers or {}
+            """The headers of the dashboard requests made here (get_json)."""
+
+    return JobsClient
 
 
 @contextlib.contextmanager
@@ -195,7 +207,7 @@ def calls(client, job_id: Optional[str] = None) -> Iterator[None]:
     """Errors of one call: auth and connection as in connect, an unknown job id as exit 2, any
     other error answer of the dashboard as ClusterError (exit 1, one line)."""
     try:
-        with _cluster_errors(client.get_address(), getattr(client, "_orchestrator_token_source", "")):
+        with _cluster_errors(client.get_address(), getattr(client, "token_source", "")):
             yield
     except RuntimeError as exc:
         if job_id and "404" in str(exc):
@@ -211,7 +223,7 @@ def get_json(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
     import requests
 
     address = client.get_address()
-    headers = getattr(client, "_orchestrator_headers", None) or getattr(client, "_headers", None)
+    headers = getattr(client, "auth_headers", None)
     try:
         r = requests.get(address + path, headers=headers, timeout=HTTP_TIMEOUT_S)
         if r.status_code == 200:
@@ -219,7 +231,7 @@ def get_json(client, path: str, job_id: Optional[str] = None) -> Dict[str, Any]:
     except (requests.RequestException, ValueError) as exc:  # refused, reset, timed out, cut off mid-answer
         raise ContactLost(first_line(exc)) from None
     if r.status_code in (401, 403):
-        raise _token_refused(address, getattr(client, "_orchestrator_token_source", "the request headers"))
+        raise _token_refused(address, getattr(client, "token_source", "the request headers"))
     if r.status_code == 404 and job_id:
         raise _no_job(address, job_id)
     if r.status_code >= 500:  # a proxy in front of a dashboard that is restarting

@@ -19,6 +19,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from orchestrator.errors import ConfigError
 
+CHECKPOINT_TAG = "state"
+"""The DeepSpeed checkpoint tag (the folder inside each checkpoint) the trainer writes and export reads."""
+
 
 def is_uri(location: str) -> bool:
     return "://" in str(location)
@@ -42,7 +45,8 @@ def local_path(location: str) -> Optional[Path]:
     return Path(location[len("file://") :]) if str(location).startswith("file://") else None
 
 
-def _fs(location: str):
+def filesystem(location: str):
+    """(pyarrow filesystem, path within it) of a path or URI."""
     import pyarrow.fs as pafs
 
     if is_uri(location):
@@ -54,7 +58,7 @@ def read_json(location: str) -> Optional[Dict[str, Any]]:
     """The JSON object at `location`, None when there is none."""
     import pyarrow.fs as pafs
 
-    fs, path = _fs(location)
+    fs, path = filesystem(location)
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     with fs.open_input_stream(path) as f:
@@ -62,7 +66,7 @@ def read_json(location: str) -> Optional[Dict[str, Any]]:
 
 
 def write_json(location: str, data: Dict[str, Any]) -> None:
-    fs, path = _fs(location)
+    fs, path = filesystem(location)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as f:
         f.write(json.dumps(data).encode())
@@ -72,7 +76,7 @@ def subfolders(location: str) -> List[str]:
     """Names of the folders directly under `location`, sorted ([] when it does not exist)."""
     import pyarrow.fs as pafs
 
-    fs, path = _fs(location)
+    fs, path = filesystem(location)
     infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 

@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from orchestrator.errors import ConfigError
-
-CHECKPOINT_TAG = "state"
+from orchestrator.storage import CHECKPOINT_TAG
 
 
 @dataclass

@@ -19,10 +19,10 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from orchestrator import batching, logs, noise, registry, tracking
+from orchestrator import batching, cost, logs, noise, registry, tracking
 from orchestrator.config import from_dict
-from orchestrator.derived import batch_segments, gns_ema_tokens
-from orchestrator.schedules import lr_at, stable_end_tokens
+from orchestrator.derived import batch_segments, gns_ema_tokens, scheduled_lr
+from orchestrator.schedules import stable_end_tokens
 from orchestrator.schema import AUTO, Config
 from workloads import worker_warnings
 from workloads import workload as workloads
@@ -261,15 +261,7 @@ def _update(run: Run, update: int):
     if segment.plan != run.plan:  # a batch.ramp step: DeepSpeed accumulates the new A from here
         run.plan = segment.plan
         set_plan(run.engine, run.plan)
-    lr = lr_at(
-        before + run.plan.tokens_per_update,
-        peak=cfg.optim.lr * segment.lr_factor,
-        total_tokens=run.budget,
-        warmup_tokens=cfg.schedule.warmup_tokens,
-        decay=cfg.schedule.decay,
-        min_lr_ratio=cfg.schedule.min_lr_ratio,
-        wsd_decay_share=cfg.schedule.wsd_decay_share,
-    )
+    lr = scheduled_lr(cfg, before + run.plan.tokens_per_update, run.segments)
     set_lr(run.engine, lr)
     naive = cfg.train.loss_normalization == "micro_batch"
     # Every sequence has S tokens, so the stream position is the tokens seen over S.
@@ -352,4 +344,4 @@ def _peak_flops(cfg: Config) -> Optional[float]:
     None on CPU, where a shared machine has no meaningful peak."""
     if not cfg.cluster.use_gpu:
         return None
-    return float(os.environ.get("ORCHESTRATOR_PEAK_FLOPS", 989e12)) * cfg.cluster.num_workers
+    return float(os.environ.get("ORCHESTRATOR_PEAK_FLOPS", cost.GPU_PEAK_FLOPS)) * cfg.cluster.num_workers
