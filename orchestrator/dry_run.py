@@ -3,7 +3,7 @@ FLOPs, predicted memory per worker, wall time and device-hours, then the sweep's
 
 Nothing starts: no Ray, no MLflow (neither is imported), no corpus is read, no file is written,
 and the GPU presence check is skipped. The trials are the sweep's own (search_space.expand and
-split_feasible, as `sweep.run` builds them); `auto` micro-batches are the memory model's answer
+search_space.prepare, as `sweep` builds them); `auto` micro-batches are the memory model's answer
 (micro_batch.from_model) for --device-memory or the visible device. The arithmetic, and the
 assumptions it rests on, are orchestrator/cost.py's.
 
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator import batching, branch_study, cost, derived, memory, micro_batch, search_space
-from orchestrator import config as config_lib
 from orchestrator import plan as planning
 from orchestrator.errors import ConfigError
 from orchestrator.schema import AUTO, Config
@@ -301,7 +300,8 @@ def corners(sweep: search_space.Sweep) -> Tuple[List[str], List[search_space.Tri
     return keys, trials
 
 
-def optuna_report(sweep: search_space.Sweep, options: Options) -> List[str]:
+def optuna_report(prepared: search_space.Prepared, options: Options) -> List[str]:
+    sweep = prepared.sweep
     n, slots = sweep.search.num_samples, sweep.search.max_concurrent
     width = max(len(k) for k in sweep.space) if sweep.space else 0
     lines = [
@@ -343,12 +343,8 @@ def optuna_report(sweep: search_space.Sweep, options: Options) -> List[str]:
     return lines
 
 
-def grid_report(sweep: search_space.Sweep, options: Options) -> List[str]:
-    trials, skipped = search_space.split_feasible(sweep, search_space.expand(sweep))
-    search_space.check_asha_alignment(sweep, trials)
-    if sweep.branch and not sweep.branch.from_run:  # a branch study trains its base first
-        base = config_lib.load(sweep.base_config, sweep.base_overrides)
-        trials = [search_space.resolve(sweep, branch_study.base_values(sweep.branch, base)), *trials]
+def grid_report(prepared: search_space.Prepared, options: Options) -> List[str]:
+    sweep, trials, skipped = prepared.sweep, prepared.all_trials(), prepared.skipped  # a branch study's base first
     rows, problems = _estimate_all(trials, options)
     lines = [f"sweep {sweep.name!r}: {_count(len(trials), 'trial')} ({sweep.search.algorithm} search); nothing started"]
     for kind in sorted({r.cost.kind for r in rows}):
@@ -360,12 +356,11 @@ def grid_report(sweep: search_space.Sweep, options: Options) -> List[str]:
     return lines
 
 
-def bracket_report(sweep: search_space.Sweep, options: Options) -> List[str]:
+def bracket_report(prepared: search_space.Prepared, options: Options) -> List[str]:
     """A bracket search's first round (every batch size x group x initial lr x seed), then the
     cost range up to its bound: max_lrs_per_batch lrs per batch size, group and seed."""
+    sweep, trials, skipped = prepared.sweep, prepared.trials, prepared.skipped
     s = sweep.search
-    trials, skipped = search_space.split_feasible(sweep, search_space.expand(sweep))
-    search_space.check_asha_alignment(sweep, trials)
     rows, problems, per_group = [], [], {}
     for t in trials:
         try:
@@ -410,9 +405,7 @@ def bracket_report(sweep: search_space.Sweep, options: Options) -> List[str]:
 def run(sweep_path: str, overrides: List[str], options: Options = Options()) -> int:
     """Print the dry run of a sweep; ConfigError (exit 2) for bad input."""
     _check(options)
-    sweep = search_space.load(sweep_path)
-    sweep.base_overrides += list(overrides)  # the CLI overrides apply to every trial's base, as in sweep.run
-    config_lib.load(sweep.base_config, sweep.base_overrides)  # a bad base fails here, as in sweep.run
-    report = {"optuna": optuna_report, "bracket": bracket_report}.get(sweep.search.algorithm, grid_report)
-    print("\n".join(report(sweep, options)))
+    prepared = search_space.prepare(sweep_path, overrides)  # as `sweep` reads it
+    report = {"optuna": optuna_report, "bracket": bracket_report}.get(prepared.sweep.search.algorithm, grid_report)
+    print("\n".join(report(prepared, options)))
     return 0

@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -196,6 +196,44 @@ def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
             trial.cfg, trial.problem = None, f"constraint {problem}"
             break
     return trial
+
+
+@dataclass
+class Prepared:
+    """A sweep file read with the command line's overrides, as `sweep`, `sweep --dry-run` and
+    `submit` all need it before anything starts."""
+
+    sweep: Sweep
+    base: Config
+    """The base config, with the overrides (they apply to every trial's base)."""
+    trials: Optional[List[Trial]]
+    """The feasible trials, in order; None for optuna, whose search proposes them as it runs."""
+    skipped: List[Trial]
+    """Infeasible trials left out (`infeasible: skip`)."""
+    base_trial: Optional[Trial]
+    """A branch study's base run, trained first (None without one, or with branch.from)."""
+
+    def all_trials(self) -> List[Trial]:
+        """Every trial that runs first: the branch base, then the trials (the base config for optuna)."""
+        if self.trials is None:
+            return [Trial({}, self.base)]
+        return ([self.base_trial] if self.base_trial else []) + self.trials
+
+
+def prepare(sweep_path, overrides: Sequence[str] = ()) -> Prepared:
+    """Load the sweep file, add the overrides to its base, load the base (a bad one fails here),
+    expand and split the trials, check their ASHA alignment and lay out a branch study's base."""
+    sweep = load(sweep_path)
+    sweep.base_overrides += list(overrides)
+    base = config_lib.load(sweep.base_config, sweep.base_overrides)
+    trials, skipped = None, []
+    if sweep.search.algorithm != "optuna":
+        trials, skipped = split_feasible(sweep, expand(sweep))
+        check_asha_alignment(sweep, trials)
+    base_trial = None
+    if sweep.branch and not sweep.branch.from_run:  # trained first, with a checkpoint at every branch point
+        base_trial = resolve(sweep, branch_study.base_values(sweep.branch, base))
+    return Prepared(sweep, base, trials, skipped, base_trial)
 
 
 def split_feasible(sweep: Sweep, trials: List[Trial]) -> Tuple[List[Trial], List[Trial]]:

@@ -191,19 +191,13 @@ def command_spec(argv: Sequence[str], name: str = "command", env: Optional[Dict[
 
 
 def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[Any]:
-    """The distinct shapes (feasibility.Shape) of the sweep's trials, computed as `orchestrator
-    sweep` does: every feasible trial of a grid or random sweep, the base config for optuna."""
-    from orchestrator import config as config_lib
+    """The distinct shapes (feasibility.Shape) of the sweep's trials, as `orchestrator sweep`
+    computes them (search_space.prepare)."""
     from orchestrator import feasibility, search_space
     from orchestrator import sweep as sweep_lib
 
-    sweep = search_space.load(sweep_path)
-    sweep.base_overrides += list(overrides)
-    base = config_lib.load(sweep.base_config, sweep.base_overrides)
-    trials = None
-    if sweep.search.algorithm != "optuna":
-        trials = search_space.split_feasible(sweep, search_space.expand(sweep))[0]
-    return feasibility.distinct(sweep_lib.trial_shapes(sweep, trials, base))
+    prepared = search_space.prepare(sweep_path, overrides)
+    return feasibility.distinct(sweep_lib.trial_shapes(prepared.sweep, prepared.all_trials()))
 
 
 def check_fit(client, shapes: Sequence[Any]) -> None:

@@ -130,9 +130,9 @@ def trial_shape(sweep: search_space.Sweep, cfg: config_lib.Config):
     return feasibility.shape_of(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
 
 
-def trial_shapes(sweep: search_space.Sweep, trials, base: config_lib.Config) -> list:
-    """The shape of every trial; for an Optuna search (trials None), the base config's."""
-    return [trial_shape(sweep, t.cfg) for t in trials or [search_space.Trial({}, base)]]
+def trial_shapes(sweep: search_space.Sweep, trials: List[search_space.Trial]) -> list:
+    """The shape of every trial (search_space.Prepared.all_trials: the base config's for optuna)."""
+    return [trial_shape(sweep, t.cfg) for t in trials]
 
 
 def _preflight(trials: List[search_space.Trial]) -> None:
@@ -239,27 +239,16 @@ def _how_many(sweep: search_space.Sweep, trials) -> str:
 
 
 def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
-    sweep = search_space.load(sweep_path)
-    sweep.base_overrides += list(overrides)  # the CLI overrides apply to every trial's base
-    base = config_lib.load(sweep.base_config, sweep.base_overrides)
+    prepared = search_space.prepare(sweep_path, overrides)
+    sweep, base, trials, base_trial = prepared.sweep, prepared.base, prepared.trials, prepared.base_trial
     launch.resolve_paths(base)
-    trials = None
-    if sweep.search.algorithm != "optuna":
-        trials, skipped = search_space.split_feasible(sweep, search_space.expand(sweep))
-        for t in skipped:
-            log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
-        search_space.check_asha_alignment(sweep, trials)
-        _preflight(trials)
-    else:
-        _preflight([search_space.Trial({}, base)])
+    for t in prepared.skipped:
+        log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
+    _preflight(prepared.all_trials())
     _say_how_early_stopping_compares(sweep, trials)
-    base_trial = None
-    if sweep.branch and not sweep.branch.from_run:  # trained first, with a checkpoint at every branch point
-        base_trial = search_space.resolve(sweep, branch_study.base_values(sweep.branch, base))
     launch.ray_init(base.cluster.address)
-    launch.check_cluster(base, trial_shapes(sweep, trials + [base_trial] if base_trial else trials, base))
-    micro_batch.resolve_all([t.cfg for t in trials + [base_trial] if t] if trials is not None else [base])
-
+    launch.check_cluster(base, trial_shapes(sweep, prepared.all_trials()))
+    micro_batch.resolve_all([t.cfg for t in prepared.all_trials()])
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume:
         parent = storage.read_json(storage.join(folder, RECORD))["parent_run_id"]
