@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from orchestrator import branch_cbs, steps_to_target
+from orchestrator import branch_cbs, branch_ramp, steps_to_target
 from orchestrator import critical_batch as cb
 from orchestrator.trials import RAMP_CHANGE_KEY, Trial, swept_axes
 
@@ -107,13 +107,13 @@ def study(
     along = branch_cbs.critical_batch_along(ends, tolerance)
     if scratch:
         from_scratch(along, trials, scratch)
-    fit = branch_cbs.power_law_fit(along)
+    fit = branch_ramp.power_law_fit(along)
     base = base_of(trials)
     branch = next(t for t in trials if is_branch(t))
     p = (base or branch).params
     base_batch = int(float(branch.params["batch.ramp.0.tokens_per_update"]))
     total = int(float(p["train.total_tokens"]))
-    ramp = branch_cbs.suggested_ramp(
+    ramp = branch_ramp.suggested_ramp(
         along, fit, base_batch, total, int(float(p["data.seq_len"])), int(float(p["cluster.num_workers"]))
     )
     alpha = float(branch.params.get("batch.ramp_lr_scaling", 0.0))
@@ -137,8 +137,8 @@ def study(
         "fit": fit,
         "ramp": ramp,
         "lr_scaling": alpha,
-        "ramp_yaml": branch_cbs.ramp_yaml(ramp, alpha),
-        "ramp_override": branch_cbs.ramp_override(ramp),
+        "ramp_yaml": branch_ramp.ramp_yaml(ramp, alpha),
+        "ramp_override": branch_ramp.ramp_override(ramp),
         "compared_with": scratch_name if scratch else None,
         "notes": notes,
     }

@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from orchestrator import analysis, branch_analysis, report_inputs, tables, tracking
 from orchestrator.errors import ConfigError
-from orchestrator.report_render import document, json_safe, summary_lines, to_html, to_markdown
+from orchestrator.report_format import json_safe, to_html, to_markdown
+from orchestrator.report_render import document, summary_lines
 from orchestrator.trials import Trial
 
 # ---------------------------------------------------------------- writing

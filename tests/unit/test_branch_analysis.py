@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator import analysis, report_render
+from orchestrator import analysis, report_branch
 from orchestrator.trials import Trial
 from tests.known_truth import World
 from tests.unit.test_known_truth import LRS
@@ -88,7 +88,7 @@ def test_the_branched_critical_batch_is_unchanged_by_the_comparison(compared):
 
 
 def test_the_report_shows_the_from_scratch_column_only_when_compared(compared):
-    lines = report_render.branch_lines(compared["branch"])
+    lines = report_branch.lines(compared["branch"])
     assert any(
         line.lstrip().startswith("branch point (tokens)") and "from-scratch B_crit at that loss" in line
         for line in lines
@@ -96,7 +96,7 @@ def test_the_report_shows_the_from_scratch_column_only_when_compared(compared):
     assert "of sweep 'scratch'" in " ".join(lines)
     first = float(base_loss(AT[0]))
     assert any(f"at {first:.4g}" in line for line in lines)
-    plain = report_render.branch_lines(analysis.analyse(study_trials())["branch"])
+    plain = report_branch.lines(analysis.analyse(study_trials())["branch"])
     assert not any("from-scratch" in line for line in plain)
 
 
@@ -106,7 +106,7 @@ def test_an_eval_set_too_small_for_the_tolerance_is_named_with_the_size_it_needs
     noisy = analysis.analyse(study_trials(eval_se=0.004))["branch"]
     (note,) = noisy["notes"]
     assert f"from 65,536 to at least {math.ceil(65536 * 1.2**2):,}" in note
-    assert any(note in line for line in report_render.branch_lines(noisy))
+    assert any(note in line for line in report_branch.lines(noisy))
     assert analysis.analyse(study_trials(eval_se=0.003))["branch"]["notes"] == []  # 3.3 standard errors
     (none,) = analysis.analyse(study_trials())["branch"]["notes"]
     assert "no eval/loss_se" in none

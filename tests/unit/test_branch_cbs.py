@@ -1,4 +1,4 @@
-"""orchestrator/branch_cbs.py against a world whose critical batch size is known independently.
+"""orchestrator/branch_cbs.py and branch_ramp.py against a world whose critical batch size is known independently.
 
 The world is McCandlish et al.'s (2018) steps/examples trade-off: at noise scale B_noise, reaching
 a loss takes S = S_min (1 + B_noise / B) steps and E = E_min (1 + B / B_noise) examples, so E
@@ -22,6 +22,7 @@ import yaml
 
 from orchestrator import batching
 from orchestrator import branch_cbs as bc
+from orchestrator import branch_ramp as br
 from orchestrator.yaml_files import parse_overrides
 
 B0 = 8192
@@ -246,14 +247,14 @@ def _points(cbs, tokens=TOKENS):
 def test_an_exact_square_root_law_is_recovered():
     a = 20.0
     points = _points(a * TOKENS**0.5) + [{"tokens": 64e6, "cbs": 1.0, "status": "above"}]  # a bound: not fitted
-    fit = bc.power_law_fit(points)
+    fit = br.power_law_fit(points)
     t_ref = float(np.exp(np.log(TOKENS).mean()))
     assert fit["points"] == 6 and fit["t_ref"] == pytest.approx(t_ref)
     assert fit["exponent"] == pytest.approx(0.5, abs=1e-12) and fit["coef"] == pytest.approx(a * t_ref**0.5)
     assert fit["exponent_interval"] == pytest.approx([0.5, 0.5], abs=1e-9)
-    at_one = bc.power_law_fit([(t, a * t**0.5) for t in TOKENS], t_ref=1.0)
-    assert at_one["coef"] == pytest.approx(a) and bc.fit_value(at_one, 9e6) == pytest.approx(a * 3000)
-    assert bc.fit_tokens_at(at_one, a * 3000) == pytest.approx(9e6)
+    at_one = br.power_law_fit([(t, a * t**0.5) for t in TOKENS], t_ref=1.0)
+    assert at_one["coef"] == pytest.approx(a) and br.fit_value(at_one, 9e6) == pytest.approx(a * 3000)
+    assert br.fit_tokens_at(at_one, a * 3000) == pytest.approx(9e6)
 
 
 def test_the_t_interval_of_the_exponent_covers_the_true_one_about_90_percent():
@@ -263,7 +264,7 @@ def test_the_t_interval_of_the_exponent_covers_the_true_one_about_90_percent():
     rng = np.random.default_rng(6)
     hits, exponents = [], []
     for _ in range(400):
-        fit = bc.power_law_fit(_points(20.0 * TOKENS**0.5 * np.exp(0.2 * rng.standard_normal(len(TOKENS)))))
+        fit = br.power_law_fit(_points(20.0 * TOKENS**0.5 * np.exp(0.2 * rng.standard_normal(len(TOKENS)))))
         lo, hi = fit["exponent_interval"]
         hits.append(lo <= 0.5 <= hi)
         exponents.append(fit["exponent"])
@@ -272,9 +273,9 @@ def test_the_t_interval_of_the_exponent_covers_the_true_one_about_90_percent():
 
 
 def test_too_few_resolved_points_give_no_fit_and_two_no_interval():
-    assert bc.power_law_fit(_points([1e4], [1e6]) + [{"tokens": 2e6, "cbs": 3e4, "status": "below"}]) is None
-    assert bc.power_law_fit(_points([1e4, 2e4], [1e6, 1e6])) is None  # one token count: no slope
-    two = bc.power_law_fit(_points([1e4, 2e4], [1e6, 4e6]))
+    assert br.power_law_fit(_points([1e4], [1e6]) + [{"tokens": 2e6, "cbs": 3e4, "status": "below"}]) is None
+    assert br.power_law_fit(_points([1e4, 2e4], [1e6, 1e6])) is None  # one token count: no slope
+    two = br.power_law_fit(_points([1e4, 2e4], [1e6, 4e6]))
     assert two["exponent"] == pytest.approx(0.5) and two["exponent_interval"] is None
 
 
@@ -301,7 +302,7 @@ def _check_ramp(steps, total):
 def test_the_ramp_doubles_where_the_fit_passes_twice_the_batch():
     fit = {"coef": 30_000.0, "exponent": 0.5, "t_ref": 4e6}  # cbs = 30000 sqrt(t / 4e6)
     total = 2_000_000_000 + 12_345
-    steps = bc.suggested_ramp([], fit, B0, total, SEQ, WORKERS)
+    steps = br.suggested_ramp([], fit, B0, total, SEQ, WORKERS)
     _check_ramp(steps, total)
     assert len(steps) == 7  # 8192 -> 524288: the next change (to 2 x 524288) is due at 4.9e9, past the budget
     for prev, step in zip(steps, steps[1:]):
@@ -309,14 +310,14 @@ def test_the_ramp_doubles_where_the_fit_passes_twice_the_batch():
         assert step["from_tokens"] <= due < step["from_tokens"] + prev["tokens_per_update"]
     assert 4e6 * (2 * steps[-1]["tokens_per_update"] / 30_000.0) ** 2 >= total
     # a budget that ends before the second change is due (at 4.77e6 tokens) keeps the first only
-    assert bc.suggested_ramp([], fit, B0, 3_000_000, SEQ, WORKERS) == steps[:2]
+    assert br.suggested_ramp([], fit, B0, 3_000_000, SEQ, WORKERS) == steps[:2]
     # the first change is due at 1.193e6 and placed at 1,187,840: one update of 2 x B0 would end past 1.2e6
-    assert bc.suggested_ramp([], fit, B0, 1_200_000, SEQ, WORKERS) == steps[:1]
+    assert br.suggested_ramp([], fit, B0, 1_200_000, SEQ, WORKERS) == steps[:1]
 
 
 def test_doublings_due_within_one_update_come_one_update_apart():
     fit = {"coef": 1e6, "exponent": 0.5, "t_ref": 4e6}  # 2 x B0 passed after 1 token
-    steps = bc.suggested_ramp([], fit, B0, 10**8, SEQ, WORKERS)
+    steps = br.suggested_ramp([], fit, B0, 10**8, SEQ, WORKERS)
     _check_ramp(steps, 10**8)
     assert steps[1] == {"from_tokens": B0, "tokens_per_update": 2 * B0}  # one update of B0, not zero
     assert steps[2] == {"from_tokens": B0 + 2 * B0, "tokens_per_update": 4 * B0}
@@ -330,7 +331,7 @@ def test_without_a_fit_the_ramp_follows_the_points_in_log_log_and_reads_bounds_l
         {"tokens": 32e6, "cbs": 16 * B0, "status": "above"},  # at least 16 B0
     ]
     total = 10**9
-    steps = bc.suggested_ramp(along, None, B0, total, SEQ, WORKERS)
+    steps = br.suggested_ramp(along, None, B0, total, SEQ, WORKERS)
     _check_ramp(steps, total)
 
     def due(level):  # the log-log line between (4e6, 1.5 B0) and (16e6, 12 B0), then to (32e6, 16 B0)
@@ -342,21 +343,21 @@ def test_without_a_fit_the_ramp_follows_the_points_in_log_log_and_reads_bounds_l
     for prev, step in zip(steps, steps[1:]):
         d = due(2 * prev["tokens_per_update"])
         assert step["from_tokens"] <= d < step["from_tokens"] + prev["tokens_per_update"]
-    assert bc.suggested_ramp(along[:1], None, B0, total, SEQ, WORKERS) == steps[:1]
+    assert br.suggested_ramp(along[:1], None, B0, total, SEQ, WORKERS) == steps[:1]
     # a fit that does not rise falls back on the points
-    assert bc.suggested_ramp(along, {"coef": 1e9, "exponent": -0.1, "t_ref": 1.0}, B0, total, SEQ, WORKERS) == steps
+    assert br.suggested_ramp(along, {"coef": 1e9, "exponent": -0.1, "t_ref": 1.0}, B0, total, SEQ, WORKERS) == steps
 
 
 def test_the_ramp_refuses_a_base_batch_that_does_not_split():
     with pytest.raises(ValueError, match="multiple of seq_len x num_workers"):
-        bc.suggested_ramp([], None, B0 + 128, 10**8, SEQ, WORKERS)
+        br.suggested_ramp([], None, B0 + 128, 10**8, SEQ, WORKERS)
 
 
 def test_the_yaml_and_the_override_parse_back_to_the_ramp():
     fit = {"coef": 30_000.0, "exponent": 0.5, "t_ref": 4e6}
-    steps = bc.suggested_ramp([], fit, B0, 2 * 10**9, SEQ, WORKERS)
-    text = bc.ramp_yaml(steps)
+    steps = br.suggested_ramp([], fit, B0, 2 * 10**9, SEQ, WORKERS)
+    text = br.ramp_yaml(steps)
     assert text.startswith("batch:\n  ramp:\n    - {from_tokens: 0, tokens_per_update: 8192}\n")
     assert yaml.safe_load(text) == {"batch": {"ramp": steps}}
-    assert yaml.safe_load(bc.ramp_yaml(steps, "sqrt"))["batch"] == {"ramp": steps, "ramp_lr_scaling": "sqrt"}
-    assert parse_overrides([bc.ramp_override(steps)]) == [("batch.ramp", steps)]
+    assert yaml.safe_load(br.ramp_yaml(steps, "sqrt"))["batch"] == {"ramp": steps, "ramp_lr_scaling": "sqrt"}
+    assert parse_overrides([br.ramp_override(steps)]) == [("batch.ramp", steps)]

@@ -34,10 +34,11 @@ CORE = _modules(
 """Pure: the config (schema, loading, validation, what it implies), the batch and memory arithmetic,
 what core needs of the workloads by import path (registry)."""
 ANALYSIS = _modules(
-    "trials tables critical_batch steps_to_target diagnostics analysis branch_cbs branch_analysis lr_bracket"
+    "trials tables critical_batch steps_to_target diagnostics analysis branch_cbs branch_ramp branch_analysis "
+    "lr_bracket"
 )
 """Pure: runs as records, the critical batch size, the branch measurement."""
-REPORTING = _modules("report report_inputs report_render results plots")
+REPORTING = _modules("report report_inputs report_render report_branch report_format results plots")
 TRACKING = _modules("tracking metric_logger")
 DRIVER = _modules("launch sweep sweep_summary dry_run micro_batch plan submit jobs follow ray_jobs upload cli")
 
