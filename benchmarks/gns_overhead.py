@@ -125,10 +125,10 @@ def main(argv: List[str] | None = None) -> int:
         for _ in range(UPDATES_PER_PERIOD):
             stats = train_update(engine, data, plan, update * plan.sequences_per_update, 0, probe, naive)
             if probe:  # what train_worker does after each update
-                b_big = stats["real_tokens"]
+                b_big = stats.real_tokens
                 gns.update(
                     *noise.estimate(
-                        stats["small_sq_mean"], b_big / plan.micro_batches_per_update, stats["grad_norm"] ** 2, b_big
+                        stats.small_sq_mean, b_big / plan.micro_batches_per_update, stats.grad_norm**2, b_big
                     ),
                     tokens=plan.tokens_per_update,
                 )

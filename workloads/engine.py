@@ -22,6 +22,7 @@ from orchestrator import ds_config, noise
 from orchestrator.derived import adamw_constants, compile_enabled, sgd_weight_decay
 from orchestrator.schema import Config
 from workloads.gns_probe import GradNormProbe
+from workloads.metrics_window import UpdateStats
 
 
 def ensure_process_group(cfg: Config) -> bool:
@@ -88,7 +89,7 @@ def set_plan(engine, plan) -> None:
 
 def train_update(
     engine, work, plan, first: int, rank: int, probe: Optional[GradNormProbe], naive: bool = False
-) -> Dict[str, float]:
+) -> UpdateStats:
     """One optimizer update split as `plan`, from stream position `first`: A micro-batches on
     this worker, then DeepSpeed's step."""
     batches = [work.micro_batch(first, plan, rank, a) for a in range(plan.grad_accum_steps)]
@@ -136,16 +137,16 @@ def train_update(
     local_source_tokens = [sum(mb.source_tokens.get(k, 0) for mb in batches) for k in sources]
     totals = _all_reduce([loss_sum, small_sq_sum, small_count, *local_source_tokens])
     total_loss, total_small_sq, total_small, *source_tokens = totals
-    return {
-        "loss_sum": total_loss,
-        "real_tokens": global_real,
-        "loss": total_loss / max(global_real, 1.0),
-        "grad_norm": grad_norm,
-        "clipped": clipped(grad_norm, float(engine.gradient_clipping() or 0.0)),
-        "small_sq_mean": total_small_sq / max(total_small, 1.0),
-        "local_slots": sum(mb.slots for mb in batches),
-        "source_tokens": dict(zip(sources, source_tokens)),  # all workers
-    }
+    return UpdateStats(
+        loss_sum=total_loss,
+        real_tokens=global_real,
+        loss=total_loss / max(global_real, 1.0),
+        grad_norm=grad_norm,
+        clipped=clipped(grad_norm, float(engine.gradient_clipping() or 0.0)),
+        small_sq_mean=total_small_sq / max(total_small, 1.0),
+        local_slots=sum(mb.slots for mb in batches),
+        source_tokens=dict(zip(sources, source_tokens)),  # all workers
+    )
 
 
 def backward(engine, loss: torch.Tensor, fp16: bool, gas: Optional[int] = None) -> float:

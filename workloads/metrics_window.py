@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 from workloads.model import mfu
 
@@ -20,6 +20,28 @@ def due(before: int, after: int, every: int) -> bool:
     """Did the tokens seen pass a multiple of `every` during this update? (`every` <= 0: never.)
     In tokens, not steps, so every batch size evaluates and checkpoints at the same points."""
     return every > 0 and after // every > before // every
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one optimizer update measured (engine.train_update), over every worker: what a window adds up."""
+
+    loss_sum: float
+    """Summed loss over the update's real tokens, all workers."""
+    real_tokens: float
+    """Loss-bearing tokens of the update, all workers."""
+    loss: float
+    """loss_sum / real_tokens: train/loss."""
+    grad_norm: float
+    """The update's gradient norm before clipping (NaN for an fp16 step skipped on overflow)."""
+    clipped: float
+    """1.0 when the gradient was clipped, else 0.0; NaN when the norm is not finite."""
+    small_sq_mean: float
+    """Mean squared norm of the micro-batch gradients (the noise scale's small batch)."""
+    local_slots: int
+    """Sequence slots this worker filled (for packing efficiency)."""
+    source_tokens: Dict[str, float]
+    """Real tokens per data source, all workers."""
 
 
 @dataclass
@@ -35,12 +57,11 @@ class MetricsWindow:
     eval_s: float = 0.0
     """Time spent evaluating inside the window: not training, so not in tokens/s."""
 
-    def add(self, stats: Mapping[str, Any]) -> None:
-        """One update's statistics, as `engine.train_update` returns them."""
-        self.loss_sum += stats["loss_sum"]
-        self.real_tokens += stats["real_tokens"]
-        self.slots += stats["local_slots"]
-        for name, tokens in stats["source_tokens"].items():
+    def add(self, stats: UpdateStats) -> None:
+        self.loss_sum += stats.loss_sum
+        self.real_tokens += stats.real_tokens
+        self.slots += stats.local_slots
+        for name, tokens in stats.source_tokens.items():
             self.source_tokens[name] = self.source_tokens.get(name, 0) + tokens
 
     @contextmanager

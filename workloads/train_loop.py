@@ -29,13 +29,13 @@ from workloads import workload as workloads
 from workloads.checkpoint import TrainState, restore, save_and_report
 from workloads.engine import build_engine, ensure_process_group, evaluate, set_lr, set_plan, train_update
 from workloads.gns_probe import GradNormProbe
-from workloads.metrics_window import MetricsWindow, due, noise_scale_metrics
+from workloads.metrics_window import MetricsWindow, UpdateStats, due, noise_scale_metrics
 
 FAULT_ENV = "ORCHESTRATOR_FAULT_AT_TOKENS"
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """What the training loop works with; built by `_set_up`, released by its ExitStack."""
 
@@ -44,12 +44,12 @@ class Run:
     rank: int
     world: int
     segments: List[batching.Segment]  # the batch sizes along the budget (batch.ramp; one without)
-    plan: Any  # the current segment's split
-    steps: int
-    budget: int
+    plan: batching.BatchPlan  # the current segment's split
+    steps: int  # updates this run trains to (a branch stops at train.stop_at_tokens)
+    budget: int  # tokens the schedule runs over (whole updates)
     stable_end: int  # tokens where the part of the schedule that cannot fake progress ends
-    work: Any
-    engine: Any
+    work: Any  # the workload (workloads/workload.py's protocol)
+    engine: Any  # the DeepSpeed engine
     state: TrainState
     gns: noise.NoiseScaleEMA
     probe: Optional[GradNormProbe] = None
@@ -75,7 +75,7 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
             _maybe_inject_fault(run.state.tokens, run.rank, payload.get("fault", {}), run.logger)
             before = run.state.tokens
             lr, stats = _update(run, update)
-            if not math.isfinite(stats["loss"]):  # end the run; the driver marks it failed
+            if not math.isfinite(stats.loss):  # end the run; the driver marks it failed
                 _report_divergence(run, stats)
                 break
             _log_update(run, stats, lr, before)
@@ -128,20 +128,20 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     if state.gns:
         gns.load_state_dict(state.gns)
     run = Run(
-        cfg,
-        api,
-        rank,
-        world,
-        segments,
-        plan,
-        steps,
-        budget,
-        stable_end,
-        work,
-        engine,
-        state,
-        gns,
-        probe,
+        cfg=cfg,
+        api=api,
+        rank=rank,
+        world=world,
+        segments=segments,
+        plan=plan,
+        steps=steps,
+        budget=budget,
+        stable_end=stable_end,
+        work=work,
+        engine=engine,
+        state=state,
+        gns=gns,
+        probe=probe,
         warnings=collector,
     )
     if rank == 0:
@@ -271,33 +271,38 @@ def _update(run: Run, update: int):
     return lr, stats
 
 
-def _report_divergence(run: Run, stats: Dict[str, float]) -> None:
+def _report_divergence(run: Run, stats: UpdateStats) -> None:
     if run.logger:
         reason = f"non-finite loss at {run.state.tokens:,} tokens"
         tracking.set_tags(run.logger.uri, run.state.run_id, {tracking.FAILURE_TAG: reason})
     run.api.report(
-        {"tokens": run.state.tokens, "diverged": 1.0, "loss": stats["loss"], "stable_loss": run.state.stable_loss}
+        {"tokens": run.state.tokens, "diverged": 1.0, "loss": stats.loss, "stable_loss": run.state.stable_loss}
     )
 
 
-def _log_update(run: Run, stats: Dict[str, float], lr: float, before: int) -> None:
+def _log_update(run: Run, stats: UpdateStats, lr: float, before: int) -> None:
     """The update's loss and gradient norm at the tokens the weights that produced them had
     seen: `before` the update, so the first point is the initial weights' at 0 (docs/design.md 3).
     The learning rate and clipping that update applied go beside them."""
     if run.logger:
-        keys = ("loss", "grad_norm", "clipped")
-        per_update = {"train/lr": lr, "train/tokens_per_update": run.plan.tokens_per_update}
-        per_update["train/optimizer_step"] = run.state.update - 1  # the updates the weights at `before` had taken
-        run.logger.log({**per_update, **{f"train/{k}": stats[k] for k in keys}}, before)
+        per_update = {
+            "train/loss": stats.loss,
+            "train/grad_norm": stats.grad_norm,
+            "train/clipped": stats.clipped,
+            "train/lr": lr,
+            "train/tokens_per_update": run.plan.tokens_per_update,
+            "train/optimizer_step": run.state.update - 1,  # the updates the weights at `before` had taken
+        }
+        run.logger.log(per_update, before)
 
 
-def _update_noise_scale(run: Run, stats: Dict[str, float], before: int) -> None:
+def _update_noise_scale(run: Run, stats: UpdateStats, before: int) -> None:
     if not run.probe or run.plan.micro_batches_per_update < 2:
         return
-    b_big, b_small = stats["real_tokens"], stats["real_tokens"] / run.plan.micro_batches_per_update
-    if math.isfinite(stats["grad_norm"]) and b_big > b_small:
+    b_big, b_small = stats.real_tokens, stats.real_tokens / run.plan.micro_batches_per_update
+    if math.isfinite(stats.grad_norm) and b_big > b_small:
         run.gns.update(
-            *noise.estimate(stats["small_sq_mean"], b_small, stats["grad_norm"] ** 2, b_big),
+            *noise.estimate(stats.small_sq_mean, b_small, stats.grad_norm**2, b_big),
             tokens=run.plan.tokens_per_update,
             at=before,  # the gradients were taken at the weights before the update
         )

@@ -123,10 +123,10 @@ def test_zero0_fp16_norms_are_of_the_unscaled_loss():
     grads, boundary = captured.take()
     applied = power_of_two(float(boundary.norm() / big.norm()))
     assert applied in (1.0, stated)
-    assert stats["grad_norm"] == pytest.approx(float(boundary.norm()) / applied, rel=1e-6)
-    assert stats["small_sq_mean"] == pytest.approx(small_sq_mean(grads, applied, plan), rel=1e-6)
-    assert stats["grad_norm"] == pytest.approx(float(big.norm()), rel=1e-2)
-    assert stats["small_sq_mean"] == pytest.approx(float(micro.square().sum(1).mean()), rel=1e-2)
+    assert stats.grad_norm == pytest.approx(float(boundary.norm()) / applied, rel=1e-6)
+    assert stats.small_sq_mean == pytest.approx(small_sq_mean(grads, applied, plan), rel=1e-6)
+    assert stats.grad_norm == pytest.approx(float(big.norm()), rel=1e-2)
+    assert stats.small_sq_mean == pytest.approx(float(micro.square().sum(1).mean()), rel=1e-2)
 
 
 def test_zero3_fp16_norm_uses_the_scale_of_the_backward_not_the_grown_one():
@@ -146,13 +146,13 @@ def test_zero3_fp16_norm_uses_the_scale_of_the_backward_not_the_grown_one():
         applied = power_of_two(float(summed.norm() / big.norm()))
         assert applied == before, "ZeRO 3 scales the loss by the stated scale"
         # DeepSpeed accumulates the fp16 gradients in fp16: rounding of about 1e-3
-        assert stats["grad_norm"] == pytest.approx(float(summed.norm()) / applied, rel=2e-3), (update, before, after)
-        assert stats["grad_norm"] == pytest.approx(float(big.norm()), rel=1e-2)
-        assert stats["small_sq_mean"] == pytest.approx(small_sq_mean(grads, applied, plan), rel=1e-6)
-        assert stats["small_sq_mean"] == pytest.approx(float(micro.square().sum(1).mean()), rel=1e-2)
+        assert stats.grad_norm == pytest.approx(float(summed.norm()) / applied, rel=2e-3), (update, before, after)
+        assert stats.grad_norm == pytest.approx(float(big.norm()), rel=1e-2)
+        assert stats.small_sq_mean == pytest.approx(small_sq_mean(grads, applied, plan), rel=1e-6)
+        assert stats.small_sq_mean == pytest.approx(float(micro.square().sum(1).mean()), rel=1e-2)
         if after != before:
             grown += 1
-            assert engine.get_global_grad_norm() == pytest.approx(stats["grad_norm"] * before / after, rel=1e-6), (
+            assert engine.get_global_grad_norm() == pytest.approx(stats.grad_norm * before / after, rel=1e-6), (
                 "the premise: DeepSpeed divides by the grown scale"
             )
     assert grown >= 1, "the premise: the dynamic scale grew at a tested step"

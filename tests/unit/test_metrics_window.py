@@ -3,7 +3,7 @@
 import math
 
 from orchestrator.noise import NoiseScaleEMA
-from workloads.metrics_window import MetricsWindow, due, noise_scale_metrics
+from workloads.metrics_window import MetricsWindow, UpdateStats, due, noise_scale_metrics
 from workloads.model import mfu
 
 
@@ -24,7 +24,7 @@ def test_due_fires_once_per_multiple_passed():
 
 
 def stats(loss_sum, real, slots, shares):
-    return {"loss_sum": loss_sum, "real_tokens": real, "local_slots": slots, "source_tokens": shares}
+    return UpdateStats(loss_sum, real, loss_sum / real, 1.0, 0.0, 1.0, slots, shares)
 
 
 def test_window_metrics_over_two_updates():
