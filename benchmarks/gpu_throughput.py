@@ -85,7 +85,8 @@ def load_config(path: Path, args):
 def choose_micro_batch(cfg, device, args) -> Dict[str, Any]:
     """Resolve `auto` as a run would: the probe on a GPU, the memory model on CPU."""
     from orchestrator import micro_batch
-    from orchestrator.config import AUTO, to_dict
+    from orchestrator.config import to_dict
+    from orchestrator.schema import AUTO
 
     if cfg.batch.micro_batch_size != AUTO:
         return {"micro_batch_size": cfg.batch.micro_batch_size, "method": "given"}

@@ -144,7 +144,7 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
 
-    from orchestrator import launch, search_space
+    from orchestrator import launch, search_space, sweep_file
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     shared = [
@@ -153,7 +153,7 @@ def main(argv: List[str] | None = None) -> int:
         "tracking.experiment=bench-sweep-overhead",
     ]
     path = write_sweep(tmp, args.trials, args.concurrency, args.overrides, args.local_mode)
-    spec = search_space.load(path)
+    spec = sweep_file.load(path)
     spec.base_overrides += shared
     configs = [t.cfg for t in search_space.expand(spec)]
     for cfg in configs:

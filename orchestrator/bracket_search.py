@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ray.tune.search import Searcher
 
-from orchestrator import lr_bracket, search_space
+from orchestrator import lr_bracket, search_space, sweep_file
 
 
 def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
@@ -66,7 +66,7 @@ class BracketSearch(Searcher):
 
     @classmethod
     def from_sweep(
-        cls, sweep: search_space.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
+        cls, sweep: sweep_file.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
     ) -> "BracketSearch":
         """The sweep's brackets that have a feasible first-round trial (`infeasible: skip` drops
         the others); budgets: train.total_tokens rounded down to whole updates. `runs`: the

@@ -1,5 +1,4 @@
-"""The config's loader (the schema is orchestrator/schema.py, re-exported here) and the config as
-a dict (redacted).
+"""The config's loader (the schema is orchestrator/schema.py) and the config as a dict (redacted).
 
 Loading order (later wins): schema defaults <- YAML file (which may build on another YAML
 through a top-level `extends: other.yaml`, resolved relative to the file) <- dotlist overrides
@@ -25,34 +24,10 @@ from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, Omega
 
 from orchestrator import registry, validation
 from orchestrator.errors import ConfigError
-from orchestrator.schema import (  # noqa: F401  (re-exported: callers import the schema from here)
-    ADAMW_ONLY_KEYS,
-    AUTO,
-    DEFAULT_BETA2,
-    DEFAULT_WEIGHT_DECAY,
-    OPTIMIZERS,
-    BatchConfig,
-    ClusterConfig,
-    Config,
-    DataConfig,
-    DeepSpeedConfig,
-    GNSConfig,
-    HFModelConfig,
-    ModelConfig,
-    OptimConfig,
-    RampStep,
-    ScheduleConfig,
-    SourceConfig,
-    TrackingConfig,
-    TrainConfig,
-)
-from orchestrator.yaml_files import (  # noqa: F401  (re-exported: callers import them from here)
-    ALLOWED_RESOLVERS,
-    dotlist,
-    dotlist_value,
+from orchestrator.schema import Config
+from orchestrator.yaml_files import (
     extends_chain,
     parse_overrides,
-    read_mapping,
 )
 
 # ---------------------------------------------------------------- loading

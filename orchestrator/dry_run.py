@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator import batching, branch_study, cost, derived, memory, micro_batch, search_space
+from orchestrator import batching, branch_study, cost, derived, memory, micro_batch, search_space, sweep_file
 from orchestrator import plan as planning
 from orchestrator.errors import ConfigError
 from orchestrator.schema import AUTO, Config
@@ -237,7 +237,7 @@ def _at_once(rows: Sequence[Row], slots: int) -> str:
     return f"; up to {_count(sum(held), next(iter(kinds)))} at once"
 
 
-def totals(sweep: search_space.Sweep, rows: Sequence[Row]) -> Tuple[List[str], cost.SweepCost]:
+def totals(sweep: sweep_file.Sweep, rows: Sequence[Row]) -> Tuple[List[str], cost.SweepCost]:
     slots = sweep.search.max_concurrent
     total = cost.sweep_cost([r.cost for r in rows], slots)
     lines = [
@@ -289,7 +289,7 @@ def _middle(spec: Dict[str, Any]) -> Any:
     return int(round(middle)) if kind == "randint" else middle
 
 
-def corners(sweep: search_space.Sweep) -> Tuple[List[str], List[search_space.Trial]]:
+def corners(sweep: sweep_file.Sweep) -> Tuple[List[str], List[search_space.Trial]]:
     """(keys that change cost, the trials at every corner of them, feasible or not)."""
     keys = [k for k in sweep.space if _changes_cost(k)]
     fixed = {k: _middle(s) for k, s in sweep.space.items() if k not in keys}

@@ -1,8 +1,8 @@
 """The one typed configuration schema: a dataclass per section, a docstring under every field.
 
 Pure: imports no Ray, DeepSpeed or MLflow. Loading it (defaults <- YAML <- overrides) is
-orchestrator/config.py, which re-exports every name here; the rule of each field's valid values
-is orchestrator/validation.py's FIELDS.
+orchestrator/config.py; the rule of each field's valid values is orchestrator/validation.py's
+FIELDS.
 """
 
 from __future__ import annotations

@@ -15,23 +15,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator import branch_study, lr_bracket
+from orchestrator import branch_study, lr_bracket, yaml_files
 from orchestrator import config as config_lib
 from orchestrator.errors import ConfigError
 from orchestrator.schema import Config
-from orchestrator.sweep_file import (  # noqa: F401  (re-exported: the sweep file's schema and reader)
-    ALGORITHMS,
-    ALPHA_PRESETS,
-    DISTRIBUTIONS,
-    LR_KEYS,
-    SCHEDULERS,
-    SHARE_KEYS,
-    TOP_KEYS,
-    SchedulerConfig,
-    SearchConfig,
-    Sweep,
-    load,
-)
+from orchestrator.sweep_file import LR_KEYS, SHARE_KEYS, Sweep, load
 
 
 @dataclass
@@ -186,7 +174,7 @@ def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
         overrides["optim.lr"] = float(f"{lr:.6g}")
     trial = Trial(overrides, values=dict(values))
     try:
-        trial.cfg = config_lib.load(sweep.base_config, sweep.base_overrides + config_lib.dotlist(overrides))
+        trial.cfg = config_lib.load(sweep.base_config, sweep.base_overrides + yaml_files.dotlist(overrides))
     except ConfigError as exc:
         trial.problem = str(exc)
         return trial

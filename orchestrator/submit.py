@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from orchestrator import schema, yaml_files
 from orchestrator.errors import ConfigError
 from orchestrator.follow import follow_job
 from orchestrator.ray_jobs import ClusterError, calls, cluster_nodes, connect, first_line, mask
@@ -93,7 +94,6 @@ def _effective_tracking_uri(overrides: Sequence[str], chain: Sequence[Tuple[Path
     """Best guess of tracking.uri on the cluster (for the note on relative local stores): the last
     tracking.uri override, else the nearest file of the config's `extends` chain naming one, else
     the schema's default."""
-    from orchestrator import config
 
     for item in list(overrides)[::-1]:
         if str(item).startswith("tracking.uri="):
@@ -102,7 +102,7 @@ def _effective_tracking_uri(overrides: Sequence[str], chain: Sequence[Tuple[Path
         tracking = raw.get("tracking")
         if isinstance(tracking, dict) and tracking.get("uri"):
             return str(tracking["uri"])
-    return config.TrackingConfig.uri
+    return schema.TrackingConfig.uri
 
 
 def _relative_local(uri: str) -> bool:
@@ -141,7 +141,7 @@ def job_spec(
 ) -> JobSpec:
     """A job running `orchestrator VERB TARGET overrides` in a copy of the project; checks TARGET
     (exists, inside the project, a YAML mapping, its base config present) and the overrides."""
-    from orchestrator import config, sweep_file
+    from orchestrator import sweep_file
 
     root = (root or project_root()).resolve()
     path = Path(target)
@@ -149,13 +149,13 @@ def job_spec(
     if not path.is_file():
         raise ConfigError("SWEEP" if verb == "sweep" else "CONFIG", f"file {str(target)!r} not found")
     rel = _inside(path, root, "SWEEP" if verb == "sweep" else "CONFIG")
-    config.parse_overrides(list(overrides))  # key=value shape and the resolver allow-list
+    yaml_files.parse_overrides(list(overrides))  # key=value shape and the resolver allow-list
     if verb == "sweep":
         sweep = sweep_file.load(path, check=False)  # the rest is checked by trial_shapes and on the cluster
         name, base, base_overrides, texts = sweep.name, _base_config(sweep, root), sweep.base_overrides, [sweep.text]
     else:
         name, base, base_overrides, texts = path.stem, path, [], []
-    chain = config.extends_chain(base) if base else []
+    chain = yaml_files.extends_chain(base) if base else []
     texts += [text for _, _, text in chain]
     env, extra = job_env(overrides, texts)
     notes = []

@@ -19,7 +19,18 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from orchestrator import branch_study, derived, feasibility, launch, micro_batch, search_space, storage, tracking
+from orchestrator import (
+    branch_study,
+    derived,
+    feasibility,
+    launch,
+    micro_batch,
+    schema,
+    search_space,
+    storage,
+    sweep_file,
+    tracking,
+)
 from orchestrator import config as config_lib
 from orchestrator.errors import ConfigError
 
@@ -28,12 +39,12 @@ RECORD = "sweep_run.json"
 TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the workers hold the CPUs
 
 
-def in_trial_process(sweep: search_space.Sweep, cfg: config_lib.Config) -> bool:
+def in_trial_process(sweep: sweep_file.Sweep, cfg: schema.Config) -> bool:
     """Does this trial run its one worker in the Tune trial's process (Ray Train local mode)?"""
     return sweep.local_mode and derived.batch_plan(cfg).num_workers == 1
 
 
-def trial_resources(sweep: search_space.Sweep, params: Dict[str, Any]) -> Dict[str, float]:
+def trial_resources(sweep: sweep_file.Sweep, params: Dict[str, Any]) -> Dict[str, float]:
     """What the Tune trial holds: the worker's CPUs (and GPU) when the worker runs inside it."""
     cfg = search_space.resolve(sweep, params["trial"]).cfg
     if cfg is None or not in_trial_process(sweep, cfg):
@@ -49,7 +60,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    sweep: search_space.Sweep = setup["sweep"]
+    sweep: sweep_file.Sweep = setup["sweep"]
     if Path(setup["cwd"]).is_dir():  # Tune starts trials in their own folder; paths are the user's
         os.chdir(setup["cwd"])
     trial = search_space.resolve(sweep, params["trial"])
@@ -122,7 +133,7 @@ def _sweep_dir(root: str, name: str, resume: bool) -> str:
     return storage.join(root, name, time.strftime("%Y%m%d-%H%M%S"))
 
 
-def trial_shape(sweep: search_space.Sweep, cfg: config_lib.Config):
+def trial_shape(sweep: sweep_file.Sweep, cfg: schema.Config):
     """What one trial holds: its worker bundles and the Tune trial's own CPU, or, when the
     worker runs inside the trial, one bundle for both."""
     if in_trial_process(sweep, cfg):
@@ -130,7 +141,7 @@ def trial_shape(sweep: search_space.Sweep, cfg: config_lib.Config):
     return feasibility.shape_of(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
 
 
-def trial_shapes(sweep: search_space.Sweep, trials: List[search_space.Trial]) -> list:
+def trial_shapes(sweep: sweep_file.Sweep, trials: List[search_space.Trial]) -> list:
     """The shape of every trial (search_space.Prepared.all_trials: the base config's for optuna)."""
     return [trial_shape(sweep, t.cfg) for t in trials]
 
@@ -147,7 +158,7 @@ def _preflight(trials: List[search_space.Trial]) -> None:
             launch.preflight(t.cfg)
 
 
-def _open_parent(sweep: search_space.Sweep, cfg, trials) -> str:
+def _open_parent(sweep: sweep_file.Sweep, cfg, trials) -> str:
     uri = cfg.tracking.uri
     tags = {
         tracking.ROLE_TAG: tracking.SWEEP_ROLE,
@@ -163,7 +174,7 @@ def _open_parent(sweep: search_space.Sweep, cfg, trials) -> str:
     return run_id
 
 
-def _param_space(sweep: search_space.Sweep, trials, runs: Dict[str, Any]):
+def _param_space(sweep: sweep_file.Sweep, trials, runs: Dict[str, Any]):
     """Tune's param space and searcher. `runs`: where the trials' MLflow runs are (the bracket
     search's steps criterion reads them)."""
     from ray import tune
@@ -188,7 +199,7 @@ def _param_space(sweep: search_space.Sweep, trials, runs: Dict[str, Any]):
     return space, searcher
 
 
-def _scheduler(sweep: search_space.Sweep, budget: int):
+def _scheduler(sweep: sweep_file.Sweep, budget: int):
     if sweep.scheduler.type != "asha":
         return None
     from orchestrator.grouped_asha import GroupedASHA
@@ -206,7 +217,7 @@ def _scheduler(sweep: search_space.Sweep, budget: int):
     )
 
 
-def _say_how_early_stopping_compares(sweep: search_space.Sweep, trials) -> None:
+def _say_how_early_stopping_compares(sweep: sweep_file.Sweep, trials) -> None:
     if sweep.scheduler.type != "asha":
         return
     keys = ", ".join(search_space.comparison_keys(sweep))
@@ -227,7 +238,7 @@ def _say_how_early_stopping_compares(sweep: search_space.Sweep, trials) -> None:
         )
 
 
-def _how_many(sweep: search_space.Sweep, trials) -> str:
+def _how_many(sweep: sweep_file.Sweep, trials) -> str:
     s = sweep.search
     if s.algorithm != "bracket":
         return f"{len(trials) if trials else s.num_samples} trials"

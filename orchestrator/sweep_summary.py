@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray import tune
 
-from orchestrator import cost, launch, search_space, tracking
+from orchestrator import cost, launch, search_space, sweep_file, tracking
 from orchestrator import plan as planning
 from orchestrator.errors import ConfigError
 
@@ -68,7 +68,7 @@ class ProgressTable(tune.Callback):
     rich Console: live display on it) are for tests."""
 
     def __init__(
-        self, sweep: search_space.Sweep, clock: Callable[[], float] = time.monotonic, console: Any = None
+        self, sweep: sweep_file.Sweep, clock: Callable[[], float] = time.monotonic, console: Any = None
     ) -> None:
         self.sweep = sweep
         self.rows: Dict[str, Dict[str, Any]] = {}
@@ -269,7 +269,7 @@ def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None
 
 
 def finish(
-    sweep: search_space.Sweep,
+    sweep: sweep_file.Sweep,
     base,
     parent: str,
     error: Optional[BaseException],

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import yaml
 
-from orchestrator import search_space
+from orchestrator import search_space, sweep_file
 from orchestrator.bracket_search import BracketSearch
 from orchestrator.grouped_asha import GroupedASHA
 from tests.conftest import ROOT
@@ -110,7 +110,7 @@ def test_a_sweep_s_searcher_suggests_what_a_grid_sweep_carries_and_resumes_from_
     from orchestrator import sweep as sweep_lib
 
     path = write_sweep(tmp_path)
-    sweep = search_space.load(path)
+    sweep = sweep_file.load(path)
     first = search_space.expand(sweep)  # 2 batch sizes x 2 warmups x 2 lrs x 2 seeds
     assert len(first) == 16 and search_space.bracket_bound(sweep) == 2 * 2 * 4 * 2
     assert "criterion final_loss" in sweep_lib._how_many(sweep, first)

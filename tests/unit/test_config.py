@@ -21,7 +21,7 @@ def test_loading_order_defaults_yaml_overrides(tmp_path):
     assert cfg.optim.lr == 0.25  # child beats base
     assert cfg.optim.weight_decay == 0.2  # inherited from base
     assert cfg.train.seed == 7  # override beats both
-    assert cfg.optim.beta1 == config.OptimConfig().beta1  # schema default
+    assert cfg.optim.beta1 == schema.OptimConfig().beta1  # schema default
 
 
 def test_extends_cycle_is_an_error(tmp_path):

@@ -19,10 +19,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import config, derived
+from orchestrator import derived, schema, sweep_file
 from orchestrator.batching import BatchPlan
-from orchestrator.config import Config, SourceConfig
 from orchestrator.errors import ConfigError
+from orchestrator.schema import Config, SourceConfig
 from workloads import corpus as C
 from workloads import data as D
 from workloads import mixture
@@ -464,7 +464,7 @@ DEMO_SWEEP = Path(__file__).resolve().parents[2] / "conf" / "sweep" / "demo.yaml
 def demo_trials():
     from orchestrator import search_space
 
-    sweep = search_space.load(DEMO_SWEEP)
+    sweep = sweep_file.load(DEMO_SWEEP)
     trials = search_space.expand(sweep)
     by_batch = {t.cfg.batch.tokens_per_update: t.cfg for t in trials}
     return [by_batch[b] for b in sorted(by_batch)]
@@ -510,7 +510,7 @@ def ramped(cfg: Config) -> Config:
     """cfg on 2 workers with a batch.ramp of two changes: 256 -> 512 at 2,048 tokens -> 1,024 at 6,144."""
     out = copy.deepcopy(cfg)
     out.cluster.num_workers = 2
-    out.batch.ramp = [config.RampStep(0, 256), config.RampStep(2048, 512), config.RampStep(6144, 1024)]
+    out.batch.ramp = [schema.RampStep(0, 256), schema.RampStep(2048, 512), schema.RampStep(6144, 1024)]
     return out
 
 

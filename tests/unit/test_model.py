@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from orchestrator.config import ModelConfig
+from orchestrator.schema import ModelConfig
 from workloads.model import (
     GPT,
     HAS_FLEX,

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import cost, search_space, sweep_summary
+from orchestrator import cost, search_space, sweep_file, sweep_summary
 from tests.conftest import ROOT
 
 BUDGET = 327_680  # conf/sweep/demo.yaml: train.total_tokens, a whole number of updates at every B
@@ -28,7 +28,7 @@ def trial(trial_id, batch, lr):
 
 @pytest.fixture
 def table_and_trials():
-    sweep = search_space.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
     assert search_space.expand(sweep)[0].cfg.train.total_tokens == BUDGET, "the figures below assume it"
     clock = Clock()
     table = sweep_summary.ProgressTable(sweep, clock=clock)
@@ -111,7 +111,7 @@ def test_a_restarted_trial_measures_its_rate_again(table_and_trials):
 def test_on_a_terminal_the_table_refreshes_in_place_and_stops(capsys):
     from rich.console import Console
 
-    sweep = search_space.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
     screen = io.StringIO()
     clock = Clock()
     table = sweep_summary.ProgressTable(

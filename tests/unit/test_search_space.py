@@ -6,7 +6,7 @@ import math
 import pytest
 import yaml
 
-from orchestrator import derived, search_space
+from orchestrator import derived, search_space, sweep_file
 from orchestrator.errors import ConfigError
 from tests.conftest import ROOT
 
@@ -22,7 +22,7 @@ def write(tmp_path, **body):
 
 
 def test_grid_product_and_names(tmp_path):
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(
             tmp_path,
             space={"batch.tokens_per_update": {"grid": [2048, 65536]}, "optim.lr": {"grid": [3e-4, 1e-3]}},
@@ -45,8 +45,8 @@ def test_random_draws_are_seeded_and_in_range(tmp_path):
         space={"optim.lr": {"loguniform": [1e-4, 1e-2]}, "train.seed": {"randint": [1, 3]}},
         search={"algorithm": "random", "num_samples": 50, "seed": 7},
     )
-    a = search_space.expand(search_space.load(write(tmp_path, **body)))
-    b = search_space.expand(search_space.load(write(tmp_path, **body)))
+    a = search_space.expand(sweep_file.load(write(tmp_path, **body)))
+    b = search_space.expand(sweep_file.load(write(tmp_path, **body)))
     assert [t.cfg.optim.lr for t in a] == [t.cfg.optim.lr for t in b]
     assert all(1e-4 <= t.cfg.optim.lr <= 1e-2 for t in a)
     assert {t.cfg.train.seed for t in a} == {1, 2, 3}
@@ -56,7 +56,7 @@ def test_random_draws_are_seeded_and_in_range(tmp_path):
 
 @pytest.mark.parametrize("alpha,expected", [("sqrt", 0.5), ("linear", 1.0), (0.25, 0.25)])
 def test_lr_scaling_rule(tmp_path, alpha, expected):
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(
             tmp_path,
             space={"batch.tokens_per_update": {"grid": [1024, 4096, 16384]}},
@@ -70,7 +70,7 @@ def test_lr_scaling_rule(tmp_path, alpha, expected):
 
 
 def test_warmup_as_share_of_budget(tmp_path):
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(
             tmp_path,
             space={"schedule.warmup_share": {"grid": [0.01, 0.1]}},
@@ -90,18 +90,18 @@ def test_constraints_and_infeasible_listing(tmp_path):
         constraints=[{"key": "batch.tokens_per_update", "max": 0.25, "of": "train.total_tokens"}],
         base={"config": TINY, "overrides": {"schedule.warmup_tokens": 0}},
     )
-    sweep = search_space.load(write(tmp_path, **body))
+    sweep = sweep_file.load(write(tmp_path, **body))
     with pytest.raises(ConfigError) as info:
         search_space.split_feasible(sweep, search_space.expand(sweep))
     message = str(info.value)
     assert "2 of 3 trials infeasible" in message and "4,992" in message and "constraint" in message
-    sweep = search_space.load(write(tmp_path, infeasible="skip", **body))
+    sweep = sweep_file.load(write(tmp_path, infeasible="skip", **body))
     good, bad = search_space.split_feasible(sweep, search_space.expand(sweep))
     assert [t.cfg.batch.tokens_per_update for t in good] == [4096] and len(bad) == 2
 
 
 def test_asha_needs_reports_at_equal_tokens(tmp_path):
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(
             tmp_path,
             space={"batch.tokens_per_update": {"grid": [4096, 12288]}},
@@ -146,13 +146,13 @@ def test_asha_needs_reports_at_equal_tokens(tmp_path):
 )
 def test_bad_sweep_files(tmp_path, body, key):
     with pytest.raises(ConfigError) as info:
-        search_space.load(write(tmp_path, **body))
+        sweep_file.load(write(tmp_path, **body))
     assert info.value.key == key
 
 
 def test_shipped_sweeps_are_valid():
     for path in sorted((ROOT / "conf" / "sweep").glob("*.yaml")):
-        sweep = search_space.load(path)
+        sweep = sweep_file.load(path)
         good, _ = search_space.split_feasible(sweep, search_space.expand(sweep))
         search_space.check_asha_alignment(sweep, good)
         assert len({t.cfg.train.total_tokens for t in good}) == 1, "every trial shares the budget"
@@ -166,7 +166,7 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
 
     from orchestrator import sweep as sweep_lib
 
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(
             tmp_path,
             space={"optim.lr": {"loguniform": [1e-4, 1e-2]}, "batch.tokens_per_update": {"choice": [2048, 4096]}},
@@ -192,13 +192,13 @@ def test_trial_resources_follow_where_the_worker_runs(tmp_path):
         (True, [0.8, sweep_lib.TRIAL_DRIVER_CPUS]),
         (False, [sweep_lib.TRIAL_DRIVER_CPUS, sweep_lib.TRIAL_DRIVER_CPUS]),
     ]:
-        sweep = search_space.load(write(tmp_path, space=space, local_mode=local_mode))
+        sweep = sweep_file.load(write(tmp_path, space=space, local_mode=local_mode))
         trials = search_space.expand(sweep)
         assert [sweep_lib.trial_resources(sweep, {"trial": t.values}) for t in trials] == [{"CPU": c} for c in expected]
 
 
 def test_seeds_replicate_every_configuration(tmp_path):
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(
             tmp_path,
             space={"optim.lr": {"grid": [1e-3, 3e-3]}},
@@ -220,15 +220,15 @@ def test_seeds_replicate_every_configuration(tmp_path):
         ({"search": {"seeds": 2}, "space": {"train.seed": {"grid": [1, 2]}}}, "search.seeds"),
     ]:
         with pytest.raises(ConfigError, match=key):
-            search_space.load(write(tmp_path, **body))
+            sweep_file.load(write(tmp_path, **body))
 
 
 def test_early_stopping_groups_share_batch_size_decay_shape_and_seed(tmp_path):
     space = {"batch.tokens_per_update": {"grid": [2048, 4096]}, "optim.lr": {"grid": [1e-3, 3e-3]}}
-    sweep = search_space.load(write(tmp_path, space=space))
+    sweep = sweep_file.load(write(tmp_path, space=space))
     assert search_space.comparison_keys(sweep) == ("batch.tokens_per_update",)
     assert search_space.lone_groups(sweep, search_space.expand(sweep)) == []
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(tmp_path, space={**space, "schedule.decay": {"grid": ["cosine", "wsd"]}}, search={"seeds": 2})
     )
     keys = search_space.comparison_keys(sweep)
@@ -238,7 +238,7 @@ def test_early_stopping_groups_share_batch_size_decay_shape_and_seed(tmp_path):
     assert len(groups) == 2 * 2 * 2 and all(
         len([t for t in trials if search_space.comparison_group(keys, t.values) == g]) == 2 for g in groups
     )  # the two learning rates of each group
-    one_per_batch = search_space.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))
+    one_per_batch = sweep_file.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))
     assert len(search_space.lone_groups(one_per_batch, search_space.expand(one_per_batch))) == 2
 
 
@@ -246,7 +246,7 @@ def test_a_ramp_axis_names_each_trial_by_its_ramp_and_groups_early_stopping_by_i
     fixed = [{"from_tokens": 0, "tokens_per_update": 2048}]
     ramps = [fixed, [*fixed, {"from_tokens": 4096, "tokens_per_update": 4096}]]
     space = {"batch.ramp": {"grid": ramps}, "optim.lr": {"grid": [1e-3, 3e-3]}}
-    sweep = search_space.load(write(tmp_path, space=space))
+    sweep = sweep_file.load(write(tmp_path, space=space))
     trials = search_space.expand(sweep)
     assert [t.name.split(" lr=")[0] for t in trials] == ["B=2Ki", "B=2Ki", "B=2Ki>4Ki@4Ki", "B=2Ki>4Ki@4Ki"]
     assert [len(t.cfg.batch.ramp) for t in trials] == [1, 1, 2, 2]
@@ -267,7 +267,7 @@ def test_bracket_first_round_from_the_lr_grid_or_the_scaling_rule(tmp_path):
         "optim.lr": {"grid": [3e-3, 1e-3]},
         "schedule.decay": {"grid": ["wsd", "cosine"]},
     }
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(tmp_path, base=BRACKET_BASE, space=space, search={"algorithm": "bracket", "seeds": 2})
     )
     trials = search_space.expand(sweep)
@@ -277,7 +277,7 @@ def test_bracket_first_round_from_the_lr_grid_or_the_scaling_rule(tmp_path):
     assert search_space.bracket_bound(sweep) == 7 * 2 * 2 * 2  # max_lrs_per_batch x B x groups x seeds
     assert trials[1].name == "B=2Ki lr=1e-3 wu=0% wsd seed=1"
     rule = {"reference_tokens": 2048, "base_lr": 1e-3, "alpha": "sqrt"}
-    sweep = search_space.load(
+    sweep = sweep_file.load(
         write(
             tmp_path,
             base=BRACKET_BASE,
@@ -353,7 +353,7 @@ def test_bad_bracket_sweep_files_exit_2_with_one_line(tmp_path, capsys, search, 
         body["lr_scaling"] = lr_scaling
     path = write(tmp_path, **body)
     with pytest.raises(ConfigError) as info:
-        search_space.load(path)
+        sweep_file.load(path)
     assert info.value.key == key
     assert main(["sweep", str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -372,7 +372,7 @@ def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
     from orchestrator import branch_study, config
 
     branch = {"at_tokens": [65536, 16384], "factors": [1, 2, 4], "tokens": 16384, "lr_scaling": "sqrt"}
-    sweep = search_space.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "from": None}))
+    sweep = sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "from": None}))
     trials = search_space.expand(sweep)
     assert [t.name for t in trials] == [f"at={a} B={b}" for a in ("16Ki", "64Ki") for b in ("4Ki", "8Ki", "16Ki")]
     for t, (at, k) in zip(trials, [(a, k) for a in (16384, 65536) for k in (1, 2, 4)]):
@@ -404,5 +404,5 @@ def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
 def test_a_branch_study_that_cannot_run_names_its_key(tmp_path, branch, base, key, says):
     good = {"at_tokens": [16384], "factors": [1, 2, 4], "tokens": 16384}
     with pytest.raises(ConfigError) as info:
-        search_space.expand(search_space.load(write(tmp_path, base=BRANCH_BASE, branch={**good, **branch}, **base)))
+        search_space.expand(sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**good, **branch}, **base)))
     assert info.value.key == key and says in str(info.value), str(info.value)

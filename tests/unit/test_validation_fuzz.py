@@ -11,17 +11,17 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import config, launch, tracking, validation
+from orchestrator import config, launch, schema, tracking, validation
 from orchestrator.cli import main
-from orchestrator.config import RampStep, SourceConfig
+from orchestrator.schema import RampStep, SourceConfig
 from orchestrator.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
 from orchestrator.validation import FIELDS, Field
 from tests.conftest import ROOT, TINY, run_cli
 
 
-def leaf_keys(schema=config.Config, prefix=""):
+def leaf_keys(section=schema.Config, prefix=""):
     keys = set()
-    for f in fields(schema):
+    for f in fields(section):
         default = f.default_factory() if callable(f.default_factory) else f.default
         if is_dataclass(default):
             keys |= leaf_keys(type(default), f"{prefix}{f.name}.")
