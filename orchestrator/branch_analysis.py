@@ -37,12 +37,12 @@ def branch_ends(trials: Sequence[Trial]) -> List[branch_cbs.BranchEnd]:
     for t in trials:
         if not is_branch(t) or t.outcome != "finished" or not t.eval:
             continue
-        at, stop = int(float(t.params[BRANCH_AT_KEY])), int(float(t.params["train.stop_at_tokens"]))
+        at, stop = t.number(BRANCH_AT_KEY, int), t.number("train.stop_at_tokens", int)
         (tokens, loss), se = t.eval[-1], dict(t.eval_se).get(t.eval[-1][0], 0.0)
         if tokens != stop:
             continue  # no evaluation at its end: not comparable with the other branches
-        seed = int(float(t.params.get("train.seed", 0)))
-        ends.append(branch_cbs.BranchEnd(at, int(float(t.params[RAMP_CHANGE_KEY])), loss, se, seed, _at(base, at)))
+        seed = t.number("train.seed", int) or 0
+        ends.append(branch_cbs.BranchEnd(at, t.number(RAMP_CHANGE_KEY, int), loss, se, seed, _at(base, at)))
     return ends
 
 
@@ -59,8 +59,8 @@ def loss_at(trials: Sequence[Trial], tokens: int) -> Optional[float]:
     if base is not None:
         curve = base.train
     else:
-        starts = [t for t in trials if is_branch(t) and int(float(t.params[BRANCH_AT_KEY])) == tokens]
-        first = min(starts, key=lambda t: int(float(t.params[RAMP_CHANGE_KEY])), default=None)
+        starts = [t for t in trials if is_branch(t) and t.number(BRANCH_AT_KEY, int) == tokens]
+        first = min(starts, key=lambda t: t.number(RAMP_CHANGE_KEY, int), default=None)
         curve = first.train if first else []
     if not curve:
         return None
@@ -110,14 +110,14 @@ def study(
     fit = branch_ramp.power_law_fit(along)
     base = base_of(trials)
     branch = next(t for t in trials if is_branch(t))
-    p = (base or branch).params
-    base_batch = int(float(branch.params["batch.ramp.0.tokens_per_update"]))
-    total = int(float(p["train.total_tokens"]))
-    ramp = branch_ramp.suggested_ramp(
-        along, fit, base_batch, total, int(float(p["data.seq_len"])), int(float(p["cluster.num_workers"]))
+    run = base or branch
+    base_batch = branch.number("batch.ramp.0.tokens_per_update", int)
+    total, seq_len, workers = (
+        run.number(k, int) for k in ("train.total_tokens", "data.seq_len", "cluster.num_workers")
     )
-    alpha = float(branch.params.get("batch.ramp_lr_scaling", 0.0))
-    eval_tokens = int(float(p.get("train.eval_tokens", 0)))
+    ramp = branch_ramp.suggested_ramp(along, fit, base_batch, total, seq_len, workers)
+    alpha = branch.number("batch.ramp_lr_scaling") or 0.0
+    eval_tokens = run.number("train.eval_tokens", int) or 0
     needed = branch_cbs.eval_tokens_needed(ends, tolerance, eval_tokens) if eval_tokens else None
     notes = []
     if needed:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator.report_format import TOK, G, S, cell, table
+from orchestrator.report_format import TOK, G, S, aligned, cell, table
 
 BRANCH_COLUMNS = [
     ("branch point (tokens)", "tokens", TOK),
@@ -83,9 +83,7 @@ def sentences(branch: Dict[str, Any]) -> List[str]:
 def lines(branch: Dict[str, Any]) -> List[str]:
     """A branch study's answer: the table, the power law, the suggested ramp."""
     header, cells = table(table_rows(branch["points"]), columns(branch))[1:]
-    widths = [max(len(c) for c in col) for col in zip(header, *cells)]
-    out = ["Critical batch size along training:", *sentences(branch)]
-    out += ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [header, *cells]]
+    out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
     out += ["Suggested batch ramp (doubles where the critical batch size passes twice the batch):"]
     out += ["  " + line for line in branch["ramp_yaml"].splitlines()]
     return out + [f"  or: orchestrator train CONFIG '{branch['ramp_override']}'"]

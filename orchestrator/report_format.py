@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -21,6 +21,12 @@ def cell(x: Any, fmt: str = "{:.4g}") -> str:
     from orchestrator.plots import fmt_tokens
 
     return fmt_tokens(round(x)) if fmt == "tok" else fmt.format(x)
+
+
+def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    """A table as printed lines: each column right-aligned to its widest cell, indented by two."""
+    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+    return ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [header, *rows]]
 
 
 def table(rows: Sequence[Dict[str, Any]], columns: Sequence[Tuple[str, str, str]]) -> tuple:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator import report_branch
-from orchestrator.report_format import TOK, G, S, cell, table
+from orchestrator.report_format import TOK, G, S, aligned, cell, table
 from orchestrator.schedules import TRUSTED_SHARE
 from orchestrator.trials import BATCH_KEY, LR_KEY
 
@@ -177,9 +177,7 @@ def summary_lines(result: Dict[str, Any]) -> List[str]:
     header, rows = per_batch_table(result)
     swept = ", ".join(map(_label, result["axes"])) or "nothing"
     lines = [answer(result), f"best configuration per batch size (swept: {swept}):"]
-    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
-    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [header, *rows]]
-    return lines
+    return lines + aligned(header, rows)
 
 
 TARGET_COLUMNS = [

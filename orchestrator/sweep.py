@@ -255,11 +255,12 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     launch.resolve_paths(base)
     for t in prepared.skipped:
         log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
-    _preflight(prepared.all_trials())
+    first = prepared.all_trials()
+    _preflight(first)
     _say_how_early_stopping_compares(sweep, trials)
     launch.ray_init(base.cluster.address)
-    launch.check_cluster(base, trial_shapes(sweep, prepared.all_trials()))
-    micro_batch.resolve_all([t.cfg for t in prepared.all_trials()])
+    launch.check_cluster(base, trial_shapes(sweep, first))
+    micro_batch.resolve_all([t.cfg for t in first])
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume:
         parent = storage.read_json(storage.join(folder, RECORD))["parent_run_id"]
@@ -339,9 +340,11 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
         "tags": {tracking.PARENT_TAG: parent, tracking.SWEEP_TAG: sweep.name},
     }
     space, searcher = _param_space(sweep, trials, runs)
-    algorithm = sweep.search.algorithm
-    samples = search_space.bracket_bound(sweep) if algorithm == "bracket" else 1
-    samples = sweep.search.num_samples if algorithm == "optuna" else samples
+    samples = 1  # grid and random trials are laid out in the param space; bracket and optuna suggest theirs
+    if sweep.search.algorithm == "bracket":
+        samples = search_space.bracket_bound(sweep)
+    elif sweep.search.algorithm == "optuna":
+        samples = sweep.search.num_samples
     return tune.Tuner(
         trainable,
         param_space=space,

@@ -46,7 +46,6 @@ class Run:
     segments: List[batching.Segment]  # the batch sizes along the budget (batch.ramp; one without)
     plan: batching.BatchPlan  # the current segment's split
     steps: int  # updates this run trains to (a branch stops at train.stop_at_tokens)
-    budget: int  # tokens the schedule runs over (whole updates)
     stable_end: int  # tokens where the part of the schedule that cannot fake progress ends
     work: Any  # the workload (workloads/workload.py's protocol)
     engine: Any  # the DeepSpeed engine
@@ -135,7 +134,6 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
         segments=segments,
         plan=plan,
         steps=steps,
-        budget=budget,
         stable_end=stable_end,
         work=work,
         engine=engine,
