@@ -693,8 +693,9 @@ def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     client, job_id, proxy = counting_job_behind_a_proxy(cluster, seconds=9)
     try:
+        connected = ray_jobs.connect(proxy.address)  # before any drop: a refused connect is exit 2, not a loss
         watcher = _when_logged(client, job_id, "line-2", lambda: proxy.drop(refuse_s=2.0))
-        code = follow.follow_job(ray_jobs.connect(proxy.address), job_id)
+        code = follow.follow_job(connected, job_id)
         watcher.join(5)
     finally:
         proxy.close()
@@ -715,9 +716,10 @@ def test_follow_exits_3_when_contact_is_lost_for_good(cluster, monkeypatch, caps
     monkeypatch.setattr(follow, "RECONNECT_WINDOW_S", 3.0)
     client, job_id, proxy = counting_job_behind_a_proxy(cluster, seconds=120)
     try:
+        connected = ray_jobs.connect(proxy.address)  # before any drop: a refused connect is exit 2, not a loss
         watcher = _when_logged(client, job_id, "line-3", lambda: proxy.drop(refuse_s=float("inf")))
         started = time.monotonic()
-        code = follow.follow_job(ray_jobs.connect(proxy.address), job_id)
+        code = follow.follow_job(connected, job_id)
         lost_after = time.monotonic() - started
         watcher.join(5)
         assert client.get_job_status(job_id).value == "RUNNING"  # it runs on: "may still be running" is true
