@@ -54,7 +54,7 @@ def abba_group_ratios(periods: List[Dict[str, Any]], key: str = "cpu_s") -> List
 def run_training(cfg) -> Dict[str, Any]:
     """`launch.train(cfg)` (cfg.train.run_name set) with its output held back, shown only if it
     fails: the MLflow `run_id`, `wall_s` of the call and `started_at` (wall-clock time)."""
-    from orchestrator import launch
+    from orchestrator.driver import launch
 
     out = io.StringIO()
     started, started_at = time.perf_counter(), time.time()
@@ -71,9 +71,9 @@ def report_windows(uri: str, run_id: str) -> List[Dict[str, Any]]:
     """A training run's report windows, read back from what it logged to MLflow: each
     `perf/tokens_per_s` point covers the tokens since the previous point (`tokens`, `seconds`);
     `eval` marks windows that end at an evaluation; `logged_at` is the point's wall-clock time."""
-    from orchestrator import tracking
+    from orchestrator.tracking import mlflow_runs
 
-    c = tracking.client(uri)
+    c = mlflow_runs.client(uri)
     evals = {m.step for m in c.get_metric_history(run_id, "eval/loss")}
     windows, previous = [], 0
     for m in sorted(c.get_metric_history(run_id, "perf/tokens_per_s"), key=lambda m: m.step):

@@ -1,6 +1,6 @@
 """Is B_simple the critical batch size of AdamW? Steps to a target loss at the best lr per batch
 size on linear regression, simulated in numpy (the trainer's AdamW update, minibatch gradients),
-fitted as the report fits them (orchestrator/critical_batch.py), beside the closed-form B_simple
+fitted as the report fits them (orchestrator/analysis/critical_batch.py), beside the closed-form B_simple
 at the target.
 
     python benchmarks/adam_linreg_bcrit.py [--json PATH] [--seeds 3]
@@ -71,7 +71,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     args = p.parse_args(argv)
 
-    from orchestrator import critical_batch as cb
+    from orchestrator.analysis import critical_batch as cb
 
     load_before, started = os.getloadavg()[0], time.perf_counter()
     rows, out = [("case", "target", "steps at B = 8 .. 256", "B_crit", "S_min", "B_simple at target")], {}

@@ -12,7 +12,7 @@ re-analysed with pre-smoothed curves, and of the same sweep run again with half 
 3. Runs the demo again with `schedule.warmup_tokens` halved and analyses it.
 
 Verdict: every variant's primary B_crit lies inside the base's 90% interval. The analysis is the
-report's (`orchestrator.analysis.analyse`, the sweep's primary target); the sweeps are the real
+report's (`orchestrator.analysis.sweep_analysis.analyse`, the sweep's primary target); the sweeps are the real
 command line, whole.
 """
 
@@ -48,12 +48,14 @@ def run_demo(folder: Path, overrides: List[str]) -> str:
 
 
 def analyse(uri: str, smoothing: float = 0.0) -> Dict[str, Any]:
-    from orchestrator import analysis, report, report_inputs, sweep_file
+    from orchestrator.analysis import sweep_analysis
+    from orchestrator.reporting import report, report_inputs
+    from orchestrator.sweeps import sweep_file
 
     sweep = sweep_file.load(DEMO, check=False)
     _, _, parent = report_inputs.resolve(str(DEMO), [f"tracking.uri={uri}"])
     trials = report_inputs.read_trials(uri, parent)
-    result = analysis.analyse(trials, smoothing_tokens=smoothing, **report.sweep_options(sweep.search))
+    result = sweep_analysis.analyse(trials, smoothing_tokens=smoothing, **report.sweep_options(sweep.search))
     p = result["primary"]
     return {
         "target_loss": p["target_loss"],
@@ -73,7 +75,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--tracking-uri", default=None, help="a store holding a finished demo (skips its first run)")
     args = p.parse_args(argv)
 
-    from orchestrator import config, sweep_file
+    from orchestrator.core import config
+    from orchestrator.sweeps import sweep_file
 
     load_before, started = os.getloadavg()[0], time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="demo-sensitivity-"))

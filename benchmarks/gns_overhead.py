@@ -2,7 +2,7 @@
 
     python benchmarks/gns_overhead.py [--json PATH] [--seconds 90] [key=value ...]
 
-What it runs: the worker's own update, `workloads.engine.train_update`, on the engine that
+What it runs: the worker's own update, `workloads.train.engine.train_update`, on the engine that
 `train_worker` builds (the workload of the config, default conf/train/tiny.yaml: the tiny GPT on
 the built-in corpus; AdamW through DeepSpeed at the configured ZeRO stage, token-weighted
 accumulation), in this process as a DeepSpeed world of one (gloo), with torch threads =
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import List
 
-from orchestrator import derived
+from orchestrator.core import derived
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -49,7 +49,7 @@ def timed_probe_class():
     """GradNormProbe whose hook and read-out add their own thread CPU time to `spent_s`: the
     probe's direct cost, a low-noise figure next to the on/off ratio (the timer itself costs
     about a microsecond per hook call, charged to the "on" side)."""
-    from workloads.gns_probe import GradNormProbe
+    from workloads.train.gns_probe import GradNormProbe
 
     class TimedProbe(GradNormProbe):
         spent_s = 0.0
@@ -98,9 +98,10 @@ def main(argv: List[str] | None = None) -> int:
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
     import torch
 
-    from orchestrator import config, noise
+    from orchestrator.core import config
+    from orchestrator.formulas import noise
     from workloads import workload as workloads
-    from workloads.engine import build_engine, ensure_process_group, train_update
+    from workloads.train.engine import build_engine, ensure_process_group, train_update
 
     cfg = config.load(args.config, [*args.overrides, "cluster.num_workers=1"])
     plan = derived.batch_plan(cfg)
@@ -150,7 +151,7 @@ def main(argv: List[str] | None = None) -> int:
     result = {
         "benchmark": "gns_overhead",
         "measures": (
-            "tokens/s of workloads.engine.train_update (DeepSpeed engine, one process) with the GNS probe on vs off"
+            "tokens/s of workloads.train.engine.train_update (DeepSpeed engine, one process), GNS probe on vs off"
         ),
         "ratio": rate(on_p, "cpu_s") / rate(off_p, "cpu_s"),
         "ratio_wall": rate(on_p, "wall_s") / rate(off_p, "wall_s"),

@@ -6,22 +6,22 @@ micro-batch `batch.micro_batch_size: auto` finds, in one process.
     python benchmarks/gpu_throughput.py --device cpu --tiny     # smoke check of the logic only
 
 Needs torch, DeepSpeed and OmegaConf, not Ray or MLflow (so it runs on a GPU machine with only
-those wheels). For each config: the probe of workloads/micro_batch_probe.py picks b (on CPU, the
+those wheels). For each config: the probe of workloads/train/micro_batch_probe.py picks b (on CPU, the
 memory model does), then both engines run at that b; the memory model's prediction is printed
 beside the measured peak.
 
-Two engines over the same model (workloads/model.py GPT: on CUDA, compiled flex attention with
+Two engines over the same model (workloads/builtin/gpt.py GPT: on CUDA, compiled flex attention with
 a document block mask), the same TokenDataset micro-batches and the same token-weighted loss:
 - plain: a nanoGPT-style loop, fp32 weights under bf16 autocast, torch AdamW(fused=True), the
   model compiled when the trainer would compile it (`model.compile`), one host sync per update;
-- deepspeed: the trainer's own step, `workloads.engine.train_update` on the engine built by
-  `workloads.engine.build_engine` (ZeRO stage and precision from the config, bf16, fused AdamW,
+- deepspeed: the trainer's own step, `workloads.train.engine.train_update` on the engine built by
+  `workloads.train.engine.build_engine` (ZeRO stage and precision from the config, bf16, fused AdamW,
   gradient noise probe as configured), world size 1, no Ray and no MLflow.
 One update = the per-worker share of the config's update (b x S x A tokens). Warm-up updates
 (flex attention and block-mask compilation, allocator growth) are excluded; tokens/s is over
 the measured updates with the device synchronised at each update boundary.
 MFU = tokens/s x flops_per_token(model, S) / peak, with flops_per_token = 6N + 12 L H Q S
-(workloads.model), which counts full causal attention even where document masking skips it.
+(workloads.builtin.gpt), which counts full causal attention even where document masking skips it.
 Peak: H100/H200 989e12 (bf16 dense), A100 312e12, or --peak-flops.
 """
 
@@ -60,8 +60,8 @@ def detect_peak(name: str) -> Optional[float]:
 def load_config(path: Path, args):
     """The config with one worker doing the per-worker share of the configured update, at
     micro-batch `args.micro_batch` (auto: resolved by `choose_micro_batch`)."""
-    from orchestrator import config
-    from orchestrator.derived import batch_plan
+    from orchestrator.core import config
+    from orchestrator.core.derived import batch_plan
 
     cfg = config.load(path, args.overrides)
     plan = batch_plan(cfg)
@@ -84,16 +84,16 @@ def load_config(path: Path, args):
 
 def choose_micro_batch(cfg, device, args) -> Dict[str, Any]:
     """Resolve `auto` as a run would: the probe on a GPU, the memory model on CPU."""
-    from orchestrator import micro_batch
-    from orchestrator.config import to_dict
-    from orchestrator.schema import AUTO
+    from orchestrator.core.config import to_dict
+    from orchestrator.core.schema import AUTO
+    from orchestrator.driver import micro_batch
 
     if cfg.batch.micro_batch_size != AUTO:
         return {"micro_batch_size": cfg.batch.micro_batch_size, "method": "given"}
     share = micro_batch.per_worker_share(cfg)
     started = time.perf_counter()
     if device.type == "cuda":
-        from workloads.micro_batch_probe import probe
+        from workloads.train.micro_batch_probe import probe
 
         answer = probe(to_dict(cfg, redact=False), share)
     else:
@@ -150,14 +150,14 @@ def _release(device) -> None:
 def run_plain(cfg, device, args) -> Dict[str, Any]:
     import torch
 
-    from orchestrator.derived import adamw_constants, batch_plan, compile_enabled
-    from workloads import model as gpt
-    from workloads.data import TokenDataset
+    from orchestrator.core.derived import adamw_constants, batch_plan, compile_enabled
+    from workloads.builtin import gpt
+    from workloads.data.packing import TokenDataset
 
     plan = batch_plan(cfg)
     torch.manual_seed(cfg.train.seed)
     model = gpt.GPT(cfg.model).to(device)
-    if compile_enabled(cfg):  # as the trainer does (workloads/engine.py)
+    if compile_enabled(cfg):  # as the trainer does (workloads/train/engine.py)
         model.compile()
     o, constants = cfg.optim, adamw_constants(cfg)  # beta2 and weight decay as the trainer resolves them
     opt = torch.optim.AdamW(
@@ -198,10 +198,10 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
 def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     import torch
 
-    from orchestrator.derived import batch_plan
+    from orchestrator.core.derived import batch_plan
     from workloads import workload as workloads
-    from workloads.engine import build_engine, ensure_process_group, train_update
-    from workloads.gns_probe import GradNormProbe
+    from workloads.train.engine import build_engine, ensure_process_group, train_update
+    from workloads.train.gns_probe import GradNormProbe
 
     ensure_process_group(cfg)  # a world of one, as in Ray Train's local mode
     if device.type == "cuda":
@@ -239,10 +239,11 @@ def measure_config(path: Path, args, device, name: str, peak: Optional[float]) -
     """Both engines on one config at the micro-batch auto picks: tokens/s, MFU, peak memory."""
     import torch
 
-    from orchestrator import memory, micro_batch
-    from orchestrator.derived import batch_plan
-    from workloads import data
-    from workloads import model as gpt
+    from orchestrator.core.derived import batch_plan
+    from orchestrator.driver import micro_batch
+    from orchestrator.formulas import memory
+    from workloads.builtin import gpt
+    from workloads.data import packing
 
     started = time.perf_counter()
     cfg = load_config(path, args)
@@ -258,7 +259,7 @@ def measure_config(path: Path, args, device, name: str, peak: Optional[float]) -
         f"{fpt / 1e9:.2f} GFLOP/token; memory model {memory.format_bytes(predicted.total)}",
         flush=True,
     )
-    data.check_corpus(cfg, tokens_per_update)  # tokenizes the corpus once, outside the timing
+    packing.check_corpus(cfg, tokens_per_update)  # tokenizes the corpus once, outside the timing
 
     engines = ["plain", "deepspeed"] if args.engine == "both" else [args.engine]
     results: Dict[str, Any] = {}

@@ -46,7 +46,7 @@ def main(argv: List[str] | None = None) -> int:
 
     import numpy as np
 
-    from orchestrator import analysis
+    from orchestrator.analysis import sweep_analysis
     from tests.known_truth import World, factor_grid
 
     load_before, started = os.getloadavg()[0], time.perf_counter()
@@ -56,7 +56,7 @@ def main(argv: List[str] | None = None) -> int:
         errors, covered, flagged, flat = [], 0, 0, 0
         for draw in range(args.draws):
             world = World(draw=draw, **WORLDS[name])
-            result = analysis.analyse(world.trials(world.grid(lrs=lrs, seeds=args.seeds)))
+            result = sweep_analysis.analyse(world.trials(world.grid(lrs=lrs, seeds=args.seeds)))
             primary, truth = result["primary"], world.b_noise
             errors.append(primary["b_crit"] / truth - 1 if primary["b_crit"] else float("nan"))
             lo, hi = primary["b_crit_interval"] or (float("nan"),) * 2

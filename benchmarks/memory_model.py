@@ -1,6 +1,6 @@
-"""The memory model (orchestrator/memory.py) against the measured peak of one worker, at every
+"""The memory model (orchestrator/formulas/memory.py) against the measured peak of one worker, at every
 ZeRO stage: on GPU the allocator's max_memory_allocated, on CPU the profiler's live tensor bytes
-(workloads/peak_memory.py). Each point: building the engine and two updates of A = 2 micro-batches
+(workloads/train/peak_memory.py). Each point: building the engine and two updates of A = 2 micro-batches
 of b (workloads/micro_batch_probe.peak_at), one worker.
 
     python benchmarks/memory_model.py [--device cuda|cpu] [--micro-batch N] [--json PATH]
@@ -36,9 +36,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     import torch
 
-    from orchestrator import config, memory, micro_batch
-    from workloads.engine import ensure_process_group
-    from workloads.micro_batch_probe import peak_at
+    from orchestrator.core import config
+    from orchestrator.driver import micro_batch
+    from orchestrator.formulas import memory
+    from workloads.train.engine import ensure_process_group
+    from workloads.train.micro_batch_probe import peak_at
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":

@@ -74,9 +74,9 @@ def phases(uri: str, run_id: str) -> Dict[str, float]:
     window starts: Ray Train workers, DeepSpeed init, initial eval), the report windows (training,
     evaluations inside them), teardown (last point -> run closed: Ray Train shutdown, loss plot)
     and the steady tokens/s (perf/tokens_per_s windows, the first and the evaluation windows left out)."""
-    from orchestrator import tracking
+    from orchestrator.tracking import mlflow_runs
 
-    run = tracking.client(uri).get_run(run_id)
+    run = mlflow_runs.client(uri).get_run(run_id)
     windows = common.report_windows(uri, run_id)
     steady = [w for w in windows[1:] if not w["eval"]]
     start, end = run.info.start_time / 1000.0, run.info.end_time / 1000.0
@@ -103,7 +103,8 @@ def run_alone(trial_cfg, name: str) -> Dict[str, Any]:
 
 
 def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
-    from orchestrator import sweep, tracking
+    from orchestrator.driver import sweep
+    from orchestrator.tracking import mlflow_runs
 
     out = io.StringIO()
     started, clock = time.perf_counter(), time.time()
@@ -113,10 +114,10 @@ def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
     if code != 0:
         raise SystemExit(f"sweep failed (exit {code}):\n{out.getvalue()[-3000:]}")
     uri = overrides[0].split("=", 1)[1]
-    parent = tracking.find_sweep_run(tracking.resolve_uri(uri), "bench-sweep-overhead", "bench-overhead")
+    parent = mlflow_runs.find_sweep_run(mlflow_runs.resolve_uri(uri), "bench-sweep-overhead", "bench-overhead")
     trials = [
-        {"name": run.info.run_name, **phases(tracking.resolve_uri(uri), run.info.run_id)}
-        for run in tracking.child_runs(tracking.resolve_uri(uri), parent)
+        {"name": run.info.run_name, **phases(mlflow_runs.resolve_uri(uri), run.info.run_id)}
+        for run in mlflow_runs.child_runs(mlflow_runs.resolve_uri(uri), parent)
     ]
     # Outside every trial's run: sweep preflight, parent run, Tune start, trial actors; summary.
     before = min(t["start"] for t in trials) - clock
@@ -144,7 +145,8 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
 
-    from orchestrator import launch, search_space, sweep_file
+    from orchestrator.driver import launch
+    from orchestrator.sweeps import search_space, sweep_file
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     shared = [

@@ -2,7 +2,7 @@
 
     python benchmarks/tracking_overhead.py [--json PATH] [--seconds 90] [key=value ...]
 
-The update: the tiny GPT of workloads/model.py as conf/train/tiny.yaml configures it (plus any
+The update: the tiny GPT of workloads/builtin/gpt.py as conf/train/tiny.yaml configures it (plus any
 overrides), A micro-batches of b x S bytes with the token-weighted loss, backward, AdamW step,
 torch threads = cluster.cpus_per_worker, as in a Ray Train worker. No Ray, no DeepSpeed: the
 plainer the step, the larger tracking's share of it, so the figure is an upper bound.
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from orchestrator import derived
+from orchestrator.core import derived
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,8 +48,8 @@ GOAL = 1.01
 def build(cfg):
     import torch
 
-    from orchestrator.derived import batch_plan
-    from workloads import model as model_lib
+    from orchestrator.core.derived import batch_plan
+    from workloads.builtin import gpt as model_lib
 
     plan = batch_plan(cfg)
     torch.manual_seed(cfg.train.seed)
@@ -109,7 +109,8 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
 
-    from orchestrator import config, tracking
+    from orchestrator.core import config
+    from orchestrator.tracking import metric_logger, mlflow_runs
 
     cfg = config.load(args.config, args.overrides)
     plan, update = build(cfg)
@@ -117,10 +118,10 @@ def main(argv: List[str] | None = None) -> int:
     sources = [s.name for s in cfg.data.sources]
     tmp = Path(tempfile.mkdtemp(prefix="bench-tracking-"))
     uri = f"sqlite:///{tmp}/mlflow.db"
-    run_id = tracking.create_run(uri, "bench", "tracking-overhead")
+    run_id = mlflow_runs.create_run(uri, "bench", "tracking-overhead")
     # The sender thread never wakes by itself: sends happen where the loop below asks, so
     # that their cost lands in "on" periods.
-    logger = tracking.MetricLogger(uri, run_id, flush_every_s=3600)
+    logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=3600)
 
     load_before = os.getloadavg()[0]
     started = time.perf_counter()

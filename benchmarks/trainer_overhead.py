@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from orchestrator import derived
+from orchestrator.core import derived
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,7 +48,8 @@ GOAL = 0.90
 
 
 def load_config(path: str, overrides: List[str], tmp: Path):
-    from orchestrator import config, launch
+    from orchestrator.core import config
+    from orchestrator.driver import launch
 
     cfg = config.load(
         path,
@@ -71,11 +72,11 @@ def run_plain(cfg) -> Dict[str, Any]:
     """Same model, data, loss, optimizer, clipping and evaluations; no Ray, DeepSpeed or MLflow."""
     import torch
 
-    from orchestrator import batching
-    from orchestrator.derived import batch_plan
-    from orchestrator.schedules import lr_at
-    from workloads import model as gpt
-    from workloads.data import TokenDataset
+    from orchestrator.core.derived import batch_plan
+    from orchestrator.formulas import batching
+    from orchestrator.formulas.schedules import lr_at
+    from workloads.builtin import gpt
+    from workloads.data.packing import TokenDataset
 
     started = time.perf_counter()
     threads = torch.get_num_threads()
@@ -167,11 +168,11 @@ def _due(before: int, after: int, every: int) -> bool:
 def _timed_worker(timings_path: str):
     """train_worker with each train_update timed (wall, thread CPU, process CPU) into a file.
 
-    Runs in the Ray worker: there `workloads.train_loop` is freshly imported, so the original
+    Runs in the Ray worker: there `workloads.train.train_loop` is freshly imported, so the original
     train_worker runs unchanged and only looks up the timed train_update at each call."""
 
     def worker(payload):
-        from workloads import train_loop
+        from workloads.train import train_loop
 
         original, updates = train_loop.train_update, []
 
@@ -206,9 +207,9 @@ def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
     each train_update call (three clock reads per update)."""
     import copy
 
-    from orchestrator import batching
-    from orchestrator.derived import batch_plan
-    from workloads import train_loop
+    from orchestrator.core.derived import batch_plan
+    from orchestrator.formulas import batching
+    from workloads.train import train_loop
 
     cfg = copy.deepcopy(cfg)
     cfg.train.run_name = name
@@ -244,7 +245,7 @@ def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
 
 def _plain_in_worker(payload: Dict[str, Any]) -> None:
     sys.path.insert(0, payload["root"])
-    from orchestrator.config import from_dict
+    from orchestrator.core.config import from_dict
 
     result = run_plain(from_dict(payload["config"]))
     Path(payload["out"]).write_text(json.dumps(result))
@@ -255,7 +256,7 @@ def run_plain_in_worker(cfg, tmp: Path, i: int) -> Dict[str, Any]:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from orchestrator import launch
+    from orchestrator.driver import launch
 
     out = tmp / f"plain-in-worker-{i}.json"
     _pickle_by_value()
@@ -332,8 +333,8 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
 
-    from orchestrator import launch
-    from orchestrator.derived import batch_plan
+    from orchestrator.core.derived import batch_plan
+    from orchestrator.driver import launch
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
     cfg = load_config(args.config, args.overrides, tmp)

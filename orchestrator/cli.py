@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from orchestrator import cost, logs
-from orchestrator.errors import ConfigError
+from orchestrator.core import logs
+from orchestrator.core.errors import ConfigError
+from orchestrator.formulas import cost
 
 
 class _Parser(argparse.ArgumentParser):
@@ -162,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from orchestrator import config, memory, plan
+    from orchestrator.core import config
+    from orchestrator.driver import plan
+    from orchestrator.formulas import memory
 
     device_memory = memory.parse_bytes(args.device_memory) if args.device_memory else None
     info = plan.describe(config.load(args.config, args.overrides), device_memory)
@@ -171,7 +174,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from orchestrator import config, launch
+    from orchestrator.core import config
+    from orchestrator.driver import launch
 
     return launch.train(config.load(args.config, args.overrides))
 
@@ -186,7 +190,8 @@ def _check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 def _sweep(args: argparse.Namespace) -> int:
     if args.dry_run:  # imports no Ray and no MLflow
-        from orchestrator import dry_run, memory
+        from orchestrator.driver import dry_run
+        from orchestrator.formulas import memory
 
         options = dry_run.Options(
             mfu=args.mfu,
@@ -195,13 +200,13 @@ def _sweep(args: argparse.Namespace) -> int:
             device_memory=memory.parse_bytes(args.device_memory) if args.device_memory else None,
         )
         return dry_run.run(args.sweep, args.overrides, options)
-    from orchestrator import sweep
+    from orchestrator.driver import sweep
 
     return sweep.run(args.sweep, args.overrides, resume=args.resume)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from orchestrator import report
+    from orchestrator.reporting import report
 
     return report.run(
         args.target, args.overrides, out=args.out, target_losses=args.target_loss, lr_criterion=args.lr_criterion
@@ -209,7 +214,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from orchestrator import submit
+    from orchestrator.cluster import submit
 
     return submit.submit(
         args.sweep,
@@ -223,17 +228,18 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from orchestrator import jobs
+    from orchestrator.cluster import jobs
 
     return jobs.run(args.action, args.job_id, address=args.address, follow=args.follow, insecure=args.insecure)
 
 
 def _ui(args: argparse.Namespace) -> int:
-    from orchestrator import config, tracking
+    from orchestrator.core import config
+    from orchestrator.tracking import mlflow_runs
 
     cfg = config.load(None, args.overrides)
     _check_free(args.host, args.port)  # before the store is created: nothing half-written
-    return tracking.serve_ui(cfg, host=args.host, port=args.port)
+    return mlflow_runs.serve_ui(cfg, host=args.host, port=args.port)
 
 
 def _check_free(host: str, port: int) -> None:
@@ -248,13 +254,13 @@ def _check_free(host: str, port: int) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from orchestrator import config
-    from workloads import corpus
+    from orchestrator.core import config
+    from workloads.data import corpus
 
     cfg = config.load(args.config, args.overrides)
     use = f"data.shard_dir={args.out}"
     if args.train_tokenizer is not None:
-        from workloads import tokenizer
+        from workloads.data import tokenizer
 
         if not 258 <= args.train_tokenizer <= 2**31:
             raise ConfigError(
@@ -270,7 +276,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from orchestrator import export
+    from orchestrator.export import export
 
     return export.run(args.target, args.overrides, args.out, checkpoint=args.checkpoint, tokens=args.tokens)
 

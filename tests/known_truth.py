@@ -188,8 +188,8 @@ class World:
         return trials, curves
 
     def trials(self, runs: Sequence["Run"]):
-        """`runs` as the analysis reads them, through the tables' own reader (orchestrator/tables.py)."""
-        from orchestrator import tables
+        """`runs` as the analysis reads them, through the tables' own reader (orchestrator/analysis/tables.py)."""
+        from orchestrator.analysis import tables
 
         trial_rows, curve_rows = self.tables(runs)
         return tables.trials_from(trial_rows, [dict(zip(tables.CURVE_FIELDS, row)) for row in curve_rows])

@@ -1,5 +1,5 @@
 """What the train loop needs from a workload (the `Workload` protocol), the two built-in ones,
-and `build`, which makes the one that `model.name` names through orchestrator/registry.py
+and `build`, which makes the one that `model.name` names through orchestrator/core/registry.py
 (public as workloads.registry).
 
 A workload owns its model and its data and answers three questions: which micro-batch does
@@ -20,10 +20,10 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime
 import torch
 from torch import nn
 
-from orchestrator import registry
-from orchestrator.batching import BatchPlan
-from orchestrator.memory import ModelCosts
-from orchestrator.schema import Config
+from orchestrator.core import registry
+from orchestrator.core.schema import Config
+from orchestrator.formulas.batching import BatchPlan
+from orchestrator.formulas.memory import ModelCosts
 
 
 @dataclass
@@ -85,7 +85,7 @@ def costs(cfg: Config) -> Optional[ModelCosts]:
 
 
 def token_micro_batch(batch, source_names: Sequence[str], device: torch.device) -> MicroBatch:
-    """A MicroBatch of a packed token batch of workloads/data.py, for workloads on that data."""
+    """A MicroBatch of a packed token batch of workloads/data/packing.py, for workloads on that data."""
     tensors = {k: getattr(batch, k).to(device) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
     per_source = batch.loss_mask.sum(dim=1)
     source_tokens = {name: int(per_source[batch.source_ids == i].sum()) for i, name in enumerate(source_names)}
@@ -93,35 +93,36 @@ def token_micro_batch(batch, source_names: Sequence[str], device: torch.device) 
 
 
 class GPTWorkload:
-    """`gpt`: the decoder-only transformer of workloads/model.py over packed documents."""
+    """`gpt`: the decoder-only transformer of workloads/builtin/gpt.py over packed documents."""
 
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
-        from workloads import data, model
+        from workloads.builtin import gpt
+        from workloads.data import packing
 
-        self._model_lib = model
+        self._model_lib = gpt
         self.cfg, self.plan, self.device = cfg, plan, device
-        shape = model.GPTConfig.of(cfg.model)
-        self.model: nn.Module = model.GPT(shape)
+        shape = gpt.GPTConfig.of(cfg.model)
+        self.model: nn.Module = gpt.GPT(shape)
         if cfg.model.init_from:
-            from workloads.checkpoint import load_weights
+            from workloads.train.checkpoint import load_weights
 
             load_weights(self.model, cfg.model.init_from)
-        self.train_data = data.TokenDataset(cfg, "train")
-        self.eval_data = data.TokenDataset(cfg, "eval")
+        self.train_data = packing.TokenDataset(cfg, "train")
+        self.eval_data = packing.TokenDataset(cfg, "eval")
         self.source_names = [s.name for s in cfg.data.sources]
-        self.flops_per_token = model.flops_per_token(shape, cfg.data.seq_len)
+        self.flops_per_token = gpt.flops_per_token(shape, cfg.data.seq_len)
 
     @staticmethod
     def costs(cfg: Config) -> ModelCosts:
-        from workloads import model
+        from workloads.builtin import gpt
 
-        shape, S = model.GPTConfig.of(cfg.model), cfg.data.seq_len
+        shape, S = gpt.GPTConfig.of(cfg.model), cfg.data.seq_len
         dtype_bytes = 4 if cfg.deepspeed.precision == "fp32" else 2
-        dense_mask = not (cfg.cluster.use_gpu and model.HAS_FLEX)  # as GPT.forward chooses
+        dense_mask = not (cfg.cluster.use_gpu and gpt.HAS_FLEX)  # as GPT.forward chooses
         return ModelCosts(
-            params=model.count_params(shape, exclude_embeddings=False),
-            flops_per_token=model.flops_per_token(shape, S),
-            activation_bytes_per_sequence=model.activation_bytes(shape, S, dtype_bytes, dense_mask),
+            params=gpt.count_params(shape, exclude_embeddings=False),
+            flops_per_token=gpt.flops_per_token(shape, S),
+            activation_bytes_per_sequence=gpt.activation_bytes(shape, S, dtype_bytes, dense_mask),
         )
 
     def param_groups(self) -> List[Dict[str, Any]]:
@@ -148,7 +149,7 @@ class LinRegWorkload:
     """`linreg`: linear regression with a known gradient noise scale; one example = one token."""
 
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
-        from workloads import linreg
+        from workloads.builtin import linreg
 
         m = cfg.model
         self.cfg, self.plan, self.device = cfg, plan, device
@@ -170,7 +171,9 @@ class LinRegWorkload:
         return MicroBatch({"x": x.to(self.device), "y": y.to(self.device)}, len(y), len(y), {})
 
     def micro_batch(self, first: int, plan: BatchPlan, rank: int, accum_step: int) -> MicroBatch:
-        start = (accum_step * plan.num_workers + rank) * plan.micro_batch_size  # the slot mapping of data.py
+        start = (
+            accum_step * plan.num_workers + rank
+        ) * plan.micro_batch_size  # the slot mapping of workloads/data/packing.py
         return self._wrap(*self.data.examples(first + start, plan.micro_batch_size))
 
     def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""`search.algorithm: bracket` through Ray Tune: the Searcher (orchestrator/bracket_search.py)
+"""`search.algorithm: bracket` through Ray Tune: the Searcher (orchestrator/sweeps/bracket_search.py)
 drives a known-truth world (tests/known_truth.py) as a plain Tune function, and finds per batch
 size a best learning rate inside what it tried and near the world's own optimum, though the
 initial grid lies wholly below it at the largest batch sizes. Then the searcher as `sweep` builds
@@ -11,9 +11,9 @@ import math
 import numpy as np
 import yaml
 
-from orchestrator import search_space, sweep_file
-from orchestrator.bracket_search import BracketSearch
-from orchestrator.grouped_asha import GroupedASHA
+from orchestrator.sweeps import search_space, sweep_file
+from orchestrator.sweeps.bracket_search import BracketSearch
+from orchestrator.sweeps.grouped_asha import GroupedASHA
 from tests.conftest import ROOT
 from tests.known_truth import World, factor_grid
 
@@ -106,8 +106,8 @@ def write_sweep(tmp_path):
 def test_a_sweep_s_searcher_suggests_what_a_grid_sweep_carries_and_resumes_from_json(tmp_path):
     from ray.tune.search import Searcher
 
-    from orchestrator import submit
-    from orchestrator import sweep as sweep_lib
+    from orchestrator.cluster import submit
+    from orchestrator.driver import sweep as sweep_lib
 
     path = write_sweep(tmp_path)
     sweep = sweep_file.load(path)

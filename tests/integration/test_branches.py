@@ -8,8 +8,9 @@ import json
 import pytest
 import yaml
 
-from orchestrator import branch_cbs, tracking
+from orchestrator.analysis import branch_cbs
 from orchestrator.cli import main
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.slow
@@ -35,20 +36,20 @@ def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path
     assert code == 0, out[-3000:] + err[-3000:]
     assert "Critical batch size along training:" in out and "Suggested batch ramp" in out
 
-    parent = tracking.find_sweep_run(uri, "orchestrator", "branches")
-    runs = tracking.child_runs(uri, parent)
-    (base,) = [r for r in runs if r.data.tags.get(tracking.ROLE_TAG) == "branch-base"]
+    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "branches")
+    runs = mlflow_runs.child_runs(uri, parent)
+    (base,) = [r for r in runs if r.data.tags.get(mlflow_runs.ROLE_TAG) == "branch-base"]
     branches = [r for r in runs if r is not base]
-    held = dict(tracking.metric_history(uri, base.info.run_id, "train/loss"))
+    held = dict(mlflow_runs.metric_history(uri, base.info.run_id, "train/loss"))
     assert len(branches) == len(AT) * 3 and all(r.info.status == "FINISHED" for r in runs)
     for r in branches:
-        at = int(r.data.tags[tracking.BRANCH_AT_TAG])
-        assert r.data.tags[tracking.BRANCH_OF_TAG] == base.info.run_id and at in AT
+        at = int(r.data.tags[mlflow_runs.BRANCH_AT_TAG])
+        assert r.data.tags[mlflow_runs.BRANCH_OF_TAG] == base.info.run_id and at in AT
         k = int(r.data.params["batch.ramp.1.tokens_per_update"]) // B
-        steps = [s for s, _ in tracking.metric_history(uri, r.info.run_id, "train/loss")]
+        steps = [s for s, _ in mlflow_runs.metric_history(uri, r.info.run_id, "train/loss")]
         assert steps == list(range(at, at + TOKENS, k * B)), (r.info.run_name, "from the branch point, each step once")
         if k == 1:  # the base's own continuation, restored through Ray Tune's checkpoint
-            mine = tracking.metric_history(uri, r.info.run_id, "train/loss")
+            mine = mlflow_runs.metric_history(uri, r.info.run_id, "train/loss")
             assert [v for _, v in mine] == pytest.approx([held[s] for s, _ in mine], rel=1e-5)
 
     assert main(["report", str(path), f"tracking.uri={uri}", "--out", str(tmp_path / "report")]) == 0
@@ -73,14 +74,14 @@ def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path
     (tmp_path / "from.yaml").write_text(yaml.safe_dump(body))
     code, out, err = run_cli("sweep", tmp_path / "from.yaml", f"tracking.uri={uri}", cwd=tmp_path)
     assert code == 0, out[-3000:] + err[-3000:]
-    again = tracking.child_runs(uri, tracking.find_sweep_run(uri, "orchestrator", "branches-from"))
-    assert len(again) == 2 and all(r.data.tags[tracking.BRANCH_OF_TAG] == base.info.run_id for r in again)
+    again = mlflow_runs.child_runs(uri, mlflow_runs.find_sweep_run(uri, "orchestrator", "branches-from"))
+    assert len(again) == 2 and all(r.data.tags[mlflow_runs.BRANCH_OF_TAG] == base.info.run_id for r in again)
     (same,) = [r for r in again if int(r.data.params["batch.ramp.1.tokens_per_update"]) == B]
-    mine = tracking.metric_history(uri, same.info.run_id, "train/loss")
+    mine = mlflow_runs.metric_history(uri, same.info.run_id, "train/loss")
     assert [v for _, v in mine] == pytest.approx([held[s] for s, _ in mine], rel=1e-5)
 
 
-# Linear regression with plain SGD (workloads/linreg.py): with D = |w - w*|^2, read from the eval
+# Linear regression with plain SGD (workloads/builtin/linreg.py): with D = |w - w*|^2, read from the eval
 # loss L = (D + sigma^2) / 2, the noise scale is B_noise = tr(Sigma) / |G|^2 = d + 1 + d sigma^2 / D
 # in closed form, and it rises as the loss falls.
 DIM, SIGMA, W_STAR, B0, LR, T = 32, 1.0, 4.0, 8, 0.01, 4096
@@ -138,9 +139,9 @@ def test_linear_regression_with_sgd_branches_track_the_closed_form_noise_scale(r
     assert main(["report", "study.yaml", f"tracking.uri={uri}", "--out", str(tmp_path / "report")]) == 0
     points = json.loads((tmp_path / "report" / "report.json").read_text())["branch_cbs"]
 
-    parent = tracking.find_sweep_run(uri, "orchestrator", "linreg-branches")
-    (base,) = [r for r in tracking.child_runs(uri, parent) if r.data.tags.get(tracking.ROLE_TAG) == "branch-base"]
-    eval_loss = dict(tracking.metric_history(uri, base.info.run_id, "eval/loss"))
+    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "linreg-branches")
+    (base,) = [r for r in mlflow_runs.child_runs(uri, parent) if r.data.tags.get(mlflow_runs.ROLE_TAG) == "branch-base"]
+    eval_loss = dict(mlflow_runs.metric_history(uri, base.info.run_id, "eval/loss"))
     measured = []
     for p in points:
         D = 2 * eval_loss[p["tokens"]] - SIGMA**2

@@ -9,8 +9,10 @@ import sys
 import pytest
 import yaml
 
-from orchestrator import cli, cost, search_space, sweep_file
-from orchestrator import plan as planning
+from orchestrator import cli
+from orchestrator.driver import plan as planning
+from orchestrator.formulas import cost
+from orchestrator.sweeps import search_space, sweep_file
 from tests.conftest import ROOT, run_cli
 
 DEMO = ROOT / "conf" / "sweep" / "demo.yaml"
@@ -21,7 +23,8 @@ NO_RAY = (
     "sys.modules['mlflow'] = None\n"
     "from orchestrator import cli\n"
     "code = cli.main(sys.argv[1:])\n"
-    "assert 'workloads.data' not in sys.modules and 'workloads.corpus' not in sys.modules, 'read a corpus'\n"
+    "assert 'workloads.data.packing' not in sys.modules, 'read a corpus'\n"
+    "assert 'workloads.data.corpus' not in sys.modules, 'read a corpus'\n"
     "sys.exit(code)\n"
 )
 

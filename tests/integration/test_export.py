@@ -6,8 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load_model
 
-from orchestrator import cli, config, export, launch, storage, tracking
-from orchestrator.derived import batch_plan
+from orchestrator import cli
+from orchestrator.core import config, storage
+from orchestrator.core.derived import batch_plan
+from orchestrator.driver import launch
+from orchestrator.export import export
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import BUCKET, TINY
 
 pytestmark = pytest.mark.slow
@@ -45,13 +49,13 @@ def zero3_run(ray_session, tmp_path_factory):
     )
     assert launch.train(cfg) == 0
     run_id = launch.recorded_run_id(cfg.train.storage_path, "zero3")
-    evals = dict(tracking.metric_history(cfg.tracking.uri, run_id, "eval/loss"))
+    evals = dict(mlflow_runs.metric_history(cfg.tracking.uri, run_id, "eval/loss"))
     assert {2048, 4096} <= set(evals)
     return cfg.tracking.uri, run_id, evals
 
 
 def held_out_loss(folder) -> float:
-    """What the trainer's evaluation computes (workloads/engine.py: evaluate over every rank's
+    """What the trainer's evaluation computes (workloads/train/engine.py: evaluate over every rank's
     GPTWorkload.eval_batches), with a plain GPT built from the exported config and weights."""
     from workloads import data, model
 
@@ -97,7 +101,7 @@ def test_export_of_a_chosen_checkpoint_in_an_object_store(zero3_run, tmp_path, o
         monkeypatch.setenv(key, value)
     import pyarrow.fs as pafs
 
-    local = tracking.get_run(uri, run_id).data.tags[tracking.CHECKPOINTS_TAG]
+    local = mlflow_runs.get_run(uri, run_id).data.tags[mlflow_runs.CHECKPOINTS_TAG]
     remote = f"s3://{BUCKET}/{tmp_path.name}/zero3"
     fs, path = pafs.FileSystem.from_uri(remote)
     for name in storage.subfolders(local):

@@ -2,7 +2,7 @@
 values known without it, at frozen weights (optim.lr=0), so every update samples the same
 gradient distribution and the EMA of the estimates converges.
 
-- linreg: B_simple, |G|^2 and tr(Sigma) have closed forms (workloads/linreg.py). At w = 0,
+- linreg: B_simple, |G|^2 and tr(Sigma) have closed forms (workloads/builtin/linreg.py). At w = 0,
   delta = -w*: |G|^2 = |w*|^2, tr(Sigma) = d (|w*|^2 + sigma^2) + |w*|^2. Each run is also
   checked against the McCandlish estimator recomputed here on the very same examples, which
   must agree to float rounding: that pins down the implementation (hooks, per-token rescaling,
@@ -34,7 +34,10 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator import config, derived, launch, noise, tracking
+from orchestrator.core import config, derived
+from orchestrator.driver import launch
+from orchestrator.formulas import noise
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, TINY, varied_corpus
 
 pytestmark = pytest.mark.slow
@@ -81,7 +84,7 @@ def train(cfg) -> str:
 
 def gns_history(cfg, run_id: str) -> Dict[str, List[Tuple[int, float]]]:
     return {
-        k: tracking.metric_history(cfg.tracking.uri, run_id, f"gns/{k}")
+        k: mlflow_runs.metric_history(cfg.tracking.uri, run_id, f"gns/{k}")
         for k in ("b_simple", "g_squared", "trace_sigma")
     }
 
@@ -125,7 +128,7 @@ def assert_replayed(history, replayed, rel: float) -> None:
 def test_linreg_noise_scale_matches_closed_form(
     ray_session, tmp_path, workers, accum, stage, dim, sigma, w_norm, examples
 ):
-    from workloads import linreg
+    from workloads.builtin import linreg
 
     cfg = config.load(
         LINREG,
@@ -149,7 +152,7 @@ def test_linreg_noise_scale_matches_closed_form(
     assert history["b_simple"], "gns/b_simple was never logged"
 
     # The weights stayed at w = 0: the loss is E[y^2] / 2 = (|w*|^2 + sigma^2) / 2, logged per update.
-    loss = tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
+    loss = mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/loss")
     assert [s for s, _ in loss] == [examples * u for u in range(UPDATES)]
     assert np.mean([v for _, v in loss]) == pytest.approx((w_norm**2 + sigma**2) / 2, rel=0.05)
 
@@ -190,7 +193,7 @@ def per_sequence_gradients(model, batch) -> Tuple[torch.Tensor, torch.Tensor, to
     from torch.func import functional_call, grad_and_value, vmap
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from workloads import model as gpt
+    from workloads.builtin import gpt
 
     params = {k: v.detach() for k, v in model.named_parameters()}
 
@@ -218,8 +221,8 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     error, so what is left is the trainer's estimator noise (D x A = 4 small batches a update).
     """
     from workloads import workload as workloads
-    from workloads.data import Batch
-    from workloads.model import token_losses
+    from workloads.builtin.gpt import token_losses
+    from workloads.data.packing import Batch
 
     corpus = varied_corpus(tmp_path / "corpus")
     tokens = S * B * D * A
@@ -246,11 +249,11 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     run_id = train(cfg)
     history = gns_history(cfg, run_id)
     assert history["b_simple"], "gns/b_simple was never logged"
-    loss = tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
+    loss = mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/loss")
     assert [s for s, _ in loss] == [tokens * u for u in range(GPT_UPDATES)], "one point per update, before it"
-    steps = tracking.metric_history(cfg.tracking.uri, run_id, "train/optimizer_step")
+    steps = mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/optimizer_step")
     assert steps == [(tokens * u, u) for u in range(GPT_UPDATES)], "the updates the weights had taken, per update"
-    reports = [s for s, _ in tracking.metric_history(cfg.tracking.uri, run_id, "train/tokens")]
+    reports = [s for s, _ in mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/tokens")]
     assert reports == [tokens * GPT_UPDATES * (i + 1) // 4 for i in range(4)], reports
 
     started = time.monotonic()

@@ -1,4 +1,4 @@
-"""The memory model (orchestrator/memory.py) against the measured peak of live tensor bytes of
+"""The memory model (orchestrator/formulas/memory.py) against the measured peak of live tensor bytes of
 real DeepSpeed updates on CPU, at every ZeRO stage, for a model big enough that its states and
 activations are what the process holds (about 350 MB; the tiny config is allocator noise)."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from orchestrator import memory
+from orchestrator.formulas import memory
 from tests.conftest import ROOT, TINY
 
 pytestmark = pytest.mark.slow
@@ -16,9 +16,10 @@ pytestmark = pytest.mark.slow
 MEASURE = """
 import json, sys
 import torch
-from orchestrator import config, micro_batch
-from workloads.engine import ensure_process_group
-from workloads.micro_batch_probe import peak_at
+from orchestrator.core import config
+from orchestrator.driver import micro_batch
+from workloads.train.engine import ensure_process_group
+from workloads.train.micro_batch_probe import peak_at
 
 torch.set_num_threads(2)
 out = {}

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launch, tracking
+from orchestrator.driver import launch
+from orchestrator.tracking import metric_logger, mlflow_runs
 from tests.conftest import TINY, free_ports, run_cli
 
 pytestmark = pytest.mark.slow
@@ -200,7 +201,7 @@ def server(request, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def bounded_http_retries(monkeypatch):
     """What MetricLogger sets for its process, undone after each test."""
-    for key, value in tracking.HTTP_RETRY_DEFAULTS.items():
+    for key, value in metric_logger.HTTP_RETRY_DEFAULTS.items():
         monkeypatch.setenv(key, os.environ.get(key, value))
 
 
@@ -216,27 +217,27 @@ def test_buffer_bound_while_the_server_is_down(monkeypatch):
     naming the store, the bound and the error; close() refuses to pretend it sent them."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once: the test is about the bound
     uri = f"http://127.0.0.1:{free_ports(1)[0]}"
-    logger = tracking.MetricLogger(uri, "0" * 32, flush_every_s=0.1, max_buffered_points=20)
+    logger = metric_logger.MetricLogger(uri, "0" * 32, flush_every_s=0.1, max_buffered_points=20)
     logger.log(point(1), TOKENS)
     deadline = time.monotonic() + 60
     while logger.last_error is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert logger.last_error, "the sender never reported a failure"
-    with pytest.raises(tracking.TrackingError) as err:
+    with pytest.raises(metric_logger.TrackingError) as err:
         for i in range(2, 100):
             logger.log(point(i), i * TOKENS)
     message = str(err.value)
     assert uri in message and "unreachable" in message and "max_buffered_points=20" in message, message
     assert "Connection refused" in message or "Max retries" in message, message
     assert logger.buffered <= 20 + len(KEYS)  # bounded: at most one report past the bound
-    with pytest.raises(tracking.TrackingError, match="could not send"):
+    with pytest.raises(metric_logger.TrackingError, match="could not send"):
         logger.close(timeout_s=1)
 
 
 def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatch):
     if server.db is None:
         pytest.skip("PostgreSQL unavailable (not root and no postgresql binaries)")
-    for key in tracking.HTTP_RETRY_DEFAULTS:  # the command's driver runs with MLflow's own defaults
+    for key in metric_logger.HTTP_RETRY_DEFAULTS:  # the command's driver runs with MLflow's own defaults
         monkeypatch.delenv(key, raising=False)
     code, out, err = run_cli(
         "train",
@@ -265,21 +266,21 @@ def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatc
     assert code == 0, out[-3000:] + err[-3000:]
     run_id = launch.recorded_run_id(tmp_path / "runs", "pg")
     uri = server.uri
-    run = tracking.get_run(uri, run_id)
+    run = mlflow_runs.get_run(uri, run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "pg"
 
     reports = [TOKENS * i for i in range(1, 17)]
     for key in ("train/tokens", "perf/tokens_per_s"):
-        assert [s for s, _ in tracking.metric_history(uri, run_id, key)] == reports, key
+        assert [s for s, _ in mlflow_runs.metric_history(uri, run_id, key)] == reports, key
     for key in ("train/loss", "train/lr", "train/optimizer_step"):  # at the tokens the update started from
-        assert [s for s, _ in tracking.metric_history(uri, run_id, key)] == [r - TOKENS for r in reports], key
-    assert [s for s, _ in tracking.metric_history(uri, run_id, "eval/loss")] == [0, 4096, 8192]
-    assert [v for _, v in tracking.metric_history(uri, run_id, "train/tokens")] == reports
+        assert [s for s, _ in mlflow_runs.metric_history(uri, run_id, key)] == [r - TOKENS for r in reports], key
+    assert [s for s, _ in mlflow_runs.metric_history(uri, run_id, "eval/loss")] == [0, 4096, 8192]
+    assert [v for _, v in mlflow_runs.metric_history(uri, run_id, "train/tokens")] == reports
     params = run.data.params
     assert params["batch.tokens_per_update"] == "512" and params["train.total_steps"] == "16"
     assert params["model.d_model"] == "32" and params["tracking.uri"] == uri
     assert {"config.yaml", "deepspeed.json", "plan.txt", "loss_vs_tokens.png"} <= set(
-        tracking.list_artifacts(uri, run_id)
+        mlflow_runs.list_artifacts(uri, run_id)
     )
     # System metrics are checked in test_tracking.py: MLflow's sampler gives up after one failed
     # request and this run is often shorter than its first sample over HTTP.
@@ -300,8 +301,8 @@ def test_server_stopped_for_20_s_loses_no_point(server):
     down 20 s, and is started again on the same port and store. log() never blocks on the
     network; after close() every step is there exactly once."""
     uri = server.uri
-    run_id = tracking.create_run(uri, EXPERIMENT, "outage")
-    logger = tracking.MetricLogger(uri, run_id, flush_every_s=0.5)
+    run_id = mlflow_runs.create_run(uri, EXPERIMENT, "outage")
+    logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.5)
     stop, logged, slowest = threading.Event(), [0], [0.0]
 
     def trainer():
@@ -339,6 +340,6 @@ def test_server_stopped_for_20_s_loses_no_point(server):
     assert slowest[0] < 0.2, f"log() blocked for {slowest[0]:.2f} s"
     expected = [i * TOKENS for i in range(1, logged[0] + 1)]
     for key in KEYS:
-        points = tracking.metric_history(uri, run_id, key)
+        points = mlflow_runs.metric_history(uri, run_id, key)
         assert [s for s, _ in points] == expected, f"{key}: {len(points)} points for {len(expected)} steps"
-    assert tracking.metric_history(uri, run_id, KEYS[0])[-1][1] == pytest.approx(logged[0])
+    assert mlflow_runs.metric_history(uri, run_id, KEYS[0])[-1][1] == pytest.approx(logged[0])

@@ -175,7 +175,7 @@ def _one_line(code, err, *must):
 
 
 def test_entrypoint_is_quoted_and_round_trips():
-    from orchestrator import submit
+    from orchestrator.cluster import submit
 
     overrides = ["tracking.uri=sqlite:////tmp/a b/mlflow.db", "tracking.experiment=${oc.env:SECRET_X}", "optim.lr=3e-4"]
     entry = submit.build_entrypoint("sweep", "conf/sweep/smoke.yaml", overrides, resume=True)
@@ -192,7 +192,7 @@ def test_entrypoint_is_quoted_and_round_trips():
 
 
 def test_job_spec_env_and_excludes(monkeypatch):
-    from orchestrator import submit
+    from orchestrator.cluster import submit
 
     for var in SCRUB:
         monkeypatch.delenv(var, raising=False)
@@ -222,7 +222,7 @@ def test_job_spec_env_and_excludes(monkeypatch):
 
 
 def test_token_lookup_follows_ray(monkeypatch, tmp_path):
-    from orchestrator import ray_jobs
+    from orchestrator.cluster import ray_jobs
 
     monkeypatch.setenv("HOME", str(tmp_path))
     for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
@@ -271,7 +271,7 @@ def _project(root: Path, files=()) -> Path:
 
 
 def test_uploads_leave_secrets_out_and_source_in(tmp_path):
-    from orchestrator import submit, upload
+    from orchestrator.cluster import submit, upload
 
     secrets_ = [
         "deploy/mlflow/.env",
@@ -294,8 +294,8 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
         ".pypirc",
     ]
     kept = [
-        "orchestrator/submit.py",
-        "workloads/tokenizer.py",
+        "orchestrator/cluster/submit.py",
+        "workloads/data/tokenizer.py",
         "workloads/tokens.py",
         "conf/train/tiny.yaml",
         "deploy/mlflow/docker-compose.yaml",
@@ -318,8 +318,8 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
 
 
 def test_oversized_working_directory_refused_before_contact(tmp_path):
-    from orchestrator import submit, upload
-    from orchestrator.errors import ConfigError
+    from orchestrator.cluster import submit, upload
+    from orchestrator.core.errors import ConfigError
 
     sweep = _project(tmp_path, ["orchestrator/a.py"])
     big = tmp_path / "data" / "shards" / "big.bin"
@@ -337,8 +337,9 @@ def test_oversized_working_directory_refused_before_contact(tmp_path):
 
 
 def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
-    from orchestrator import cli, ray_jobs
-    from orchestrator.errors import ConfigError
+    from orchestrator import cli
+    from orchestrator.cluster import ray_jobs
+    from orchestrator.core.errors import ConfigError
 
     class Probed(Exception):
         pass
@@ -388,7 +389,8 @@ def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
 
 
 def test_unreadable_nodes_warn_and_go_on(monkeypatch, capsys):
-    from orchestrator import feasibility, ray_jobs, submit
+    from orchestrator.cluster import ray_jobs, submit
+    from orchestrator.formulas import feasibility
 
     class Client:
         def get_address(self):
@@ -424,7 +426,7 @@ class _FakeJobs:
 
 
 def test_follow_skips_what_it_printed_and_falls_back_to_polling(monkeypatch, capsys):
-    from orchestrator import follow
+    from orchestrator.cluster import follow
 
     cut = RuntimeError("WebSocket connection closed unexpectedly with close code 1006")  # what Ray raises
     # a stream cut off after two lines; the next one starts again at the first line (as Ray's does)
@@ -462,7 +464,7 @@ def test_refused_or_missing_token_exits_2(cluster, tmp_path):
 
 @pytest.mark.slow
 def test_plan_job_follow_logs_status_list(cluster, monkeypatch, capsys):
-    from orchestrator import submit
+    from orchestrator.cluster import submit
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     spec = submit.job_spec("plan", TINY, ["optim.lr=1e-3"])
@@ -487,7 +489,7 @@ def test_plan_job_follow_logs_status_list(cluster, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_failed_job_follow_exits_1(cluster, monkeypatch, capsys):
-    from orchestrator import submit
+    from orchestrator.cluster import submit
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     spec = submit.command_spec(["python", "-c", "import sys; print('bye'); sys.exit(3)"], name="fail")
@@ -497,7 +499,7 @@ def test_failed_job_follow_exits_1(cluster, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_jobs_stop_stops_a_running_job(cluster, monkeypatch):
-    from orchestrator import submit
+    from orchestrator.cluster import submit
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     spec = submit.command_spec(
@@ -677,7 +679,7 @@ def _when_logged(client, job_id, text, then):
 
 def counting_job_behind_a_proxy(cluster, seconds):
     """A job printing line-0, line-1, ... one a second, and a DroppingProxy to the dashboard."""
-    from orchestrator import submit
+    from orchestrator.cluster import submit
 
     script = f"import time\nfor i in range({seconds}):\n    print(f'line-{{i}}', flush=True)\n    time.sleep(1)\n"
     spec = submit.command_spec(["python", "-c", script], name="counting")
@@ -688,7 +690,7 @@ def counting_job_behind_a_proxy(cluster, seconds):
 
 @pytest.mark.slow
 def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
-    from orchestrator import follow, ray_jobs
+    from orchestrator.cluster import follow, ray_jobs
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     client, job_id, proxy = counting_job_behind_a_proxy(cluster, seconds=9)
@@ -710,7 +712,7 @@ def test_follow_rides_out_a_dropped_connection(cluster, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_follow_exits_3_when_contact_is_lost_for_good(cluster, monkeypatch, capsys):
-    from orchestrator import follow, ray_jobs
+    from orchestrator.cluster import follow, ray_jobs
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     monkeypatch.setattr(follow, "RECONNECT_WINDOW_S", 3.0)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from orchestrator import tracking
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.slow
@@ -20,9 +20,9 @@ SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
 
 
 def children(uri, sweep_name):
-    parent = tracking.find_sweep_run(uri, "orchestrator", sweep_name)
+    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", sweep_name)
     assert parent, "no parent run"
-    return parent, tracking.child_runs(uri, parent)
+    return parent, mlflow_runs.child_runs(uri, parent)
 
 
 def variant(tmp_path, name, **changes):
@@ -66,9 +66,9 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     # single-worker trials ran in Ray Train's local mode: their checkpoints are Tune's
     assert len({p.parent for p in (tmp_path / "runs" / "sweeps" / "smoke").glob("*/tune/*/checkpoint_*")}) == 4
     for run in runs:
-        assert run.data.tags[tracking.PARENT_TAG] == parent and run.info.status == "FINISHED"
+        assert run.data.tags[mlflow_runs.PARENT_TAG] == parent and run.info.status == "FINISHED"
         assert run.info.run_name.startswith("B=")
-        steps = [s for s, _ in tracking.metric_history(uri, run.info.run_id, "train/loss")]
+        steps = [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "train/loss")]
         tpu = int(run.data.params["batch.tokens_per_update"])
         share = tpu // 64  # sequences of S = 64 per update, one worker
         # the largest b the probe allows that divides the share, at most half of it: B_simple
@@ -107,7 +107,7 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     # the same sweep in Python (orchestrator.results): the trials, and every point MLflow holds, value for value
     import pandas as pd
 
-    from orchestrator.results import load_sweep
+    from orchestrator.reporting.results import load_sweep
 
     loaded = load_sweep(SMOKE, tracking_uri=uri)
     assert (loaded.name, loaded.run_id) == ("smoke", parent)
@@ -115,7 +115,7 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     assert set(loaded.trials["outcome"]) == {"finished"} and loaded.fit.finished == 4
     for run in runs:
         for metric in ("train/loss", "eval/loss"):
-            held = tracking.metric_history(uri, run.info.run_id, metric)
+            held = mlflow_runs.metric_history(uri, run.info.run_id, metric)
             mine = loaded.curves[(loaded.curves["run_id"] == run.info.run_id) & (loaded.curves["metric"] == metric)]
             assert held and list(zip(mine["tokens"], mine["value"])) == held, (run.info.run_name, metric)
 
@@ -147,7 +147,7 @@ def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
     assert code == 0, out[-3000:] + err[-3000:]
     _, (run,) = children(uri, "workers")
     assert run.info.status == "FINISHED" and list((tmp_path / "runs").rglob(".fault_injected"))
-    steps = [s for s, _ in tracking.metric_history(uri, run.info.run_id, "train/loss")]
+    steps = [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "train/loss")]
     assert steps == list(range(0, 49152, 4096)), "each update once, none missing"
 
 
@@ -166,16 +166,16 @@ def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
     _, runs = children(uri, "asha")
     by_lr = {float(r.data.params["optim.lr"]): r for r in runs}
     bad = by_lr[30.0]
-    evals = tracking.metric_history(uri, bad.info.run_id, "eval/loss")
+    evals = mlflow_runs.metric_history(uri, bad.info.run_id, "eval/loss")
     # ASHA decides on the first rung's report (16,384 tokens); the stop reaches the running
     # trial asynchronously, so at most one more evaluation period may be logged.
     assert bad.info.status == "KILLED" and max(s for s, _ in evals) <= 32768, evals
-    assert bad.data.tags[tracking.STOPPED_AT_TAG] == "16384"  # the rung that decided, as the scheduler saw it
+    assert bad.data.tags[mlflow_runs.STOPPED_AT_TAG] == "16384"  # the rung that decided, as the scheduler saw it
     killed = [r for r in runs if r.info.status == "KILLED"]
-    assert f"{len(killed)} stopped early (" in out and all(tracking.STOPPED_AT_TAG in r.data.tags for r in killed)
+    assert f"{len(killed)} stopped early (" in out and all(mlflow_runs.STOPPED_AT_TAG in r.data.tags for r in killed)
     # every decision at that rung saw each trial's eval loss after exactly 16,384 tokens
     for run in runs:
-        assert 16384 in {s for s, _ in tracking.metric_history(uri, run.info.run_id, "eval/loss")}
+        assert 16384 in {s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "eval/loss")}
     assert by_lr[3e-3].info.status == "FINISHED"
 
 
@@ -194,8 +194,8 @@ def test_resume_after_the_driver_is_killed(tmp_path):
         time.sleep(3)
         # the record appears once the driver has created the store and the parent run
         ready = list((tmp_path / "runs" / "sweeps" / "resumable").glob("*/sweep_run.json"))
-        parent = tracking.find_sweep_run(uri, "orchestrator", "resumable") if ready else None
-        finished = [r for r in tracking.child_runs(uri, parent) if r.info.status == "FINISHED"] if parent else []
+        parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "resumable") if ready else None
+        finished = [r for r in mlflow_runs.child_runs(uri, parent) if r.info.status == "FINISHED"] if parent else []
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
     proc.wait()
     assert finished, "no trial finished before the kill"
@@ -210,7 +210,7 @@ def test_resume_after_the_driver_is_killed(tmp_path):
         assert run.info.status == "FINISHED"
         if run.info.run_id in done_before:
             assert run.info.end_time == done_before[run.info.run_id], "a finished trial was run again"
-        steps = [s for s, _ in tracking.metric_history(uri, run.info.run_id, "train/loss")]
+        steps = [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "train/loss")]
         assert steps == sorted(set(steps))
 
 

@@ -13,7 +13,8 @@ import json
 import pytest
 import yaml
 
-from orchestrator import cli, tracking
+from orchestrator import cli
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -44,12 +45,12 @@ def run_sweep(tmp_path, monkeypatch, capsys, name, overrides, space, **extra):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     code = cli.main(["sweep", f"{name}.yaml", f"tracking.uri={uri}"])
     out = capsys.readouterr().out
-    parent = tracking.find_sweep_run(uri, "orchestrator", name)
-    return code, out, uri, {r.info.run_name: r for r in tracking.child_runs(uri, parent)}
+    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", name)
+    return code, out, uri, {r.info.run_name: r for r in mlflow_runs.child_runs(uri, parent)}
 
 
 def evals(uri, run):
-    return dict(tracking.metric_history(uri, run.info.run_id, "eval/loss"))
+    return dict(mlflow_runs.metric_history(uri, run.info.run_id, "eval/loss"))
 
 
 def test_early_stopping_keeps_the_large_batch_that_starts_slower_and_ends_better(
@@ -84,11 +85,11 @@ def test_early_stopping_keeps_the_large_batch_that_starts_slower_and_ends_better
     # the scenario: behind at the first rung, ahead at the end
     assert large_evals[2048] > min(evals(uri, r)[2048] for r in small)
     assert large_evals[16384] < min(evals(uri, r)[max(evals(uri, r))] for r in small)
-    assert large.info.status == "FINISHED" and tracking.STOPPED_AT_TAG not in large.data.tags
+    assert large.info.status == "FINISHED" and mlflow_runs.STOPPED_AT_TAG not in large.data.tags
     killed = [r for r in runs.values() if r.info.status == "KILLED"]
     assert killed, "early stopping acted within the batch sizes"
     for r in killed:  # stopped at a rung, with its history up to that rung in MLflow
-        rung = int(r.data.tags[tracking.STOPPED_AT_TAG])
+        rung = int(r.data.tags[mlflow_runs.STOPPED_AT_TAG])
         assert rung in (2048, 4096, 8192) and rung in evals(uri, r)
     assert f"{len(runs) - len(killed)} of 4 trials reached the budget; {len(killed)} stopped early (" in out
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import tracking
+from orchestrator.tracking import metric_logger, mlflow_runs
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "tracking-tests"
@@ -30,14 +30,14 @@ def point(i, attempt=1):
 
 
 def history(uri, run_id, key):
-    return tracking.metric_history(uri, run_id, key)
+    return mlflow_runs.metric_history(uri, run_id, key)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("tracking") / "mlflow.db"
     uri = f"sqlite:///{path}"
-    tracking.ensure_experiment(uri, EXPERIMENT)  # creates the schema once for the module
+    mlflow_runs.ensure_experiment(uri, EXPERIMENT)  # creates the schema once for the module
     return uri, path
 
 
@@ -46,7 +46,7 @@ def store(tmp_path_factory):
 
 def _log_trial(uri, run_id, reports, barrier, out):
     """One trial's rank 0 in a process of its own: logs `reports` reports as fast as it can."""
-    logger = tracking.MetricLogger(uri, run_id, flush_every_s=0.05)
+    logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.05)
     barrier.wait(timeout=120)  # all four start logging at the same moment
     started, errors = time.monotonic(), set()
     for i in range(1, reports + 1):
@@ -70,8 +70,8 @@ def _log_trial(uri, run_id, reports, barrier, out):
 def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
     uri, _ = store
     reports = 300
-    parent = tracking.create_run(uri, EXPERIMENT, "sweep concurrent", {"orchestrator.role": "sweep"})
-    runs = [tracking.create_run(uri, EXPERIMENT, f"trial {i}", {tracking.PARENT_TAG: parent}) for i in range(4)]
+    parent = mlflow_runs.create_run(uri, EXPERIMENT, "sweep concurrent", {"orchestrator.role": "sweep"})
+    runs = [mlflow_runs.create_run(uri, EXPERIMENT, f"trial {i}", {mlflow_runs.PARENT_TAG: parent}) for i in range(4)]
     barrier = SPAWN.Barrier(len(runs))
     procs = [
         SPAWN.Process(target=_log_trial, args=(uri, run_id, reports, barrier, str(tmp_path / f"{i}.json")))
@@ -90,7 +90,7 @@ def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
     stats = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(len(runs))]
     print("per process: sent points, failed (retried) sends, errors:", stats)
 
-    assert {r.info.run_id for r in tracking.child_runs(uri, parent)} == set(runs)
+    assert {r.info.run_id for r in mlflow_runs.child_runs(uri, parent)} == set(runs)
     expected = [i * TOKENS for i in range(1, reports + 1)]
     for run_id, st in zip(runs, stats):
         assert st["sent"] == reports * len(KEYS)
@@ -107,8 +107,8 @@ def test_a_locked_sqlite_store_is_retried_not_lost(store):
     """Another writer holds the database past the busy timeout (MLflow sets 20 s): the sends
     fail with "database is locked"; the points stay buffered and arrive once the lock goes."""
     uri, path = store
-    run_id = tracking.create_run(uri, EXPERIMENT, "locked")
-    logger = tracking.MetricLogger(uri, run_id, flush_every_s=0.2)
+    run_id = mlflow_runs.create_run(uri, EXPERIMENT, "locked")
+    logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.2)
     blocker = sqlite3.connect(path, timeout=60, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
     try:
@@ -139,7 +139,7 @@ def _first_attempt(uri, run_resent, run_lost, out):
     process dies right after the checkpoint, so 5-6 exist only in the checkpoint."""
     checkpoints = {}
     for run_id in (run_resent, run_lost):
-        logger = tracking.MetricLogger(uri, run_id, flush_every_s=3600)  # sends only on flush()
+        logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=3600)  # sends only on flush()
         for i in range(1, 5):
             logger.log(point(i), i * TOKENS)
         assert logger.flush(timeout_s=60)
@@ -156,8 +156,8 @@ def _first_attempt(uri, run_resent, run_lost, out):
 
 def test_resume_logs_each_step_once(store, tmp_path):
     uri, _ = store
-    run_resent = tracking.create_run(uri, EXPERIMENT, "resume: replayed steps already sent")
-    run_lost = tracking.create_run(uri, EXPERIMENT, "resume: unsent points only in the checkpoint")
+    run_resent = mlflow_runs.create_run(uri, EXPERIMENT, "resume: replayed steps already sent")
+    run_lost = mlflow_runs.create_run(uri, EXPERIMENT, "resume: unsent points only in the checkpoint")
     out = tmp_path / "checkpoints.json"
     proc = SPAWN.Process(target=_first_attempt, args=(uri, run_resent, run_lost, str(out)))
     proc.start()
@@ -169,9 +169,9 @@ def test_resume_logs_each_step_once(store, tmp_path):
 
     for run_id in (run_resent, run_lost):
         # What train_loop.py does on resume: MLflow's watermark wins over the checkpoint's.
-        ckpt, held = checkpoints[run_id], tracking.last_steps(uri, run_id)
+        ckpt, held = checkpoints[run_id], mlflow_runs.last_steps(uri, run_id)
         assert held == {k: (8 if run_id == run_resent else 4) * TOKENS for k in KEYS}
-        logger = tracking.MetricLogger(uri, run_id, flush_every_s=0.1, watermarks={**ckpt["watermarks"], **held})
+        logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.1, watermarks={**ckpt["watermarks"], **held})
         logger.restore_pending(ckpt["pending"], held)
         assert logger.buffered == (0 if run_id == run_resent else 2 * len(KEYS)), "re-sent only what MLflow lacks"
         logger.log(point(6, attempt=2), 6 * TOKENS)  # at or below the watermark: dropped
@@ -199,14 +199,14 @@ def test_system_metrics_reach_a_resumed_run(store):
     """MLflow's sampler writes CPU and memory into the run. The run is one that a failed
     attempt left FAILED and that training resumes into: reopened, or the sampler stops at once."""
     uri, _ = store
-    run_id = tracking.create_run(uri, EXPERIMENT, "system metrics")
-    tracking.finish_run(uri, run_id, "FAILED")
-    tracking.reopen_run(uri, run_id)
-    assert tracking.get_run(uri, run_id).info.status == "RUNNING"
-    monitor = tracking.start_system_metrics(uri, run_id, interval_s=0.5)
+    run_id = mlflow_runs.create_run(uri, EXPERIMENT, "system metrics")
+    mlflow_runs.finish_run(uri, run_id, "FAILED")
+    mlflow_runs.reopen_run(uri, run_id)
+    assert mlflow_runs.get_run(uri, run_id).info.status == "RUNNING"
+    monitor = mlflow_runs.start_system_metrics(uri, run_id, interval_s=0.5)
     time.sleep(3)
     monitor.finish()
-    metrics = tracking.get_run(uri, run_id).data.metrics
+    metrics = mlflow_runs.get_run(uri, run_id).data.metrics
     assert "system/cpu_utilization_percentage" in metrics, sorted(metrics)
     assert "system/system_memory_usage_megabytes" in metrics, sorted(metrics)
     assert len(history(uri, run_id, "system/cpu_utilization_percentage")) >= 2

@@ -5,7 +5,9 @@ import time
 
 import pytest
 
-from orchestrator import config, derived, launch, tracking
+from orchestrator.core import config, derived
+from orchestrator.driver import launch
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import TINY, run_cli, varied_corpus
 
 pytestmark = pytest.mark.slow
@@ -48,7 +50,7 @@ def small_config(tmp_path, corpus, *extra):
 def train_curve(cfg):
     assert launch.train(cfg) == 0
     run_id = launch.recorded_run_id(cfg.train.storage_path, cfg.train.run_name)
-    return run_id, tracking.metric_history(cfg.tracking.uri, run_id, "train/loss")
+    return run_id, mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/loss")
 
 
 def assert_same_curve(a, b, rel=1e-4):
@@ -87,13 +89,13 @@ def reference(reference_run):
 
 
 def source_shares(cfg, run_id):
-    return tracking.metric_history(cfg.tracking.uri, run_id, "data/share/sums")
+    return mlflow_runs.metric_history(cfg.tracking.uri, run_id, "data/share/sums")
 
 
 def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus):
     assert [s for s, _ in reference] == [128 * i for i in range(UPDATES)], "each update at the tokens before it"
     # The premise of the test: micro-batches hold different numbers of real tokens.
-    from workloads.data import TokenDataset
+    from workloads.data.packing import TokenDataset
 
     cfg = small_config(corpus.parent, corpus, "batch.micro_batch_size=1", "batch.grad_accum_steps=4")
     plan = derived.batch_plan(cfg)
@@ -163,7 +165,7 @@ def test_resume_after_fault_matches_unbroken_run(reference, corpus, tmp_path, mo
     assert (tmp_path / "runs" / "faulty" / ".fault_injected").exists(), "the fault never fired"
     assert_same_curve(reference, curve)
     for key, first in (("train/loss", 0), ("train/lr", 0), ("train/tokens", 128)):  # before / after the update
-        steps = [s for s, _ in tracking.metric_history(cfg_uri, run_id, key)]
+        steps = [s for s, _ in mlflow_runs.metric_history(cfg_uri, run_id, key)]
         assert steps == [first + 128 * i for i in range(UPDATES)], (key, steps)
 
 
@@ -179,13 +181,13 @@ def test_rerunning_the_same_name_resumes(reference, corpus, tmp_path):
 def test_non_finite_loss_ends_the_run_with_a_reason(ray_session, corpus, tmp_path):
     cfg = small_config(tmp_path, corpus, "optim.lr=1e30", "batch.micro_batch_size=4", "train.run_name=nan")
     assert launch.train(cfg) == 1
-    run = tracking.get_run(cfg.tracking.uri, launch.recorded_run_id(tmp_path / "runs", "nan"))
+    run = mlflow_runs.get_run(cfg.tracking.uri, launch.recorded_run_id(tmp_path / "runs", "nan"))
     assert run.info.status == "FAILED"
-    assert "non-finite loss" in run.data.tags[tracking.FAILURE_TAG]
+    assert "non-finite loss" in run.data.tags[mlflow_runs.FAILURE_TAG]
     for key in ("train/loss", "eval/loss"):
         assert all(
             v == v and abs(v) != float("inf")
-            for _, v in tracking.metric_history(cfg.tracking.uri, run.info.run_id, key)
+            for _, v in mlflow_runs.metric_history(cfg.tracking.uri, run.info.run_id, key)
         )
 
 
@@ -204,7 +206,7 @@ def test_tiny_config_through_the_cli(tmp_path):
     assert code == 0, err[-3000:]
     assert "finished" in out and "workflowType=machine_learning" in out
     run_id = launch.recorded_run_id(tmp_path / "runs", "tiny")
-    evals = tracking.metric_history(f"sqlite:///{tmp_path}/mlflow.db", run_id, "eval/loss")
+    evals = mlflow_runs.metric_history(f"sqlite:///{tmp_path}/mlflow.db", run_id, "eval/loss")
     assert evals[0][0] == 0 and abs(evals[0][1] - 5.55) < 0.3, evals  # starts at ln(257)
     assert evals[-1][1] < 0.6 * evals[0][1], evals
     print(f"tiny train took {elapsed:.0f} s")  # the 2-minute goal is a benchmark, not an assertion
@@ -231,5 +233,5 @@ def test_a_worker_warning_reaches_the_driver_and_the_run(tmp_path):
     assert code == 0, err[-3000:]
     message = "batch.grad_accum_steps=1 is given and D x A = 1, so there is no small batch to compare with"
     assert message in out + err
-    recorded = tracking.run_warnings(uri, launch.recorded_run_id(tmp_path / "runs", "warned"))
+    recorded = mlflow_runs.run_warnings(uri, launch.recorded_run_id(tmp_path / "runs", "warned"))
     assert [m for m in recorded.values() if message in m], recorded

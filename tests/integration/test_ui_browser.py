@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import tracking
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, free_ports, run_cli
 from tests.integration.test_mlflow_server import Service
 
@@ -33,8 +33,8 @@ def sweep(tmp_path_factory):
     uri = f"sqlite:///{folder}/mlflow.db"
     code, out, err = run_cli("sweep", SMOKE, f"tracking.uri={uri}", "train.total_tokens=16384", cwd=folder, timeout=600)
     assert code == 0, out[-3000:] + err[-3000:]
-    parent = tracking.find_sweep_run(uri, "orchestrator", "smoke")
-    return uri, folder, parent, {r.info.run_name: r for r in tracking.child_runs(uri, parent)}
+    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "smoke")
+    return uri, folder, parent, {r.info.run_name: r for r in mlflow_runs.child_runs(uri, parent)}
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_experiment_link_lists_the_four_trials(sweep, ui, browser, tmp_path):
 
     uri, _, parent, trials = sweep
     assert {name.rsplit(" wu=", 1)[0] for name in trials} == TRIALS
-    link = tracking.ui_link(uri, "orchestrator", ui)
+    link = mlflow_runs.ui_link(uri, "orchestrator", ui)
     assert link.endswith("?workflowType=machine_learning")
     browser.get(link)
     wait(browser, lambda: "sweep smoke" in text_of(browser), "the sweep's parent run in the runs table")
@@ -130,9 +130,9 @@ def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
     uri, _, _, trials = sweep
     name = next(n for n in trials if n.startswith("B=2Ki lr=3e-3"))
     run_id = trials[name].info.run_id
-    history = tracking.metric_history(uri, run_id, "train/loss")
+    history = mlflow_runs.metric_history(uri, run_id, "train/loss")
     assert len(history) >= 2
-    browser.get(tracking.ui_link(uri, "orchestrator", ui, run_id=run_id))
+    browser.get(mlflow_runs.ui_link(uri, "orchestrator", ui, run_id=run_id))
     tab = wait(
         browser,
         lambda: browser.find_elements(By.XPATH, "//*[@role='tab' and normalize-space()='Model metrics']"),

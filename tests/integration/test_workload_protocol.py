@@ -1,6 +1,6 @@
 """Workloads behind one protocol: the README's example workload (tests/fixtures/user_workload.py)
 validates under a short name registered here and trains end to end by its import path through
-`orchestrator.launch.train`, like the built-in `gpt` and `linreg`."""
+`orchestrator.driver.launch.train`, like the built-in `gpt` and `linreg`."""
 
 import subprocess
 import sys
@@ -8,8 +8,10 @@ import sys
 import pytest
 import torch
 
-from orchestrator import config, derived, launch, registry, tracking
-from orchestrator.errors import ConfigError
+from orchestrator.core import config, derived, registry
+from orchestrator.core.errors import ConfigError
+from orchestrator.driver import launch
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, TINY, varied_corpus
 from tests.fixtures import user_workload
 from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build
@@ -93,9 +95,9 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
     "code",
     [
         # the model file stands alone, like nanoGPT's
-        "import sys, workloads.model; assert not [m for m in sys.modules if m.startswith('orchestrator')]",
+        "import sys, workloads.builtin.gpt; assert not [m for m in sys.modules if m.startswith('orchestrator')]",
         # the schema, its validation and the workload names need no torch
-        "import sys, orchestrator.config, orchestrator.validation, workloads.registry as r; "
+        "import sys, orchestrator.core.config, orchestrator.core.validation, workloads.registry as r; "
         "assert 'torch' not in sys.modules and r.names() == ('gpt', 'linreg', 'hf')",
     ],
     ids=["model-without-orchestrator", "config-without-torch"],
@@ -110,12 +112,12 @@ def test_a_workload_of_your_own_trains_end_to_end_by_import_path(ray_session, tm
     cfg = bigram_config(tmp_path, "batch.grad_accum_steps=2", f"model.name={path}")
     assert launch.train(cfg) == 0  # the Ray worker imported it from the path in its config
     uri, run_id = cfg.tracking.uri, launch.recorded_run_id(cfg.train.storage_path, "bigram")
-    run = tracking.get_run(uri, run_id)
+    run = mlflow_runs.get_run(uri, run_id)
     assert run.info.status == "FINISHED" and run.data.params["model.name"] == path
-    loss = tracking.metric_history(uri, run_id, "train/loss")
+    loss = mlflow_runs.metric_history(uri, run_id, "train/loss")
     assert [s for s, _ in loss] == [128 * i for i in range(UPDATES)]
     assert loss[-1][1] < loss[0][1] - 1.0, loss  # from about ln 257 towards the corpus's bigram entropy
-    assert tracking.metric_history(uri, run_id, "eval/loss")
+    assert mlflow_runs.metric_history(uri, run_id, "eval/loss")
     # The weights the workers trained and checkpointed are the bigram's, not a GPT's.
     states = sorted((tmp_path / "runs").rglob("mp_rank_00_model_states.pt"))
     assert states, list((tmp_path / "runs").rglob("*"))

@@ -7,12 +7,15 @@ import pytest
 import torch
 import yaml
 
-from orchestrator import config, derived, launch, tracking
 from orchestrator.cli import main
-from orchestrator.errors import ConfigError
+from orchestrator.core import config, derived
+from orchestrator.core.errors import ConfigError
+from orchestrator.driver import launch
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, TINY, varied_corpus
-from workloads import tokenizer, workload
-from workloads.data import TokenDataset
+from workloads import workload
+from workloads.data import tokenizer
+from workloads.data.packing import TokenDataset
 from workloads.workload import MicroBatch
 
 SMALL = [
@@ -89,12 +92,12 @@ def test_a_bpe_tokenizer_trained_by_prepare_drives_a_sweep(ray_session, tmp_path
     path.write_text(yaml.safe_dump(sweep))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     assert main(["sweep", str(path), f"tracking.uri={uri}", f"train.storage_path={tmp_path}/runs"]) == 0
-    (run,) = tracking.child_runs(uri, tracking.find_sweep_run(uri, "orchestrator", "bpe"))
+    (run,) = mlflow_runs.child_runs(uri, mlflow_runs.find_sweep_run(uri, "orchestrator", "bpe"))
     assert run.data.params["model.vocab_size"] == "1000"  # followed the tokenizer
     # 64-token sequences of BPE tokens: the batch arithmetic and throughput count those
-    tokens = tracking.metric_history(uri, run.info.run_id, "train/tokens")
+    tokens = mlflow_runs.metric_history(uri, run.info.run_id, "train/tokens")
     assert [s for s, _ in tokens] == [2048 * (i + 1) for i in range(4)]
-    assert tracking.metric_history(uri, run.info.run_id, "perf/tokens_per_s")
+    assert mlflow_runs.metric_history(uri, run.info.run_id, "perf/tokens_per_s")
     cfg = config.load(TINY, [f"{k}={v}" for k, v in sweep["base"]["overrides"].items()])
     batch = TokenDataset(cfg, "train").micro_batch(0, derived.batch_plan(cfg), 0, 0)
     ids = torch.cat([batch.inputs.flatten(), batch.targets.flatten()])
@@ -138,7 +141,7 @@ def test_a_datasets_source_mixes_with_files_at_its_weight(tmp_path):
     batch = data.micro_batch(0, derived.batch_plan(cfg), 0, 0)
     counts = np.bincount(batch.source_ids.numpy(), minlength=2)
     assert abs(counts[0] - 0.75 * counts.sum()) <= 1 and abs(counts[1] - 0.25 * counts.sum()) <= 1
-    from workloads.corpus import decode
+    from workloads.data.corpus import decode
 
     text = decode(batch.inputs[batch.source_ids == 0].flatten())
     assert "zebra" in text and "okapi" not in text  # the train split, its text field
@@ -196,9 +199,9 @@ def test_a_llama_gives_one_curve_for_two_splits_at_zero_2_and_logs_the_noise_sca
         )
         assert launch.train(cfg) == 0
         run_id = launch.recorded_run_id(cfg.train.storage_path, "llama")
-        curves.append(tracking.metric_history(cfg.tracking.uri, run_id, "train/loss"))
-        assert tracking.metric_history(cfg.tracking.uri, run_id, "gns/b_simple"), "the noise scale is logged"
-        assert tracking.get_run(cfg.tracking.uri, run_id).data.params["model.name"] == "hf"
+        curves.append(mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/loss"))
+        assert mlflow_runs.metric_history(cfg.tracking.uri, run_id, "gns/b_simple"), "the noise scale is logged"
+        assert mlflow_runs.get_run(cfg.tracking.uri, run_id).data.params["model.name"] == "hf"
     (a, b) = curves
     assert [s for s, _ in a] == [s for s, _ in b] == [128 * i for i in range(6)]
     for (step, x), (_, y) in zip(a, b):
@@ -220,7 +223,7 @@ def test_an_exported_zero_3_llama_loads_in_transformers_with_the_run_s_eval_loss
     with torch.no_grad():
         losses = [work.summed_loss(model, mb) for mb in work.eval_batches(0, 1)]
     loss = sum(float(s) for s, _ in losses) / sum(float(n) for _, n in losses)
-    last = tracking.metric_history(cfg.tracking.uri, run_id, "eval/loss")[-1][1]
+    last = mlflow_runs.metric_history(cfg.tracking.uri, run_id, "eval/loss")[-1][1]
     assert abs(loss - last) <= 1e-5, (loss, last)
     # ... and model.init_from starts a new run from those weights
     again = small(tmp_path, corpus, *HF, f"model.init_from={out}")

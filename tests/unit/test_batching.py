@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import batching
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
+from orchestrator.formulas import batching
 
 sizes = st.integers(min_value=1, max_value=64)
 

@@ -1,4 +1,4 @@
-"""A branch study's runs as the report reads them (orchestrator/branch_analysis.py), in memory:
+"""A branch study's runs as the report reads them (orchestrator/analysis/branch_analysis.py), in memory:
 which runs are the base and the branches, and `branch.compare_with`, the from-scratch B_crit at
 the loss the base run was at each branch point, on a from-scratch sweep whose noise scale is
 known (tests/known_truth.py: a constant B_noise of 700 tokens, curves that are not the fitted
@@ -11,8 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator import analysis, report_branch
-from orchestrator.trials import Trial
+from orchestrator.analysis import sweep_analysis
+from orchestrator.analysis.trials import Trial
+from orchestrator.reporting import report_branch
 from tests.known_truth import World
 from tests.unit.test_known_truth import LRS
 
@@ -64,7 +65,7 @@ def study_trials(eval_se: float = 0.0, eval_tokens: int = 65536):
 def compared():
     world = World(draw=0)
     scratch = world.trials(world.grid(lrs=LRS))
-    return analysis.analyse(study_trials(), compare_with=("scratch", scratch))
+    return sweep_analysis.analyse(study_trials(), compare_with=("scratch", scratch))
 
 
 def test_each_branch_point_gets_the_from_scratch_b_crit_at_the_base_s_loss_there(compared):
@@ -80,7 +81,7 @@ def test_each_branch_point_gets_the_from_scratch_b_crit_at_the_base_s_loss_there
 
 
 def test_the_branched_critical_batch_is_unchanged_by_the_comparison(compared):
-    alone = analysis.analyse(study_trials())["branch"]
+    alone = sweep_analysis.analyse(study_trials())["branch"]
     assert alone["compared_with"] is None and all("b_crit_scratch" not in p for p in alone["points"])
     assert [p["cbs"] for p in alone["points"]] == [p["cbs"] for p in compared["branch"]["points"]]
     # 2 % per doubling past 2 x: the 1 % tolerance is crossed half way from 2 x to 4 x in log B
@@ -96,17 +97,17 @@ def test_the_report_shows_the_from_scratch_column_only_when_compared(compared):
     assert "of sweep 'scratch'" in " ".join(lines)
     first = float(base_loss(AT[0]))
     assert any(f"at {first:.4g}" in line for line in lines)
-    plain = report_branch.lines(analysis.analyse(study_trials())["branch"])
+    plain = report_branch.lines(sweep_analysis.analyse(study_trials())["branch"])
     assert not any("from-scratch" in line for line in plain)
 
 
 def test_an_eval_set_too_small_for_the_tolerance_is_named_with_the_size_it_needs():
     """The standard error falls as 1 / sqrt(eval tokens): 0.4 % of the loss at 65,536 tokens is
     1/2.5 of a 1 % tolerance, and three standard errors need 65,536 x (3 x 0.4 / 1)^2 tokens."""
-    noisy = analysis.analyse(study_trials(eval_se=0.004))["branch"]
+    noisy = sweep_analysis.analyse(study_trials(eval_se=0.004))["branch"]
     (note,) = noisy["notes"]
     assert f"from 65,536 to at least {math.ceil(65536 * 1.2**2):,}" in note
     assert any(note in line for line in report_branch.lines(noisy))
-    assert analysis.analyse(study_trials(eval_se=0.003))["branch"]["notes"] == []  # 3.3 standard errors
-    (none,) = analysis.analyse(study_trials())["branch"]["notes"]
+    assert sweep_analysis.analyse(study_trials(eval_se=0.003))["branch"]["notes"] == []  # 3.3 standard errors
+    (none,) = sweep_analysis.analyse(study_trials())["branch"]["notes"]
     assert "no eval/loss_se" in none

@@ -1,4 +1,5 @@
-"""orchestrator/branch_cbs.py and branch_ramp.py against a world whose critical batch size is known independently.
+"""orchestrator/analysis/branch_cbs.py and branch_ramp.py
+against a world whose critical batch size is known independently.
 
 The world is McCandlish et al.'s (2018) steps/examples trade-off: at noise scale B_noise, reaching
 a loss takes S = S_min (1 + B_noise / B) steps and E = E_min (1 + B / B_noise) examples, so E
@@ -20,10 +21,10 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator import batching
-from orchestrator import branch_cbs as bc
-from orchestrator import branch_ramp as br
-from orchestrator.yaml_files import parse_overrides
+from orchestrator.analysis import branch_cbs as bc
+from orchestrator.analysis import branch_ramp as br
+from orchestrator.core.yaml_files import parse_overrides
+from orchestrator.formulas import batching
 
 B0 = 8192
 FACTORS = (1, 2, 4, 8, 16)
@@ -287,7 +288,7 @@ Plan = namedtuple("Plan", "tokens_per_update")
 
 
 def _check_ramp(steps, total):
-    """batch.ramp's rules, with the project's own checker of them (orchestrator/batching.py)."""
+    """batch.ramp's rules, with the project's own checker of them (orchestrator/formulas/batching.py)."""
     assert steps[0] == {"from_tokens": 0, "tokens_per_update": B0}
     for prev, step in zip(steps, steps[1:]):
         assert step["tokens_per_update"] == 2 * prev["tokens_per_update"]

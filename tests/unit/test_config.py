@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import config, derived, plan, schema
-from orchestrator.errors import ConfigError
+from orchestrator.core import config, derived, schema
+from orchestrator.core.errors import ConfigError
+from orchestrator.driver import plan
 from tests.conftest import ROOT, TINY
 
 
@@ -123,7 +124,7 @@ def test_gns_splits_a_single_micro_batch_update_in_two():
     """tiny: 32 sequences per update. b = 32 would be one micro-batch; with gns.enabled and A
     omitted the solver takes b = 16, A = 2, and plan, the memory model and the MLflow params all
     show that; a given A = 1 is kept and plan says B_simple is then not measured."""
-    from orchestrator import launch
+    from orchestrator.driver import launch
 
     split = config.load(TINY, ["batch.micro_batch_size=32"])
     info = plan.describe(split)
@@ -147,7 +148,8 @@ def test_gns_splits_a_single_micro_batch_update_in_two():
 
 def test_beta2_and_weight_decay_from_their_token_forms():
     """beta2 = 0.5 ** (B / N); weight decay = B / (lr x share x T); defaults when neither form is given."""
-    from orchestrator import ds_config, launch
+    from orchestrator.core import ds_config
+    from orchestrator.driver import launch
 
     default = config.load(TINY)
     assert default.optim.beta2 is None and default.optim.weight_decay is None
@@ -225,7 +227,7 @@ def test_sgd_resolves_its_own_constants():
     """sgd: AdamW-only keys at their defaults (even given) pass; weight decay is coupled L2, 0 when
     null; plan prints SGD's constants and no AdamW ones; the DeepSpeed config allows the optimizer
     at ZeRO 1-3; adamw's sections stay as they were."""
-    from orchestrator import ds_config
+    from orchestrator.core import ds_config
 
     cfg = config.load(TINY, ["optim.name=sgd", "optim.momentum=0.9", "optim.beta1=0.9", "deepspeed.zero_stage=2"])
     assert derived.sgd_weight_decay(cfg) == 0.0

@@ -1,4 +1,4 @@
-"""The arithmetic of a sweep's cost and ETA (orchestrator/cost.py): throughput against hand
+"""The arithmetic of a sweep's cost and ETA (orchestrator/formulas/cost.py): throughput against hand
 numbers, list scheduling against a brute force, the cost range of a sweep not known in advance."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import cost
+from orchestrator.formulas import cost
 from tests.conftest import TINY
 
 
@@ -77,7 +77,7 @@ def test_gpu_defaults_gpt_350m():
 
 def test_cpu_default_reproduces_the_measured_tiny_run():
     """The CPU figure is the measured tiny.yaml run: its own FLOPs per token give back its tokens/s."""
-    from orchestrator import config
+    from orchestrator.core import config
     from workloads import workload
 
     assert workload.costs(config.load(TINY, [])).flops_per_token == cost.CPU_MEASURED_FLOPS_PER_TOKEN

@@ -1,4 +1,4 @@
-"""The arithmetic of orchestrator/critical_batch.py against closed forms and brute force."""
+"""The arithmetic of orchestrator/analysis/critical_batch.py against closed forms and brute force."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import critical_batch as cb
+from orchestrator.analysis import critical_batch as cb
 
 BATCHES = np.array([128, 256, 512, 1024, 2048, 4096], np.float64)
 

@@ -1,4 +1,4 @@
-"""workloads/corpus.py (tokenizer, sources, token cache) and workloads/data.py (split, packing,
+"""workloads/data/corpus.py (tokenizer, sources, token cache) and workloads/data/packing.py (split, packing,
 mixture, decomposition)."""
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import derived, schema, sweep_file
-from orchestrator.batching import BatchPlan
-from orchestrator.errors import ConfigError
-from orchestrator.schema import Config, SourceConfig
-from workloads import corpus as C
-from workloads import data as D
-from workloads import mixture
+from orchestrator.core import derived, schema
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.schema import Config, SourceConfig
+from orchestrator.formulas.batching import BatchPlan
+from orchestrator.sweeps import sweep_file
+from workloads.data import corpus as C
+from workloads.data import mixture
+from workloads.data import packing as D
 
 FIELDS = ("inputs", "targets", "positions", "doc_ids", "loss_mask", "source_ids", "origins")
 
@@ -462,7 +463,7 @@ DEMO_SWEEP = Path(__file__).resolve().parents[2] / "conf" / "sweep" / "demo.yaml
 
 
 def demo_trials():
-    from orchestrator import search_space
+    from orchestrator.sweeps import search_space
 
     sweep = sweep_file.load(DEMO_SWEEP)
     trials = search_space.expand(sweep)
@@ -473,7 +474,7 @@ def demo_trials():
 def consumed(cfg: Config, tokens: int) -> D.Batch:
     """Every sequence a run of `cfg` trains on in its first `tokens` tokens, in the order the
     updates, accumulation steps and ranks consume them."""
-    from orchestrator.derived import batch_plan
+    from orchestrator.core.derived import batch_plan
 
     plan, ds = batch_plan(cfg), D.TokenDataset(cfg)
     parts = [

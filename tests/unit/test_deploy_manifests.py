@@ -7,7 +7,7 @@ validated against KubeRay's own CRD schemas (vendored in tests/data/kuberay/, st
 fields like `kubectl apply`), the other pod templates against the pod schema embedded in those
 CRDs; the RayJob entrypoint runs through the `bash -c` string KubeRay's submitter builds, with a
 fake `ray`; the VM config is validated against the schema of the installed Ray's cluster launcher;
-the cluster shapes go through orchestrator.feasibility.
+the cluster shapes go through orchestrator.formulas.feasibility.
 """
 
 import configparser
@@ -489,7 +489,7 @@ def test_rayjob_runs_the_cluster_sweep_with_absolute_paths_and_cleans_up():
     assert overrides["train.storage_path"].startswith("/mnt/shared/"), overrides
     for _, c in containers(spec["rayClusterSpec"]):
         assert c.get("workingDir") == image_workdir(), c["name"]
-        # the token cache (workloads/corpus.py) on the shared volume, not relative to a cwd
+        # the token cache (workloads/data/corpus.py) on the shared volume, not relative to a cwd
         assert env_of(c)["ORCHESTRATOR_CACHE_DIR"]["value"].startswith("/mnt/shared/"), c["name"]
 
 
@@ -545,12 +545,12 @@ def test_ray_pods_carry_the_label_mlflow_admits():
 # ---------------------------------------------------------------- cluster shapes
 
 # A trial of conf/sweep/gpt-350m-cluster.yaml: 8 Ray Train workers of {CPU 7, GPU 1}, packed,
-# plus 0.2 CPU for the Tune trial (orchestrator.sweep.TRIAL_DRIVER_CPUS).
+# plus 0.2 CPU for the Tune trial (orchestrator.driver.sweep.TRIAL_DRIVER_CPUS).
 TRIAL = {"workers": 8, "per_worker": {"CPU": 7, "GPU": 1}, "strategy": "PACK", "trial": {"CPU": 0.2}}
 
 
 def test_the_cluster_sweep_asks_for_the_trial_shape_the_deploy_files_are_sized_for():
-    from orchestrator import config
+    from orchestrator.core import config
 
     sweep = yaml.safe_load((ROOT / "conf/sweep/gpt-350m-cluster.yaml").read_text())
     assert not [k for k in sweep.get("space", {}) if k.startswith("cluster.")], "trials differ in shape"
@@ -600,7 +600,7 @@ def shipped_clusters():
 
 
 def test_shipped_clusters_fit_a_trial_of_the_cluster_sweep():
-    from orchestrator.feasibility import Shape, fits
+    from orchestrator.formulas.feasibility import Shape, fits
 
     shape = Shape(TRIAL["workers"], TRIAL["per_worker"], TRIAL["strategy"], TRIAL["trial"])
     for source, nodes in shipped_clusters():

@@ -1,11 +1,11 @@
-"""orchestrator/feasibility.py against a brute force over every placement of the bundles."""
+"""orchestrator/formulas/feasibility.py against a brute force over every placement of the bundles."""
 
 import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.feasibility import STRATEGIES, Shape, fits, nearest, node_groups, problem
+from orchestrator.formulas.feasibility import STRATEGIES, Shape, fits, nearest, node_groups, problem
 
 
 def brute_force(shape: Shape, nodes) -> bool:
@@ -90,7 +90,8 @@ def test_autoscaling_groups_add_the_nodes_they_may_still_start():
 
 
 def test_fractional_gpus_let_small_trials_share_a_gpu():
-    from orchestrator import config, feasibility
+    from orchestrator.core import config
+    from orchestrator.formulas import feasibility
     from tests.conftest import TINY
 
     half = config.load(TINY, ["cluster.use_gpu=true", "cluster.gpus_per_worker=0.5", "cluster.cpus_per_worker=1"])

@@ -18,11 +18,11 @@ import pytest
 import torch
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
-from orchestrator import config, derived
+from orchestrator.core import config, derived
 from tests.conftest import ROOT
-from workloads import engine as trainer
-from workloads.engine import build_engine, ensure_process_group, train_update
-from workloads.gns_probe import GradNormProbe
+from workloads.train import engine as trainer
+from workloads.train.engine import build_engine, ensure_process_group, train_update
+from workloads.train.gns_probe import GradNormProbe
 from workloads.workload import LinRegWorkload
 
 LINREG = ROOT / "conf" / "train" / "linreg.yaml"

@@ -3,7 +3,7 @@ are not the hyperbola it fits (tests/known_truth.py: McCandlish et al.'s progres
 warmup in tokens, wsd decay, noise on every logged point, seed luck, an lr grid fixed across B).
 
 Every world goes through the tables a trainer writes (`orchestrator report DIR`'s format, read by
-orchestrator/tables.py), in memory; one goes through the real command on a folder. Fixed draws.
+orchestrator/analysis/tables.py), in memory; one goes through the real command on a folder. Fixed draws.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator import analysis, cli, report_render, tables
+from orchestrator import cli
+from orchestrator.analysis import sweep_analysis, tables
+from orchestrator.reporting import report_render
 from tests.known_truth import BATCHES, World, factor_grid
 
 LRS = factor_grid(0.001, 0.032)
@@ -22,7 +24,7 @@ DRAWS = 30
 
 
 def analyse(world: World, lrs=LRS, seeds: int = 3, batches=BATCHES, **options):
-    return analysis.analyse(world.trials(world.grid(batches=batches, lrs=lrs, seeds=seeds)), **options)
+    return sweep_analysis.analyse(world.trials(world.grid(batches=batches, lrs=lrs, seeds=seeds)), **options)
 
 
 def covers(fit, truth: float) -> bool:
@@ -137,7 +139,7 @@ def test_report_of_a_table_folder_is_the_analysis_of_its_tables(tmp_path, capsys
     folder = world.write(runs, tmp_path / "from-any-trainer")
     assert cli.main(["report", str(folder), "--out", str(tmp_path / "report")]) == 0
     written = json.loads((tmp_path / "report" / "report.json").read_text())
-    direct = analysis.analyse(tables.read(folder))
+    direct = sweep_analysis.analyse(tables.read(folder))
     assert written["primary"]["b_crit"] == pytest.approx(direct["primary"]["b_crit"], rel=1e-12)
     assert written["source"]["kind"] == "tables"
     assert cli.main(["report", str(tmp_path / "report"), "--out", str(tmp_path / "again")]) == 0

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator import noise
-from workloads.linreg import LinRegData, LinRegModel, closed_form
+from orchestrator.formulas import noise
+from workloads.builtin.linreg import LinRegData, LinRegModel, closed_form
 
 DIM, SIGMA = 8, 0.5
 

@@ -1,4 +1,4 @@
-"""The learning-rate bracket of one batch size (orchestrator/lr_bracket.py), driven round by round
+"""The learning-rate bracket of one batch size (orchestrator/analysis/lr_bracket.py), driven round by round
 by score functions whose best lr is known: extension past either edge, the refinement vertex,
 the bound, failures as +inf, seeds averaged, two criteria, and its JSON state."""
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from orchestrator.lr_bracket import Bracket, scores_of
+from orchestrator.analysis.lr_bracket import Bracket, scores_of
 
 INF = math.inf
 

@@ -1,10 +1,10 @@
-"""The worker's report window and cadence (workloads/metrics_window.py)."""
+"""The worker's report window and cadence (workloads/train/metrics_window.py)."""
 
 import math
 
-from orchestrator.noise import NoiseScaleEMA
-from workloads.metrics_window import MetricsWindow, UpdateStats, due, noise_scale_metrics
-from workloads.model import mfu
+from orchestrator.formulas.noise import NoiseScaleEMA
+from workloads.builtin.gpt import mfu
+from workloads.train.metrics_window import MetricsWindow, UpdateStats, due, noise_scale_metrics
 
 
 def test_due_fires_once_per_multiple_passed():

@@ -8,11 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import config, derived, memory, micro_batch
 from orchestrator.cli import main
-from orchestrator.errors import ConfigError
+from orchestrator.core import config, derived
+from orchestrator.core.errors import ConfigError
+from orchestrator.driver import micro_batch
+from orchestrator.formulas import memory
 from tests.conftest import TINY
-from workloads.micro_batch_probe import search
+from workloads.train.micro_batch_probe import search
 
 
 def brute_force(peak, capacity, upper):

@@ -8,8 +8,8 @@ import warnings
 import pytest
 import torch
 
-from orchestrator.schema import ModelConfig
-from workloads.model import (
+from orchestrator.core.schema import ModelConfig
+from workloads.builtin.gpt import (
     GPT,
     HAS_FLEX,
     CausalSelfAttention,

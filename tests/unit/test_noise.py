@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.noise import (
+from orchestrator.formulas.noise import (
     NoiseScaleEMA,
     estimate,
     per_token_sq_norm,
@@ -168,7 +168,7 @@ def test_fp16_loss_scale_is_divided_out_of_the_small_batch_norms():
     computation on plain per-token-mean gradients; left scaled, |G|^2 comes out negative."""
     import torch
 
-    from workloads.gns_probe import GradNormProbe
+    from workloads.train.gns_probe import GradNormProbe
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)

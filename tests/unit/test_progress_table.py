@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import cost, search_space, sweep_file, sweep_summary
+from orchestrator.driver import sweep_summary
+from orchestrator.formulas import cost
+from orchestrator.sweeps import search_space, sweep_file
 from tests.conftest import ROOT
 
 BUDGET = 327_680  # conf/sweep/demo.yaml: train.total_tokens, a whole number of updates at every B

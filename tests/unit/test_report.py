@@ -12,8 +12,10 @@ import math
 import matplotlib.image as mpimg
 import pytest
 
-from orchestrator import analysis, report, report_inputs, report_render, tracking
-from orchestrator.errors import ConfigError
+from orchestrator.analysis import sweep_analysis
+from orchestrator.core.errors import ConfigError
+from orchestrator.reporting import report, report_inputs, report_render
+from orchestrator.tracking import metric_logger, mlflow_runs
 from tests.known_truth import World, factor_grid
 
 EXPERIMENT = "report-test"
@@ -31,17 +33,17 @@ def duration(run) -> float:
 
 
 def _log(uri, parent, run, params, status, stopped=None):
-    run_id = tracking.create_run(uri, EXPERIMENT, run.name, tags={tracking.PARENT_TAG: parent} if parent else {})
-    tracking.log_params(uri, run_id, params)
-    logger = tracking.MetricLogger(uri, run_id, flush_every_s=60)
+    run_id = mlflow_runs.create_run(uri, EXPERIMENT, run.name, tags={mlflow_runs.PARENT_TAG: parent} if parent else {})
+    mlflow_runs.log_params(uri, run_id, params)
+    logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=60)
     for metric, points in (("train/loss", run.train), ("eval/loss", run.eval), ("gns/b_simple", run.b_simple)):
         for step, value in points:
             logger.log({metric: value}, step=step)
     logger.close()
     if stopped:
-        tracking.set_tags(uri, run_id, {tracking.STOPPED_AT_TAG: str(stopped)})
-    start = tracking.get_run(uri, run_id).info.start_time
-    tracking.client(uri).set_terminated(run_id, status, end_time=start + int(1000 * duration(run)))
+        mlflow_runs.set_tags(uri, run_id, {mlflow_runs.STOPPED_AT_TAG: str(stopped)})
+    start = mlflow_runs.get_run(uri, run_id).info.start_time
+    mlflow_runs.client(uri).set_terminated(run_id, status, end_time=start + int(1000 * duration(run)))
     return run_id
 
 
@@ -57,14 +59,16 @@ def store(tmp_path_factory):
     batch sizes); two poor runs stopped early at a rung; and a lone run outside any sweep."""
     tmp = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{tmp}/mlflow.db"
-    parent = tracking.create_run(uri, EXPERIMENT, SWEEP, tags={"orchestrator.role": "sweep", tracking.SWEEP_TAG: SWEEP})
+    parent = mlflow_runs.create_run(
+        uri, EXPERIMENT, SWEEP, tags={"orchestrator.role": "sweep", mlflow_runs.SWEEP_TAG: SWEEP}
+    )
     runs = WORLD.grid(batches=BATCHES, lrs=LRS, seeds=2)
     for run in runs:
         _log(uri, parent, run, WORLD.params(run), run.status)
     poor = [stopped_at(r, STOP_RUNG) for r in WORLD.simulate([(1024, 0.001, 0), (1024, 0.001, 1)])]
     for run in poor:
         _log(uri, parent, run, WORLD.params(run), "KILLED", stopped=STOP_RUNG)
-    tracking.finish_run(uri, parent)
+    mlflow_runs.finish_run(uri, parent)
     (lone,) = WORLD.simulate([(1024, 0.01, 0)])
     lone_id = _log(uri, None, lone, {"batch.tokens_per_update": 1024, "optim.lr": 0.01}, "FINISHED")
     return {"uri": uri, "parent": parent, "lone": lone_id, "tmp": tmp, "runs": runs, "poor": poor}
@@ -88,8 +92,8 @@ def trials(store):
 
 def test_mlflow_gives_the_analysis_what_the_tables_give(store, trials):
     """The runs read back from MLflow are the runs of the world: same answer as its tables."""
-    from_mlflow = analysis.analyse(trials)
-    from_tables = analysis.analyse(WORLD.trials(store["runs"] + store["poor"]))
+    from_mlflow = sweep_analysis.analyse(trials)
+    from_tables = sweep_analysis.analyse(WORLD.trials(store["runs"] + store["poor"]))
     for a, b in zip(from_mlflow["critical_batch"], from_tables["critical_batch"]):
         assert a["target_loss"] == pytest.approx(b["target_loss"], rel=1e-12)
         assert a["b_crit"] == pytest.approx(b["b_crit"], rel=1e-12) and a["status"] == b["status"]
@@ -141,15 +145,15 @@ def test_steps_come_only_from_the_part_the_schedule_cannot_fake(trials):
     ]
     largest = [t for t in annealed if t.batch == BATCHES[-1] and t.outcome == "finished"]
     end_of_stable = min(t.curve().__getitem__(1)[-1] for t in largest)
-    fit = analysis.analyse(annealed, [end_of_stable - 0.3])["critical_batch"][0]
+    fit = sweep_analysis.analyse(annealed, [end_of_stable - 0.3])["critical_batch"][0]
     assert BATCHES[-1] in fit["missing"], "reached only in the decay, so not reached"
     cosine = [dataclasses.replace(t, params={**t.params, "schedule.decay": "cosine"}, _fits={}) for t in trials]
-    notes = analysis.analyse(cosine)["primary"]["notes"]
+    notes = sweep_analysis.analyse(cosine)["primary"]["notes"]
     assert any("the fit depends on the schedule" in n for n in notes)
 
 
 def test_fewer_than_three_batch_sizes_is_not_resolved(trials):
-    result = analysis.analyse([t for t in trials if t.batch in BATCHES[:2]])
+    result = sweep_analysis.analyse([t for t in trials if t.batch in BATCHES[:2]])
     fit = result["primary"]
     assert fit["status"] == "not resolved" and fit["b_crit"] is None and fit["b_crit_interval"] is None
     assert "not resolved (B_crit needs 3 batch sizes that reach this loss; 2 did)" in report_render.answer(result)
@@ -158,7 +162,7 @@ def test_fewer_than_three_batch_sizes_is_not_resolved(trials):
 def test_target_not_reached_by_every_batch_size(trials):
     largest = [t for t in trials if t.batch == BATCHES[-1] and t.outcome == "finished"]
     below_largest = min(t.curve()[1][-1] for t in largest) - 0.05  # past where the largest batch gets
-    nobody, partly = analysis.analyse(trials, [1.0, below_largest])["critical_batch"]  # sorted by loss
+    nobody, partly = sweep_analysis.analyse(trials, [1.0, below_largest])["critical_batch"]  # sorted by loss
     assert BATCHES[-1] in partly["missing"] and len(partly["points"]) == 3
     assert f"not reached by batch sizes {BATCHES[-1]:,}" in partly["notes"]
     assert nobody["points"] == [] and nobody["b_crit"] is None and nobody["b_simple"] is None
@@ -167,7 +171,7 @@ def test_target_not_reached_by_every_batch_size(trials):
 
 def test_report_without_eval_or_gns_or_reachable_target(trials, tmp_path):
     bare = [dataclasses.replace(t, eval=[], b_simple=[], _fits={}) for t in trials]
-    result = analysis.analyse(bare, [1.0])
+    result = sweep_analysis.analyse(bare, [1.0])
     assert result["loss_metric"] == "train/loss"
     assert result["best"]["batch"] == BATCHES[0]
     assert "Critical batch size at loss 1: not resolved" in report_render.answer(result)
@@ -187,7 +191,7 @@ def test_every_file_written_and_logged(store, sweep_report):
         assert (out / name).stat().st_size > 10_000, name
         image = mpimg.imread(out / name)
         assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 400 and image.std() > 0.01, name
-    logged = set(tracking.list_artifacts(store["uri"], store["parent"], "report"))
+    logged = set(mlflow_runs.list_artifacts(store["uri"], store["parent"], "report"))
     assert {f"report/{name}" for name in FILES} <= logged
     md, page = (out / "summary.md").read_text(), (out / "summary.html").read_text()
     for name in FIGURES:
@@ -217,7 +221,7 @@ def test_single_run_report(store, tmp_path, capsys):
     notes = " ".join(result["primary"]["notes"])
     assert "needs 3 batch sizes" in notes
     assert "not resolved" in capsys.readouterr().out
-    assert "report/loss_vs_tokens.png" in tracking.list_artifacts(store["uri"], store["lone"], "report")
+    assert "report/loss_vs_tokens.png" in mlflow_runs.list_artifacts(store["uri"], store["lone"], "report")
 
 
 def test_unknown_sweep_is_a_config_error(store, tmp_path):

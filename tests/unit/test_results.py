@@ -1,4 +1,4 @@
-"""`orchestrator.results`: the tables `load_sweep` returns and `report` writes, built from a
+"""`orchestrator.reporting.results`: the tables `load_sweep` returns and `report` writes, built from a
 known-truth world's trials (no MLflow: tests/integration/test_sweep.py reads a real sweep)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import re
 import pandas as pd
 import pytest
 
-from orchestrator import analysis, results, tables
+from orchestrator.analysis import sweep_analysis, tables
+from orchestrator.reporting import results
 from tests.conftest import ROOT
 from tests.known_truth import World
 
@@ -40,7 +41,7 @@ def sweep():
         t.run_id: {"train/loss": t.train, "eval/loss": t.eval, "gns/b_simple": t.b_simple, "train/lr": EXTRA}
         for t in trials[:-1]  # the last run logged nothing this reader was asked for
     }
-    result = analysis.analyse(trials)
+    result = sweep_analysis.analyse(trials)
     return trials, curves, result, results.build("syn", "parent", trials, curves, result, results.METRICS)
 
 
@@ -79,7 +80,7 @@ def test_trials_table_has_one_row_per_trial_with_its_params_outcome_and_last_val
 
 
 def test_the_tables_read_back_to_the_same_trials(sweep, tmp_path):
-    """trials.csv and curves.csv are orchestrator/tables.py's format: what report --out writes,
+    """trials.csv and curves.csv are orchestrator/analysis/tables.py's format: what report --out writes,
     report DIR reads, to the same analysis."""
     trials, _, result, built = sweep
     built.to_csv(tmp_path)
@@ -95,7 +96,7 @@ def test_the_tables_read_back_to_the_same_trials(sweep, tmp_path):
         )
         logged = t is not trials[-1]  # the last run's curves were not in what was read
         assert (b.train, b.eval) == ((t.train, t.eval) if logged else ([], []))
-    again = analysis.analyse(back)
+    again = sweep_analysis.analyse(back)
     assert again["primary"]["b_crit_fit"] == pytest.approx(result["primary"]["b_crit_fit"], rel=1e-12)
     assert [r["lr"] for r in again["best_lr"]] == pytest.approx([r["lr"] for r in result["best_lr"]], rel=1e-12)
 
@@ -128,7 +129,7 @@ def test_a_ramped_run_is_left_out_of_the_critical_batch(sweep):
     ramp.update({"batch.ramp.1.from_tokens": "65536", "batch.ramp.1.tokens_per_update": "4096"})
     ramped = dataclasses.replace(trials[0], name="ramped", run_id="ramped", params={**trials[0].params, **ramp})
     assert ramped.ramped and ramped.batch is None and not trials[0].ramped
-    again = analysis.analyse([*trials, ramped])
+    again = sweep_analysis.analyse([*trials, ramped])
     assert again["primary"]["b_crit_fit"] == pytest.approx(result["primary"]["b_crit_fit"], rel=1e-12)
     one_step = {k: v for k, v in ramp.items() if ".0." in k}  # a ramp of one step is a fixed batch
     assert dataclasses.replace(trials[0], params={**trials[0].params, **one_step}).batch == trials[0].batch

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.schedules import DECAYS, lr_at
+from orchestrator.formulas.schedules import DECAYS, lr_at
 
 schedule = st.fixed_dictionaries(
     {

@@ -6,8 +6,9 @@ import math
 import pytest
 import yaml
 
-from orchestrator import derived, search_space, sweep_file
-from orchestrator.errors import ConfigError
+from orchestrator.core import derived
+from orchestrator.core.errors import ConfigError
+from orchestrator.sweeps import search_space, sweep_file
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "conf" / "train" / "tiny.yaml")
@@ -164,7 +165,7 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    from orchestrator import sweep as sweep_lib
+    from orchestrator.driver import sweep as sweep_lib
 
     sweep = sweep_file.load(
         write(
@@ -185,7 +186,7 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
 def test_trial_resources_follow_where_the_worker_runs(tmp_path):
     """A single-worker trial in local mode holds its worker's CPUs itself; a trial that starts a
     worker group (D > 1, or local_mode: false) holds only a fraction for waiting on it."""
-    from orchestrator import sweep as sweep_lib
+    from orchestrator.driver import sweep as sweep_lib
 
     space = {"cluster.num_workers": {"grid": [1, 2]}, "cluster.cpus_per_worker": {"grid": [0.8]}}
     for local_mode, expected in [
@@ -369,7 +370,8 @@ BRANCH_BASE = {"config": TINY, "overrides": {"train.total_tokens": 131072, "batc
 def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
     """Every (branch point, factor): the base config with a ramp to k x B at the point, the lr
     scaled by k^alpha from there, stopping `tokens` later; the base trial keeps its checkpoints."""
-    from orchestrator import branch_study, config
+    from orchestrator.core import config
+    from orchestrator.sweeps import branch_study
 
     branch = {"at_tokens": [65536, 16384], "factors": [1, 2, 4], "tokens": 16384, "lr_scaling": "sqrt"}
     sweep = sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "from": None}))

@@ -1,10 +1,10 @@
-"""orchestrator/storage.py: run records read and written the same on a path and in an object
+"""orchestrator/core/storage.py: run records read and written the same on a path and in an object
 store (moto's S3 on 127.0.0.1), and the node-visibility check of path storage."""
 
 import pytest
 
-from orchestrator import storage
-from orchestrator.errors import ConfigError
+from orchestrator.core import storage
+from orchestrator.core.errors import ConfigError
 from tests.conftest import BUCKET
 
 

@@ -21,13 +21,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from orchestrator import config, derived, ds_config, noise, tracking
-from orchestrator.schedules import lr_at
+from orchestrator.core import config, derived, ds_config
+from orchestrator.formulas import noise
+from orchestrator.formulas.schedules import lr_at
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT
-from workloads import train_loop
 from workloads import workload as workloads
-from workloads.engine import build_engine, ensure_process_group
-from workloads.linreg import LinRegData
+from workloads.builtin.linreg import LinRegData
+from workloads.train import train_loop
+from workloads.train.engine import build_engine, ensure_process_group
 from workloads.workload import LinRegWorkload
 
 LINREG = ROOT / "conf" / "train" / "linreg.yaml"
@@ -67,7 +69,7 @@ def uri(tmp_path_factory):
     threads = torch.get_num_threads()
     ensure_process_group(config.load(LINREG))
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
-    tracking.ensure_experiment(uri, EXPERIMENT)
+    mlflow_runs.ensure_experiment(uri, EXPERIMENT)
     yield uri
     torch.set_num_threads(threads)  # the worker sets its own thread count
 
@@ -91,14 +93,14 @@ def linreg(uri, tmp_path, *overrides):
 
 def train(cfg, api, run_id=None):
     """One worker's run, as Ray Train starts it; returns the MLflow run id."""
-    run_id = run_id or tracking.create_run(cfg.tracking.uri, EXPERIMENT, "run")
+    run_id = run_id or mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "run")
     payload = {"config": config.to_dict(cfg, redact=False), "run_id": run_id, "fault": {}}
     train_loop._train(config.from_dict(payload["config"]), payload, api)
     return run_id
 
 
 def history(cfg, run_id, key):
-    return tracking.metric_history(cfg.tracking.uri, run_id, key)
+    return mlflow_runs.metric_history(cfg.tracking.uri, run_id, key)
 
 
 def mean_loss(model, x, y) -> float:
@@ -290,7 +292,7 @@ def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri
     assert history(cfg, run_id, "train/optimizer_step") == step
 
     killed = FakeRay(tmp_path / "killed")
-    resumed_id = tracking.create_run(cfg.tracking.uri, EXPERIMENT, "killed")
+    resumed_id = mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "killed")
     payload = {"config": config.to_dict(cfg, redact=False), "run_id": resumed_id}
     payload["fault"] = {"at_tokens": 40, "marker": str(tmp_path / "fault-marker")}
     with pytest.raises(RuntimeError, match="injected fault at 48 tokens"):
@@ -469,7 +471,7 @@ def test_sgd_through_the_trainer_is_torch_sgd(uri, tmp_path, stage, momentum):
 def test_the_engines_sgd_uses_coupled_weight_decay_and_no_adamw_constants(uri, tmp_path):
     """optim.weight_decay is torch SGD's weight_decay (L2 added to the gradient) for the groups that
     pass it through, 0 when null; no betas or eps anywhere; MLflow gets no beta2_effective."""
-    from orchestrator import launch
+    from orchestrator.driver import launch
 
     for given, decay in (("0.01", 0.01), ("null", 0.0)):
         cfg = linreg(uri, tmp_path, "optim.name=sgd", "optim.momentum=0.5", f"optim.weight_decay={given}")
@@ -628,7 +630,7 @@ def test_eval_loss_comes_with_the_standard_error_of_its_micro_batches():
     """evaluate's standard error against the textbook one: with equal tokens per micro-batch the
     ratio estimator's is the standard deviation of the batch means over sqrt(k); an all-masked
     filler batch (a rank short of a batch) counts for nothing."""
-    from workloads.engine import evaluate
+    from workloads.train.engine import evaluate
 
     class Engine:
         def eval(self):

@@ -11,11 +11,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import config, launch, schema, tracking, validation
 from orchestrator.cli import main
-from orchestrator.schema import RampStep, SourceConfig
-from orchestrator.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
-from orchestrator.validation import FIELDS, Field
+from orchestrator.core import config, schema, validation
+from orchestrator.core.schema import RampStep, SourceConfig
+from orchestrator.core.validation import FIELDS, Field
+from orchestrator.driver import launch
+from orchestrator.sweeps.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
+from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, TINY, run_cli
 
 
@@ -115,7 +117,7 @@ def nothing_starts(monkeypatch, tmp_path):
 
     monkeypatch.setattr(launch, "ray_init", touched("Ray"))
     monkeypatch.setattr(launch, "preflight", touched("the corpus"))
-    monkeypatch.setattr(tracking, "create_run", touched("MLflow"))
+    monkeypatch.setattr(mlflow_runs, "create_run", touched("MLflow"))
     work = tmp_path / "cwd"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -261,7 +263,7 @@ SECTIONS = [("search", k, r) for k, r in SEARCH_FIELDS.items()] + [
 
 
 def test_every_section_field_has_one_rule():
-    from orchestrator.sweep_file import SchedulerConfig, SearchConfig
+    from orchestrator.sweeps.sweep_file import SchedulerConfig, SearchConfig
 
     assert set(SEARCH_FIELDS) == {f.name for f in fields(SearchConfig)}
     assert set(SCHEDULER_FIELDS) == {f.name for f in fields(SchedulerConfig)}

@@ -3,8 +3,8 @@
 import logging
 import warnings
 
-from workloads import worker_warnings
-from workloads.worker_warnings import MAX_WARNINGS, WarningCollector
+from workloads.train import worker_warnings
+from workloads.train.worker_warnings import MAX_WARNINGS, WarningCollector
 
 
 def test_warnings_and_log_records_are_published_once_each_in_order():

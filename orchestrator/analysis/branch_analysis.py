@@ -1,0 +1,144 @@
+"""A branch study's runs as the measurement of orchestrator/analysis/branch_cbs.py: which runs are
+branches (their batch.ramp switches at the branch point and they stop at train.stop_at_tokens),
+their end losses with the eval's standard error, B_simple of the base run at each branch point,
+the from-scratch B_crit at the base's loss there (`branch.compare_with`), and the report's
+`branch_cbs`, `branch_fit` and suggested ramp. Pure: reads Trials, no MLflow."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.analysis import branch_cbs, branch_ramp, steps_to_target
+from orchestrator.analysis import critical_batch as cb
+from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial, swept_axes
+
+BRANCH_AT_KEY = "batch.ramp.1.from_tokens"
+BASE_KEY = "train.checkpoint_at_tokens.0"
+"""A param only a branch study's base run has (its branch points, flattened)."""
+
+
+def is_branch(t: Trial) -> bool:
+    return (
+        "train.stop_at_tokens" in t.params and BRANCH_AT_KEY in t.params and "train.start_from_checkpoint" in t.params
+    )
+
+
+def base_of(trials: Sequence[Trial]) -> Optional[Trial]:
+    """The study's base run among `trials` (None when the study branched from another run)."""
+    return next((t for t in trials if BASE_KEY in t.params), None)
+
+
+def branch_ends(trials: Sequence[Trial]) -> List[branch_cbs.BranchEnd]:
+    """The finished branches' eval losses at their ends, B_simple of the base at their branch points."""
+    base = base_of(trials)
+    ends = []
+    for t in trials:
+        if not is_branch(t) or t.outcome != "finished" or not t.eval:
+            continue
+        at, stop = t.number(BRANCH_AT_KEY, int), t.number("train.stop_at_tokens", int)
+        (tokens, loss), se = t.eval[-1], dict(t.eval_se).get(t.eval[-1][0], 0.0)
+        if tokens != stop:
+            continue  # no evaluation at its end: not comparable with the other branches
+        seed = t.number("train.seed", int) or 0
+        ends.append(branch_cbs.BranchEnd(at, t.number(RAMP_CHANGE_KEY, int), loss, se, seed, _at(base, at)))
+    return ends
+
+
+def _at(base: Optional[Trial], tokens: int) -> Optional[float]:
+    """The base run's B_simple at the branch point: its last point at or before it."""
+    points = [v for t, v in (base.b_simple if base else []) if t <= tokens]
+    return points[-1] if points else None
+
+
+def loss_at(trials: Sequence[Trial], tokens: int) -> Optional[float]:
+    """The train loss a branch point was at: the monotone fit of the base run's train/loss there
+    (with `branch.from`, where no base is among the trials, the factor-1 branch's at its start)."""
+    base = base_of(trials)
+    if base is not None:
+        curve = base.train
+    else:
+        starts = [t for t in trials if is_branch(t) and t.number(BRANCH_AT_KEY, int) == tokens]
+        first = min(starts, key=lambda t: t.number(RAMP_CHANGE_KEY, int), default=None)
+        curve = first.train if first else []
+    if not curve:
+        return None
+    fitted = cb.monotone(*map(np.asarray, zip(*curve)))
+    return float(np.interp(tokens, *fitted))
+
+
+def from_scratch(points: List[Dict[str, Any]], trials: Sequence[Trial], scratch: Sequence[Trial]) -> None:
+    """`branch.compare_with`: beside each branch point, the from-scratch sweep's B_crit at the
+    loss the base run was at there (its steps-to-target study with those losses as targets)."""
+    usable = [t for t in scratch if t.batch and t.train and not t.ramped]
+    levels = {p["tokens"]: loss_at(trials, p["tokens"]) for p in points}
+    targets = sorted({v for v in levels.values() if v is not None})
+    fits = steps_to_target.study(usable, swept_axes(usable), targets)["critical_batch"] if usable and targets else []
+    by_target = {f["target_loss"]: f for f in fits}
+    for p in points:
+        p["b_crit_scratch"] = _scratch_entry(by_target.get(levels[p["tokens"]]))
+
+
+def _scratch_entry(fit: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """What a branch point shows of a from-scratch fit: a bound stands in for an unresolved B_crit."""
+    if fit is None:
+        return None
+    b_crit = fit["b_crit"] if fit["b_crit"] is not None else fit["b_crit_bound"]
+    return {
+        "target_loss": fit["target_loss"],
+        "status": fit["status"],
+        "b_crit": b_crit,
+        "b_crit_interval": fit["b_crit_interval"],
+    }
+
+
+def study(
+    trials: Sequence[Trial],
+    tolerance: float = branch_cbs.DEFAULT_TOLERANCE,
+    scratch: Sequence[Trial] = (),
+    scratch_name: Optional[str] = None,
+) -> Optional[Dict[str, Any]]:
+    """The critical batch size along training from a branch study's runs (None: no branches);
+    `scratch`: the runs of the from-scratch sweep `scratch_name` to compare with."""
+    ends = branch_ends(trials)
+    if not ends:
+        return None
+    along = branch_cbs.critical_batch_along(ends, tolerance)
+    if scratch:
+        from_scratch(along, trials, scratch)
+    fit = branch_ramp.power_law_fit(along)
+    base = base_of(trials)
+    branch = next(t for t in trials if is_branch(t))
+    run = base or branch
+    base_batch = branch.number("batch.ramp.0.tokens_per_update", int)
+    total, seq_len, workers = (
+        run.number(k, int) for k in ("train.total_tokens", "data.seq_len", "cluster.num_workers")
+    )
+    ramp = branch_ramp.suggested_ramp(along, fit, base_batch, total, seq_len, workers)
+    alpha = branch.number("batch.ramp_lr_scaling") or 0.0
+    eval_tokens = run.number("train.eval_tokens", int) or 0
+    needed = branch_cbs.eval_tokens_needed(ends, tolerance, eval_tokens) if eval_tokens else None
+    notes = []
+    if needed:
+        notes.append(
+            f"the eval loss's standard error is more than 1/{branch_cbs.SE_PER_TOLERANCE} of the {tolerance:.1%} "
+            f"tolerance: eval noise can move a branch across it; raise train.eval_tokens from {eval_tokens:,} to at "
+            f"least {needed:,}"
+        )
+    if not any(e.loss_se > 0 for e in ends):
+        notes.append("no eval/loss_se was logged: the interval holds only the spread over seeds")
+    return {
+        "loss": "eval/loss at the end of each branch",
+        "tolerance": tolerance,
+        "base_batch": base_batch,
+        "base_run": base.name if base else None,
+        "points": along,
+        "fit": fit,
+        "ramp": ramp,
+        "lr_scaling": alpha,
+        "ramp_yaml": branch_ramp.ramp_yaml(ramp, alpha),
+        "ramp_override": branch_ramp.ramp_override(ramp),
+        "compared_with": scratch_name if scratch else None,
+        "notes": notes,
+    }

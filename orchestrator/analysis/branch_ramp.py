@@ -1,0 +1,227 @@
+"""The branched critical batch size along training (orchestrator/analysis/branch_cbs.py measures it per
+branch point): a power law in tokens fitted to the resolved points (`power_law_fit`) and a batch
+ramp that doubles where the critical batch size passes twice the batch (`suggested_ramp`), as a
+YAML snippet (`ramp_yaml`) and as an override (`ramp_override`). Pure: numpy and scipy."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from scipy import stats
+
+from orchestrator.analysis.branch_cbs import ABOVE, BELOW, RESOLVED
+from orchestrator.analysis.critical_batch import INTERVAL_LEVEL
+
+PointLike = Union[Mapping[str, Any], Tuple[float, float]]
+
+
+def _resolved_points(points: Sequence[PointLike]) -> List[Tuple[float, float]]:
+    out = []
+    for p in points:
+        if isinstance(p, Mapping):
+            if p.get("status") != RESOLVED:
+                continue
+            t, c = p["tokens"], p["cbs"]
+        else:
+            t, c = p
+        if t is not None and c is not None and t > 0 and c > 0 and math.isfinite(t) and math.isfinite(c):
+            out.append((float(t), float(c)))
+    return out
+
+
+def power_law_fit(points: Sequence[PointLike], t_ref: Optional[float] = None) -> Optional[Dict[str, Any]]:
+    """cbs = coef x (tokens / t_ref)^exponent fitted to the resolved points by least squares in
+    log-log (the critical batch size grows roughly as a power of the data seen: about the square
+    root in Merrill et al. and Zhang et al. 2024, so a straight line in log-log is the natural
+    summary, and log errors treat a factor 2 the same at every scale).
+
+    `points`: entries of `critical_batch_along` (only `resolved` ones are used: a bound is not a
+    value) or (tokens, cbs) pairs (taken as resolved). `t_ref` defaults to the geometric mean
+    of the fitted tokens, where the fit's coefficient and exponent are uncorrelated, so `coef` is
+    the fitted critical batch at the middle of the measured range.
+
+    `exponent_interval` is the 90 % interval from the t-distribution with n - 2 degrees of
+    freedom on the residuals of the line (exponent +- t_0.95 x its standard error): a small
+    number of points with independent errors, and no resampling to go wrong with three of them.
+    It is None with exactly two points (the line goes through both: no residual to judge it by).
+    The whole fit is None with fewer than two resolved points or all at the same tokens."""
+    pts = _resolved_points(points)
+    if len(pts) < 2:
+        return None
+    t = np.array([p[0] for p in pts])
+    c = np.array([p[1] for p in pts])
+    if t_ref is None:
+        t_ref = float(np.exp(np.mean(np.log(t))))
+    x = np.log(t / t_ref)
+    y = np.log(c)
+    xc = x - x.mean()
+    sxx = float((xc**2).sum())
+    if sxx <= 0:
+        return None
+    slope = float((xc * (y - y.mean())).sum() / sxx)
+    intercept = float(y.mean() - slope * x.mean())
+    n = len(pts)
+    dof = n - 2
+    interval = None
+    residual_sd = None
+    if dof > 0:
+        resid = y - (intercept + slope * x)
+        residual_sd = float(math.sqrt((resid**2).sum() / dof))
+        half = float(stats.t.ppf(0.5 + INTERVAL_LEVEL / 2, dof)) * residual_sd / math.sqrt(sxx)
+        interval = [slope - half, slope + half]
+    return {
+        "coef": float(math.exp(intercept)),
+        "exponent": slope,
+        "exponent_interval": interval,
+        "t_ref": float(t_ref),
+        "points": n,
+        "residual_sd": residual_sd,
+        "interval": f"t-distribution, {dof} dof" if interval else None,
+    }
+
+
+def fit_value(fit: Mapping[str, Any], tokens: float) -> float:
+    """The fitted critical batch size at `tokens`."""
+    if tokens <= 0:
+        return 0.0 if fit["exponent"] > 0 else math.inf
+    return float(fit["coef"] * (tokens / fit["t_ref"]) ** fit["exponent"])
+
+
+def fit_tokens_at(fit: Mapping[str, Any], cbs: float) -> Optional[float]:
+    """Tokens at which a rising fit reaches `cbs` (None unless the exponent is positive)."""
+    if fit["exponent"] <= 0:
+        return None
+    return float(fit["t_ref"] * (cbs / fit["coef"]) ** (1.0 / fit["exponent"]))
+
+
+# ---------------------------------------------------------------- a batch ramp that follows it
+
+
+def _points_curve(along: Sequence[Mapping[str, Any]]) -> Callable[[float, float], Optional[float]]:
+    """first(level, after) on the measured points, read conservatively (the ramp should not
+    outrun the measurement): a resolved point counts at its value, an `above` one at its lower
+    bound (the largest batch tried), a `below` one at its smallest batch (the base batch: the
+    critical batch is under factor 2, so no reason to grow there), a `not resolved` one not at
+    all. Between points the curve is linear in log-log; before the first point it is unknown, so
+    zero (no doubling); after the last it holds the last value (no extrapolation: Merrill et al.
+    see the critical batch size plateau)."""
+    knots = []
+    for p in along:
+        t, status = p.get("tokens"), p.get("status")
+        if t is None or t <= 0:  # not on a log axis
+            continue
+        if status in (RESOLVED, ABOVE) and p.get("cbs"):
+            knots.append((float(t), float(p["cbs"])))
+        elif status == BELOW and p.get("batches"):
+            knots.append((float(t), float(p["batches"][0])))
+    knots.sort()
+    lt = np.log([k[0] for k in knots]) if knots else np.array([])
+    lc = np.log([k[1] for k in knots]) if knots else np.array([])
+
+    def first(level: float, after: float) -> Optional[float]:
+        if not knots:
+            return None
+        ll = math.log(level)
+        for i in range(len(knots)):
+            left = max(after, knots[i][0])
+            last = i == len(knots) - 1
+            if not last and left >= knots[i + 1][0]:
+                continue
+            if last:
+                return left if lc[i] >= ll else None
+            # the log-log line over [t_i, t_i+1] is monotone: if it reaches the level, past `left`
+            at_left = lc[i] + (math.log(left) - lt[i]) * (lc[i + 1] - lc[i]) / (lt[i + 1] - lt[i])
+            if at_left >= ll:
+                return left
+            if lc[i + 1] >= ll:
+                return float(math.exp(lt[i] + (ll - lc[i]) / (lc[i + 1] - lc[i]) * (lt[i + 1] - lt[i])))
+        return None
+
+    return first
+
+
+def _fit_curve(fit: Mapping[str, Any]) -> Callable[[float, float], Optional[float]]:
+    def first(level: float, after: float) -> Optional[float]:
+        t = fit_tokens_at(fit, level)
+        return None if t is None else max(t, after)
+
+    return first
+
+
+def suggested_ramp(
+    along: Sequence[Mapping[str, Any]],
+    fit: Optional[Mapping[str, Any]],
+    base_batch: int,
+    total_tokens: int,
+    seq_len: int,
+    num_workers: int,
+) -> List[Dict[str, int]]:
+    """A batch ramp for `batch.ramp`: start at the base batch and double it whenever the
+    measured critical batch size passes twice the current batch (Merrill et al.'s batch-size
+    warmup), so the batch stays between half the critical batch size and it once it has grown
+    past the base: each doubling is then (almost) free in loss per token and halves the steps.
+
+    The critical batch size followed is the power-law fit where there is one with a positive
+    exponent (over the whole budget: past the last branch point it extrapolates the law), else
+    the measured points interpolated in log-log and read conservatively (see _points_curve).
+
+    Each step is {"from_tokens": T, "tokens_per_update": B}, the first {0, base_batch}. A change
+    due at tokens t* (the curve reaches twice the current batch there) is placed at t* rounded
+    down to whole updates of the previous batch counted from its own start (so each segment is
+    whole updates, as batch.ramp requires: T_new <= t* < T_new + B_prev), but at least one update
+    after the previous change (when the curve passes several doublings within one update, they
+    come one update apart). Every B is base_batch x a power of 2, so a multiple of seq_len x
+    num_workers whenever base_batch is (checked: ValueError otherwise). No change is placed
+    where the new batch would not fit one whole update before `total_tokens`."""
+    unit = seq_len * num_workers
+    if seq_len <= 0 or num_workers <= 0:
+        raise ValueError(f"seq_len and num_workers are positive, got {seq_len} and {num_workers}")
+    if base_batch <= 0 or base_batch % unit:
+        raise ValueError(
+            f"base_batch {base_batch:,} must be a positive multiple of seq_len x num_workers = {unit:,}: "
+            "every update splits into whole sequences on every worker"
+        )
+    if total_tokens < base_batch:
+        raise ValueError(f"total_tokens {total_tokens:,} is less than one update of the base batch {base_batch:,}")
+    use_fit = fit is not None and fit.get("exponent") is not None and fit["exponent"] > 0
+    first = _fit_curve(fit) if use_fit else _points_curve(along)  # type: ignore[arg-type]
+    steps = [{"from_tokens": 0, "tokens_per_update": int(base_batch)}]
+    start, batch = 0, int(base_batch)
+    while True:
+        due = first(2.0 * batch, float(start))
+        if due is None or due >= total_tokens:
+            break
+        at = start + max(1, int((due - start) // batch)) * batch
+        if at + 2 * batch > total_tokens:
+            break
+        start, batch = at, 2 * batch
+        steps.append({"from_tokens": int(start), "tokens_per_update": int(batch)})
+    return steps
+
+
+def _flow(step: Mapping[str, Any]) -> str:
+    return f"{{from_tokens: {int(step['from_tokens'])}, tokens_per_update: {int(step['tokens_per_update'])}}}"
+
+
+def ramp_yaml(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, str, float] = None) -> str:
+    """The ramp as a YAML snippet to paste into a train config:
+
+        batch:
+          ramp:
+            - {from_tokens: 0, tokens_per_update: 8192}
+            - {from_tokens: 1048576, tokens_per_update: 16384}
+
+    With `lr_scaling` (sqrt, linear, an exponent; the branch study's own, so the ramp's lr
+    follows what the branches measured) it adds `ramp_lr_scaling`."""
+    lines = ["batch:", "  ramp:"] + [f"    - {_flow(s)}" for s in steps]
+    if lr_scaling is not None:
+        lines.append(f"  ramp_lr_scaling: {lr_scaling}")
+    return "\n".join(lines) + "\n"
+
+
+def ramp_override(steps: Sequence[Mapping[str, Any]]) -> str:
+    """The ramp as one command-line override, `orchestrator train CONFIG '<this>'` (quoted: it
+    holds spaces): batch.ramp=[{from_tokens: 0, tokens_per_update: 8192}, ...]."""
+    return "batch.ramp=[" + ", ".join(_flow(s) for s in steps) + "]"

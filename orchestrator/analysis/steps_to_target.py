@@ -1,0 +1,349 @@
+"""The critical batch size of a sweep: steps to target losses per batch size, the fit, its seed
+bootstrap and the diagnostics that say when not to trust it (the rules are stated in
+orchestrator/analysis/sweep_analysis.py's docstring; the arithmetic is orchestrator/analysis/critical_batch.py). Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from orchestrator.analysis import critical_batch as cb
+from orchestrator.analysis import diagnostics
+from orchestrator.analysis.trials import Config, Trial, by_batch, lr_scans
+
+TARGET_FRACTIONS = (0.1, 0.3, 0.6)
+"""Chosen targets: L_end + f (L_a - L_end), f the share of the way back up to the start level."""
+END_SHARE = 0.1
+MIN_BATCH_SIZES = 3
+LACK_OF_FIT_P = 0.05
+RESAMPLES, SEED = 1000, 0
+
+
+# ---------------------------------------------------------------- levels
+
+
+def start_level(usable: Sequence[Trial], smoothing: float = 0.0) -> Optional[float]:
+    """L_a: the lowest loss any run that did not fail had at the end of its warmup. Without any
+    warmup, steps count from 0 and L_a is the median first loss (the first point of a fast
+    falling curve is a block of one in its monotone fit, and the lowest of them would be luck)."""
+    runs = [t for t in usable if t.outcome != "failed"]
+    if not any(t.warmup_tokens for t in runs):
+        return float(np.median([t.train[0][1] for t in runs])) if runs else None
+    values = [cb.value_at(t.curve(smoothing), t.warmup_tokens) for t in runs]
+    return min(values) if values else None
+
+
+def end_level(t: Trial) -> Optional[float]:
+    """A run's loss at the end of its trusted part: the median of its train/loss points over the
+    last END_SHARE of it. Not the monotone fit's last value: the end of an isotonic fit is its
+    noisiest point (one low point can be a block of its own), which set targets below a noise
+    floor that no run reaches."""
+    end = t.stable_end()
+    values = [v for tok, v in t.train if end * (1 - END_SHARE) <= tok <= end]
+    return float(np.median(values)) if values else None
+
+
+def choose_targets(usable: Sequence[Trial], start: Optional[float]) -> List[float]:
+    """Loss levels below L_a that the best run of every batch size reaches in its trusted part."""
+    ends = {}
+    for b, group in by_batch(usable).items():
+        at_end = [x for t in group if t.outcome != "failed" and t.tokens_seen >= t.stable_end() and (x := end_level(t))]
+        if at_end:
+            ends[b] = min(at_end)
+    if not ends or start is None or start <= max(ends.values()):
+        return []
+    worst = max(ends.values())
+    return sorted(worst + f * (start - worst) for f in TARGET_FRACTIONS)
+
+
+# ---------------------------------------------------------------- one batch size
+
+
+@dataclass
+class Batch:
+    """One batch size's lr scans and the log steps of every seed to every target."""
+
+    batch: int
+    scans: List[List[Config]]
+    log_steps: List[List[np.ndarray]]
+    """[scan][config] -> [seeds, targets]; NaN where a seed did not reach the target."""
+    reached_at: List[List[np.ndarray]]
+    """[scan][config] -> [seeds, targets] tokens from the run's start to the target."""
+
+    def means(self) -> List[np.ndarray]:
+        """[scan] -> [configs, targets] mean log steps over seeds (NaN unless every seed reached)."""
+        return [np.array([s.mean(axis=0) for s in scan]) for scan in self.log_steps]
+
+    def pure_error(self, k: int) -> Tuple[float, int]:
+        """At target k: (sum of squared seed deviations from their configuration's mean, degrees
+        of freedom), pooled over the configurations whose seeds all reach it."""
+        runs = [s[:, k] for scan in self.log_steps for s in scan if len(s) > 1 and np.isfinite(s[:, k]).all()]
+        return float(sum(((r - r.mean()) ** 2).sum() for r in runs)), sum(len(r) - 1 for r in runs)
+
+    def resample(self, rng: np.random.Generator, n: int) -> Optional[List[np.ndarray]]:
+        """[scan] -> [n, configs, targets]: every configuration's seeds redrawn from the pooled
+        deviations (scaled by sqrt(K / (K - 1))) of the configurations that reach the lowest
+        target any reaches here, one deviation vector over all targets per draw; None without
+        replicates."""
+        runs = [s for scan in self.log_steps for s in scan]
+        reached = [np.isfinite(s).all(axis=0) for s in runs]
+        lowest = min((int(np.flatnonzero(r).min()) for r in reached if r.any()), default=None)  # targets ascend
+        pool = [
+            (s - s.mean(axis=0)) * math.sqrt(len(s) / (len(s) - 1))
+            for s, r in zip(runs, reached)
+            if len(s) > 1 and lowest is not None and r[lowest]
+        ]
+        if not pool:
+            return None
+        deviations = np.concatenate(pool)
+        out = []
+        for scan in self.log_steps:
+            draws = [
+                s.mean(axis=0) + deviations[rng.integers(0, len(deviations), (n, len(s)))].mean(axis=1) for s in scan
+            ]
+            out.append(np.stack(draws, axis=1))
+        return out
+
+
+def batch_table(
+    b: int, trials: Sequence[Trial], axes: Sequence[str], start: float, targets: Sequence[float], smoothing: float
+) -> Batch:
+    scans = lr_scans(trials, axes)
+    log_steps, reached_at = [], []
+    for scan in scans:
+        log_steps.append([])
+        reached_at.append([])
+        for config in scan:
+            steps, tokens = [], []
+            for t in config.trials:
+                t0 = (t.reach(start, smoothing) if t.warmup_tokens else 0.0) if t.outcome != "failed" else None
+                ends = [t.reach(target, smoothing) if t0 is not None else None for target in targets]
+                steps.append([math.log((e - t0) / b) if e is not None and e > t0 else math.nan for e in ends])
+                tokens.append([math.nan if e is None else e for e in ends])
+            log_steps[-1].append(np.array(steps, np.float64).reshape(len(config.trials), len(targets)))
+            reached_at[-1].append(np.array(tokens, np.float64).reshape(len(config.trials), len(targets)))
+    return Batch(b, scans, log_steps, reached_at)
+
+
+@dataclass
+class Best:
+    """The fewest steps over lr at one batch size, per target (leading axes: resamples)."""
+
+    steps: np.ndarray
+    """[..., targets]; inf where no configuration reaches the target."""
+    interpolation: np.ndarray
+    """[..., targets] log(steps of the best configuration tried / steps): how far the lr parabola
+    moved the answer, the scale of its own error (its error over grid offsets has about this
+    size: README, critical batch size)."""
+    scan: np.ndarray
+    optimum: List[cb.Optimum]
+    """Per scan, over [..., targets]."""
+
+
+def fewest_steps(batch: Batch, means: List[np.ndarray]) -> Best:
+    """means: [scan] -> [..., configs, targets] mean log steps. The speed 1 / S (NaN when not
+    reached) is maximised over the lr by critical_batch.best_over, then over the scans."""
+    optima, speeds = [], []
+    for scan, m in zip(batch.scans, means):
+        opt = cb.best_over([c.lr or 0.0 for c in scan], np.moveaxis(np.exp(-m), -2, -1), maximize=True)
+        optima.append(opt)
+        speeds.append(np.nan_to_num(opt.value, nan=0.0))
+    speeds = np.stack(speeds)  # [scans, ..., targets]
+    scan = np.argmax(speeds, axis=0)
+    best = np.take_along_axis(speeds, scan[None], 0)[0]
+    tried = np.nan_to_num(np.take_along_axis(np.stack([o.at_index for o in optima]), scan[None], 0)[0], nan=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps = np.where(best > 0, 1.0 / best, np.inf)
+        gap = np.where((best > 0) & (tried > 0), np.log(best / np.where(tried > 0, tried, 1.0)), 0.0)
+    return Best(steps, gap, scan, optima)
+
+
+# ---------------------------------------------------------------- the study
+
+
+def study(
+    usable: Sequence[Trial],
+    axes: Sequence[str],
+    given: Optional[Sequence[float]],
+    smoothing: float = 0.0,
+    primary_target: Optional[float] = None,
+) -> Dict[str, Any]:
+    """critical_batch (one entry per target), primary, trend and the start level.
+    `primary_target`: a loss the user named (a bracket search's search.target_loss): added to the
+    targets and the primary whatever its status."""
+    start = start_level(usable, smoothing)
+    targets = sorted(given) if given else choose_targets(usable, start)
+    if primary_target is not None:  # it replaces a chosen target within half a percent of it
+        targets = sorted({primary_target, *(t for t in targets if abs(t / primary_target - 1) > 0.005)})
+    empty = {"start_level": start, "critical_batch": [], "primary": None, "trend": diagnostics.trend([], [], None, [])}
+    if not targets or start is None:
+        return empty
+    reachable = [t for t in targets if t < start]
+    batches = [batch_table(b, group, axes, start, reachable, smoothing) for b, group in by_batch(usable).items()]
+    points = [fewest_steps(b, b.means()) for b in batches]
+    rng = np.random.default_rng(SEED)
+    resampled = [b.resample(rng, RESAMPLES) for b in batches]
+    boots = [fewest_steps(b, r).steps if r is not None else None for b, r in zip(batches, resampled)]
+    fits, boot_b_crit = [], []
+    for target in targets:
+        if target >= start:
+            fits.append(_above_start(target, start))
+            boot_b_crit.append(None)
+            continue
+        k = reachable.index(target)
+        fit, boot = _target(usable, batches, points, boots, k, target)
+        fits.append(fit)
+        boot_b_crit.append(boot)
+    resolved = [i for i, f in enumerate(fits) if f["status"] == "resolved"]
+    primary = fits[resolved[0]] if resolved else fits[0]
+    if primary_target is not None:
+        primary = fits[targets.index(primary_target)]
+    flagged = [f["target_loss"] for f in fits if f["lack_of_fit"]["flagged"]]
+    if flagged and not primary["lack_of_fit"]["flagged"]:
+        primary["notes"].append(
+            "lack of fit at loss " + ", ".join(f"{x:.4g}" for x in flagged) + ": the hyperbola describes these "
+            "batch sizes poorly, so distrust this B_crit too"
+        )
+    trend = diagnostics.trend(fits, resolved, boot_b_crit, targets)
+    return {"start_level": start, "critical_batch": fits, "primary": primary, "trend": trend}
+
+
+def _above_start(target: float, start: float) -> Dict[str, Any]:
+    note = f"not resolved: the target is not below L_a = {start:.4g}, where steps are counted from (end of warmup)"
+    return _entry(target, "not resolved", None, [], [], notes=[note])
+
+
+def _entry(target, status, fit, points, missing, **extra) -> Dict[str, Any]:
+    entry = {
+        "target_loss": target,
+        "status": status,
+        "b_crit": None,
+        "b_crit_bound": None,
+        "b_crit_fit": None if fit is None else float(fit.b_crit),
+        "b_crit_interval": None,
+        "s_min": None if fit is None else float(fit.s_min),
+        "e_min": None if fit is None else float(fit.e_min),
+        "b_simple": None,
+        "lack_of_fit": {"p": None, "flagged": False, "dof": None},
+        "points": points,
+        "missing": missing,
+        "notes": [],
+    }
+    entry.update(extra)
+    return entry
+
+
+def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, target: float):
+    """The fit at target k and its bootstrap B_crit (None without one). Each resample also
+    moves every point by its lr interpolation's error scale (independently per target)."""
+    jitter = np.random.default_rng([SEED, k])
+    rows, missing, spreads, boot_cols, dof = [], [], [], [], 0
+    for b, best, boot in zip(batches, points, boots):
+        if not math.isfinite(best.steps[k]):
+            missing.append(b.batch)
+            continue
+        rows.append(_point(b, best, k))
+        sq, n = b.pure_error(k)
+        gap = float(best.interpolation[k])
+        spreads.append((sq, n, rows[-1]["seeds"], gap))
+        dof += n
+        if boot is not None:
+            boot = boot[:, k] * np.exp(gap * jitter.standard_normal(len(boot)))
+        boot_cols.append(boot)
+    sizes = [r["batch"] for r in rows]
+    variances = _variances(spreads)
+    weighted = variances is not None
+    weights = [1 / v for v in variances[0]] if weighted else None
+    fit = None
+    if len(set(sizes)) >= 2:
+        one = cb.fit(sizes, [[r["steps"] for r in rows]], weights)
+        fit = cb.Fit(one.s_min[0], one.b_crit[0], one.sse[0], one.at_grid_edge[0])
+    notes = []
+    if len(rows) < MIN_BATCH_SIZES:
+        status = "not resolved"
+        notes.append(f"not resolved: B_crit needs {MIN_BATCH_SIZES} batch sizes that reach this loss; {len(rows)} did")
+    elif fit.b_crit < min(sizes):
+        status = "below"
+        notes.append(
+            f"below: the fit puts B_crit under the smallest batch size that reaches this loss ({min(sizes):,}); "
+            "sweep smaller batch sizes to resolve it"
+        )
+    elif fit.b_crit > max(sizes):
+        status = "above"
+        notes.append(
+            f"above: steps still fall nearly as 1/B at the largest batch size ({max(sizes):,}); "
+            "sweep larger batch sizes to resolve it"
+        )
+    else:
+        status = "resolved"
+    entry = _entry(target, status, fit, rows, missing)
+    boot_b_crit = None
+    if status == "resolved":
+        entry["b_crit"] = float(fit.b_crit)
+        if weighted and all(c is not None for c in boot_cols):
+            boot_b_crit = cb.fit(sizes, np.stack(boot_cols, axis=1), weights).b_crit
+            entry["b_crit_interval"] = list(cb.percentile_interval(boot_b_crit))
+        else:
+            notes.append("no interval: one seed per configuration (search.seeds >= 2 gives one)")
+    elif status in ("below", "above"):
+        entry["b_crit_bound"] = min(sizes) if status == "below" else max(sizes)
+    if weighted and fit is not None:
+        predicted = np.log(fit.s_min * (1 + fit.b_crit / np.asarray(sizes, np.float64)))
+        residuals = np.log([r["steps"] for r in rows]) - predicted
+        p = cb.lack_of_fit(float(np.sum(residuals**2 / np.asarray(variances[1]))), len(rows), dof)
+        flagged = p is not None and p < LACK_OF_FIT_P
+        entry["lack_of_fit"] = {"p": p, "flagged": flagged, "dof": dof}
+        if flagged:
+            notes.append(
+                f"lack of fit: the steps depart from S_min + E_min / B by more than the seeds' spread explains "
+                f"(p = {p:.2g}); B_crit is a summary, not a measurement"
+            )
+    entry["notes"] = notes + diagnostics.notes(usable, entry, missing)
+    measured = [p["b_simple"] for p in rows if p["b_simple"] is not None]
+    entry["b_simple"] = float(np.median(measured)) if measured else None
+    return entry, boot_b_crit
+
+
+def _variances(spreads) -> Optional[Tuple[List[float], List[float]]]:
+    """(variance of each point's seed mean of log steps, the same plus the square of the lr
+    interpolation's error scale); None without replicates. The fit weighs by the first: on the
+    known-truth worlds weighing by the second biased B_crit (the interpolation's error is not
+    noise of the point's own); the lack-of-fit test and the bootstrap use the second."""
+    if not spreads or any(n == 0 or sq <= 0 for sq, n, _, _ in spreads):
+        return None
+    seeds = [sq / n / k for sq, n, k, _ in spreads]
+    return seeds, [v + g * g for v, (_, _, _, g) in zip(seeds, spreads)]
+
+
+def _point(b: Batch, best: Best, k: int) -> Dict[str, Any]:
+    s = int(best.scan[k])
+    opt = best.optimum[s]
+    config = b.scans[s][int(opt.index[k])]
+    crossings = b.reached_at[s][int(opt.index[k])][:, k]
+    b_simple = [x for t, tok in zip(config.trials, crossings) if (x := t.b_simple_at(tok)) is not None]
+    clipped = [x for t, tok in zip(config.trials, crossings) if (x := t.clipped_before(tok)) is not None]
+    walls = [t.duration_s * min(1.0, tok / t.tokens_seen) for t, tok in zip(config.trials, crossings) if t.duration_s]
+    return {
+        "batch": b.batch,
+        "steps": float(best.steps[k]),
+        "tokens": float(best.steps[k] * b.batch),
+        "tokens_to_target": float(np.mean(crossings)),
+        "lr": float(opt.position[k]) or None,
+        "lr_edge": opt.edge_word(k),
+        "seeds": len(config.trials),
+        "run_id": config.trials[0].run_id,
+        "run_name": config.trials[0].name,
+        "wall_s": float(np.mean(walls)) if walls else None,
+        "b_simple": float(np.mean(b_simple)) if b_simple else None,
+        "clipped": float(np.mean(clipped)) if clipped else None,
+    }
+
+
+def best_lr_rows(result_study: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per batch size the lr of fewest steps to the primary target (lr_criterion steps)."""
+    primary = result_study["primary"] or {"points": []}
+    return [{"batch": p["batch"], "lr": p["lr"], "lr_edge": p["lr_edge"]} for p in primary["points"]]

@@ -1,0 +1,238 @@
+"""What a sweep answers, computed from its trials (pure: no MLflow; `report.py` reads and writes).
+
+Rules, so that a reader can check every number (batch sizes, budgets and positions in tokens; a
+loss sits at the tokens the weights that produced it had seen, so the first is at 0):
+- Finished: ended FINISHED with the whole (rounded) budget seen. Stopped: ended early by the
+  scheduler (tagged with its rung) or killed. Failed: FAILED. Final-loss comparisons use
+  finished trials only; `sweep` and `report` both apply `Trial.outcome`.
+- Swept axes: the config keys whose values differ between trials (derived keys and the seed
+  aside). A configuration is one value of every axis but the batch size; its seeds are
+  replicates. Configurations that differ only in the learning rate form an lr scan.
+- Final loss: the last eval/loss when every finished trial has one, else the end of the monotone
+  fit of train/loss. The best learning rate per batch size by final loss is the minimum of a
+  quadratic in log lr through the best configuration of a scan and its neighbours (a neighbour
+  that failed brackets it, the parabola then takes the other side); a best at the lowest or
+  highest lr tried is flagged.
+- Curves are read through a monotone (isotonic) fit of train/loss, so no smoothing window moves
+  a crossing, and only where the schedule cannot fake progress (schedules.stable_end_tokens:
+  before wsd's decay, all of constant, the first half of cosine and linear, with a warning).
+  Otherwise every run would reach the lowest targets in its final anneal, whatever its B.
+- Warmup: steps are counted from the start level L_a, the lowest loss any run had at the end of
+  its warmup, to the target. Every run crosses L_a after its warmup, so no warmup steps enter
+  S_j (with a constant lr after warmup, the model's steps between two losses are exactly
+  S_min (1 + B_noise / B)); targets must lie below L_a. Without warmup steps count from 0.
+- Targets when none are given (steps_to_target.choose_targets): L_end = the worst, over batch
+  sizes, of the best median loss over the last END_SHARE of the trusted part;
+  L_end + f (L_a - L_end) for f in TARGET_FRACTIONS.
+- S_j: per configuration the mean over seeds of log steps (every seed must reach the target);
+  the fewest over lr from a parabola in the lr of the speed 1 / S through the best and its
+  neighbours (critical_batch.best_over: a configuration that failed or never reaches the target
+  brackets the best but has no value); the best lr scan over the other axes. A best at an edge
+  of the lrs tried is flagged and makes S_j an upper bound.
+- Fit (critical_batch.fit): S = S_min (1 + B_crit / B) in log steps, each point weighted by the
+  inverse variance of its seed mean (seed deviations pooled within the batch size); unweighted
+  with one seed. Status: not resolved (fewer than MIN_BATCH_SIZES batch sizes reach the target),
+  below (B_crit under the smallest B that does), above (over the largest), else resolved.
+- Interval (two or more seeds): a 90% bootstrap (steps_to_target.Batch.resample) that redraws
+  every configuration's seeds from its batch size's pooled deviations, jointly for all targets,
+  moves each point by its lr interpolation's error scale, and redoes the interpolation, the
+  choice of configuration and the fit in each resample.
+  Lack of fit: F test of the weighted residuals against the seeds' own spread, flagged at
+  p < LACK_OF_FIT_P. Trend (diagnostics.trend): the slope of log B_crit on log target loss over
+  the resolved targets, with its bootstrap interval, beside the same slope of B_simple. The
+  other notes that say when not to trust a number: diagnostics.notes.
+- Primary target: the loss the sweep named (a bracket search's search.target_loss), else the
+  lowest resolved one, else the first.
+- B_simple at a target: per batch size the best configuration's gns/b_simple where its seeds
+  reach it (mean), median over batch sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from orchestrator.analysis import branch_analysis, branch_cbs, steps_to_target
+from orchestrator.analysis import critical_batch as cb
+from orchestrator.analysis.trials import LR_KEY, SEED_KEY, Trial, by_batch, lr_scans, settings, swept_axes
+
+# ---------------------------------------------------------------- best configurations
+
+
+def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) -> List[Dict[str, Any]]:
+    """Per batch size the best configuration by mean final loss over its seeds, and the best lr
+    by a quadratic in log lr through it (module docstring). A configuration with a trial that
+    failed or was stopped counts as worse than any; one still running is left out."""
+    rows = []
+    for b, group in by_batch(usable).items():
+        scored = []  # (loss, lr optimum, scan, index)
+        for scan in lr_scans(group, axes):
+            scan = [c for c in scan if all(t.outcome != "incomplete" for t in c.trials)]
+            finals = [[t.final(metric) if t.outcome == "finished" else None for t in c.trials] for c in scan]
+            losses = [float(np.mean(f)) if all(x is not None for x in f) else math.nan for f in finals]
+            if scan and any(math.isfinite(x) for x in losses):
+                opt = cb.best_over([c.log_lr for c in scan], np.array(losses), maximize=False)
+                scored.append((float(losses[opt.index]), opt, scan, finals))
+        if not scored:
+            continue
+        loss, opt, scan, finals = min(scored, key=lambda s: s[0])
+        chosen = scan[int(opt.index)]
+        best = min(chosen.trials, key=lambda t: t.final(metric))
+        spread = float(np.std(finals[int(opt.index)])) if len(chosen.trials) > 1 else None
+        rows.append(
+            {
+                "batch": b,
+                "settings": settings(best, axes),
+                "final_loss": loss,
+                "spread": spread,
+                "seeds": len(chosen.trials),
+                "lr": _lr(opt),
+                "lr_edge": opt.edge_word(),
+                "run_id": best.run_id,
+                "run_name": best.name,
+                "configurations": sum(len(s[2]) for s in scored),
+                "edges": _edges(best, group, axes),
+            }
+        )
+    return rows
+
+
+def _lr(opt: cb.Optimum) -> Optional[float]:
+    return float(math.exp(opt.position)) if math.isfinite(float(opt.position)) else None
+
+
+def _edges(best: Trial, tried: Sequence[Trial], axes: Sequence[str]) -> Dict[str, str]:
+    """Numeric axes whose best value is the lowest or highest of the values tried (three or more
+    for axes but the lr, two or more for the lr): the optimum may lie outside the swept range."""
+    edges = {}
+    for key in axes:
+        try:
+            values = sorted({float(t.params[key]) for t in tried})
+            mine = float(best.params[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if len(values) >= (2 if key == LR_KEY else 3) and mine in (values[0], values[-1]):
+            edges[key] = "lowest" if mine == values[0] else "highest"
+    return edges
+
+
+def lr_scaling(best: Sequence[Dict[str, Any]], axes: Sequence[str]) -> Dict[str, Any]:
+    """The power law lr_opt ~ coef * B^alpha through the interpolated best lrs that are interior."""
+    if LR_KEY not in axes:
+        return {"coef": None, "alpha": None, "points": 0, "note": "the learning rate was not swept"}
+    points = [(r["batch"], r["lr"]) for r in best if r["lr"] and r["lr_edge"] is None]
+    if len({b for b, _ in points}) < 3:
+        return {
+            "coef": None,
+            "alpha": None,
+            "points": len(points),
+            "note": f"the lr power law needs 3 batch sizes with an interior best lr; {len(points)} have one",
+        }
+    x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+    alpha, log_coef = np.polyfit(x, y, 1)
+    return {"coef": float(math.exp(log_coef)), "alpha": float(alpha), "points": len(points), "note": None}
+
+
+def stopped_early(trials: Sequence[Trial]) -> Dict[str, Any]:
+    """How many runs the scheduler stopped, and at which rungs (tokens -> count)."""
+    stopped = [t for t in trials if t.outcome == "stopped"]
+    rungs: Dict[int, int] = {}
+    for t in stopped:
+        if t.stopped_at is not None:
+            rungs[t.stopped_at] = rungs.get(t.stopped_at, 0) + 1
+    return {"count": len(stopped), "rungs": dict(sorted(rungs.items()))}
+
+
+def optimizer_forms(trials: Sequence[Trial]) -> Dict[str, Dict[str, int]]:
+    """How many runs gave beta2 and weight decay per step, or in tokens (README: optimizer keys);
+    an SGD run (optim.name=sgd) has no beta2."""
+    forms: Dict[str, Dict[str, int]] = {"beta2": {}, "weight_decay": {}}
+    for t in trials:
+        for name, token_key in (
+            ("beta2", "optim.beta2_half_life_tokens"),
+            ("weight_decay", "optim.weight_decay_timescale_share"),
+        ):
+            if name == "beta2" and t.params.get("optim.name") == "sgd":
+                continue
+            form = "tokens" if t.number(token_key) else "per step"
+            forms[name][form] = forms[name].get(form, 0) + 1
+    return forms
+
+
+# ---------------------------------------------------------------- the whole answer
+
+
+def analyse(
+    trials: Sequence[Trial],
+    target_losses: Optional[Sequence[float]] = None,
+    lr_criterion: str = "final_loss",
+    smoothing_tokens: float = 0.0,
+    primary_target: Optional[float] = None,
+    branch_tolerance: float = branch_cbs.DEFAULT_TOLERANCE,
+    compare_with: Optional[Tuple[str, Sequence[Trial]]] = None,
+) -> Dict[str, Any]:
+    """The report's numbers. lr_criterion: which best lr per batch size the report names,
+    `final_loss` or `steps` (fewest steps to the primary target). primary_target: a loss the
+    user named (a bracket search's search.target_loss), reported at and made the primary.
+    compare_with: a branch study's `branch.compare_with`, (the sweep's name, its runs)."""
+    if lr_criterion not in ("final_loss", "steps"):
+        raise ValueError(f"lr_criterion {lr_criterion!r}: final_loss or steps")
+    usable = [t for t in trials if t.batch and t.train]
+    if not usable:
+        raise ValueError("no run has both batch.tokens_per_update and a train/loss curve")
+    axes = swept_axes(usable)
+    finished = [t for t in usable if t.outcome == "finished"]
+    metric = "eval/loss" if finished and all(t.eval for t in finished) else "train/loss"
+    best = best_per_batch(usable, axes, metric)
+    study = steps_to_target.study(usable, axes, target_losses, smoothing_tokens, primary_target)
+    per_batch = steps_to_target.best_lr_rows(study) if lr_criterion == "steps" else best
+    name, scratch = compare_with or (None, ())
+    branches = branch_analysis.study(trials, branch_tolerance, scratch, name)  # None unless a branch study
+    return {
+        "branch": branches,
+        "branch_cbs": branches["points"] if branches else [],
+        "branch_fit": branches["fit"] if branches else None,
+        "loss_metric": metric,
+        "axes": axes,
+        "targets_chosen": not target_losses,
+        "primary_target": primary_target,
+        "start_level": study["start_level"],
+        "smoothing_tokens": smoothing_tokens,
+        "lr_criterion": lr_criterion,
+        "finished": len(finished),
+        "stopped": stopped_early(usable),
+        "failed": sum(t.outcome == "failed" for t in usable),
+        "incomplete": sum(t.outcome == "incomplete" for t in usable),
+        "best": min(best, key=lambda r: r["final_loss"]) if best else None,
+        "best_per_batch": best,
+        "best_lr": [{"batch": r["batch"], "lr": r["lr"], "edge": r["lr_edge"]} for r in per_batch],
+        "lr_scaling": lr_scaling(per_batch, axes),
+        "critical_batch": study["critical_batch"],
+        "primary": study["primary"],
+        "trend": study["trend"],
+        "optimizer": optimizer_forms(usable),
+        "trials": [row(t, metric) for t in usable],
+        "skipped": [t.name for t in trials if t not in usable],
+    }
+
+
+def row(t: Trial, metric: str) -> Dict[str, Any]:
+    return {
+        "run_id": t.run_id,
+        "run_name": t.name,
+        "status": t.status,
+        "outcome": t.outcome,
+        "batch": t.batch,
+        "lr": t.lr,
+        "seed": t.params.get(SEED_KEY),
+        "warmup_tokens": t.params.get("schedule.warmup_tokens"),
+        "decay": t.params.get("schedule.decay"),
+        "final_loss": t.final(metric),
+        "final_train": t.final("train/loss"),
+        "final_eval": t.final("eval/loss"),
+        "tokens": t.tokens_seen,
+        "stopped_at": t.stopped_at,
+        "wall_s": t.duration_s,
+    }

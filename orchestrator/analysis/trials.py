@@ -1,0 +1,198 @@
+"""A run as the analysis sees it (`Trial`: its params and curves as (tokens, value)), and how
+runs group into swept axes, batch sizes and learning-rate scans. Pure: report.py builds Trials
+from MLflow, results.py from trials.csv and curves.csv; analysis.py and steps_to_target.py read them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from orchestrator.analysis import critical_batch as cb
+from orchestrator.formulas import schedules
+
+BATCH_KEY, LR_KEY, SEED_KEY = "batch.tokens_per_update", "optim.lr", "train.seed"
+RAMP_CHANGE_KEY = "batch.ramp.1.tokens_per_update"
+"""The param of a batch.ramp's second step (MLflow holds the ramp flattened): present when it changes B."""
+DERIVED = {
+    "train.run_name",
+    "train.total_steps",
+    "train.total_tokens_rounded",
+    "batch.grad_accum_steps",
+    "batch.micro_batch_size",
+    "optim.beta2_effective",
+    "optim.weight_decay_effective",
+    SEED_KEY,
+}
+"""Params that differ between runs without being swept (or, the seed, that are replicates)."""
+Curve = List[Tuple[int, float]]
+
+
+@dataclass(eq=False)
+class Trial:
+    """One run as the analysis needs it: its params and curves as (tokens, value)."""
+
+    run_id: str
+    name: str
+    status: str
+    params: Dict[str, str]
+    train: Curve
+    eval: Curve = field(default_factory=list)
+    b_simple: Curve = field(default_factory=list)
+    clipped: Curve = field(default_factory=list)
+    """train/clipped: 1 where the update's gradient was clipped."""
+    eval_se: Curve = field(default_factory=list)
+    """eval/loss_se: the standard error of each eval/loss point (over the eval micro-batches)."""
+    duration_s: Optional[float] = None
+    stopped_at: Optional[int] = None
+    """Tokens of the scheduler's rung at which the run was stopped early."""
+    trial_id: Optional[str] = None
+    """The Ray Tune trial the run belongs to (sweeps only)."""
+    _fits: Dict[float, Any] = field(default_factory=dict, repr=False)
+
+    def number(self, key: str, kind=float) -> Any:
+        try:
+            value = float(self.params[key])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return kind(value) if math.isfinite(value) else None
+
+    @property
+    def ramped(self) -> bool:
+        """Trained along a batch.ramp of more than one batch size."""
+        return RAMP_CHANGE_KEY in self.params
+
+    @property
+    def batch(self) -> Optional[int]:
+        """Its tokens per update; None for a ramped run, which is no point of steps against one
+        batch size, so the analysis leaves it out."""
+        return None if self.ramped else self.number(BATCH_KEY, int)
+
+    @property
+    def lr(self) -> Optional[float]:
+        return self.number(LR_KEY)
+
+    @property
+    def tokens_seen(self) -> int:
+        """A train/loss point at t is the update from t to t + B; eval points are after an update."""
+        last_train = self.train[-1][0] + (self.batch or 0) if self.train else 0
+        return max(last_train, self.eval[-1][0] if self.eval else 0)
+
+    @property
+    def budget(self) -> int:
+        """The tokens the run sees if it finishes: its train.stop_at_tokens (a branch), else its
+        budget rounded down to whole updates."""
+        total = self.number("train.total_tokens", int)
+        if total and self.batch:
+            total = total // self.batch * self.batch
+        stop = self.number("train.stop_at_tokens", int)
+        return stop or self.number("train.total_tokens_rounded", int) or total or self.tokens_seen
+
+    @property
+    def outcome(self) -> str:
+        """finished | stopped | failed | incomplete: the one rule of `sweep` and `report`."""
+        if self.status == "FAILED":
+            return "failed"
+        if self.status == "FINISHED" and self.tokens_seen >= self.budget:
+            return "finished"
+        if self.stopped_at is not None or self.status == "KILLED":
+            return "stopped"
+        return "incomplete"
+
+    @property
+    def warmup_tokens(self) -> float:
+        return self.number("schedule.warmup_tokens") or 0.0
+
+    @property
+    def beta2(self) -> Optional[float]:
+        return self.number("optim.beta2_effective") or self.number("optim.beta2")
+
+    def stable_end(self) -> float:
+        """Where the part of the curve that steps-to-target may use ends (module docstring)."""
+        decay = self.params.get("schedule.decay")
+        if decay not in schedules.DECAYS:
+            return self.budget
+        share = self.number("schedule.wsd_decay_share")
+        return schedules.stable_end_tokens(self.budget, self.warmup_tokens, decay, 0.2 if share is None else share)
+
+    def curve(self, smoothing: float = 0.0):
+        """The monotone fit of train/loss over the trusted part (optionally pre-smoothed)."""
+        if smoothing not in self._fits:
+            end = self.stable_end()
+            points = [(t, v) for t, v in self.train if t <= end] or self.train[:1]
+            tokens, values = map(np.asarray, zip(*points))
+            self._fits[smoothing] = cb.monotone(tokens, cb.smooth(tokens, values, smoothing))
+        return self._fits[smoothing]
+
+    def reach(self, level: float, smoothing: float = 0.0) -> Optional[float]:
+        """Tokens at which the trusted part's monotone fit first reaches `level`, or None."""
+        return cb.first_crossing(self.curve(smoothing), level)
+
+    def final(self, metric: str) -> Optional[float]:
+        if metric == "eval/loss":
+            return self.eval[-1][1] if self.eval else None
+        return float(cb.monotone(*map(np.asarray, zip(*self.train)))[1][-1]) if self.train else None
+
+    def b_simple_at(self, tokens: float) -> Optional[float]:
+        return float(np.interp(tokens, *zip(*self.b_simple))) if self.b_simple else None
+
+    def clipped_before(self, tokens: float) -> Optional[float]:
+        before = [v for t, v in self.clipped if t < tokens]
+        return float(np.mean(before)) if before else None
+
+
+# ---------------------------------------------------------------- axes and configurations
+
+
+def swept_axes(trials: Sequence[Trial]) -> List[str]:
+    """Config keys whose values differ between the runs, the batch size first."""
+    keys = set().union(*(t.params for t in trials)) if trials else set()
+    varied = [
+        k
+        for k in sorted(keys - DERIVED)
+        if not k.startswith(("tracking.", "train.storage_path")) and len({t.params.get(k) for t in trials}) > 1
+    ]
+    return sorted(varied, key=lambda k: k != BATCH_KEY)
+
+
+def configuration(t: Trial, axes: Sequence[str]) -> Tuple[Tuple[str, Optional[str]], ...]:
+    """A run's values of every swept axis but the batch size: its seeds share this."""
+    return tuple((k, t.params.get(k)) for k in axes if k != BATCH_KEY)
+
+
+def by_batch(trials: Sequence[Trial]) -> Dict[int, List[Trial]]:
+    groups: Dict[int, List[Trial]] = {}
+    for t in sorted(trials, key=lambda t: t.batch):
+        groups.setdefault(t.batch, []).append(t)
+    return groups
+
+
+@dataclass
+class Config:
+    """One configuration at one batch size: its lr and its seeds."""
+
+    lr: Optional[float]
+    trials: List[Trial]
+
+    @property
+    def log_lr(self) -> float:
+        return math.log(self.lr) if self.lr and self.lr > 0 else -math.inf
+
+
+def lr_scans(trials: Sequence[Trial], axes: Sequence[str]) -> List[List[Config]]:
+    """The configurations of one batch size, grouped by every axis but the lr, sorted by lr."""
+    others = [k for k in axes if k not in (BATCH_KEY, LR_KEY)]
+    groups: Dict[Any, Dict[Optional[float], List[Trial]]] = {}
+    for t in trials:
+        groups.setdefault(tuple(t.params.get(k) for k in others), {}).setdefault(t.lr, []).append(t)
+    return [
+        [Config(lr, runs) for lr, runs in sorted(g.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0.0))]
+        for g in groups.values()
+    ]
+
+
+def settings(t: Trial, axes: Sequence[str]) -> Dict[str, Optional[str]]:
+    return {k: t.params.get(k) for k in axes}

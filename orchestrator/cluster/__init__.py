@@ -1,0 +1,1 @@
+"""A Ray cluster far away: the Jobs client, submit, upload, follow, the jobs verb."""

@@ -1,0 +1,182 @@
+"""The config's loader (the schema is orchestrator/core/schema.py) and the config as a dict (redacted).
+
+Loading order (later wins): schema defaults <- YAML file (which may build on another YAML
+through a top-level `extends: other.yaml`, resolved relative to the file) <- dotlist overrides
+(`optim.lr=3e-4`). Every error is a ConfigError naming the key, the value and what is valid.
+
+Reading the YAML files and overrides is orchestrator.core.yaml_files; the cross-field checks are
+orchestrator.core.validation; what a config implies (the batch plan, AdamW's constants) is
+orchestrator.core.derived.
+
+Pure: imports no Ray, DeepSpeed or MLflow.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
+
+from orchestrator.core import registry, validation
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.schema import Config
+from orchestrator.core.yaml_files import (
+    extends_chain,
+    parse_overrides,
+)
+
+# ---------------------------------------------------------------- loading
+
+_SECRET_RE = re.compile(r"\$\{oc\.env:")
+REDACTED = "***"
+
+
+def schema_keys(schema: Any = Config, prefix: str = "") -> List[str]:
+    """Every leaf key of the schema as a dotted path (lists of sources count as one key)."""
+    keys = []
+    for f in fields(schema):
+        name = f"{prefix}{f.name}"
+        default = f.default_factory() if f.default_factory is not field().default_factory else f.default  # type: ignore[misc]
+        if is_dataclass(default):
+            keys += schema_keys(type(default), name + ".")
+        else:
+            keys.append(name)
+    return keys
+
+
+def did_you_mean(key: str) -> str:
+    """`; did you mean <closest schema key>?` (or the valid sections), to end an unknown-key message."""
+    close = difflib.get_close_matches(key, schema_keys(), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]}?"
+    sections = [f.name for f in fields(Config)]
+    return f"; valid sections: {', '.join(sections)}"
+
+
+def _read_yaml(path: Path) -> DictConfig:
+    """One YAML train config merged over the files it `extends`."""
+    return OmegaConf.merge(*(OmegaConf.create(raw) for _, raw, _ in reversed(extends_chain(path))))
+
+
+def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
+    """OmegaConf.update understands list indices (data.sources.0.weight=2) and keeps types."""
+    from orchestrator.core.validation import check_override  # lazy: validation imports this module
+
+    for key, value in overrides:
+        check_override(key, value)
+        try:
+            OmegaConf.update(merged, key, value, merge=isinstance(value, (dict, list)))
+        except (OmegaConfBaseException, TypeError, IndexError) as exc:
+            if isinstance(exc, OmegaConfBaseException) and not isinstance(exc, ConfigKeyError):
+                raise
+            inner = getattr(exc, "full_key", None)
+            if inner and not key.startswith(inner):  # an unknown key inside a list or dict value
+                raise _omegaconf_error(exc) from None
+            raise ConfigError(key, f"unknown key{did_you_mean(key)}") from None
+
+
+def _omegaconf_error(exc: OmegaConfBaseException) -> ConfigError:
+    key = re.sub(r"\[(\d+)\]", r".\1", getattr(exc, "full_key", None) or "")  # sources[0].kind -> sources.0.kind
+    first = str(exc).splitlines()[0]
+    if isinstance(exc, ConfigKeyError):
+        return ConfigError(key, f"unknown key{did_you_mean(key)}")
+    if isinstance(exc, ValidationError):
+        return ConfigError(key, f"{first}")
+    if isinstance(exc, InterpolationResolutionError):
+        return ConfigError(key, f"cannot resolve: {first}")
+    return ConfigError(key, first)
+
+
+def load(
+    path: Optional[str | Path] = None, overrides: Optional[List[str]] = None, validate_config: bool = True
+) -> Config:
+    """Schema defaults <- YAML (with `extends`) <- dotlist overrides, validated."""
+    layers = [OmegaConf.structured(Config)]
+    if path is not None:
+        layers.append(_read_yaml(Path(path)))
+    parsed = parse_overrides(overrides or [])
+    try:
+        merged = OmegaConf.merge(*layers)
+        _apply_overrides(merged, parsed)
+        secret_keys = sorted(_interpolated_secret_keys(merged))
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        raise _omegaconf_error(exc) from None
+    if cfg.batch.ramp:  # the ramp's first batch size is the run's batch size at 0
+        cfg.batch.tokens_per_update = cfg.batch.ramp[0].tokens_per_update
+    # Which keys came from the environment: redacted wherever the config is logged or printed.
+    object.__setattr__(cfg, "_secret_keys", tuple(secret_keys))
+    if validate_config:
+        follow_tokenizer(cfg)
+        validation.validate(cfg)
+    return cfg
+
+
+def follow_tokenizer(cfg: Config) -> None:
+    """model.vocab_size None -> the tokenizer's; a given one must equal it."""
+    size = registry.vocab_size(cfg.data.tokenizer)
+    if cfg.model.vocab_size is None:
+        cfg.model.vocab_size = size
+    elif cfg.model.vocab_size != size and cfg.model.name != "linreg":
+        raise ConfigError(
+            "model.vocab_size",
+            f"got {cfg.model.vocab_size}; the tokenizer (data.tokenizer={cfg.data.tokenizer}) has {size} tokens; "
+            f"omit model.vocab_size or set it to {size}",
+        )
+
+
+def from_dict(data: Dict[str, Any]) -> Config:
+    """A resolved config dict (as shipped to Ray workers) back into the typed schema."""
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data))  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        raise _omegaconf_error(exc) from None
+
+
+def _interpolated_secret_keys(node: Any, prefix: str = "") -> List[str]:
+    keys = []
+    items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node)
+    for key, _ in items:
+        full = f"{prefix}{key}"
+        child = node._get_node(key)
+        if OmegaConf.is_config(child) and not child._is_none():  # a list or section set to None has no items
+            keys += _interpolated_secret_keys(child, full + ".")
+        elif OmegaConf.is_interpolation(node, key) and _SECRET_RE.search(str(child._value())):
+            keys.append(full)
+    return keys
+
+
+def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
+    """Plain nested dict of the config; values read from the environment are redacted
+    (redact=False only for what is shipped to the run's own workers)."""
+    data = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    if redact:
+        for key in getattr(cfg, "_secret_keys", ()):
+            node = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            node[int(leaf) if isinstance(node, list) else leaf] = REDACTED
+    return data  # type: ignore[return-value]
+
+
+def flatten(data: Any, prefix: str = "") -> Dict[str, Any]:
+    """{"optim": {"lr": 1}} -> {"optim.lr": 1}; list items get their index."""
+    out: Dict[str, Any] = {}
+    items = data.items() if isinstance(data, dict) else enumerate(data)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list)) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))

@@ -1,0 +1,127 @@
+"""What a config implies beyond its keys: the batch plan (S x b x D x A) and the segments of a
+batch ramp, the beta2 and weight decay AdamW uses, SGD's L2 coefficient, the gradient noise
+scale's EMA and whether to compile. The one place each is computed: the trainer, the DeepSpeed
+config, `plan`, validation and the MLflow params all read them here.
+
+Pure: the schema and the batch arithmetic only.
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional
+
+from orchestrator.core.schema import AUTO, DEFAULT_BETA2, DEFAULT_WEIGHT_DECAY, Config, RampStep
+from orchestrator.formulas import batching, schedules
+
+
+def compile_enabled(cfg: Config) -> bool:
+    """model.compile, or by default: on GPU yes, on CPU no."""
+    return cfg.model.compile if cfg.model.compile is not None else cfg.cluster.use_gpu
+
+
+GNS_EMA_SHARE = 50
+"""gns.ema_tokens defaults to the budget / GNS_EMA_SHARE. The EMA is logged at its centre of mass,
+which leaves a lag of second order only (curvature x ema_tokens^2); on linear regression with
+AdamW a fiftieth keeps it under 5 % of B_simple while it changes (README: gradient noise scale)."""
+
+
+def gns_ema_tokens(cfg: Config) -> int:
+    """The GNS EMA's time constant in tokens (a fiftieth of the budget unless given)."""
+    return cfg.gns.ema_tokens or max(1, cfg.train.total_tokens // GNS_EMA_SHARE)
+
+
+class AdamWConstants(NamedTuple):
+    beta2: float
+    weight_decay: float
+
+
+def adamw_constants(cfg: Config) -> AdamWConstants:
+    """The beta2 and weight decay a run uses: the per-step value given, else the one its token
+    form gives, else the default. The one place they are resolved: the torch optimizer
+    (workloads/train/engine.py), the DeepSpeed config (ds_config.py), `plan` and the MLflow params read it."""
+    o, tokens_per_update = cfg.optim, cfg.batch.tokens_per_update
+    if o.beta2 is not None:
+        beta2 = o.beta2
+    elif o.beta2_half_life_tokens is not None:  # an old gradient's weight halves every N tokens
+        beta2 = 0.5 ** (tokens_per_update / o.beta2_half_life_tokens)
+    else:
+        beta2 = DEFAULT_BETA2
+    if o.weight_decay is not None:
+        weight_decay = o.weight_decay
+    elif o.weight_decay_timescale_share is not None:
+        # AdamW shrinks weights by (1 - lr x wd) per update: a timescale of 1 / (lr x wd) updates,
+        # B / (lr x wd) tokens, here a share of the run (validation refuses it with lr = 0).
+        weight_decay = tokens_per_update / (o.lr * o.weight_decay_timescale_share * cfg.train.total_tokens)
+    else:
+        weight_decay = DEFAULT_WEIGHT_DECAY
+    return AdamWConstants(float(beta2), float(weight_decay))
+
+
+def sgd_weight_decay(cfg: Config) -> float:
+    """optim.name=sgd: torch SGD's coupled L2 coefficient (added to the gradient, so it passes
+    through the momentum), optim.weight_decay as given, 0 when null: AdamW's default 0.1 is a
+    decoupled decay and does not carry over. The torch optimizer, the DeepSpeed config, `plan`
+    and the MLflow params read it."""
+    return float(cfg.optim.weight_decay or 0.0)
+
+
+def micro_batch_limit(cfg: Config) -> Optional[int]:
+    """batch.micro_batch_size as the solver's bound; None while it is `auto` (not yet resolved)."""
+    b = cfg.batch.micro_batch_size
+    return None if b == AUTO else b
+
+
+def min_micro_batches(cfg: Config) -> int:
+    """Micro-batches (D x A) an update needs at least: two when the gradient noise scale is
+    measured and A is left to the solver, since B_simple compares a micro-batch's gradient with
+    the update's. Token-weighted accumulation makes the split invisible in the loss curve
+    (docs/design.md 4.1); the naive per-micro-batch mean is not split-invariant, so it is not split."""
+    measured = cfg.gns.enabled and cfg.train.loss_normalization == "token"
+    return 2 if measured and cfg.batch.grad_accum_steps is None else 1
+
+
+def batch_segments(cfg: Config) -> List[batching.Segment]:
+    """The run's batch sizes along its budget (batch.ramp; one segment without it), each
+    decomposed by batch_plan's rule, with the lr factor batch.ramp_lr_scaling gives it."""
+    steps = cfg.batch.ramp or [RampStep(0, cfg.batch.tokens_per_update)]
+    alpha = batching.alpha_of(cfg.batch.ramp_lr_scaling, "batch.ramp_lr_scaling")
+    return batching.segments(
+        [(r.from_tokens, r.tokens_per_update) for r in steps], cfg.train.total_tokens, lambda B: _plan(cfg, B), alpha
+    )
+
+
+def batch_plan(cfg: Config) -> batching.BatchPlan:
+    """S x b x D x A of the config (plan, dry-run, the memory model, the trainer and the MLflow
+    params all read this one). With `auto` not yet resolved (orchestrator/driver/micro_batch.py), b is
+    bounded by the per-worker share of the update alone: right for checking that the batch
+    decomposes, not for running."""
+    return _plan(cfg, cfg.batch.tokens_per_update)
+
+
+def _plan(cfg: Config, tokens_per_update: int) -> batching.BatchPlan:
+    return batching.solve(
+        cfg.data.seq_len,
+        tokens_per_update,
+        micro_batch_limit(cfg),
+        cfg.cluster.num_workers,
+        cfg.batch.grad_accum_steps,
+        min_micro_batches(cfg),
+    )
+
+
+def scheduled_lr(cfg: Config, tokens: float, segments: Optional[List[batching.Segment]] = None) -> float:
+    """The lr of the update that ends at `tokens`, as the trainer sets it and `plan` prints it:
+    the schedule over the budget in whole updates, times the batch.ramp segment's factor
+    (`segments`: batch_segments(cfg), when the caller has them)."""
+    segments = segments or batch_segments(cfg)
+    factor = next((g.lr_factor for g in segments if g.start_tokens < tokens <= g.end_tokens), segments[0].lr_factor)
+    s = cfg.schedule
+    return factor * schedules.lr_at(
+        tokens,
+        peak=cfg.optim.lr,
+        total_tokens=segments[-1].end_tokens,
+        warmup_tokens=s.warmup_tokens,
+        decay=s.decay,
+        min_lr_ratio=s.min_lr_ratio,
+        wsd_decay_share=s.wsd_decay_share,
+    )

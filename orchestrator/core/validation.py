@@ -1,0 +1,382 @@
+"""Every check of a loaded config, run by every verb that loads one, before Ray, MLflow or any
+file write: first each field against its rule in FIELDS (one row per schema key, the one place
+its valid values are declared), then the checks that span fields.
+
+Floats must be finite everywhere (no field takes NaN or infinity). Imports only the schema
+(orchestrator.core.config) and the pure arithmetic; `config.load` calls `validate` through a lazy
+import, so there is no import cycle.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+from orchestrator.core import registry as workload_registry
+from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, Config, OptimConfig
+from orchestrator.formulas import batching, schedules
+from orchestrator.formulas.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
+
+SOURCE_KINDS = ("code", "prose", "arithmetic", "files", "hf")
+PRECISIONS = ("fp32", "bf16", "fp16")
+STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs", "abfss")  # what pyarrow.fs opens
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
+"""What MLflow's tracking stores accept (a plain path is a file store)."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """The values one config key takes."""
+
+    kind: str
+    """int, float, bool, str or dict."""
+    low: Optional[float] = None
+    """Smallest valid value (excluded when low_open)."""
+    high: Optional[float] = None
+    """Largest valid value (excluded when high_open)."""
+    low_open: bool = False
+    high_open: bool = False
+    choices: Optional[Callable[[], Tuple[Any, ...]]] = None
+    """The valid values, when they are a list (a function: the workload names grow at run time)."""
+    optional: bool = False
+    """None (YAML null) is valid."""
+    also: Tuple[str, ...] = ()
+    """Words accepted besides the kind (e.g. `auto`)."""
+    check: Optional[Callable[[str, Any], None]] = None
+    """A further check of the form (a URI's scheme, an import path); raises ConfigError."""
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(map(str, self.choices()))
+        what = {"int": "an integer", "float": "a finite number", "bool": "true or false"}.get(self.kind, "")
+        what = what or {"str": "non-empty text", "dict": "a mapping", "list": "a list"}[self.kind]
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            what += f" in {left}{_num(self.low)}, {_num(self.high)}{right}"
+        elif self.low is not None:
+            what += f" {'>' if self.low_open else '>='} {_num(self.low)}"
+        return what + "".join(f" or {word!r}" for word in self.also) + (" or null" if self.optional else "")
+
+    def validate(self, key: str, value: Any) -> None:
+        if value is None and self.optional or value in self.also:
+            return
+        if not self._fits(value):
+            raise ConfigError(key, f"got {value!r}; must be {self.describe()}")
+        if self.check is not None:
+            self.check(key, value)
+
+    def _fits(self, value: Any) -> bool:
+        if self.kind == "bool" or isinstance(value, bool):
+            return self.kind == "bool" and isinstance(value, bool)
+        if self.kind in ("int", "float"):
+            if not isinstance(value, (int, float)) or (self.kind == "int" and not isinstance(value, int)):
+                return False
+            return math.isfinite(value) and self._in_range(value)
+        if self.kind in ("dict", "list"):
+            return isinstance(value, dict if self.kind == "dict" else list)
+        if not isinstance(value, str) or not value.strip():
+            return False
+        return self.choices is None or value in self.choices()
+
+    def _in_range(self, x: float) -> bool:
+        above = self.low is None or (x > self.low if self.low_open else x >= self.low)
+        return above and (self.high is None or (x < self.high if self.high_open else x <= self.high))
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def count(low: int = 1, **kw: Any) -> Field:
+    return Field("int", low=low, **kw)
+
+
+def number(low: Optional[float] = None, high: Optional[float] = None, **kw: Any) -> Field:
+    return Field("float", low=low, high=high, **kw)
+
+
+def one_of(*values: Any) -> Field:
+    return Field("str", choices=lambda: values)
+
+
+def _workload_name(key: str, name: str) -> None:
+    """A registered name (the table that builds them), or `package.module:factory` that imports."""
+    names = workload_registry.names()
+    if name in names:
+        return
+    valid = f"valid: {', '.join(names)} or package.module:factory"
+    if not workload_registry.is_import_path(name):
+        raise ConfigError(key, f"got {name!r}; {valid}")
+    try:
+        factory = workload_registry.factory(name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(key, f"got {name!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
+    if not callable(factory):
+        raise ConfigError(key, f"got {name!r}; that is a {type(factory).__name__}, not a workload factory")
+
+
+def _scheme(valid: Tuple[str, ...], what: str) -> Callable[[str, Any], None]:
+    """A path, or a URI whose scheme is one of `valid`."""
+
+    def check(key: str, value: str) -> None:
+        scheme = value.partition("://")[0].lower() if "://" in value else None
+        if scheme is not None and scheme not in valid:
+            raise ConfigError(key, f"got {value!r}; use a path or {what} " + ", ".join(f"{s}://" for s in valid))
+
+    return check
+
+
+def _exists(key: str, value: str) -> None:
+    if "://" not in value and not Path(value).expanduser().exists():
+        raise ConfigError(key, f"got {value!r}; no such file or folder")
+
+
+def token_counts(key: str, value: List[Any]) -> None:
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in value):
+        raise ConfigError(key, f"got {value!r}; must be a list of token counts >= 1")
+
+
+def _ray_address(key: str, value: str) -> None:
+    if not re.fullmatch(r"auto|local|(ray://)?[\w.\-\[\]:]+:\d{1,5}", value):
+        raise ConfigError(key, f"got {value!r}; use auto, host:port or ray://host:port (Ray's address)")
+
+
+def _no_slash(key: str, value: str) -> None:
+    if "/" in value or value in (".", ".."):
+        raise ConfigError(key, f"got {value!r}; a name, not a path (it becomes a folder under train.storage_path)")
+
+
+FIELDS = {
+    "model.name": Field("str", check=_workload_name),
+    "model.n_layers": count(),
+    "model.n_heads": count(),
+    "model.d_model": count(),
+    "model.mlp_ratio": count(),
+    "model.max_seq_len": count(),
+    "model.vocab_size": count(optional=True),
+    "model.compile": Field("bool", optional=True),
+    "model.hf.architecture": Field("str"),
+    "model.hf.extra": Field("dict"),
+    "model.init_from": Field("str", optional=True, check=_exists),
+    "model.dim": count(),
+    "model.noise_std": number(0),
+    "model.w_star_norm": number(0),
+    "data.seq_len": count(),
+    "data.tokenizer": Field("str"),
+    "data.sources.*.name": Field("str"),
+    "data.sources.*.kind": one_of(*SOURCE_KINDS),
+    "data.sources.*.path": Field("str", optional=True),
+    "data.sources.*.weight": number(0, low_open=True),
+    "data.sources.*.text_field": Field("str"),
+    "data.sources.*.split": Field("str"),
+    "data.eval_fraction": number(0, 1, low_open=True, high_open=True),
+    "data.max_documents_per_source": count(0),
+    "data.shard_dir": Field("str", optional=True),
+    # a ramp's first batch size is batch.tokens_per_update too: checked first, named as given
+    "batch.ramp.*.from_tokens": count(0),
+    "batch.ramp.*.tokens_per_update": count(),
+    "batch.tokens_per_update": count(),
+    "batch.micro_batch_size": count(also=(AUTO,)),
+    "batch.grad_accum_steps": count(optional=True),
+    "batch.ramp_lr_scaling": number(also=tuple(batching.ALPHA_WORDS)),
+    "cluster.num_workers": count(),
+    "cluster.address": Field("str", optional=True, check=_ray_address),
+    "cluster.cpus_per_worker": number(0, low_open=True),
+    "cluster.use_gpu": Field("bool"),
+    "cluster.gpus_per_worker": number(0, 1, low_open=True),
+    "cluster.placement_strategy": one_of(*PLACEMENT_STRATEGIES),
+    "optim.lr": number(0),
+    "optim.weight_decay": number(0, optional=True),
+    "optim.weight_decay_timescale_share": number(0, low_open=True, optional=True),
+    "optim.beta1": number(0, 1, high_open=True),
+    "optim.beta2": number(0, 1, high_open=True, optional=True),
+    "optim.beta2_half_life_tokens": number(0, low_open=True, optional=True),
+    "optim.eps": number(0, low_open=True),
+    "optim.grad_clip": number(0),
+    "optim.name": one_of(*OPTIMIZERS),
+    "optim.momentum": number(0, 1, high_open=True),
+    "schedule.warmup_tokens": count(0),
+    "schedule.decay": one_of(*schedules.DECAYS),
+    "schedule.min_lr_ratio": number(0, 1),
+    "schedule.wsd_decay_share": number(0, 1, low_open=True),
+    "train.total_tokens": count(),
+    "train.seed": count(0),
+    "train.report_every_tokens": count(),
+    "train.eval_every_tokens": count(),
+    "train.eval_tokens": count(),
+    "train.checkpoint_every_tokens": count(0),
+    "train.keep_checkpoints": count(),
+    "train.run_name": Field("str", optional=True, check=_no_slash),
+    "train.storage_path": Field("str", check=_scheme(STORAGE_SCHEMES, "a URI with scheme")),
+    "train.max_failures": count(0),
+    "train.loss_normalization": one_of("token", "micro_batch"),
+    "train.start_from_checkpoint": Field("str", optional=True, check=_exists),
+    "train.stop_at_tokens": count(optional=True),
+    "train.checkpoint_at_tokens": Field("list", check=token_counts),
+    "deepspeed.zero_stage": Field("int", low=0, high=3),
+    "deepspeed.precision": one_of(*PRECISIONS),
+    "deepspeed.extra": Field("dict"),
+    "tracking.uri": Field("str", check=_scheme(TRACKING_SCHEMES, "an MLflow store URI:")),
+    "tracking.experiment": Field("str"),
+    "tracking.flush_every_s": number(0, low_open=True),
+    "tracking.max_buffered_points": count(),
+    "tracking.system_metrics": Field("bool", optional=True),
+    "tracking.system_metrics_interval_s": number(0, low_open=True),
+    "gns.enabled": Field("bool"),
+    "gns.ema_tokens": count(optional=True),
+}
+"""One rule per leaf of the schema (`*`: every item of a list); a test keeps it complete."""
+
+
+def values(cfg: Config, key: str) -> Iterator[Tuple[str, Any]]:
+    """(full key, value) of a FIELDS key in cfg: one pair, or one per list item for `*`."""
+    head, star, tail = key.partition(".*.")
+    node: Any = cfg
+    for part in head.split("."):
+        node = getattr(node, part)
+    if not star:
+        yield key, node
+        return
+    for i, item in enumerate(node or []):
+        yield f"{head}.{i}.{tail}", getattr(item, tail)
+
+
+def check_override(key: str, value: Any) -> None:
+    """Before OmegaConf converts an override: a number given to a true/false field is refused
+    (OmegaConf would read 2 as true)."""
+    rule = FIELDS.get(re.sub(r"\.\d+\.", ".*.", key))
+    if rule is not None and rule.kind == "bool" and not isinstance(value, bool) and value is not None:
+        raise ConfigError(key, f"got {value!r}; must be {rule.describe()}")
+
+
+def validate(cfg: Config) -> None:
+    """Each field against its rule, then the checks across fields. Raises ConfigError."""
+    for key, rule in FIELDS.items():
+        for full_key, value in values(cfg, key):
+            rule.validate(full_key, value)
+    _across_fields(cfg)
+
+
+def _across_fields(cfg: Config) -> None:
+    m, d, t, s = cfg.model, cfg.data, cfg.train, cfg.schedule
+    if m.d_model % m.n_heads:
+        raise ConfigError("model.n_heads", f"got {m.n_heads}; must divide model.d_model={m.d_model}")
+    if m.name in ("gpt", "hf") and d.seq_len > m.max_seq_len:
+        raise ConfigError(
+            "data.seq_len",
+            f"got {d.seq_len}; beyond model.max_seq_len={m.max_seq_len} positions; "
+            f"use <= {m.max_seq_len} or raise model.max_seq_len",
+        )
+    if not d.sources:
+        raise ConfigError("data.sources", "empty; name at least one source")
+    names = [src.name for src in d.sources]
+    for i, src in enumerate(d.sources):
+        if src.name in names[:i]:
+            raise ConfigError(
+                f"data.sources.{i}.name",
+                f"{src.name!r} is also data.sources.{names.index(src.name)}.name; "
+                "each source needs its own name (it labels data/share/<name>)",
+            )
+        if src.kind in ("files", "hf") and not src.path:
+            raise ConfigError(f"data.sources.{i}.path", f"missing; a `{src.kind}` source needs a local path")
+    plan = batch_plan(cfg)
+    batching.total_steps(plan, t.total_tokens)
+    segments = batch_segments(cfg)  # a ramp's steps: each stretch whole updates, each batch size decomposable
+    if t.stop_at_tokens is not None and not batching.updates_until(segments, t.stop_at_tokens):
+        ends = [f"{s.start_tokens:,} + k x {s.plan.tokens_per_update:,}" for s in segments]
+        raise ConfigError(
+            "train.stop_at_tokens",
+            f"got {t.stop_at_tokens:,}; no update ends there: valid are {' or '.join(ends)} up to the budget "
+            f"{segments[-1].end_tokens:,}",
+        )
+    if s.warmup_tokens > t.total_tokens:
+        raise ConfigError(
+            "schedule.warmup_tokens",
+            f"got {s.warmup_tokens:,}; longer than the budget train.total_tokens={t.total_tokens:,}",
+        )
+    if 0 < s.warmup_tokens <= plan.tokens_per_update:
+        # An update's LR is the schedule at the tokens seen after it: the first would get the peak.
+        tpu = plan.tokens_per_update
+        raise ConfigError(
+            "schedule.warmup_tokens",
+            f"got {s.warmup_tokens:,}; not more than one update ({tpu:,} tokens), so no update "
+            f"would warm up; use 0 (no warmup) or at least {tpu + 1:,} "
+            f"(e.g. {2 * tpu:,}: the first update at half the peak)",
+        )
+    _optimizer_keys(cfg)
+    _optimizer_forms(cfg)
+    if cfg.deepspeed.precision == "fp16" and not cfg.cluster.use_gpu:
+        raise ConfigError(
+            "deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16"
+        )
+    if cfg.deepspeed.precision == "fp16" and cfg.deepspeed.zero_stage == 0:
+        # DeepSpeed 0.19.8's ZeRO-0 fp16 optimizer divides the gradients by a loss scale its
+        # backward never applied: every update shrinks by it and clipping never acts.
+        raise ConfigError(
+            "deepspeed.precision",
+            "got 'fp16' with deepspeed.zero_stage=0, where DeepSpeed unscales gradients it never scaled; "
+            "use bf16, or fp16 with deepspeed.zero_stage 1 to 3",
+        )
+    workload_registry.check(cfg)  # e.g. hf: transformers reads the model's config
+
+
+def _optimizer_keys(cfg: Config) -> None:
+    """Each optimizer's own keys: with sgd the AdamW-only keys stay at their defaults (they would
+    silently do nothing), with adamw optim.momentum stays 0 (AdamW's momentum is optim.beta1)."""
+    o = cfg.optim
+    if o.name == "sgd":
+        defaults = {f.name: f.default for f in fields(OptimConfig)}
+        for key in ADAMW_ONLY_KEYS:
+            given, default = getattr(o, key), defaults[key]
+            if given != default:
+                raise ConfigError(
+                    f"optim.{key}",
+                    f"got {given!r} with optim.name=sgd, which does not use it (AdamW only); "
+                    f"leave it at its default {'null' if default is None else repr(default)}, or set optim.name=adamw",
+                )
+    elif o.momentum != 0:
+        raise ConfigError(
+            "optim.momentum",
+            f"got {o.momentum!r} with optim.name={o.name}, which does not use it (sgd only); "
+            "leave it 0 (AdamW's momentum is optim.beta1), or set optim.name=sgd",
+        )
+
+
+def _optimizer_forms(cfg: Config) -> None:
+    """beta2 and weight decay are given per step or in tokens, not both; the token forms must give
+    values AdamW can use (derived.adamw_constants computes them)."""
+    o, tpu = cfg.optim, cfg.batch.tokens_per_update
+    for step_key, token_key in (("beta2", "beta2_half_life_tokens"), ("weight_decay", "weight_decay_timescale_share")):
+        if getattr(o, step_key) is not None and getattr(o, token_key) is not None:
+            raise ConfigError(
+                f"optim.{token_key}",
+                f"got {getattr(o, token_key)!r} together with optim.{step_key}={getattr(o, step_key)!r}; "
+                "give one of the two forms (the other stays null)",
+            )
+    if o.beta2_half_life_tokens is not None and adamw_constants(cfg).beta2 >= 1.0:
+        raise ConfigError(
+            "optim.beta2_half_life_tokens",
+            f"got {o.beta2_half_life_tokens!r}; so long beside batch.tokens_per_update={tpu:,} that beta2 "
+            "rounds to 1 (Adam's second moment would never be corrected); use a shorter half-life",
+        )
+    share = o.weight_decay_timescale_share
+    if share is not None:
+        if o.lr == 0:
+            raise ConfigError(
+                "optim.weight_decay_timescale_share",
+                f"got {share!r} with optim.lr=0; a timescale of lr x weight decay needs optim.lr > 0 "
+                "(or give optim.weight_decay)",
+            )
+        one_update = tpu / cfg.train.total_tokens
+        if share < one_update:
+            raise ConfigError(
+                "optim.weight_decay_timescale_share",
+                f"got {share!r}; shorter than one update ({tpu:,} of train.total_tokens="
+                f"{cfg.train.total_tokens:,} tokens, a share of {one_update:.3g}), so lr x weight decay > 1; "
+                f"use at least {one_update:.3g}",
+            )

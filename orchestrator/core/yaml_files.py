@@ -1,0 +1,103 @@
+"""Reading YAML files and `key=value` overrides: the one YAML reader (of train configs and sweep
+files), the one `extends:` walker and the one conversion of YAML overrides to a dotlist.
+
+Knows no schema (orchestrator.core.config builds on it): pure, imports no Ray, DeepSpeed or MLflow.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from orchestrator.core.errors import ConfigError
+
+# Resolvers a config may use. OmegaConf ships `oc.env`, `oc.select`, ... ; we register no
+# `eval` (or any code-running) resolver, and reject any resolver outside this list.
+ALLOWED_RESOLVERS = ("oc.env", "oc.select", "oc.decode", "oc.create", "oc.dict.keys", "oc.dict.values")
+_RESOLVER_RE = re.compile(r"\$\{([\w.]+):")
+
+
+def read_mapping(
+    path: Path, what: str = "CONFIG", kind: str = "config", shape: str = "a mapping of config sections"
+) -> Tuple[Dict[str, Any], str]:
+    """(mapping, text) of one YAML file; a missing file, a syntax error or a non-mapping is a
+    one-line ConfigError keyed `what`. The one YAML reader of train configs and sweep files."""
+    if not path.is_file():
+        raise ConfigError(what, f"{kind} file {str(path)!r} not found")
+    text = path.read_text()
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(what, f"YAML syntax error in {path}{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(what, f"{path} must hold {shape}, got {type(raw).__name__}")
+    return raw, text
+
+
+def extends_chain(path: Path) -> List[Tuple[Path, Dict[str, Any], str]]:
+    """The one `extends:` walker: [(path, mapping without `extends`, text)] of a train config and
+    the files it builds on (each relative to the file naming it), nearest first. Checks each
+    file's resolvers against the allow-list and refuses a cycle."""
+    chain: List[Tuple[Path, Dict[str, Any], str]] = []
+    while True:
+        if path.is_file() and path.resolve() in [p.resolve() for p, _, _ in chain]:
+            seen = ", ".join(str(p) for p, _, _ in reversed(chain))
+            raise ConfigError("extends", f"{path} extends itself (cycle through {seen})")
+        raw, text = read_mapping(path)
+        for match in _RESOLVER_RE.finditer(text):
+            if match.group(1) not in ALLOWED_RESOLVERS:
+                raise ConfigError(
+                    "CONFIG", f"{path} uses resolver ${{{match.group(1)}:...}}; allowed: {', '.join(ALLOWED_RESOLVERS)}"
+                )
+        parent = raw.pop("extends", None)
+        chain.append((path, raw, text))
+        if parent is None:
+            return chain
+        path = path.parent / str(parent)
+
+
+def dotlist(overrides: Any, what: str = "base.overrides") -> List[str]:
+    """The one conversion of overrides written in a YAML file to `key=value` strings: a mapping
+    {optim.lr: 3.0e-4, data.sources: [...]} (lists and dicts as YAML flow text) or a list of them."""
+    if isinstance(overrides, dict):
+        return [f"{k}={dotlist_value(v)}" for k, v in overrides.items()]
+    if isinstance(overrides, (list, tuple)):
+        return [str(o) for o in overrides]
+    raise ConfigError(what, f"got {overrides!r}; valid: a mapping of key: value or a list of key=value")
+
+
+def dotlist_value(value: Any) -> str:
+    """One value as the text after `key=` (parsed back as YAML by parse_overrides)."""
+    if isinstance(value, (list, dict)):
+        return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    return str(value)
+
+
+def parse_overrides(overrides: List[str]) -> List[tuple]:
+    """key=value strings -> [(key, value)], values parsed as YAML like OmegaConf's dotlist."""
+    parsed = []
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(item, "an override must look like key=value (e.g. optim.lr=3e-4)")
+        match = _RESOLVER_RE.search(item)
+        if match and match.group(1) not in ALLOWED_RESOLVERS:
+            raise ConfigError(
+                key, f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}"
+            )
+        try:
+            # resolve=False keeps `${oc.env:...}` as written, so it can be redacted later.
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(key, str(exc).splitlines()[0]) from None
+        for part in key.split("."):
+            value = value[part]
+        parsed.append((key, value))
+    return parsed

@@ -1,0 +1,377 @@
+"""One run = one Ray Train TorchTrainer of D DeepSpeed workers (`orchestrator train`).
+
+The driver validates everything that can be validated before Ray starts (exit 2, and no MLflow
+run is created for bad input), opens or re-opens the MLflow run, and hands the workers the
+resolved config. Re-running the same command with the same `train.run_name` resumes: Ray Train
+finds the run's checkpoints under `train.storage_path/<run_name>` and the MLflow run id is
+kept beside them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Set
+
+from orchestrator.core import ds_config, storage
+from orchestrator.core.config import flatten, to_dict, to_yaml
+from orchestrator.core.derived import adamw_constants, batch_plan, sgd_weight_decay
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.schema import Config
+from orchestrator.driver import micro_batch
+from orchestrator.driver import plan as planning
+from orchestrator.formulas import feasibility
+from orchestrator.tracking import mlflow_runs
+
+RUN_RECORD = "orchestrator_run.json"
+log = logging.getLogger(__name__)
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need the data or the environment; ConfigError (exit 2) before Ray starts."""
+    plan = batch_plan(cfg)
+    if cfg.model.name in ("gpt", "hf"):
+        from workloads.data import packing
+
+        packing.check_corpus(cfg, plan.tokens_per_update)
+    from orchestrator.core import registry
+
+    if cfg.model.name not in registry.BUILTIN:
+        check_workload(cfg, plan)
+    if cfg.cluster.use_gpu and not on_cluster(cfg):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "cluster.use_gpu",
+                "true, but this torch build sees no CUDA device; "
+                "use cluster.use_gpu=false or install the CUDA build (README)",
+            )
+
+
+def check_workload(cfg: Config, plan) -> None:
+    """Build a user's workload once on this machine's CPU: one that breaks the Workload protocol,
+    or fails to build, is a ConfigError naming what is wrong, before any run starts."""
+    import torch
+
+    from workloads import workload
+
+    try:
+        workload.build(cfg, plan, torch.device("cpu"))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError("model.name", f"got {cfg.model.name!r}; {exc}") from None
+
+
+def on_cluster(cfg: Config) -> bool:
+    """Joining an existing Ray cluster (cluster.address, or inside a Ray job: RAY_ADDRESS)."""
+    return bool(cfg.cluster.address or os.environ.get("RAY_ADDRESS"))
+
+
+def ray_init(address: Optional[str] = None) -> None:
+    """Join a cluster, or start a local Ray whose dashboard listens on 127.0.0.1 only.
+
+    Worker output is not forwarded (log_to_driver=False): DeepSpeed's and Ray's worker chatter
+    would bury the progress lines, and in Ray Train's local mode the worker is the Tune trial's
+    own process anyway. What the user must see comes through MLflow, the source of truth:
+    progress, the worker's warnings (rank 0 records them as run tags, `_show_worker_warnings`
+    prints them) and a failing worker's traceback, which comes back with the Train error.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS") and not address:
+        ray.init(log_to_driver=False)  # inside a Ray job: its runtime_env already carries the env
+    elif address:
+        ray.init(address=address, runtime_env={"env_vars": mlflow_runs.env_for_workers()}, log_to_driver=False)
+    else:
+        ray.init(
+            dashboard_host="127.0.0.1",
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            configure_logging=True,
+            logging_level="WARNING",
+        )
+
+
+def cluster_nodes() -> List[Dict[str, float]]:
+    """Total resources of the alive nodes, plus the nodes Ray's autoscaler may still add."""
+    import ray
+
+    alive = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n["Alive"]]
+    groups = []
+    try:
+        config = ray._private.state.state.get_cluster_config()  # None without an autoscaler
+    except Exception:  # an older GCS without the autoscaler's key: judge the nodes there are
+        config = None
+    for group in getattr(config, "node_group_configs", []):
+        groups.append(({k: float(v) for k, v in group.resources.items()}, group.max_count))
+    return feasibility.node_groups(alive, groups)
+
+
+def _node_sees(marker: str) -> Dict[str, bool]:
+    """{node address: whether a task pinned to that node finds `marker`} for every alive node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def exists(path: str) -> bool:
+        return os.path.exists(path)
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    refs = [
+        exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker)
+        for n in nodes
+    ]
+    return {f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": ok for n, ok in zip(nodes, ray.get(refs, timeout=120))}
+
+
+def check_cluster(cfg: Config, shapes: List[feasibility.Shape]) -> None:
+    """Before anything waits on Ray: every shape can be placed, and a path storage is seen by
+    every node. ConfigError (exit 2) otherwise."""
+    import ray
+
+    nodes = cluster_nodes()
+    where = f"the Ray cluster at {cfg.cluster.address}" if on_cluster(cfg) else "this machine's Ray"
+    for s in feasibility.distinct(shapes):
+        problem = feasibility.problem(s, nodes, where)
+        if problem:
+            raise ConfigError("cluster", problem)
+    if len([n for n in ray.nodes() if n["Alive"]]) > 1:
+        storage.check_visible(cfg.train.storage_path, _node_sees)
+
+
+def run_params(cfg: Config) -> Dict[str, Any]:
+    """MLflow params: the whole resolved config flattened (secrets redacted) plus derived values."""
+    plan = batch_plan(cfg)
+    params = flatten(to_dict(cfg))
+    params["batch.grad_accum_steps"] = plan.grad_accum_steps
+    params["batch.micro_batch_size"] = plan.micro_batch_size
+    params["train.total_steps"] = planning.total_updates(cfg)
+    params["train.total_tokens_rounded"] = planning.rounded_budget(cfg)
+    # The beta2 and weight decay used, whichever form gave them (the given keys stay as given);
+    # SGD has no beta2, and its weight decay is the coupled L2 it applies.
+    if cfg.optim.name == "sgd":
+        params["optim.weight_decay_effective"] = sgd_weight_decay(cfg)
+    else:
+        adamw = adamw_constants(cfg)
+        params["optim.beta2_effective"], params["optim.weight_decay_effective"] = adamw.beta2, adamw.weight_decay
+    return params
+
+
+def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> str:
+    """Create the MLflow run of a training run with its params and set-up artifacts."""
+    uri = cfg.tracking.uri
+    run_id = mlflow_runs.create_run(uri, cfg.tracking.experiment, name, tags)
+    mlflow_runs.log_params(uri, run_id, run_params(cfg))
+    mlflow_runs.log_text(uri, run_id, to_yaml(cfg), "config.yaml")
+    mlflow_runs.log_dict(uri, run_id, ds_config.build(cfg, batch_plan(cfg), _num_params(cfg)), "deepspeed.json")
+    mlflow_runs.log_text(uri, run_id, planning.format_table(planning.describe(cfg)), "plan.txt")
+    return run_id
+
+
+def _num_params(cfg: Config) -> Optional[int]:
+    from workloads import workload
+
+    costs = workload.costs(cfg)
+    return costs.params if costs else None
+
+
+def worker_config(cfg: Config) -> Dict[str, Any]:
+    """What travels to the workers: the resolved config, secrets included (never logged)."""
+    return to_dict(cfg, redact=False)
+
+
+def build_trainer(
+    cfg: Config, run_id: str, storage_path: str, name: str, callbacks: List[Any] = (), local_mode: bool = False
+):
+    """The TorchTrainer of one run. `local_mode` (single-worker sweep trials only): Ray Train's
+    local mode runs the one worker in this process, the Tune trial's, without a worker group
+    (no controller, worker or helper actors to start: about 15 s less per trial here); reports
+    and checkpoints then go to Ray Tune, and Tune's FailureConfig retries the trial."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from orchestrator.core import registry
+    from workloads.train.train_loop import FAULT_ENV, train_worker
+
+    plan = batch_plan(cfg)
+    assert not local_mode or plan.num_workers == 1, "local mode runs exactly one worker"
+    # Fault injection for tests is read here, in the driver: Ray workers inherit the
+    # environment of the Ray instance, not of the command that submits to it.
+    marker = storage.local_path(storage.join(storage_path, name, ".fault_injected"))
+    fault = {"at_tokens": os.environ.get(FAULT_ENV), "marker": str(marker) if marker else None}
+    payload = {
+        "config": worker_config(cfg),
+        "run_id": run_id,
+        "fault": fault,
+        "local_mode": local_mode,
+        "workloads": registry.importable(),
+    }
+    return TorchTrainer(
+        train_worker,
+        train_loop_config=payload,
+        scaling_config=ScalingConfig(
+            num_workers=0 if local_mode else plan.num_workers,
+            use_gpu=cfg.cluster.use_gpu,
+            resources_per_worker=feasibility.worker_resources(cfg),
+            placement_strategy=cfg.cluster.placement_strategy,
+        ),
+        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+            callbacks=list(callbacks),
+        ),
+    )
+
+
+def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
+    """Close the MLflow run: status, failure reason, loss plot. Returns the status."""
+    uri = cfg.tracking.uri
+    status, reason = "FINISHED", None
+    if error is not None:
+        status, reason = "FAILED", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    else:  # a worker that saw a non-finite loss tagged the run and stopped
+        reason = mlflow_runs.get_run(uri, run_id).data.tags.get(mlflow_runs.FAILURE_TAG)
+        status = "FAILED" if reason else status
+    if reason:
+        mlflow_runs.set_tags(uri, run_id, {mlflow_runs.FAILURE_TAG: reason[:5000]})
+    close_run(uri, run_id, status, title=cfg.train.run_name or "")
+    return reason or status
+
+
+def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
+    """Loss-versus-tokens plot as an artifact, then the final status."""
+    from orchestrator.reporting import plots
+
+    try:
+        curves = {k: mlflow_runs.metric_history(uri, run_id, k) for k in ("train/loss", "eval/loss")}
+        if curves["train/loss"]:
+            mlflow_runs.log_figure(uri, run_id, plots.loss_vs_tokens(curves, title=title), "loss_vs_tokens.png")
+    finally:
+        mlflow_runs.finish_run(uri, run_id, status)
+
+
+def resolve_paths(cfg: Config) -> None:
+    """Absolute paths for everything workers read or write: Ray workers have their own cwd."""
+    for src in cfg.data.sources:
+        if src.path and "://" not in src.path:
+            src.path = str(Path(src.path).expanduser().resolve())
+    if cfg.data.shard_dir:
+        cfg.data.shard_dir = str(Path(cfg.data.shard_dir).resolve())
+    if cfg.data.tokenizer != "bytes":
+        cfg.data.tokenizer = str(Path(cfg.data.tokenizer).expanduser().resolve())
+    if cfg.model.init_from and "://" not in cfg.model.init_from:
+        cfg.model.init_from = str(Path(cfg.model.init_from).expanduser().resolve())
+    cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
+    cfg.tracking.uri = mlflow_runs.resolve_uri(cfg.tracking.uri)
+    # The token cache (workloads/data/corpus.py) is shared by the driver's preflight and all workers.
+    os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
+
+
+def _show_worker_warnings(cfg: Config, tags: Dict[str, str], shown: Set[str]) -> None:
+    """Print the warnings the run's workers recorded (run tags) that were not shown yet."""
+    for tag, message in mlflow_runs.warnings_in(tags).items():
+        if tag not in shown:
+            shown.add(tag)
+            log.warning("[%s] worker: %s", cfg.train.run_name, message)
+
+
+def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: float = 5.0) -> None:
+    """Tokens, loss, tokens/s and ETA from what the run has logged, and the workers' warnings,
+    until training ends."""
+    budget, shown, started = planning.rounded_budget(cfg), None, time.monotonic()
+    # A resumed run's earlier warnings were shown by the command that ran it then.
+    warned = set(_run_tags(cfg, run_id))
+    while worker.is_alive():
+        worker.join(every_s)
+        try:
+            run = mlflow_runs.get_run(cfg.tracking.uri, run_id)
+        except Exception:  # the store is busy or away: try again at the next tick
+            continue
+        _show_worker_warnings(cfg, run.data.tags, warned)
+        latest = run.data.metrics
+        tokens = int(latest.get("train/tokens", 0))
+        if not tokens or tokens == shown:
+            continue
+        shown, speed = tokens, latest.get("perf/tokens_per_s", 0.0)
+        left = (budget - tokens) / speed if speed else float("nan")
+        eta = f"{int(left) // 60}:{int(left) % 60:02d}" if left == left else "?"
+        evaluation = f" eval {latest['eval/loss']:.4f}" if "eval/loss" in latest else ""
+        print(
+            f"[{cfg.train.run_name}] {tokens:,}/{budget:,} tokens ({100 * tokens / budget:.0f}%) "
+            f"loss {latest.get('train/loss', float('nan')):.4f}{evaluation} {speed:,.0f} tok/s ETA {eta} "
+            f"({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
+    _show_worker_warnings(cfg, _run_tags(cfg, run_id), warned)  # those sent at the workers' teardown
+
+
+def _run_tags(cfg: Config, run_id: str) -> Dict[str, str]:
+    try:
+        return mlflow_runs.get_run(cfg.tracking.uri, run_id).data.tags
+    except Exception:  # the store is busy or away: the progress loop tries again
+        return {}
+
+
+def recorded_run_id(storage_path: str | Path, name: str) -> Optional[str]:
+    """The MLflow run id kept beside the checkpoints of run `name` (None before its first start)."""
+    record = storage.read_json(storage.join(str(storage_path), name, RUN_RECORD))
+    return record["mlflow_run_id"] if record else None
+
+
+def train(cfg: Config) -> int:
+    resolve_paths(cfg)
+    preflight(cfg)
+    name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    ray_init(cfg.cluster.address)
+    check_cluster(cfg, [feasibility.shape_of(cfg)])
+    micro_batch.resolve(cfg)
+    folder = storage.join(cfg.train.storage_path, name)
+    run_id = recorded_run_id(cfg.train.storage_path, name)
+    if run_id:
+        mlflow_runs.reopen_run(cfg.tracking.uri, run_id)  # RUNNING again, so system metrics resume
+        print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {folder}")
+    else:
+        run_id = open_run(cfg, name, {mlflow_runs.CHECKPOINTS_TAG: folder})  # for `orchestrator export`
+        storage.write_json(
+            storage.join(folder, RUN_RECORD), {"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment}
+        )
+        print(f"run {name!r}: MLflow run {run_id}, checkpoints in {folder}")
+    print(planning.format_table(planning.describe(cfg)), flush=True)
+
+    outcome: Dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            result = build_trainer(cfg, run_id, cfg.train.storage_path, name).fit()
+            outcome.update(metrics=result.metrics, error=result.error)
+        except Exception as exc:  # TrainingFailedError and friends: the run failed, not the input
+            outcome.update(error=exc)
+
+    worker = threading.Thread(target=fit, name="trainer-fit", daemon=True)
+    worker.start()
+    _show_progress(cfg, run_id, worker)
+    metrics, error = outcome.get("metrics"), outcome.get("error")
+    outcome = finish(cfg, run_id, error)
+    link = mlflow_runs.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
+    if outcome != "FINISHED":
+        print(
+            f"run {name!r} failed: {outcome}\n"
+            f"MLflow run {run_id}: open with `{mlflow_runs.ui_command(cfg.tracking.uri)}`, then {link}"
+        )
+        return 1
+    final = f"final eval loss {metrics['eval_loss']:.4f}, " if metrics and "eval_loss" in metrics else ""
+    print(
+        f"run {name!r} finished: {final}MLflow run {run_id}\n"
+        f"open it with `{mlflow_runs.ui_command(cfg.tracking.uri)}`, then {link}"
+    )
+    return 0

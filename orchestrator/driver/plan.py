@@ -1,0 +1,258 @@
+"""`orchestrator plan`: what a config means in sequences, tokens, steps and learning rates."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Dict, List, Optional
+
+from orchestrator.core import ds_config
+from orchestrator.core.derived import (
+    adamw_constants,
+    batch_plan,
+    batch_segments,
+    micro_batch_limit,
+    min_micro_batches,
+    scheduled_lr,
+    sgd_weight_decay,
+)
+from orchestrator.core.schema import AUTO, Config
+from orchestrator.formulas import batching, memory
+
+DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
+
+
+def rounded_budget(cfg: Config) -> int:
+    """train.total_tokens rounded down to whole updates (of the last batch.ramp segment)."""
+    return batch_segments(cfg)[-1].end_tokens
+
+
+def total_updates(cfg: Config) -> int:
+    """Optimizer updates over the rounded budget, along every batch.ramp segment."""
+    return sum(s.updates for s in batch_segments(cfg))
+
+
+def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, Any]:
+    """What the config means; `device_memory` (bytes) sizes the memory model's largest b (default:
+    the visible GPU when training on GPU, else a CPU worker's share of this machine's memory).
+    With `auto`, b is the memory model's answer for that memory."""
+    from orchestrator.driver import micro_batch
+
+    capacity = device_memory or visible_device_memory(cfg)
+    auto = cfg.batch.micro_batch_size == AUTO
+    if auto:
+        cfg = copy.deepcopy(cfg)
+        answer = micro_batch.from_model(cfg, capacity, micro_batch.per_worker_share(cfg))
+        cfg.batch.micro_batch_size = max(1, answer["micro_batch_size"])
+    plan = batch_plan(cfg)
+    steps, total = total_updates(cfg), rounded_budget(cfg)
+    tpu = plan.tokens_per_update
+    segments, warmup = batch_segments(cfg), cfg.schedule.warmup_tokens
+    warmup_steps = sum(
+        min(s.updates, max(0, math.ceil((warmup - s.start_tokens) / s.plan.tokens_per_update))) for s in segments
+    )
+    # memory peaks at the largest micro-batch of any segment
+    peak_b = max(s.plan.micro_batch_size for s in segments)
+    predicted = micro_batch.predict(cfg, peak_b)
+    ds = ds_config.build(cfg, plan, predicted[1].params if predicted else None)
+    quarter_points = {f"{int(q * 100)}%": q * total for q in (0.0, 0.25, 0.5, 0.75, 1.0)}
+    return {
+        "seq_len": plan.seq_len,
+        "micro_batch_size": plan.micro_batch_size,
+        "micro_batch_auto": auto,
+        "num_workers": plan.num_workers,
+        "grad_accum_steps": plan.grad_accum_steps,
+        "sequences_per_update": plan.sequences_per_update,
+        "tokens_per_update": tpu,
+        "total_tokens_requested": cfg.train.total_tokens,
+        "total_tokens": total,
+        "total_steps": steps,
+        "warmup_steps": warmup_steps,
+        "decay": cfg.schedule.decay,
+        "decay_steps": steps - warmup_steps,
+        "peak_lr": cfg.optim.lr,
+        **_optimizer(cfg),
+        "gns": gns_note(cfg, plan),
+        "ramp": _ramp(cfg) if cfg.batch.ramp else [],
+        # The LR of the first and last update and at quarters of the budget.
+        "lr_at": {
+            "first update": scheduled_lr(cfg, tpu),
+            **{k: scheduled_lr(cfg, v) for k, v in quarter_points.items()},
+        },
+        "deepspeed_train_batch_size": ds["train_batch_size"],
+        "deepspeed_micro_batch_per_gpu": ds["train_micro_batch_size_per_gpu"],
+        "deepspeed_gradient_accumulation_steps": ds["gradient_accumulation_steps"],
+        "zero_stage": cfg.deepspeed.zero_stage,
+        "precision": cfg.deepspeed.precision,
+        "memory": _memory(peak_b, predicted, capacity),
+    }
+
+
+def _ramp(cfg: Config) -> List[Dict[str, Any]]:
+    """Each batch.ramp segment: where it starts, its split, its updates and the lr right after the change."""
+    return [
+        {
+            "from_tokens": s.start_tokens,
+            "tokens_per_update": s.plan.tokens_per_update,
+            "micro_batch_size": s.plan.micro_batch_size,
+            "grad_accum_steps": s.plan.grad_accum_steps,
+            "updates": s.updates,
+            "lr_factor": s.lr_factor,
+            "lr_after_change": scheduled_lr(cfg, s.start_tokens + s.plan.tokens_per_update),
+        }
+        for s in batch_segments(cfg)
+    ]
+
+
+def _optimizer(cfg: Config) -> Dict[str, Any]:
+    """The optimizer and its constants as the run resolves them (SGD: no beta2, coupled L2)."""
+    if cfg.optim.name == "sgd":
+        return {
+            "optimizer": "sgd",
+            "momentum": cfg.optim.momentum,
+            "weight_decay": sgd_weight_decay(cfg),
+            "weight_decay_from": "optim.weight_decay" if cfg.optim.weight_decay is not None else "default",
+        }
+    adamw = adamw_constants(cfg)
+    return {
+        "optimizer": "adamw",
+        "beta2": adamw.beta2,
+        "beta2_from": _form(cfg, "beta2", "beta2_half_life_tokens"),
+        "weight_decay": adamw.weight_decay,
+        "weight_decay_from": _form(cfg, "weight_decay", "weight_decay_timescale_share"),
+    }
+
+
+def _form(cfg: Config, step_key: str, token_key: str) -> str:
+    """Which form gave an optimizer constant: the per-step key, the token key, or the default."""
+    o = cfg.optim
+    if getattr(o, step_key) is not None:
+        return f"optim.{step_key}"
+    if getattr(o, token_key) is not None:
+        return f"optim.{token_key}={getattr(o, token_key):g}"
+    return "default"
+
+
+def gns_note(cfg: Config, plan) -> str:
+    """Whether B_simple is measured, and why the b and A are what they are."""
+    if not cfg.gns.enabled:
+        return "off (gns.enabled=false)"
+    if cfg.train.loss_normalization != "token":
+        return "not measured (train.loss_normalization is not 'token')"
+    if plan.micro_batches_per_update < 2:
+        if cfg.batch.grad_accum_steps is not None:
+            return (
+                f"not measured: batch.grad_accum_steps={cfg.batch.grad_accum_steps} given, so D x A = 1 "
+                "(omit it and the update is split in two)"
+            )
+        return "not measured: one sequence per update, no small batch"
+    split = min_micro_batches(cfg) > 1 and plan != batching.solve(
+        plan.seq_len, plan.tokens_per_update, micro_batch_limit(cfg), plan.num_workers
+    )
+    return f"measured over D x A = {plan.micro_batches_per_update} micro-batches per update" + (
+        " (split for it: gns.enabled, batch.grad_accum_steps omitted)" if split else ""
+    )
+
+
+def _memory(b: int, predicted, capacity: float) -> Optional[Dict[str, Any]]:
+    """The memory model's figures per worker at micro-batch b (orchestrator/formulas/memory.py), None if
+    the workload gives none."""
+    if predicted is None:
+        return None
+    estimate, costs = predicted
+    fixed = estimate.states + estimate.bucket
+    return {
+        "micro_batch_size": b,
+        "params": costs.params,
+        "states_bytes": estimate.states,
+        "bucket_bytes": estimate.bucket,
+        "activation_bytes": estimate.activations,
+        "total_bytes": estimate.total,
+        "activation_bytes_per_sequence": costs.activation_bytes_per_sequence,
+        "device_memory_bytes": capacity,
+        "largest_micro_batch_size": memory.largest_micro_batch(fixed, costs.activation_bytes_per_sequence, capacity),
+        "headroom": memory.HEADROOM,
+    }
+
+
+def visible_device_memory(cfg: Config) -> float:
+    """The memory of the device a worker would train on, as seen from here."""
+    from orchestrator.driver import micro_batch
+
+    if cfg.cluster.use_gpu:
+        import torch
+
+        if torch.cuda.is_available():
+            return float(torch.cuda.get_device_properties(0).total_memory)
+        return DEFAULT_GPU_MEMORY
+    return micro_batch.cpu_worker_memory(cfg)
+
+
+def format_table(info: Dict[str, Any]) -> str:
+    rows = [
+        ("seq_len S", f"{info['seq_len']:,}"),
+        (
+            "micro_batch_size b",
+            f"{info['micro_batch_size']:,}" + ("  (auto: the memory model's)" if info["micro_batch_auto"] else ""),
+        ),
+        ("num_workers D", f"{info['num_workers']:,}"),
+        ("grad_accum_steps A", f"{info['grad_accum_steps']:,}"),
+        ("sequences / update", f"{info['sequences_per_update']:,}  (b x D x A)"),
+        ("tokens / update", f"{info['tokens_per_update']:,}  (S x b x D x A)"),
+        (
+            "total tokens",
+            f"{info['total_tokens']:,}"
+            + (
+                ""
+                if info["total_tokens"] == info["total_tokens_requested"]
+                else f"  (budget {info['total_tokens_requested']:,} rounded down to whole updates)"
+            ),
+        ),
+        ("optimizer steps", f"{info['total_steps']:,}"),
+        ("warmup steps", f"{info['warmup_steps']:,}"),
+        (f"decay steps ({info['decay']})", f"{info['decay_steps']:,}"),
+    ]
+    rows += [(f"lr at {k}", f"{v:.3g}") for k, v in info["lr_at"].items()]
+    for s in info["ramp"]:
+        rows.append(
+            (
+                f"ramp from {s['from_tokens']:,} tokens",
+                f"B {s['tokens_per_update']:,} (b {s['micro_batch_size']} x A {s['grad_accum_steps']}), "
+                f"{s['updates']:,} updates, lr x {s['lr_factor']:.3g}: {s['lr_after_change']:.3g} after the change",
+            )
+        )
+    if info["optimizer"] == "sgd":
+        rows += [
+            ("SGD momentum", f"{info['momentum']:.6g}"),
+            ("SGD weight decay (L2)", f"{info['weight_decay']:.6g}  ({info['weight_decay_from']})"),
+        ]
+    else:
+        rows += [
+            ("AdamW beta2", f"{info['beta2']:.6g}  ({info['beta2_from']})"),
+            ("AdamW weight decay", f"{info['weight_decay']:.6g}  ({info['weight_decay_from']})"),
+        ]
+    rows += [("gradient noise scale", info["gns"])]
+    rows += [
+        ("DeepSpeed train_batch_size", f"{info['deepspeed_train_batch_size']:,}"),
+        ("DeepSpeed micro batch / GPU", f"{info['deepspeed_micro_batch_per_gpu']:,}"),
+        ("DeepSpeed grad accumulation", f"{info['deepspeed_gradient_accumulation_steps']:,}"),
+        ("ZeRO stage / precision", f"{info['zero_stage']} / {info['precision']}"),
+    ]
+    m = info["memory"]
+    if m:
+        gib = memory.format_bytes
+        rows += [
+            ("parameters", f"{m['params']:,}"),
+            (
+                "memory / worker (model)",
+                f"{gib(m['total_bytes'])} = states {gib(m['states_bytes'])} + bucket {gib(m['bucket_bytes'])} "
+                f"+ activations {gib(m['activation_bytes'])} (b={m['micro_batch_size']})",
+            ),
+            ("activations / sequence", gib(m["activation_bytes_per_sequence"])),
+            (
+                f"largest b in {gib(m['device_memory_bytes'])}",
+                f"{m['largest_micro_batch_size']:,}  ({m['headroom']:.0%} of the memory left free)",
+            ),
+        ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,367 @@
+"""`orchestrator sweep`: a Ray Tune study in which every trial is the Ray Train run of
+`orchestrator train` (the Train V2 pattern: a function trainable that calls TorchTrainer.fit()).
+A single-worker trial runs its TorchTrainer in Ray Train's local mode, inside the Tune trial's
+process, unless the sweep file says `local_mode: false`: start-up, not compute, dominates
+small trials.
+
+One MLflow parent run per sweep, one child run per trial. A trial finds its child run again by
+its Tune trial id, so a retry or `--resume` keeps logging into the same run. Everything is
+checked before anything launches: bad sweep files and infeasible combinations exit 2 and no
+MLflow run is created.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from orchestrator.core import config as config_lib
+from orchestrator.core import derived, schema, storage
+from orchestrator.core.errors import ConfigError
+from orchestrator.driver import launch, micro_batch
+from orchestrator.formulas import feasibility
+from orchestrator.sweeps import branch_study, search_space, sweep_file
+from orchestrator.tracking import mlflow_runs
+
+log = logging.getLogger(__name__)
+RECORD = "sweep_run.json"
+TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the workers hold the CPUs
+
+
+def in_trial_process(sweep: sweep_file.Sweep, cfg: schema.Config) -> bool:
+    """Does this trial run its one worker in the Tune trial's process (Ray Train local mode)?"""
+    return sweep.local_mode and derived.batch_plan(cfg).num_workers == 1
+
+
+def trial_resources(sweep: sweep_file.Sweep, params: Dict[str, Any]) -> Dict[str, float]:
+    """What the Tune trial holds: the worker's CPUs (and GPU) when the worker runs inside it."""
+    cfg = search_space.resolve(sweep, params["trial"]).cfg
+    if cfg is None or not in_trial_process(sweep, cfg):
+        return {"CPU": TRIAL_DRIVER_CPUS}
+    return feasibility.worker_resources(cfg)
+
+
+# ---------------------------------------------------------------- inside each Tune trial
+
+
+def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
+    """One trial: resolve its config, open (or find) its MLflow child run, run TorchTrainer."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    sweep: sweep_file.Sweep = setup["sweep"]
+    if Path(setup["cwd"]).is_dir():  # Tune starts trials in their own folder; paths are the user's
+        os.chdir(setup["cwd"])
+    trial = search_space.resolve(sweep, params["trial"])
+    if trial.cfg is None:  # optuna proposed an infeasible point: report it as very bad
+        tune.report({"tokens": 0, "eval_loss": float("inf"), "infeasible": trial.problem})
+        return
+    cfg = trial.cfg
+    launch.resolve_paths(cfg)
+    micro_batch.resolve(cfg)  # the sweep's driver found it before the trials started: a cache hit
+    trial_id = tune.get_context().get_trial_id()
+    cfg.train.run_name = trial_id
+    tags = {
+        mlflow_runs.PARENT_TAG: setup["parent_run_id"],
+        mlflow_runs.TRIAL_TAG: trial_id,
+        mlflow_runs.SWEEP_TAG: sweep.name,
+    }
+    tags.update(setup.get("tags", {}))
+    at = branch_study.branch_point(cfg)
+    if at is not None:
+        tags[mlflow_runs.BRANCH_AT_TAG] = str(at)
+    run_id = mlflow_runs.find_run(cfg.tracking.uri, cfg.tracking.experiment, tags)
+    if run_id and mlflow_runs.get_run(cfg.tracking.uri, run_id).info.status == "FINISHED":
+        # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
+        latest = mlflow_runs.get_run(cfg.tracking.uri, run_id).data.metrics
+        tune.report(
+            {
+                "tokens": int(latest.get("train/tokens", 0)),
+                "eval_loss": latest.get("eval/loss"),
+                "loss": latest.get("train/loss"),
+            }
+        )
+        return
+    if run_id:
+        mlflow_runs.reopen_run(cfg.tracking.uri, run_id)  # a retried trial: RUNNING again
+    run_id = run_id or launch.open_run(cfg, trial.name, tags)
+    local = in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
+    # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
+    # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
+    tune_dir = storage.join(setup["tune_storage"], Path(tune.get_context().get_trial_dir()).name)
+    checkpoints = tune_dir if local else storage.join(setup["train_storage"], trial_id)
+    mlflow_runs.set_tags(cfg.tracking.uri, run_id, {mlflow_runs.CHECKPOINTS_TAG: checkpoints})
+    trainer = launch.build_trainer(
+        cfg,
+        run_id,
+        setup["train_storage"],
+        trial_id,
+        callbacks=[] if local else [TuneReportCallback()],
+        local_mode=local,
+    )
+    error = None
+    try:
+        error = trainer.fit().error
+    except Exception as exc:
+        error = exc
+    launch.finish(cfg, run_id, error)
+    if error is not None:
+        raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def _sweep_dir(root: str, name: str, resume: bool) -> str:
+    """The folder (path or URI) of this run of the sweep: a new one, or with --resume the latest."""
+    if resume:
+        runs = [
+            f
+            for f in storage.subfolders(storage.join(root, name))
+            if storage.read_json(storage.join(root, name, f, RECORD))
+        ]
+        if not runs:
+            raise ConfigError("--resume", f"no earlier run of sweep {name!r} under {storage.join(root, name)}")
+        return storage.join(root, name, runs[-1])
+    return storage.join(root, name, time.strftime("%Y%m%d-%H%M%S"))
+
+
+def trial_shape(sweep: sweep_file.Sweep, cfg: schema.Config):
+    """What one trial holds: its worker bundles and the Tune trial's own CPU, or, when the
+    worker runs inside the trial, one bundle for both."""
+    if in_trial_process(sweep, cfg):
+        return feasibility.shape_of(cfg)
+    return feasibility.shape_of(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
+
+
+def trial_shapes(sweep: sweep_file.Sweep, trials: List[search_space.Trial]) -> list:
+    """The shape of every trial (search_space.Prepared.all_trials: the base config's for optuna)."""
+    return [trial_shape(sweep, t.cfg) for t in trials]
+
+
+def _preflight(trials: List[search_space.Trial]) -> None:
+    seen = set()
+    for t in trials:
+        key = json.dumps(
+            [config_lib.to_dict(t.cfg)["data"], t.cfg.batch.tokens_per_update], sort_keys=True, default=str
+        )
+        if key not in seen:
+            seen.add(key)
+            launch.resolve_paths(t.cfg)
+            launch.preflight(t.cfg)
+
+
+def _open_parent(sweep: sweep_file.Sweep, cfg, trials) -> str:
+    uri = cfg.tracking.uri
+    tags = {
+        mlflow_runs.ROLE_TAG: mlflow_runs.SWEEP_ROLE,
+        mlflow_runs.SWEEP_TAG: sweep.name,
+        mlflow_runs.SEARCH_TAG: sweep.search.algorithm,
+        mlflow_runs.SCHEDULER_TAG: sweep.scheduler.type,
+    }
+    run_id = mlflow_runs.create_run(uri, cfg.tracking.experiment, f"sweep {sweep.name}", tags)
+    params = config_lib.flatten({k: v for k, v in sweep.raw.items() if k != "description"})
+    params["trials"] = len(trials) if trials is not None else sweep.search.num_samples
+    mlflow_runs.log_params(uri, run_id, {f"sweep.{k}": v for k, v in params.items()})
+    mlflow_runs.log_file(uri, run_id, sweep.path)
+    return run_id
+
+
+def _param_space(sweep: sweep_file.Sweep, trials, runs: Dict[str, Any]):
+    """Tune's param space and searcher. `runs`: where the trials' MLflow runs are (the bracket
+    search's steps criterion reads them)."""
+    from ray import tune
+
+    if sweep.search.algorithm == "bracket":  # trials: its first round
+        from orchestrator.sweeps.bracket_search import BracketSearch
+
+        return {}, BracketSearch.from_sweep(sweep, trials, runs)
+    if trials is not None:
+        return {"trial": tune.grid_search([t.values for t in trials])}, None
+    from ray.tune.search.optuna import OptunaSearch
+
+    dists = {
+        "grid": tune.choice,
+        "choice": tune.choice,
+        "uniform": lambda a: tune.uniform(*a),
+        "loguniform": lambda a: tune.loguniform(*a),
+        "randint": lambda a: tune.randint(a[0], a[1] + 1),
+    }
+    space = {"trial": {k: dists[next(iter(s))](next(iter(s.values()))) for k, s in sweep.space.items()}}
+    searcher = OptunaSearch(metric=sweep.search.metric, mode="min", seed=sweep.search.seed)
+    return space, searcher
+
+
+def _scheduler(sweep: sweep_file.Sweep, budget: int):
+    if sweep.scheduler.type != "asha":
+        return None
+    from orchestrator.sweeps.grouped_asha import GroupedASHA
+
+    # time_attr = tokens: rungs are token counts, so trials are compared after the same number
+    # of tokens; and only within their group (search_space.comparison_keys says why).
+    return GroupedASHA(
+        search_space.comparison_keys(sweep),
+        time_attr="tokens",
+        metric=sweep.search.metric,
+        mode="min",
+        max_t=budget,
+        grace_period=sweep.scheduler.grace_period_tokens,
+        reduction_factor=sweep.scheduler.reduction_factor,
+    )
+
+
+def _say_how_early_stopping_compares(sweep: sweep_file.Sweep, trials) -> None:
+    if sweep.scheduler.type != "asha":
+        return
+    keys = ", ".join(search_space.comparison_keys(sweep))
+    print(f"early stopping (ASHA) compares a trial only with trials of the same {keys}")
+    lone = search_space.lone_groups(sweep, trials) if trials is not None else []
+    if lone:
+        what = (
+            "first-round trials have no such peer and are not stopped early (the search's later lrs are "
+            "compared with them)"
+            if sweep.search.algorithm == "bracket"
+            else "trials have no such peer and are never stopped early"
+        )
+        print(
+            f"  {len(lone)} of {len(trials)} {what}: "
+            + ", ".join(t.name for t in lone[:6])
+            + (" ..." if len(lone) > 6 else "")
+            + "; sweep at least two configurations per batch size for early stopping to act"
+        )
+
+
+def _how_many(sweep: sweep_file.Sweep, trials) -> str:
+    s = sweep.search
+    if s.algorithm != "bracket":
+        return f"{len(trials) if trials else s.num_samples} trials"
+    return (
+        f"bracket search of the learning rate per batch size, criterion {s.criterion} (search.criterion), "
+        f"step {s.lr_step:g}; first round {len(trials)} trials, at most {search_space.bracket_bound(sweep)} "
+        f"({s.max_lrs_per_batch} lrs per batch size and group)"
+    )
+
+
+def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
+    prepared = search_space.prepare(sweep_path, overrides)
+    sweep, base, trials, base_trial = prepared.sweep, prepared.base, prepared.trials, prepared.base_trial
+    launch.resolve_paths(base)
+    for t in prepared.skipped:
+        log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
+    first = prepared.all_trials()
+    _preflight(first)
+    _say_how_early_stopping_compares(sweep, trials)
+    launch.ray_init(base.cluster.address)
+    launch.check_cluster(base, trial_shapes(sweep, first))
+    micro_batch.resolve_all([t.cfg for t in first])
+    folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
+    if resume:
+        parent = storage.read_json(storage.join(folder, RECORD))["parent_run_id"]
+        print(f"resuming sweep {sweep.name!r} from {folder} (MLflow parent run {parent})")
+    else:
+        parent = _open_parent(sweep, base, trials)
+        storage.write_json(storage.join(folder, RECORD), {"parent_run_id": parent, "sweep": str(sweep.path)})
+        print(f"sweep {sweep.name!r}: {_how_many(sweep, trials)}, MLflow parent run {parent}, results in {folder}")
+
+    # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
+    scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
+    try:
+        tags = {}
+        if sweep.branch:
+            trials, base_run = _branch_base(sweep, base, parent, folder, resume, trials, base_trial)
+            tags = {mlflow_runs.BRANCH_OF_TAG: base_run}
+        _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags).fit()
+    except Exception as exc:
+        error = exc
+    from orchestrator.driver import sweep_summary
+
+    return sweep_summary.finish(sweep, base, parent, error, getattr(scheduler, "stopped_at", None))
+
+
+def _branch_base(sweep, base, parent: str, folder: str, resume: bool, branches, base_trial):
+    """A branch study's base run (trained now as its own Tune phase, or `branch.from`) and the
+    branch trials, each with the base's checkpoint at its branch point: (trials, base run id)."""
+    uri, experiment, branch = base.tracking.uri, base.tracking.experiment, sweep.branch
+    if branch.from_run:
+        run_id = branch_study.find_base(uri, experiment, branch.from_run)
+    else:
+        tags = branch_study.base_tags(parent)
+        run_id = mlflow_runs.find_run(uri, experiment, tags)
+        if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
+            print(f"branch study {sweep.name!r}: the base run first, then {len(branches)} branches")
+            _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base").fit()
+            run_id = mlflow_runs.find_run(uri, experiment, tags)
+        if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
+            raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
+    checkpoints = branch_study.checkpoints_of(uri, run_id, branch.at_tokens)
+    trials = []
+    for t in branches:
+        at = branch_study.branch_at(t.cfg)
+        trials.append(search_space.resolve(sweep, {**t.values, "train.start_from_checkpoint": checkpoints[at]}))
+    return trials, run_id
+
+
+def _can_restore(path: str) -> bool:
+    from ray import tune
+
+    return tune.Tuner.can_restore(path)
+
+
+def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, scheduler, tags=None, phase="tune"):
+    """The Tune run of `trials` (a branch study's base is a phase of its own, `base`)."""
+    from ray import tune
+
+    from orchestrator.driver.sweep_summary import ProgressTable
+
+    setup = {
+        "sweep": sweep,
+        "parent_run_id": parent,
+        "train_storage": storage.join(folder, "train"),
+        "tune_storage": storage.join(folder, phase),
+        "cwd": os.getcwd(),
+        "tags": dict(tags or {}),
+    }
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, setup=setup), lambda params: trial_resources(sweep, params)
+    )
+    # A branch study resumed before a phase had started begins that phase afresh.
+    if resume and (not sweep.branch or _can_restore(storage.join(folder, phase))):
+        return tune.Tuner.restore(storage.join(folder, phase), trainable, resume_unfinished=True, resume_errored=True)
+    runs = {
+        "uri": base.tracking.uri,
+        "experiment": base.tracking.experiment,
+        "tags": {mlflow_runs.PARENT_TAG: parent, mlflow_runs.SWEEP_TAG: sweep.name},
+    }
+    space, searcher = _param_space(sweep, trials, runs)
+    samples = 1  # grid and random trials are laid out in the param space; bracket and optuna suggest theirs
+    if sweep.search.algorithm == "bracket":
+        samples = search_space.bracket_bound(sweep)
+    elif sweep.search.algorithm == "optuna":
+        samples = sweep.search.num_samples
+    return tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            num_samples=samples,
+            max_concurrent_trials=sweep.search.max_concurrent,
+            scheduler=scheduler,
+            search_alg=searcher,
+            metric=None if searcher or sweep.scheduler.type == "asha" else sweep.search.metric,
+            mode=None if searcher or sweep.scheduler.type == "asha" else "min",
+        ),
+        run_config=tune.RunConfig(
+            name=phase,
+            storage_path=folder,
+            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            # Checkpoints of trials in local mode (multi-worker trials keep theirs with Ray Train).
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=trials[0].cfg.train.keep_checkpoints if trials else base.train.keep_checkpoints
+            ),
+            callbacks=[ProgressTable(sweep)],
+            verbose=0,
+        ),
+    )

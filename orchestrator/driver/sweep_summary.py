@@ -1,0 +1,322 @@
+"""What a sweep shows the user: a live table while it runs and the answer when it ends."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from ray import tune
+
+from orchestrator.core.errors import ConfigError
+from orchestrator.driver import launch
+from orchestrator.driver import plan as planning
+from orchestrator.formulas import cost
+from orchestrator.sweeps import search_space, sweep_file
+from orchestrator.tracking import mlflow_runs
+
+PRINT_EVERY_S = 20.0
+ENDED = ("DONE", "STOPPED", "ERROR")
+COLUMNS = [  # (header, width, right-aligned)
+    ("trial", 28, False),
+    ("tokens/update", 13, True),
+    ("lr", 9, True),
+    ("warmup", 9, True),
+    ("tokens done", 13, True),
+    ("done", 5, True),
+    ("ETA", 8, True),
+    ("loss", 7, True),
+    ("eval", 7, True),
+    ("status", 0, False),
+]
+_LIVE: List[Any] = []
+"""rich Live displays still on screen (finish() stops any the Tune callbacks did not)."""
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
+
+
+def _si(n: Optional[float]) -> str:
+    """16,384 -> 16.4k, 536,870,912 -> 537M."""
+    if n is None:
+        return "-"
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:g}"
+
+
+def stop_live() -> None:
+    """Stop every live table still refreshing (idempotent)."""
+    while _LIVE:
+        _LIVE.pop().stop()
+
+
+class ProgressTable(tune.Callback):
+    """Per trial: tokens/update, lr, warmup, tokens done and their share of the trial's budget,
+    ETA, loss, status; above them the sweep's ETA.
+
+    ETAs (arithmetic in orchestrator/formulas/cost.py): a trial's rate is its tokens since its first
+    result (after a restart, since the first result of the restart) over the time since then, so
+    start-up is not in it, evaluations are; its ETA is its remaining tokens at that rate. The
+    sweep's ETA is the remaining tokens of every trial not ended (running and pending ones; trials
+    Tune has not created yet at the mean budget of the known ones) over the summed rate of the
+    running trials: as if the slots keep their present pace. It leaves out the start-up of trials
+    still to start (so it is early) and the trials early stopping will cut short (so it is late).
+
+    On a terminal the table refreshes in place (rich) whenever a result arrives; otherwise (CI,
+    log files) it is printed every 20 s and whenever a trial ends. `clock` and `console` (a
+    rich Console: live display on it) are for tests."""
+
+    def __init__(
+        self, sweep: sweep_file.Sweep, clock: Callable[[], float] = time.monotonic, console: Any = None
+    ) -> None:
+        self.sweep = sweep
+        self.rows: Dict[str, Dict[str, Any]] = {}
+        self.expected = 0
+        self.clock = clock
+        self.console = console
+        self.last_print = -math.inf
+        self._live: Any = None
+
+    def __getstate__(self) -> Dict[str, Any]:  # Tune may pickle its callbacks; a Live display cannot be
+        return {**self.__dict__, "_live": None}
+
+    def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
+        self.expected = total_num_samples or 0
+
+    def _row(self, trial) -> Dict[str, Any]:
+        if trial.trial_id not in self.rows:
+            resolved = search_space.resolve(self.sweep, trial.config["trial"])
+            c = resolved.cfg
+            self.rows[trial.trial_id] = {
+                "name": resolved.name,
+                # a branch: its batch after the branch point, and the tokens where it stops
+                "B": (c.batch.ramp[-1].tokens_per_update if c.batch.ramp else c.batch.tokens_per_update) if c else None,
+                "lr": c.optim.lr if c else None,
+                "warmup": c.schedule.warmup_tokens if c else None,
+                "budget": (c.train.stop_at_tokens or planning.rounded_budget(c)) if c else None,
+                "tokens": 0,
+                "loss": None,
+                "eval": None,
+                "status": "PENDING",
+                "first": None,  # (tokens, time) of the first result since the trial (re)started
+                "rate": None,
+            }
+        return self.rows[trial.trial_id]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._row(trial).update(status="RUNNING", first=None, rate=None)
+        if self._is_live():  # the plain table waits for results
+            self._show_live()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        row = self._row(trial)
+        now = self.clock()
+        row.update(
+            tokens=result.get("tokens", row["tokens"]),
+            loss=result.get("loss"),
+            eval=result.get("eval_loss"),
+            status="RUNNING",
+        )
+        if row["first"] is None:
+            row["first"] = (row["tokens"], now)
+        else:
+            row["rate"] = cost.rate(*row["first"], row["tokens"], now) or row["rate"]
+        self._refresh(force=False)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        row = self._row(trial)
+        row["status"] = "STOPPED" if row["budget"] and row["tokens"] < row["budget"] * 0.99 else "DONE"
+        self._refresh(force=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._row(trial)["status"] = "ERROR"
+        self._refresh(force=True)
+
+    def on_experiment_end(self, trials, **info):
+        self.stop()
+
+    # ------------------------------------------------------------ the figures
+
+    def trial_eta_s(self, row: Dict[str, Any]) -> Optional[float]:
+        """Seconds until a running trial reaches its budget at its rate (None: not running or no rate yet)."""
+        if row["status"] != "RUNNING" or not row["budget"]:
+            return None
+        return cost.eta_s(row["budget"] - row["tokens"], row["rate"])
+
+    def remaining_tokens(self) -> float:
+        """Tokens still to train: every trial not ended, and the trials Tune has not created yet."""
+        budgets = [r["budget"] for r in self.rows.values() if r["budget"]]
+        left = sum(
+            max(0, r["budget"] - r["tokens"]) for r in self.rows.values() if r["budget"] and r["status"] not in ENDED
+        )
+        unseen = max(0, self.expected - len(self.rows))
+        return left + (unseen * sum(budgets) / len(budgets) if budgets else 0.0)
+
+    def running_rate(self) -> float:
+        """Summed tokens/s of the running trials."""
+        return sum(r["rate"] or 0.0 for r in self.rows.values() if r["status"] == "RUNNING")
+
+    def sweep_eta_s(self) -> Optional[float]:
+        return cost.sweep_eta_s(self.remaining_tokens(), [self.running_rate()])
+
+    def title(self, compact: bool = False) -> str:
+        ended = sum(r["status"] in ENDED for r in self.rows.values())
+        total = max(self.expected, len(self.rows))
+        rate = self.running_rate()
+        eta = self.sweep_eta_s()
+        left = self.remaining_tokens()
+        if compact:  # the rich table's title, which should fit 80 columns
+            how = f"{_si(left)} tokens at {_si(rate)}/s" if rate else "no rate yet" if left else "none left"
+            return f"{self.sweep.name}: {ended}/{total} ended; ETA {cost.format_duration(eta)} ({how})"
+        how = f"{left:,.0f} tokens left at {rate:,.0f} tokens/s" if rate else "no rate yet" if left else "none left"
+        return f"sweep {self.sweep.name}: {ended}/{total} trials ended; ETA {cost.format_duration(eta)} ({how})"
+
+    def cells(self, row: Dict[str, Any]) -> List[str]:
+        done = row["tokens"] / row["budget"] if row["budget"] else None
+        return [
+            row["name"][:28],
+            _fmt(row["B"], ",d"),
+            _fmt(row["lr"], ".2e"),
+            _fmt(row["warmup"], ",d"),
+            _fmt(row["tokens"], ",d"),
+            _fmt(done, ".0%"),
+            cost.format_duration(self.trial_eta_s(row)),
+            _fmt(row["loss"], ".3f"),
+            _fmt(row["eval"], ".3f"),
+            row["status"],
+        ]
+
+    # ------------------------------------------------------------ showing them
+
+    def _is_live(self) -> bool:
+        return self.console is not None or sys.stdout.isatty()
+
+    def _refresh(self, force: bool) -> None:
+        if self._is_live():
+            self._show_live()
+        elif force or self.clock() - self.last_print > PRINT_EVERY_S:
+            self.print()
+
+    def print(self) -> None:
+        """The plain table (CI and log files)."""
+        self.last_print = self.clock()
+
+        def line(values: List[str]) -> str:
+            return " ".join(f"{v:>{w}}" if right else f"{v:<{w}}" for v, (_, w, right) in zip(values, COLUMNS))
+
+        lines = [f"--- {self.title()} ---", line([c[0] for c in COLUMNS])]
+        lines += [line(self.cells(row)) for row in self.rows.values()]
+        print("\n".join(lines), flush=True)
+
+    def rich_table(self):
+        """The same figures, narrower (fits 80 columns): warmup is in the trial's name, tokens in k/M/G."""
+        from rich import box
+        from rich.table import Table
+
+        table = Table(
+            title=self.title(compact=True),
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            collapse_padding=True,
+        )
+        table.add_column("trial", overflow="fold", min_width=12)  # the one column that may wrap
+        for header in ("B", "lr", "tokens", "done", "ETA", "loss", "eval"):
+            table.add_column(header, justify="right", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        for row in self.rows.values():
+            cells = self.cells(row)
+            lr = _fmt(row["lr"], ".1e")
+            table.add_row(row["name"], _si(row["B"]), lr, _si(row["tokens"]), *cells[5:])
+        return table
+
+    def _show_live(self) -> None:
+        if self._live is None:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(self.rich_table(), console=self.console or Console(), auto_refresh=False)
+            self._live.start()
+            _LIVE.append(self._live)
+        self._live.update(self.rich_table(), refresh=True)
+
+    def stop(self) -> None:
+        """Stop refreshing in place (the last table stays on screen)."""
+        if self._live is not None:
+            self._live.stop()
+            if self._live in _LIVE:
+                _LIVE.remove(self._live)
+            self._live = None
+
+
+def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None:
+    """A scheduler stops a trial by ending its actor, so its MLflow run is still RUNNING; this can
+    happen right after the last report too (ASHA stops every trial at max_t). Close such runs:
+    FINISHED when they saw the budget, else KILLED and tagged with the rung that stopped them
+    (as the scheduler decided; after a --resume, the last evaluation it logged). The records
+    are updated to match, so they need not be read again."""
+    for t in trials:
+        if t.status != "RUNNING":
+            continue
+        if t.tokens_seen >= t.budget:
+            t.status = "FINISHED"
+        else:
+            t.status = "KILLED"
+            t.stopped_at = stopped_at.get(t.trial_id or "", t.eval[-1][0] if t.eval else t.tokens_seen)
+            mlflow_runs.set_tags(uri, t.run_id, {mlflow_runs.STOPPED_AT_TAG: str(t.stopped_at)})
+        launch.close_run(uri, t.run_id, t.status, title=t.name)
+
+
+def finish(
+    sweep: sweep_file.Sweep,
+    base,
+    parent: str,
+    error: Optional[BaseException],
+    stopped_at: Optional[Dict[str, int]] = None,
+) -> int:
+    """Close the parent run and print the answer, the same as `orchestrator report` gives."""
+    from orchestrator.analysis import sweep_analysis
+    from orchestrator.reporting import report, report_inputs, report_render
+
+    stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
+    uri = base.tracking.uri
+    trials = report_inputs.trials_of(uri, mlflow_runs.child_runs(uri, parent))
+    _close_unfinished_runs(uri, trials, stopped_at or {})
+    finished = [t for t in trials if t.outcome == "finished"]
+    print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
+    if trials:
+        _log_parent_artifacts(uri, parent, trials)
+    if finished:
+        try:
+            try:
+                compare = report_inputs.compared_sweep(sweep.raw, uri, base.tracking.experiment)
+            except ConfigError as exc:  # the sweep to compare with may not have run yet: `report` later
+                print(f"no comparison: {exc}")
+                compare = None
+            result = sweep_analysis.analyse(
+                trials, **report.sweep_options(sweep.search, raw=sweep.raw), compare_with=compare
+            )
+            print("\n".join(report_render.summary_lines(result)))
+        except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
+            print(f"no analysis: {exc}")
+    status = "FAILED" if error is not None or not finished else "FINISHED"
+    mlflow_runs.finish_run(uri, parent, status)
+    print(f"MLflow: `{mlflow_runs.ui_command(uri)}`, then {mlflow_runs.ui_link(uri, base.tracking.experiment)}")
+    print(f"report: orchestrator report {sweep.path} tracking.uri={uri}")
+    if error is not None:
+        print(f"sweep {sweep.name} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0 if finished else 1
+
+
+def _log_parent_artifacts(uri: str, parent: str, trials) -> None:
+    from orchestrator.reporting import plots
+
+    curves = {t.name: t.train for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0))}
+    mlflow_runs.log_figure(
+        uri, parent, plots.loss_vs_tokens(curves, title="train loss of every trial"), "loss_vs_tokens.png"
+    )

@@ -1,0 +1,2 @@
+"""Runs -> records -> analysis -> tables, plots and report files; the Python API
+(orchestrator.results)."""

@@ -1,0 +1,170 @@
+"""`orchestrator report`: which batch size and configuration to use, where the critical batch
+size lies and what each choice costs, read back from a sweep's (or one run's) MLflow runs, or
+from a folder of `trials.csv` and `curves.csv` written by any trainer (orchestrator/analysis/tables.py).
+
+Reading (orchestrator/reporting/report_inputs.py; MLflow only through tracking.py) gives `trials.Trial`
+records; `analysis.analyse` is the arithmetic (its docstring states every rule); writing turns
+the result into figures (plots.py), summary.md, summary.html and report.json (text rendered by
+report_render.py) and the tables trials.csv and curves.csv (results.py: what
+`results.load_sweep` gives), all logged to the sweep's (or the run's) MLflow run under `report/`.
+`sweep` prints `report_render.summary_lines` of the same analysis when it ends, so the two always
+say the same.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from orchestrator.analysis import branch_analysis, sweep_analysis, tables
+from orchestrator.analysis.trials import Trial
+from orchestrator.core.errors import ConfigError
+from orchestrator.reporting import report_inputs
+from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
+from orchestrator.reporting.report_render import document, summary_lines
+from orchestrator.tracking import mlflow_runs
+
+# ---------------------------------------------------------------- writing
+
+
+def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[str, Any]:
+    from orchestrator.reporting import plots
+
+    usable, metric = [t for t in trials if t.batch and t.train], result["loss_metric"]
+    curves = [{"batch": t.batch, "train": t.train, "eval": t.eval} for t in usable]
+    figs = {
+        "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
+        "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
+    }
+    if result.get("branch"):  # a branch study: one base run, so no from-scratch comparison to draw
+        base = branch_analysis.base_of(trials)
+        b_simple = base.b_simple if base else []
+        figs["branch_cbs.png"] = plots.branch_cbs(result["branch"]["points"], result["branch"]["fit"], b_simple)
+        return figs
+    cells = [
+        (t.lr, t.batch, t.final(metric))
+        for t in usable
+        if t.lr and t.outcome == "finished" and t.final(metric) is not None
+    ]
+    if cells:
+        figs["eval_heatmap.png"] = plots.lr_batch_heatmap(cells, f"final {metric}")
+    fits = [
+        {**f, "b_crit": f["b_crit_fit"], "points": [(p["batch"], p["steps"], p["tokens"]) for p in f["points"]]}
+        for f in result["critical_batch"]
+        if f["points"]
+    ]
+    if fits:
+        figs["critical_batch.png"] = plots.critical_batch(fits)
+    best, scaling = result["best_lr"], result["lr_scaling"]
+    if any(r["lr"] for r in best):
+        fit = (scaling["coef"], scaling["alpha"]) if scaling["alpha"] is not None else None
+        figs["lr_vs_batch.png"] = plots.lr_vs_batch(
+            [(t.batch, t.lr) for t in usable if t.lr], [(r["batch"], r["lr"]) for r in best if r["lr"]], fit
+        )
+    return figs
+
+
+def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out: Path) -> List[Path]:
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for file, fig in figures(trials, result, name).items():
+        fig.savefig(out / file, dpi=120)
+        plt.close(fig)
+        written.append(out / file)
+    doc = document(result, name, [p.name for p in written])
+    for file, text in (
+        ("summary.md", to_markdown(doc)),
+        ("summary.html", to_html(doc, f"Report: {name}")),
+        ("report.json", json.dumps(json_safe({"name": name, **result}), indent=2)),
+    ):
+        (out / file).write_text(text)
+        written.append(out / file)
+    return written
+
+
+def sweep_options(search, lr_criterion: Optional[str] = None, raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """What a sweep's search section asks of the analysis, the same for `sweep`'s summary and for
+    `report SWEEP_FILE`: the best lr by fewest steps when the search scored lrs by steps (or its
+    stable-phase proxy), the loss it named as the primary target, and a branch study's tolerance
+    (`raw`: the sweep file as read)."""
+    if lr_criterion is None:
+        lr_criterion = "steps" if search.criterion in ("stable_loss", "steps") else "final_loss"
+    branch = (raw or {}).get("branch")
+    tolerance = branch.get("tolerance") if isinstance(branch, dict) else None
+    options = {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
+    return {**options, "branch_tolerance": tolerance} if tolerance else options
+
+
+def run(
+    target: str,
+    overrides: List[str],
+    out: Optional[str] = None,
+    target_losses: Optional[List[float]] = None,
+    lr_criterion: Optional[str] = None,
+) -> int:
+    """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
+    trials.csv and curves.csv; returns the exit code. lr_criterion None: the sweep file's, else
+    final_loss."""
+    from orchestrator.reporting import results
+    from orchestrator.sweeps import sweep_file  # pandas: only `report` needs it
+
+    is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
+    read = sweep_file.load(target, check=False) if is_sweep_file else None
+    options = sweep_options(
+        read.search if read else sweep_file.SearchConfig(), lr_criterion, read.raw if read else None
+    )
+    if tables.is_table_folder(target):
+        return _run_tables(Path(target), out, target_losses, options)
+    uri, name, run_id = report_inputs.resolve(target, list(overrides))
+    runs = report_inputs.sweep_runs(uri, run_id)
+    curves = report_inputs.read_curves(uri, runs, results.METRICS)
+    trials = report_inputs.trials_of(uri, runs, curves)
+    if not any(t.batch and t.train for t in trials):
+        print(
+            f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
+        )
+        return 1
+    if read is not None:
+        experiment = report_inputs.tracking_for(target, list(overrides))[2]
+        options["compare_with"] = report_inputs.compared_sweep(read.raw, uri, experiment)
+    result = report_inputs.analyse(uri, run_id, trials, target_losses, **options)
+    out_dir = Path(out) if out else _default_out(name)
+    tables_ = results.build(name, run_id, trials, curves, result, results.METRICS, uri)
+    for path in write_report(trials, result, name, out_dir) + tables_.to_csv(out_dir):
+        mlflow_runs.log_file(uri, run_id, path, "report")
+    _say_written(out_dir, f"logged to run {run_id} under report/")
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
+def _default_out(name: str) -> Path:
+    return Path("reports") / re.sub(r"[^\w.-]+", "_", name)
+
+
+def _run_tables(folder: Path, out: Optional[str], target_losses, options) -> int:
+    """`report DIR`: the same analysis and outputs from a folder's tables (nothing goes to MLflow;
+    the tables are rewritten only into another folder, never over themselves)."""
+    from orchestrator.reporting import results
+
+    trials = tables.read(folder)
+    if not any(t.batch and t.train for t in trials):
+        raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
+    name = folder.resolve().name
+    result = sweep_analysis.analyse(trials, target_losses, **options)
+    result["source"] = {"uri": str(folder), "run_id": None, "kind": "tables"}
+    out_dir = Path(out) if out else _default_out(name)
+    written = write_report(trials, result, name, out_dir)
+    if out_dir.resolve() != folder.resolve():
+        curves = {t.run_id: {m: getattr(t, f) for m, f in tables.METRICS.items()} for t in trials}
+        written += results.build(name, "", trials, curves, result, tuple(tables.METRICS)).to_csv(out_dir)
+    _say_written(out_dir, f"read from {folder}")
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
+def _say_written(out_dir: Path, where: str) -> None:
+    print(f"report: {out_dir / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; {where})")

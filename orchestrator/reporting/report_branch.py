@@ -1,0 +1,97 @@
+"""A branch study's part of the report (orchestrator/analysis/branch_analysis.py's result): the method
+and the power law in sentences, the table of branch points, the suggested ramp; as printed lines
+and as document blocks."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, table
+
+BRANCH_COLUMNS = [
+    ("branch point (tokens)", "tokens", TOK),
+    ("status", "status", S),
+    ("critical batch", "shown", S),
+    ("90% interval", "interval", S),
+    ("B_simple there", "b_simple", TOK),
+    ("factor-1 loss", "reference_loss", G),
+    ("excess loss by batch", "excess_shown", S),
+]
+SCRATCH_COLUMN = ("from-scratch B_crit at that loss", "scratch_shown", S)
+
+
+def columns(branch: Dict[str, Any]) -> List[Tuple[str, str, str]]:
+    """The branch table's columns; the from-scratch B_crit after B_simple with branch.compare_with."""
+    if not branch.get("compared_with"):
+        return BRANCH_COLUMNS
+    return [*BRANCH_COLUMNS[:5], SCRATCH_COLUMN, *BRANCH_COLUMNS[5:]]
+
+
+def _scratch_cell(scratch: Optional[Dict[str, Any]]) -> str:
+    if not scratch or scratch["b_crit"] is None:
+        return f"- ({scratch['status']})" if scratch else "-"
+    mark = {"above": "> ", "below": "< "}.get(scratch["status"], "")
+    low, high = scratch["b_crit_interval"] or (None, None)
+    span = f" [{cell(low, TOK)} - {cell(high, TOK)}]" if low and high else ""
+    return f"{mark}{cell(scratch['b_crit'], TOK)}{span} at {scratch['target_loss']:.4g}"
+
+
+def table_rows(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per branch point, its cells as the report shows them."""
+    out = []
+    for p in points:
+        mark = {"above": "> ", "below": "< "}.get(p["status"], "")
+        low, high = p["cbs_interval"] or (None, None)
+        interval = (
+            f"{cell(low, TOK) if low else '...'} - {cell(high, TOK) if high else '...'}" if p["cbs_interval"] else "-"
+        )
+        excess = ", ".join(f"{cell(b, TOK)}: {e:+.1%}" for b, e in zip(p["batches"], p["excess"]))
+        shown = mark + cell(p["cbs"], TOK) if p["cbs"] else "-"
+        scratch = _scratch_cell(p.get("b_crit_scratch"))
+        out.append({**p, "shown": shown, "interval": interval, "excess_shown": excess, "scratch_shown": scratch})
+    return out
+
+
+def sentences(branch: Dict[str, Any]) -> List[str]:
+    """The method and the power law, as sentences."""
+    words = [
+        f"Branches of {branch['base_run'] or 'the base run'} (B = {branch['base_batch']:,} tokens per update) at "
+        f"k x B with the lr x k^alpha; the critical batch size at a branch point is the largest branch batch whose "
+        f"{branch['loss']} is within {branch['tolerance']:.1%} of the factor-1 branch's (interpolated in log B; "
+        "'>': every factor within, '<': factor 2 already beyond). Interval: 90%, from the eval loss's standard error "
+        "and the seeds (Merrill et al. 2025, 'Critical Batch Size Revisited')."
+    ]
+    if branch.get("compared_with"):
+        words.append(
+            f"From-scratch B_crit: the steps-to-target fit of sweep {branch['compared_with']!r} at the base run's "
+            "train loss at each branch point (an average along the path to that loss, not the value at the point)."
+        )
+    fit = branch["fit"]
+    if fit:
+        span = fit["exponent_interval"]
+        within = f" (90% interval {span[0]:.2f} to {span[1]:.2f})" if span else " (2 points: no interval)"
+        words.append(
+            f"Power law over the {fit['points']} resolved points: critical batch ~ {fit['coef']:,.0f} tokens x "
+            f"(tokens / {fit['t_ref']:,.0f})^{fit['exponent']:.2f}{within}."
+        )
+    else:
+        words.append("Power law: fewer than 2 resolved branch points.")
+    words += [f"Note: {note}." for note in branch.get("notes", [])]
+    return words
+
+
+def lines(branch: Dict[str, Any]) -> List[str]:
+    """A branch study's answer: the table, the power law, the suggested ramp."""
+    header, cells = table(table_rows(branch["points"]), columns(branch))[1:]
+    out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
+    out += ["Suggested batch ramp (doubles where the critical batch size passes twice the batch):"]
+    out += ["  " + line for line in branch["ramp_yaml"].splitlines()]
+    return out + [f"  or: orchestrator train CONFIG '{branch['ramp_override']}'"]
+
+
+def blocks(branch: Dict[str, Any]) -> List[tuple]:
+    """The same as document blocks, for summary.md and summary.html."""
+    out = [("h2", "Critical batch size along training (branches)")]
+    out += [("p", sentence) for sentence in sentences(branch)]
+    out += [table(table_rows(branch["points"]), columns(branch))]
+    return out + [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch["ramp_yaml"])]

@@ -1,0 +1,80 @@
+"""The report's text primitives: a table cell, a table block, a document of blocks as Markdown
+or HTML, and plain JSON for report.json."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+G, S, TOK = "{:.4g}", "{}", "tok"  # cell formats: number, text, token count
+
+
+def cell(x: Any, fmt: str = "{:.4g}") -> str:
+    """A table cell: '-' when missing, 'inf' when infinite; fmt "tok" for token counts."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    from orchestrator.reporting.plots import fmt_tokens
+
+    return fmt_tokens(round(x)) if fmt == "tok" else fmt.format(x)
+
+
+def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    """A table as printed lines: each column right-aligned to its widest cell, indented by two."""
+    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+    return ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [header, *rows]]
+
+
+def table(rows: Sequence[Dict[str, Any]], columns: Sequence[Tuple[str, str, str]]) -> tuple:
+    return ("table", [c[0] for c in columns], [[cell(row.get(key), fmt) for _, key, fmt in columns] for row in rows])
+
+
+def to_markdown(doc: Sequence[tuple]) -> str:
+    lines = []
+    for kind, *rest in doc:
+        if kind == "table":
+            lines += ["| " + " | ".join(rest[0]) + " |", "|" + " --- |" * len(rest[0])]
+            lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rest[1]]
+        elif kind == "img":
+            lines.append(f"![{rest[0]}]({rest[0]})")
+        elif kind == "pre":
+            lines.append(f"```yaml\n{rest[0].rstrip()}\n```")
+        else:
+            lines.append(rest[0] if kind == "p" else "#" * int(kind[1]) + " " + rest[0])
+        lines.append("")
+    return "\n".join(lines)
+
+
+def to_html(doc: Sequence[tuple], title: str) -> str:
+    e = html.escape
+
+    def cells(row: Sequence[Any], tag: str) -> str:
+        return "<tr>" + "".join(f"<{tag}>{e(str(c))}</{tag}>" for c in row) + "</tr>"
+
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>body{{font-family:"
+        "sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:3px 8px;text-align:right}img{max-width:100%}</style></head><body>"
+    ]
+    for kind, *rest in doc:
+        if kind == "table":
+            parts.append("<table>" + cells(rest[0], "th") + "".join(cells(r, "td") for r in rest[1]) + "</table>")
+        elif kind == "img":
+            parts.append(f"<p><img src='{e(rest[0])}' alt='{e(rest[0])}'></p>")
+        else:
+            parts.append(f"<{kind}>{e(rest[0])}</{kind}>")
+    return "\n".join(parts + ["</body></html>"])
+
+
+def json_safe(x: Any) -> Any:
+    """Plain JSON: numpy scalars to Python, non-finite floats to null."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    x = x.item() if isinstance(x, np.generic) else x
+    return None if isinstance(x, float) and not math.isfinite(x) else x

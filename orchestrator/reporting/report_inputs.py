@@ -1,0 +1,119 @@
+"""What a report reads: a sweep file, a sweep's name or a run id resolved in the MLflow store, and
+its runs as `trials.Trial` records with the curves the analysis needs (MLflow only through
+tracking.py). `report`, `results.load_sweep`, the sweep's closing summary and the bracket
+searcher all read runs through here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from orchestrator.analysis import sweep_analysis, tables
+from orchestrator.analysis.trials import Curve, Trial
+from orchestrator.core.errors import ConfigError
+from orchestrator.tracking import mlflow_runs
+
+METRICS = tuple(tables.METRICS)
+"""The curves the analysis reads (train/loss, eval/loss, gns/b_simple, train/clipped)."""
+
+
+def tracking_for(target: str, overrides: List[str]) -> Tuple[Optional[str], str, str]:
+    """(sweep name when target is a sweep file, tracking uri, experiment). The `tracking.*` entries
+    of a sweep file's `base.overrides` name its store; the command line's overrides win."""
+    from orchestrator.core import config
+    from orchestrator.sweeps import sweep_file
+
+    name, extra = None, []
+    if target.endswith((".yaml", ".yml")) or Path(target).is_file():
+        if not Path(target).is_file():
+            raise ConfigError("SWEEP_OR_RUN", f"sweep file {target} not found")
+        sweep = sweep_file.load(target, check=False)  # its base config need not resolve here
+        if not sweep.raw.get("name"):
+            raise ConfigError("name", f"sweep file {target} has no top-level `name:`; valid: a sweep YAML with name")
+        name, extra = sweep.name, [o for o in sweep.base_overrides if o.startswith("tracking.")]
+    cfg = config.load(None, extra + list(overrides))
+    return name, mlflow_runs.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
+
+
+def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
+    """(tracking uri, report name, run id of the sweep's parent run or of the single run)."""
+    sweep_name, uri, experiment = tracking_for(target, overrides)
+    if not mlflow_runs.store_exists(uri):
+        raise ConfigError("tracking.uri", f"no MLflow store at {uri}; pass tracking.uri=<the store of the sweep>")
+    run = None if sweep_name else mlflow_runs.try_get_run(uri, target)
+    if run is not None:
+        return uri, run.info.run_name or run.info.run_id, run.info.run_id
+    sweep_name = sweep_name or target
+    run_id = mlflow_runs.find_sweep_run_anywhere(uri, sweep_name, experiment)
+    if run_id is None:
+        raise ConfigError(
+            "SWEEP_OR_RUN",
+            f"no sweep named {sweep_name!r} (run tagged {mlflow_runs.ROLE_TAG}={mlflow_runs.SWEEP_ROLE}, "
+            f"{mlflow_runs.SWEEP_TAG}={sweep_name!r}) and no run with that id in {uri} "
+            f"(searched experiment {experiment!r}, then all)",
+        )
+    return uri, sweep_name, run_id
+
+
+def compared_sweep(raw: Optional[Dict[str, Any]], uri: str, experiment: str) -> Optional[Tuple[str, List[Trial]]]:
+    """A branch study's `branch.compare_with`: (the from-scratch sweep's name, its runs) from the
+    same store, or None when the study names none."""
+    branch = (raw or {}).get("branch")
+    name = branch.get("compare_with") if isinstance(branch, dict) else None
+    if not name:
+        return None
+    run_id = mlflow_runs.find_sweep_run_anywhere(uri, name, experiment)
+    if run_id is None:
+        raise ConfigError(
+            "branch.compare_with",
+            f"no sweep named {name!r} in {uri}; name a from-scratch sweep run into the same store (its `name:`)",
+        )
+    return name, trials_of(uri, sweep_runs(uri, run_id))
+
+
+def sweep_runs(uri: str, run_id: str) -> list:
+    """The sweep's child runs, or the run itself when it has none."""
+    return mlflow_runs.child_runs(uri, run_id) or [mlflow_runs.get_run(uri, run_id)]
+
+
+def read_trials(uri: str, run_id: str) -> List[Trial]:
+    """The sweep's trials (sweep_runs) as analysis records."""
+    return trials_of(uri, sweep_runs(uri, run_id))
+
+
+def read_curves(uri: str, runs: Sequence[Any], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, Curve]]:
+    """{run id: {metric: [(tokens, value)] sorted by tokens}} of METRICS and `metrics` (absent ones: [])."""
+    keys = list(dict.fromkeys([*METRICS, *metrics]))
+    return {r.info.run_id: mlflow_runs.run_metrics(uri, r.info.run_id, keys) for r in runs}
+
+
+def trials_of(uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str, Curve]]] = None) -> List[Trial]:
+    """MLflow runs as analysis records, oldest first: params, tags and the curves the analysis reads
+    (from `curves`, as read_curves returns them, when given: they are not read twice)."""
+    trials = []
+    for r in sorted(runs, key=lambda r: r.info.start_time):
+        read = (curves or {}).get(r.info.run_id) or mlflow_runs.run_metrics(uri, r.info.run_id, METRICS)
+        start, end = r.info.start_time, r.info.end_time
+        stopped = r.data.tags.get(mlflow_runs.STOPPED_AT_TAG)
+        trials.append(
+            Trial(
+                run_id=r.info.run_id,
+                name=r.info.run_name or r.info.run_id[:8],
+                status=r.info.status,
+                params=dict(r.data.params),
+                duration_s=(end - start) / 1000 if end and start else None,
+                stopped_at=int(stopped) if stopped else None,
+                trial_id=r.data.tags.get(mlflow_runs.TRIAL_TAG),
+                **{field: read.get(metric, []) for metric, field in tables.METRICS.items()},
+            )
+        )
+    return trials
+
+
+def analyse(
+    uri: str, run_id: str, trials: Sequence[Trial], target_losses: Optional[Sequence[float]] = None, **options
+) -> Dict[str, Any]:
+    """`analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
+    result = sweep_analysis.analyse(trials, target_losses, **options)
+    result["source"] = {"uri": uri, "run_id": run_id, "kind": "single" if trials[0].run_id == run_id else "sweep"}
+    return result

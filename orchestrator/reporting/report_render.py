@@ -1,0 +1,319 @@
+"""Rendering of `orchestrator report`: the analysis result (`analysis.analyse`) as text. The
+answer paragraph, the tables and the summary as a document of blocks (report_format.py turns it
+into Markdown and HTML; report_branch.py renders a branch study's part); `summary_lines` is what
+`sweep` prints when it ends. No MLflow, no files: report.py reads the trials and writes what
+this module renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from orchestrator.analysis.trials import BATCH_KEY, LR_KEY
+from orchestrator.formulas.schedules import TRUSTED_SHARE
+from orchestrator.reporting import report_branch
+from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, table
+
+AXIS_LABELS = {
+    "batch.tokens_per_update": "batch size",
+    "optim.lr": "lr",
+    "schedule.warmup_tokens": "warmup",
+    "schedule.decay": "decay",
+    "schedule.min_lr_ratio": "min lr ratio",
+    "schedule.wsd_decay_share": "wsd decay share",
+    "optim.weight_decay": "weight decay",
+}
+TOKEN_KEYS = {"batch.tokens_per_update", "schedule.warmup_tokens"}
+
+
+def _setting(key: str, value: Optional[str]) -> str:
+    """A swept value as the reader wants it: token counts as 16Ki, numbers short, text as is."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return value or "-"
+    return cell(number, "tok") if key in TOKEN_KEYS else cell(number)
+
+
+def _label(key: str) -> str:
+    return AXIS_LABELS.get(key, key)
+
+
+def _describe(settings: Dict[str, Optional[str]]) -> str:
+    return ", ".join(f"{_label(k)} {_setting(k, v)}" for k, v in settings.items() if k != BATCH_KEY)
+
+
+def _stopped(result: Dict[str, Any]) -> str:
+    stopped = result["stopped"]
+    rungs = ", ".join(f"{n} at the {cell(float(t), 'tok')}-token rung" for t, n in stopped["rungs"].items())
+    return f"{stopped['count']} stopped early" + (f" ({rungs})" if rungs else "")
+
+
+def answer(result: Dict[str, Any]) -> str:
+    """One paragraph: the best configuration, early stopping, B_crit with its status, interval
+    and trend beside B_simple, and the edges of the swept ranges."""
+    best, p, n = result["best"], result["primary"], len(result["trials"])
+    if best:
+        seeds = f", mean of {best['seeds']} seeds" if best["seeds"] > 1 else ""
+        text = (
+            f"Best configuration: B = {cell(best['batch'], 'tok')} tokens per update, "
+            f"{_describe(best['settings']) or 'the base config'}: "
+            f"final {result['loss_metric']} {cell(best['final_loss'])} (run {best['run_name']}{seeds})."
+        )
+    else:
+        text = "No trial reached its budget, so there is no best configuration."
+    text += f" {result['finished']} of {n} trials reached the budget; {_stopped(result)}."
+    if p is None:
+        return text + " No loss level to measure the critical batch size at."
+    text += " " + critical_batch_sentence(p)
+    text += _trend_sentence(result["trend"])
+    alpha, scaling = result["lr_scaling"]["alpha"], result["lr_scaling"]
+    if alpha is not None:
+        text += f" The best learning rate scales as B^{round(alpha, 2) + 0.0:.2f} ({scaling['points']} batch sizes)."
+    return text + _edge_warning(result)
+
+
+def critical_batch_sentence(p: Dict[str, Any]) -> str:
+    """'At loss 3.2 the critical batch size is B_crit = 700 tokens (90% interval ...).'"""
+    status, target = p["status"], f"{p['target_loss']:.4g}"
+    shown = [note for note in p["notes"] if not note.startswith(("not resolved", "below", "above"))]
+    if status == "resolved":
+        lo_hi = p["b_crit_interval"]
+        parts = ["resolved"] + (
+            [f"90% interval over seeds {cell(lo_hi[0], 'tok')} - {cell(lo_hi[1], 'tok')}"] if lo_hi else []
+        )
+        parts += [f"{len(p['points'])} batch sizes", *shown]
+        b_crit = cell(p["b_crit"], TOK)
+        text = f"At loss {target} the critical batch size is B_crit = {b_crit} tokens ({'; '.join(parts)})"
+    elif status in ("below", "above"):
+        sign, where = ("<", "under the smallest") if status == "below" else (">", "over the largest")
+        parts = [f"{len(p['points'])} batch sizes", *shown]
+        text = (
+            f"At loss {target} B_crit {sign} {cell(p['b_crit_bound'], TOK)} tokens: {where} batch size swept, so "
+            f"only a bound ({'; '.join(parts)})"
+        )
+    else:
+        why = next((note.removeprefix("not resolved: ") for note in p["notes"] if note.startswith("not resolved")), "")
+        text = f"Critical batch size at loss {target}: not resolved ({why})"
+    return text + (
+        f"; measured B_simple at that loss: {cell(p['b_simple'], 'tok')} tokens."
+        if p["b_simple"]
+        else "; B_simple not measured."
+    )
+
+
+def _trend_sentence(trend: Dict[str, Any]) -> str:
+    """How B_crit and B_simple move as the target loss falls (negative slopes: they rise)."""
+    slope = trend["b_crit_slope"]
+    if slope is None:
+        return ""
+    interval = trend["b_crit_slope_interval"]
+    band = f" (90% interval {interval[0]:+.2f} to {interval[1]:+.2f})" if interval else ""
+    settled = interval and (interval[0] > 0 or interval[1] < 0)
+    way = ("rises" if slope < 0 else "falls") if settled or not interval else "does not clearly move"
+    text = f" Across {len(trend['targets'])} targets B_crit {way} as the loss falls: "
+    text += f"d log B_crit / d log loss = {slope:+.2f}{band}"
+    if trend["b_simple_slope"] is not None:
+        text += f"; B_simple's is {trend['b_simple_slope']:+.2f}"
+    return text + "." + (f" {trend['note']}." if trend["note"] else "")
+
+
+def _edge_warning(result: Dict[str, Any]) -> str:
+    """'The best lr is the highest tried at 3 of 5 batch sizes: ...' for the lr the report names
+    and for every other swept axis, per side."""
+    counts: Dict[Tuple[str, str], int] = {}
+    for r in result["best_lr"]:
+        if r["edge"] in ("lowest", "highest"):
+            counts["optim.lr", r["edge"]] = counts.get(("optim.lr", r["edge"]), 0) + 1
+    for r in result["best_per_batch"]:
+        for key, side in r["edges"].items():
+            if key != "optim.lr":
+                counts[key, side] = counts.get((key, side), 0) + 1
+    n = len(result["best_lr"]) or len(result["best_per_batch"])
+    return "".join(
+        f" The best {_label(key)} is the {side} tried at {k} of {n} batch sizes: "
+        f"the optimum may lie {'below' if side == 'lowest' else 'above'} the swept range"
+        + (" (search.algorithm: bracket extends it)." if key == "optim.lr" else ".")
+        for (key, side), k in sorted(counts.items())
+    )
+
+
+CRITERIA = {"final_loss": "final loss", "steps": "fewest steps to the primary target"}
+
+
+def per_batch_table(result: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
+    """Header and rows: per batch size the one best lr (its criterion named), the best value of
+    every other swept axis and its final loss."""
+    axes = [k for k in result["axes"] if k not in (BATCH_KEY, LR_KEY)]
+    lrs = {r["batch"]: r for r in result["best_lr"]}
+    header = ["batch size", f"best lr ({CRITERIA[result['lr_criterion']]})", *map(_label, axes)]
+    header += [f"final {result['loss_metric']}", "seeds", "run"]
+    rows = [
+        [
+            cell(r["batch"], "tok"),
+            _lr_cell(lrs.get(r["batch"])),
+            *(_setting(k, r["settings"].get(k)) for k in axes),
+            cell(r["final_loss"]) + (f" ± {cell(r['spread'], '{:.2g}')}" if r["spread"] is not None else ""),
+            str(r["seeds"]),
+            r["run_name"],
+        ]
+        for r in result["best_per_batch"]
+    ]
+    return header, rows
+
+
+def _lr_cell(row: Optional[Dict[str, Any]]) -> str:
+    """The best lr, with <= or >= when it is the lowest or highest tried (a bound)."""
+    if not row or row["lr"] is None:
+        return "-"
+    return {"lowest": "<= ", "highest": ">= "}.get(row["edge"], "") + cell(row["lr"], "{:.3g}")
+
+
+def summary_lines(result: Dict[str, Any]) -> List[str]:
+    """What `sweep` prints when it ends: the answer and the best configuration per batch size
+    (for a branch study: the critical batch size along training and the ramp it suggests)."""
+    if result.get("branch"):
+        return report_branch.lines(result["branch"])
+    header, rows = per_batch_table(result)
+    swept = ", ".join(map(_label, result["axes"])) or "nothing"
+    lines = [answer(result), f"best configuration per batch size (swept: {swept}):"]
+    return lines + aligned(header, rows)
+
+
+TARGET_COLUMNS = [
+    ("target loss", "target_loss", G),
+    ("status", "status", S),
+    ("B_crit", "shown", S),
+    ("90% interval", "interval", S),
+    ("B_simple", "b_simple", TOK),
+    ("S_min", "s_min", G),
+    ("E_min", "e_min", TOK),
+    ("lack of fit p", "lof", "{:.2g}"),
+    ("batch sizes", "n", S),
+    ("notes", "note", S),
+]
+COST_COLUMNS = [
+    ("batch size", "batch", TOK),
+    ("steps from L_a", "steps", "{:,.1f}"),
+    ("tokens from L_a", "tokens", "{:,.0f}"),
+    ("tokens from start", "tokens_to_target", "{:,.0f}"),
+    ("wall time (s)", "wall_s", "{:.1f}"),
+    ("lr of fewest steps", "lr_shown", S),
+    ("seeds", "seeds", S),
+    ("B_simple", "b_simple", TOK),
+    ("clipped", "clipped", "{:.0%}"),
+    ("run", "run_name", S),
+]
+TRIAL_COLUMNS = [
+    ("run", "run_name", S),
+    ("outcome", "outcome", S),
+    ("batch", "batch", TOK),
+    ("lr", "lr", G),
+    ("seed", "seed", S),
+    ("warmup", "warmup_tokens", S),
+    ("decay", "decay", S),
+    ("final train", "final_train", G),
+    ("final eval", "final_eval", G),
+    ("tokens", "tokens", "{:,}"),
+    ("stopped at", "stopped_at", TOK),
+    ("wall (s)", "wall_s", "{:.1f}"),
+]
+
+
+def _b_crit_cell(f: Dict[str, Any]) -> str:
+    if f["status"] == "resolved":
+        return cell(f["b_crit"], TOK)
+    if f["status"] in ("below", "above"):
+        return ("< " if f["status"] == "below" else "> ") + cell(f["b_crit_bound"], TOK)
+    return "-"
+
+
+def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[tuple]:
+    """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", text), ("table", header, rows), ("img", file)."""
+    metric, src, scaling = result["loss_metric"], result.get("source", {}), result["lr_scaling"]
+    targets = [
+        {
+            **f,
+            "shown": _b_crit_cell(f),
+            "lof": f["lack_of_fit"]["p"],
+            "n": len(f["points"]),
+            "note": "; ".join(f["notes"]) or "-",
+            "interval": " - ".join(cell(x, TOK) for x in f["b_crit_interval"] or []),
+        }
+        for f in result["critical_batch"]
+    ]
+    how = "chosen automatically" if result["targets_chosen"] else "given"
+    if result.get("primary_target") is not None:
+        how += f", and {result['primary_target']:.4g}, the primary, named by the sweep (search.target_loss)"
+    law = scaling["note"] if scaling["alpha"] is None else f"lr_opt ~ {scaling['coef']:.3g} x B^{scaling['alpha']:.3f}"
+    swept = ", ".join(map(_label, result["axes"])) or "nothing"
+    start = result["start_level"]
+    if result.get("branch"):  # a branch study: its own answer first
+        doc_branch = report_branch.blocks(result["branch"])
+    else:
+        doc_branch = []
+    doc = [
+        ("h1", f"Report: {name}"),
+        *doc_branch,
+        ("p", answer(result)),
+        (
+            "p",
+            f"{len(result['trials'])} trials of {src.get('kind', '?')} {src.get('run_id') or ''} "
+            f"in {src.get('uri', '?')}; "
+            f"swept: {swept}. Final losses compare the {result['finished']} trials that reached the budget, "
+            f"on {metric}; "
+            f"{_stopped(result)}, {result['failed']} failed, {result['incomplete']} incomplete. "
+            f"Optimizer constants: {_forms(result['optimizer'])}.",
+        ),
+        ("h2", "Best configuration per batch size"),
+        (
+            "p",
+            "Per batch size, the configuration (one value of every swept axis) with the lowest final loss, "
+            "averaged over its seeds (± their standard deviation). The best lr is one number per batch size, "
+            f"by {CRITERIA[result['lr_criterion']]}: the vertex of a parabola through the best lr tried and its "
+            "neighbours (<= or >=: the best is the lowest or highest tried, so the optimum may lie beyond).",
+        ),
+        ("table", *per_batch_table(result)),
+        ("h2", "Critical batch size"),
+        (
+            "p",
+            f"Target losses {how}. Steps are read from a monotone (isotonic) fit of each run's train/loss, so no "
+            "smoothing window moves them, and only where the schedule cannot fake progress: before the decay of "
+            f"wsd, anywhere for constant, in the first {TRUSTED_SHARE:.0%} of the budget for cosine and linear. "
+            + (f"They are counted from L_a = {start:.4g}, " if start is not None else "They are counted from L_a, ")
+            + "the lowest loss any run had at the end of its warmup, so no warmup step is in them. Per batch size "
+            "the fewest steps over lr come from a parabola in the lr through the best configuration and its "
+            "neighbours; S = S_min + E_min / B is fitted in log steps, weighted by each point's seed spread, and "
+            "B_crit = E_min / S_min. Status: resolved, below or above (B_crit outside the batch sizes swept: only "
+            "a bound), not resolved (fewer than 3 batch sizes reach the target). The interval is a bootstrap over "
+            "seeds that redoes the choice of the best lr in every resample: how far B_crit would move with other "
+            "seeds. The lack-of-fit p-value tests the hyperbola against the seeds' own spread. B_simple is the "
+            "measured gradient noise scale where those trials reach the target "
+            "(rules: orchestrator/analysis/sweep_analysis.py).",
+        ),
+        table(targets, TARGET_COLUMNS),
+    ]
+    for f in targets:
+        points = [{**p, "lr_shown": _lr_cell({"lr": p["lr"], "edge": p["lr_edge"]})} for p in f["points"]]
+        doc += [("h3", f"Cost to reach loss {f['target_loss']:.4g}"), table(points, COST_COLUMNS)]
+    doc += [
+        ("h2", "Learning rate vs batch size"),
+        ("p", f"Best lr per batch size ({CRITERIA[result['lr_criterion']]}), interior ones only: {law}."),
+        ("h2", "Figures"),
+        *[("img", f) for f in images],
+        ("h2", "All trials"),
+        table(result["trials"], TRIAL_COLUMNS),
+    ]
+    if result["skipped"]:
+        doc.append(("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result["skipped"])))
+    return doc
+
+
+def _forms(forms: Dict[str, Dict[str, int]]) -> str:
+    """'beta2 per step (15 runs), weight decay in tokens (15 runs)'."""
+    words = {"beta2": "beta2", "weight_decay": "weight decay"}
+    return ", ".join(
+        f"{words[name]} " + " and ".join(f"{form} ({n} runs)" for form, n in sorted(counts.items()))
+        for name, counts in forms.items()
+        if counts
+    )

@@ -1,0 +1,292 @@
+"""A finished sweep (or one run) as pandas tables, for notebooks: `load_sweep(...)`.
+
+    from orchestrator.reporting.results import load_sweep
+    sweep = load_sweep("smoke", tracking_uri="sqlite:///mlflow.db")
+    sweep.trials    # one row per trial: outcome, final metrics, short aliases, every param by its dotted key
+    sweep.curves    # long: trial, run_id, metric, tokens, value -- every point MLflow holds
+    sweep.fit       # the report's numbers (best configuration per batch size, B_crit, B_simple)
+
+Reading is report_inputs.py's (MLflow only through tracking.py), the numbers are `analysis.analyse`'s:
+this module only lays them out. `orchestrator report --out DIR` writes the same two tables as
+trials.csv and curves.csv, in the format `orchestrator report DIR` reads back (tables.py): every
+param as a column by its dotted config key, so the output is its input. The only module that
+imports pandas.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import pandas as pd
+
+from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial
+from orchestrator.reporting import report_inputs
+
+METRICS = ("train/loss", "eval/loss", "gns/b_simple", "train/clipped", "train/lr", "perf/tokens_per_s")
+"""The curves `load_sweep` reads by default (and `report` writes to curves.csv)."""
+CURVE_COLUMNS = ["trial", "run_id", "metric", "tokens", "value"]
+ALIASES = {
+    "batch": BATCH_KEY,
+    "lr": "optim.lr",
+    "b": "batch.micro_batch_size",
+    "D": "cluster.num_workers",
+    "A": "batch.grad_accum_steps",
+    "seed": "train.seed",
+}
+"""Short columns of the trials table for notebooks (the batch formula S x b x D x A, the seed);
+the same values are also in their dotted columns, which are what `report DIR` reads."""
+FIT_COLUMNS = ["target_loss", "status", "b_crit", "b_crit_low", "b_crit_high", "b_crit_bound", "b_crit_fit"]
+FIT_COLUMNS += ["s_min", "e_min", "b_simple", "lack_of_fit_p", "batch_sizes", "notes"]
+BEST_COLUMNS = ["batch", "final_loss", "spread", "seeds", "lr", "lr_edge", "trial", "run_id", "configurations"]
+Curves = Mapping[str, Mapping[str, Curve]]
+"""{run id: {metric: [(tokens, value)]}}, as report_inputs.read_curves returns."""
+
+
+@dataclass
+class Fit:
+    """The report's numbers (`analysis.analyse`: its docstring states every rule), from `raw`."""
+
+    loss_metric: str
+    """What a final loss is: the last eval/loss when every finished trial has one, else the end of
+    the monotone fit of train/loss."""
+    axes: List[str]
+    """The swept axes: config keys whose values differ between trials, the batch size first."""
+    best_per_batch: pd.DataFrame
+    """Per batch size its best configuration by final loss: batch, final_loss (mean over seeds), spread,
+    seeds, lr (the best lr interpolated between the lrs tried), lr_edge (lowest/highest: the best is
+    at an edge of the lrs tried), trial, run_id (its best seed), configurations (how many were
+    scored), then one column per axis."""
+    best: Optional[Dict[str, Any]]
+    """The row of best_per_batch with the lowest final loss."""
+    critical_batch: pd.DataFrame
+    """Per target loss: target_loss, status (resolved, below, above, not resolved), b_crit (NaN unless
+    resolved), b_crit_low/high (the 90% seed bootstrap), b_crit_bound (below: B_crit is under it;
+    above: over it), b_crit_fit (the fit whatever the status), s_min, e_min, b_simple,
+    lack_of_fit_p, batch_sizes (how many reached the target), notes."""
+    targets: List[float]
+    targets_chosen: bool
+    """True when the targets were chosen by the analysis, False when given."""
+    target_loss: Optional[float]
+    """The primary target: the lowest resolved one (else the first)."""
+    b_crit: Optional[float]
+    b_crit_interval: Optional[Tuple[float, float]]
+    b_simple: Optional[float]
+    status: Optional[str]
+    """The primary target's status."""
+    trend: Dict[str, Any]
+    """b_crit_slope (of log B_crit on log target loss), b_crit_slope_interval, b_simple_slope, agree, note."""
+    lr_criterion: str
+    """What `best_lr` minimises: final_loss or steps (to the primary target)."""
+    best_lr: pd.DataFrame
+    """Per batch size the one best lr the report names: batch, lr, edge."""
+    lr_coef: Optional[float]
+    lr_alpha: Optional[float]
+    """lr_opt ~ lr_coef * B ** lr_alpha through the best configurations (None: not fitted)."""
+    finished: int
+    stopped: int
+    stopped_rungs: Dict[int, int]
+    """Rung (tokens) -> how many trials the scheduler stopped there."""
+    failed: int
+    incomplete: int
+    notes: List[str]
+    """The primary target's notes (why B_crit is not resolved, why there is no interval, ...)."""
+    raw: Dict[str, Any] = field(repr=False)
+    """`analysis.analyse`'s dict, as report.json holds it."""
+
+
+@dataclass
+class SweepResults:
+    name: str
+    run_id: str
+    """The sweep's parent run (or the single run)."""
+    trials: pd.DataFrame
+    curves: pd.DataFrame
+    fit: Optional[Fit]
+    """None when no trial has both a batch size and a train/loss curve (nothing to analyse)."""
+    tracking_uri: str = ""
+
+    def to_csv(self, folder: Union[str, os.PathLike]) -> List[Path]:
+        """trials.csv and curves.csv in folder (read back with pandas.read_csv)."""
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / "trials.csv", out / "curves.csv"]
+        self.trials.to_csv(paths[0], index=False)
+        self.curves.to_csv(paths[1], index=False)
+        return paths
+
+
+def load_sweep(
+    name_or_file: Union[str, os.PathLike],
+    tracking_uri: Optional[str] = None,
+    experiment: Optional[str] = None,
+    metrics: Optional[Sequence[str]] = None,
+    target_losses: Optional[Sequence[float]] = None,
+) -> SweepResults:
+    """A sweep by name, sweep file or run id, resolved like `orchestrator report` (a sweep file's
+    `tracking.*` overrides name its store; `tracking_uri` and `experiment` win). `metrics`: the
+    curves to read (default METRICS); `target_losses` as `report --target-loss`."""
+    overrides = [f"tracking.uri={tracking_uri}"] if tracking_uri else []
+    overrides += [f"tracking.experiment={experiment}"] if experiment else []
+    uri, name, run_id = report_inputs.resolve(os.fspath(name_or_file), overrides)
+    metrics = list(metrics or METRICS)
+    runs = report_inputs.sweep_runs(uri, run_id)
+    curves = report_inputs.read_curves(uri, runs, metrics)
+    trials = report_inputs.trials_of(uri, runs, curves)
+    usable = any(t.batch and t.train for t in trials)
+    result = report_inputs.analyse(uri, run_id, trials, target_losses) if usable else None
+    return build(name, run_id, trials, curves, result, metrics, uri)
+
+
+# ---------------------------------------------------------------- building (pure: no MLflow)
+
+
+def build(
+    name: str,
+    run_id: str,
+    trials: Sequence[Trial],
+    curves: Curves,
+    result: Optional[Dict[str, Any]],
+    metrics: Sequence[str] = METRICS,
+    tracking_uri: str = "",
+) -> SweepResults:
+    return SweepResults(
+        name, run_id, trials_frame(trials), curves_frame(trials, curves, metrics), fit_of(result), tracking_uri
+    )
+
+
+def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
+    """One row per trial, in the order given (report reads them oldest first): what people read
+    first, the short aliases, then every param by its dotted key (what `report DIR` reads)."""
+    keys = sorted(set().union(*(t.params for t in trials)) if trials else set())
+    rows = [
+        {
+            "trial": t.name,
+            "run_id": t.run_id,
+            "trial_id": t.trial_id,
+            "status": t.status,
+            "outcome": t.outcome,
+            **{alias: _scalar(t.params.get(key)) for alias, key in ALIASES.items()},
+            "tokens": t.tokens_seen,
+            "final_train_loss": t.final("train/loss"),
+            "final_eval_loss": t.final("eval/loss"),
+            "b_simple": _last(t.b_simple),
+            "stopped_at": t.stopped_at,
+            "wall_s": t.duration_s,
+            **{k: _scalar(t.params.get(k)) for k in keys},
+        }
+        for t in trials
+    ]
+    columns = ["trial", "run_id", "trial_id", "status", "outcome", *ALIASES, "tokens", "final_train_loss"]
+    columns += ["final_eval_loss", "b_simple", "stopped_at", "wall_s", *keys]
+    numbers = [*ALIASES, "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s"]
+    return _frame(rows, columns, numbers)
+
+
+def curves_frame(trials: Sequence[Trial], curves: Curves, metrics: Sequence[str] = METRICS) -> pd.DataFrame:
+    """Every point of `metrics` for every trial: trial, run_id, metric, tokens (the MLflow step), value."""
+    rows = [
+        (t.name, t.run_id, metric, int(step), float(value))
+        for t in trials
+        for metric in metrics
+        for step, value in curves.get(t.run_id, {}).get(metric, [])
+    ]
+    frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+    return frame.astype({"tokens": "int64", "value": "float64"})
+
+
+def fit_of(result: Optional[Dict[str, Any]]) -> Optional[Fit]:
+    """`analysis.analyse`'s dict as a Fit (None stays None)."""
+    if result is None:
+        return None
+    rows = [_best_row(r) for r in result["best_per_batch"]]
+    best = result["best"]
+    primary = result["primary"] or {}
+    interval = primary.get("b_crit_interval")
+    fits = [
+        {
+            **{k: f[k] for k in ("target_loss", "status", "b_crit", "b_crit_bound", "b_crit_fit", "s_min", "e_min")},
+            "b_crit_low": f["b_crit_interval"][0] if f["b_crit_interval"] else None,
+            "b_crit_high": f["b_crit_interval"][1] if f["b_crit_interval"] else None,
+            "b_simple": f["b_simple"],
+            "lack_of_fit_p": f["lack_of_fit"]["p"],
+            "batch_sizes": len(f["points"]),
+            "notes": "; ".join(f["notes"]),
+        }
+        for f in result["critical_batch"]
+    ]
+    return Fit(
+        loss_metric=result["loss_metric"],
+        axes=list(result["axes"]),
+        best_per_batch=_frame(rows, list(dict.fromkeys([*BEST_COLUMNS, *(k for r in rows for k in r)])), ["spread"]),
+        best=next((r for r in rows if best and r["batch"] == best["batch"]), None),
+        critical_batch=_frame(fits, FIT_COLUMNS, [c for c in FIT_COLUMNS if c not in ("status", "notes")]),
+        targets=[f["target_loss"] for f in result["critical_batch"]],
+        targets_chosen=bool(result["targets_chosen"]),
+        target_loss=primary.get("target_loss"),
+        b_crit=primary.get("b_crit"),
+        b_crit_interval=tuple(interval) if interval else None,
+        b_simple=primary.get("b_simple"),
+        status=primary.get("status"),
+        trend=dict(result["trend"]),
+        lr_criterion=result["lr_criterion"],
+        best_lr=_frame(result["best_lr"], ["batch", "lr", "edge"], ["lr"]),
+        lr_coef=result["lr_scaling"]["coef"],
+        lr_alpha=result["lr_scaling"]["alpha"],
+        finished=result["finished"],
+        stopped=result["stopped"]["count"],
+        stopped_rungs=dict(result["stopped"]["rungs"]),
+        failed=result["failed"],
+        incomplete=result["incomplete"],
+        notes=list(primary.get("notes", [])),
+        raw=result,
+    )
+
+
+def _best_row(r: Dict[str, Any]) -> Dict[str, Any]:
+    """A best_per_batch entry with its settings as columns (the batch size and lr are columns already)."""
+    row = {k: r.get("run_name" if k == "trial" else k) for k in BEST_COLUMNS}
+    settings = {k: _scalar(v) for k, v in r["settings"].items() if k not in (BATCH_KEY, "optim.lr")}
+    return {**row, **settings}
+
+
+def _last(curve: Curve) -> Optional[float]:
+    return curve[-1][1] if curve else None
+
+
+_WORDS = {"None": None, "True": True, "False": False}
+"""How MLflow spells Python's None and booleans (it logs str(value))."""
+
+
+def _scalar(value: Any) -> Any:
+    """A param's string as the None, bool, int or float it spells, else as it is."""
+    if not isinstance(value, str):
+        return value
+    if value in _WORDS:
+        return _WORDS[value]
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _frame(rows: List[Dict[str, Any]], columns: List[str], numbers: Sequence[str] = ()) -> pd.DataFrame:
+    """Columns typed by their values: whole numbers as Int64 (missing ones stay <NA>), other
+    numbers as float64, anything else as it is; `numbers` with no value at all are float64 NaN."""
+    data = {}
+    for col in columns:
+        values = [r.get(col) for r in rows]
+        present = [v for v in values if v is not None]
+        if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+            data[col] = pd.array(values, dtype="Int64")
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present) and (
+            present or col in numbers
+        ):
+            data[col] = pd.Series(values, dtype="float64")
+        else:
+            data[col] = values
+    return pd.DataFrame(data, columns=columns)

@@ -1,0 +1,2 @@
+"""What a sweep file asks for: reading it, expanding its trials, searchers, grouped early stopping,
+branch studies."""

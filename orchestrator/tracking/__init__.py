@@ -1,0 +1,1 @@
+"""The one door to MLflow: runs, tags, metrics and artifacts; the workers' batched metric logger."""
