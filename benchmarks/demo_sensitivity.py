@@ -49,8 +49,8 @@ def run_demo(folder: Path, overrides: List[str]) -> str:
 
 def analyse(uri: str, smoothing: float = 0.0) -> Dict[str, Any]:
     from orchestrator.analysis import sweep_analysis
+    from orchestrator.core import sweep_file
     from orchestrator.reporting import report, report_inputs
-    from orchestrator.sweeps import sweep_file
 
     sweep = sweep_file.load(DEMO, check=False)
     _, _, parent = report_inputs.resolve(str(DEMO), [f"tracking.uri={uri}"])
@@ -75,8 +75,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--tracking-uri", default=None, help="a store holding a finished demo (skips its first run)")
     args = p.parse_args(argv)
 
-    from orchestrator.core import config
-    from orchestrator.sweeps import sweep_file
+    from orchestrator.core import config, sweep_file
 
     load_before, started = os.getloadavg()[0], time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="demo-sensitivity-"))

@@ -145,8 +145,9 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
 
-    from orchestrator.driver import launch
-    from orchestrator.sweeps import search_space, sweep_file
+    from orchestrator.core import sweep_file
+    from orchestrator.driver import launch, ray_session
+    from orchestrator.sweeps import search_space
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     shared = [
@@ -164,7 +165,7 @@ def main(argv: List[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
 
     t = time.perf_counter()
-    launch.ray_init(None)
+    ray_session.ray_init(None)
     ray_init_s = time.perf_counter() - t
     print(f"ray.init: {ray_init_s:.1f} s (counted on neither side)", flush=True)
 

@@ -334,13 +334,13 @@ def main(argv: List[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from orchestrator.core.derived import batch_plan
-    from orchestrator.driver import launch
+    from orchestrator.driver import ray_session
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
     cfg = load_config(args.config, args.overrides, tmp)
     plan = batch_plan(cfg)
     load_before = os.getloadavg()[0]
-    launch.ray_init(cfg.cluster.address)  # once, before the first plain run: same background for both
+    ray_session.ray_init(cfg.cluster.address)  # once, before the first plain run: same background for both
     plain, real, extra = [], [], {"plain_in_ray_worker": [], "real_gns_off": []}
     # plain, real, plain, real, ..., plain: each real run is compared with the mean of the plain
     # runs just before and after it, which cancels a load that drifts during the benchmark.

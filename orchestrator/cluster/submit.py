@@ -142,7 +142,7 @@ def job_spec(
 ) -> JobSpec:
     """A job running `orchestrator VERB TARGET overrides` in a copy of the project; checks TARGET
     (exists, inside the project, a YAML mapping, its base config present) and the overrides."""
-    from orchestrator.sweeps import sweep_file
+    from orchestrator.core import sweep_file
 
     root = (root or project_root()).resolve()
     path = Path(target)
@@ -194,12 +194,11 @@ def command_spec(argv: Sequence[str], name: str = "command", env: Optional[Dict[
 def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[Any]:
     """The distinct shapes (feasibility.Shape) of the sweep's trials, as `orchestrator sweep`
     computes them (search_space.prepare)."""
-    from orchestrator.driver import sweep as sweep_lib
     from orchestrator.formulas import feasibility
-    from orchestrator.sweeps import search_space
+    from orchestrator.sweeps import placement, search_space
 
     prepared = search_space.prepare(sweep_path, overrides)
-    return feasibility.distinct(sweep_lib.trial_shapes(prepared.sweep, prepared.all_trials()))
+    return feasibility.distinct(placement.trial_shapes(prepared.sweep, prepared.all_trials()))
 
 
 def check_fit(client, shapes: Sequence[Any]) -> None:

@@ -109,8 +109,7 @@ def load(
         raise _omegaconf_error(exc) from None
     if cfg.batch.ramp:  # the ramp's first batch size is the run's batch size at 0
         cfg.batch.tokens_per_update = cfg.batch.ramp[0].tokens_per_update
-    # Which keys came from the environment: redacted wherever the config is logged or printed.
-    object.__setattr__(cfg, "_secret_keys", tuple(secret_keys))
+    cfg.secret_keys = tuple(secret_keys)
     if validate_config:
         follow_tokenizer(cfg)
         validation.validate(cfg)
@@ -156,7 +155,7 @@ def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
     (redact=False only for what is shipped to the run's own workers)."""
     data = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     if redact:
-        for key in getattr(cfg, "_secret_keys", ()):
+        for key in cfg.secret_keys:
             node = data
             *parents, leaf = key.split(".")
             for part in parents:

@@ -125,3 +125,13 @@ def scheduled_lr(cfg: Config, tokens: float, segments: Optional[List[batching.Se
         min_lr_ratio=s.min_lr_ratio,
         wsd_decay_share=s.wsd_decay_share,
     )
+
+
+def rounded_budget(cfg: Config) -> int:
+    """train.total_tokens rounded down to whole updates (of the last batch.ramp segment)."""
+    return batch_segments(cfg)[-1].end_tokens
+
+
+def total_updates(cfg: Config) -> int:
+    """Optimizer updates over the rounded budget, along every batch.ramp segment."""
+    return sum(s.updates for s in batch_segments(cfg))

@@ -8,7 +8,7 @@ FIELDS.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING
 
@@ -283,3 +283,8 @@ class Config:
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     gns: GNSConfig = field(default_factory=GNSConfig)
+
+    secret_keys: ClassVar[Tuple[str, ...]] = ()
+    """Not a key (a ClassVar, outside the schema): the keys whose values `config.load` read from
+    the environment (`${oc.env:NAME}`), which `config.to_dict` redacts wherever the config is
+    logged, printed or written."""

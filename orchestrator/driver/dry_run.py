@@ -15,25 +15,17 @@ For a bracket search: its first round's trials, then the range up to its bound o
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator.core import derived
+from orchestrator.core import derived, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.driver import micro_batch
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import batching, cost, memory
-from orchestrator.sweeps import branch_study, search_space, sweep_file
-
-NO_COST_PREFIXES = ("optim.", "schedule.", "lr_scaling.", "gns.", "tracking.")
-"""Space keys that change what a trial learns but not what it costs."""
-NO_COST_KEYS = ("train.seed",)
-COST_KEYS = ("gns.enabled",)
-"""Exceptions to the prefixes: measuring the noise scale splits an update in two (derived.min_micro_batches)."""
-MAX_CORNERS = 4096
+from orchestrator.sweeps import branch_study, corners, search_space
 
 
 @dataclass(frozen=True)
@@ -240,7 +232,7 @@ def _at_once(rows: Sequence[Row], slots: int) -> str:
     return f"; up to {_count(sum(held), next(iter(kinds)))} at once"
 
 
-def totals(sweep: sweep_file.Sweep, rows: Sequence[Row]) -> Tuple[List[str], cost.SweepCost]:
+def totals(sweep: sweep_schema.Sweep, rows: Sequence[Row]) -> Tuple[List[str], cost.SweepCost]:
     slots = sweep.search.max_concurrent
     total = cost.sweep_cost([r.cost for r in rows], slots)
     lines = [
@@ -265,44 +257,6 @@ def _distribution(spec: Dict[str, Any]) -> str:
     return f"{kind} [{args[0]:g}, {args[1]:g}]" + (" (inclusive)" if kind == "randint" else "")
 
 
-def _changes_cost(key: str) -> bool:
-    return key in COST_KEYS or (key not in NO_COST_KEYS and not key.startswith(NO_COST_PREFIXES))
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _corner_values(spec: Dict[str, Any]) -> List[Any]:
-    """The ends of a numeric range or list; every value of a list of other things."""
-    ((kind, args),) = spec.items()
-    if kind in ("grid", "choice"):
-        return sorted({min(args), max(args)}) if all(_is_number(a) for a in args) else list(args)
-    return sorted({args[0], args[1]})
-
-
-def _middle(spec: Dict[str, Any]) -> Any:
-    """A value for a key that does not change cost: the first listed, or the middle of a range."""
-    ((kind, args),) = spec.items()
-    if kind in ("grid", "choice"):
-        return args[0]
-    if kind == "loguniform":
-        return math.sqrt(args[0] * args[1])
-    middle = (args[0] + args[1]) / 2
-    return int(round(middle)) if kind == "randint" else middle
-
-
-def corners(sweep: sweep_file.Sweep) -> Tuple[List[str], List[search_space.Trial]]:
-    """(keys that change cost, the trials at every corner of them, feasible or not)."""
-    keys = [k for k in sweep.space if _changes_cost(k)]
-    fixed = {k: _middle(s) for k, s in sweep.space.items() if k not in keys}
-    values = [_corner_values(sweep.space[k]) for k in keys]
-    if math.prod(len(v) for v in values) > MAX_CORNERS:
-        raise ConfigError("space", f"more than {MAX_CORNERS:,} corners of {', '.join(keys)}; no cost range")
-    trials = [search_space.resolve(sweep, {**fixed, **dict(zip(keys, combo))}) for combo in itertools.product(*values)]
-    return keys, trials
-
-
 def optuna_report(prepared: search_space.Prepared, options: Options) -> List[str]:
     sweep = prepared.sweep
     n, slots = sweep.search.num_samples, sweep.search.max_concurrent
@@ -313,7 +267,7 @@ def optuna_report(prepared: search_space.Prepared, options: Options) -> List[str
         "space:",
         *[f"  {k:<{width}}  {_distribution(s)}" for k, s in sweep.space.items()],
     ]
-    keys, trials = corners(sweep)
+    keys, trials = corners.corners(sweep)
     feasible = [t for t in trials if t.cfg is not None]
     rows, problems = _estimate_all(feasible, options)
     left_out = len(trials) - len(rows)

@@ -18,10 +18,10 @@ from typing import Any, Dict, List, Optional, Set
 
 from orchestrator.core import ds_config, storage
 from orchestrator.core.config import flatten, to_dict, to_yaml
-from orchestrator.core.derived import adamw_constants, batch_plan, sgd_weight_decay
+from orchestrator.core.derived import adamw_constants, batch_plan, rounded_budget, sgd_weight_decay, total_updates
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
-from orchestrator.driver import micro_batch
+from orchestrator.driver import micro_batch, ray_session
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import feasibility
 from orchestrator.tracking import mlflow_runs
@@ -41,7 +41,7 @@ def preflight(cfg: Config) -> None:
 
     if cfg.model.name not in registry.BUILTIN:
         check_workload(cfg, plan)
-    if cfg.cluster.use_gpu and not on_cluster(cfg):
+    if cfg.cluster.use_gpu and not ray_session.on_cluster(cfg):
         import torch
 
         if not torch.cuda.is_available():
@@ -67,93 +67,14 @@ def check_workload(cfg: Config, plan) -> None:
         raise ConfigError("model.name", f"got {cfg.model.name!r}; {exc}") from None
 
 
-def on_cluster(cfg: Config) -> bool:
-    """Joining an existing Ray cluster (cluster.address, or inside a Ray job: RAY_ADDRESS)."""
-    return bool(cfg.cluster.address or os.environ.get("RAY_ADDRESS"))
-
-
-def ray_init(address: Optional[str] = None) -> None:
-    """Join a cluster, or start a local Ray whose dashboard listens on 127.0.0.1 only.
-
-    Worker output is not forwarded (log_to_driver=False): DeepSpeed's and Ray's worker chatter
-    would bury the progress lines, and in Ray Train's local mode the worker is the Tune trial's
-    own process anyway. What the user must see comes through MLflow, the source of truth:
-    progress, the worker's warnings (rank 0 records them as run tags, `_show_worker_warnings`
-    prints them) and a failing worker's traceback, which comes back with the Train error.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS") and not address:
-        ray.init(log_to_driver=False)  # inside a Ray job: its runtime_env already carries the env
-    elif address:
-        ray.init(address=address, runtime_env={"env_vars": mlflow_runs.env_for_workers()}, log_to_driver=False)
-    else:
-        ray.init(
-            dashboard_host="127.0.0.1",
-            _node_ip_address="127.0.0.1",
-            log_to_driver=False,
-            configure_logging=True,
-            logging_level="WARNING",
-        )
-
-
-def cluster_nodes() -> List[Dict[str, float]]:
-    """Total resources of the alive nodes, plus the nodes Ray's autoscaler may still add."""
-    import ray
-
-    alive = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n["Alive"]]
-    groups = []
-    try:
-        config = ray._private.state.state.get_cluster_config()  # None without an autoscaler
-    except Exception:  # an older GCS without the autoscaler's key: judge the nodes there are
-        config = None
-    for group in getattr(config, "node_group_configs", []):
-        groups.append(({k: float(v) for k, v in group.resources.items()}, group.max_count))
-    return feasibility.node_groups(alive, groups)
-
-
-def _node_sees(marker: str) -> Dict[str, bool]:
-    """{node address: whether a task pinned to that node finds `marker`} for every alive node."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    @ray.remote(num_cpus=0)
-    def exists(path: str) -> bool:
-        return os.path.exists(path)
-
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    refs = [
-        exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker)
-        for n in nodes
-    ]
-    return {f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": ok for n, ok in zip(nodes, ray.get(refs, timeout=120))}
-
-
-def check_cluster(cfg: Config, shapes: List[feasibility.Shape]) -> None:
-    """Before anything waits on Ray: every shape can be placed, and a path storage is seen by
-    every node. ConfigError (exit 2) otherwise."""
-    import ray
-
-    nodes = cluster_nodes()
-    where = f"the Ray cluster at {cfg.cluster.address}" if on_cluster(cfg) else "this machine's Ray"
-    for s in feasibility.distinct(shapes):
-        problem = feasibility.problem(s, nodes, where)
-        if problem:
-            raise ConfigError("cluster", problem)
-    if len([n for n in ray.nodes() if n["Alive"]]) > 1:
-        storage.check_visible(cfg.train.storage_path, _node_sees)
-
-
 def run_params(cfg: Config) -> Dict[str, Any]:
     """MLflow params: the whole resolved config flattened (secrets redacted) plus derived values."""
     plan = batch_plan(cfg)
     params = flatten(to_dict(cfg))
     params["batch.grad_accum_steps"] = plan.grad_accum_steps
     params["batch.micro_batch_size"] = plan.micro_batch_size
-    params["train.total_steps"] = planning.total_updates(cfg)
-    params["train.total_tokens_rounded"] = planning.rounded_budget(cfg)
+    params["train.total_steps"] = total_updates(cfg)
+    params["train.total_tokens_rounded"] = rounded_budget(cfg)
     # The beta2 and weight decay used, whichever form gave them (the given keys stay as given);
     # SGD has no beta2, and its weight decay is the coupled L2 it applies.
     if cfg.optim.name == "sgd":
@@ -288,7 +209,7 @@ def _show_worker_warnings(cfg: Config, tags: Dict[str, str], shown: Set[str]) ->
 def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: float = 5.0) -> None:
     """Tokens, loss, tokens/s and ETA from what the run has logged, and the workers' warnings,
     until training ends."""
-    budget, shown, started = planning.rounded_budget(cfg), None, time.monotonic()
+    budget, shown, started = rounded_budget(cfg), None, time.monotonic()
     # A resumed run's earlier warnings were shown by the command that ran it then.
     warned = set(_run_tags(cfg, run_id))
     while worker.is_alive():
@@ -332,8 +253,8 @@ def train(cfg: Config) -> int:
     resolve_paths(cfg)
     preflight(cfg)
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    ray_init(cfg.cluster.address)
-    check_cluster(cfg, [feasibility.shape_of(cfg)])
+    ray_session.ray_init(cfg.cluster.address)
+    ray_session.check_cluster(cfg, [feasibility.shape_of(cfg)])
     micro_batch.resolve(cfg)
     folder = storage.join(cfg.train.storage_path, name)
     run_id = recorded_run_id(cfg.train.storage_path, name)

@@ -6,7 +6,7 @@ import copy
 import math
 from typing import Any, Dict, List, Optional
 
-from orchestrator.core import ds_config
+from orchestrator.core import derived, ds_config
 from orchestrator.core.derived import (
     adamw_constants,
     batch_plan,
@@ -22,16 +22,6 @@ from orchestrator.formulas import batching, memory
 DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
 
 
-def rounded_budget(cfg: Config) -> int:
-    """train.total_tokens rounded down to whole updates (of the last batch.ramp segment)."""
-    return batch_segments(cfg)[-1].end_tokens
-
-
-def total_updates(cfg: Config) -> int:
-    """Optimizer updates over the rounded budget, along every batch.ramp segment."""
-    return sum(s.updates for s in batch_segments(cfg))
-
-
 def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, Any]:
     """What the config means; `device_memory` (bytes) sizes the memory model's largest b (default:
     the visible GPU when training on GPU, else a CPU worker's share of this machine's memory).
@@ -45,7 +35,7 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         answer = micro_batch.from_model(cfg, capacity, micro_batch.per_worker_share(cfg))
         cfg.batch.micro_batch_size = max(1, answer["micro_batch_size"])
     plan = batch_plan(cfg)
-    steps, total = total_updates(cfg), rounded_budget(cfg)
+    steps, total = derived.total_updates(cfg), derived.rounded_budget(cfg)
     tpu = plan.tokens_per_update
     segments, warmup = batch_segments(cfg), cfg.schedule.warmup_tokens
     warmup_steps = sum(

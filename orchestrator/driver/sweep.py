@@ -20,29 +20,14 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from orchestrator.core import config as config_lib
-from orchestrator.core import derived, schema, storage
+from orchestrator.core import storage, sweep_schema
 from orchestrator.core.errors import ConfigError
-from orchestrator.driver import launch, micro_batch
-from orchestrator.formulas import feasibility
-from orchestrator.sweeps import branch_study, search_space, sweep_file
+from orchestrator.driver import launch, micro_batch, ray_session
+from orchestrator.sweeps import branch_study, placement, search_space
 from orchestrator.tracking import mlflow_runs
 
 log = logging.getLogger(__name__)
 RECORD = "sweep_run.json"
-TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the workers hold the CPUs
-
-
-def in_trial_process(sweep: sweep_file.Sweep, cfg: schema.Config) -> bool:
-    """Does this trial run its one worker in the Tune trial's process (Ray Train local mode)?"""
-    return sweep.local_mode and derived.batch_plan(cfg).num_workers == 1
-
-
-def trial_resources(sweep: sweep_file.Sweep, params: Dict[str, Any]) -> Dict[str, float]:
-    """What the Tune trial holds: the worker's CPUs (and GPU) when the worker runs inside it."""
-    cfg = search_space.resolve(sweep, params["trial"]).cfg
-    if cfg is None or not in_trial_process(sweep, cfg):
-        return {"CPU": TRIAL_DRIVER_CPUS}
-    return feasibility.worker_resources(cfg)
 
 
 # ---------------------------------------------------------------- inside each Tune trial
@@ -53,7 +38,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    sweep: sweep_file.Sweep = setup["sweep"]
+    sweep: sweep_schema.Sweep = setup["sweep"]
     if Path(setup["cwd"]).is_dir():  # Tune starts trials in their own folder; paths are the user's
         os.chdir(setup["cwd"])
     trial = search_space.resolve(sweep, params["trial"])
@@ -89,7 +74,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     if run_id:
         mlflow_runs.reopen_run(cfg.tracking.uri, run_id)  # a retried trial: RUNNING again
     run_id = run_id or launch.open_run(cfg, trial.name, tags)
-    local = in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
+    local = placement.in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
     # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
     tune_dir = storage.join(setup["tune_storage"], Path(tune.get_context().get_trial_dir()).name)
@@ -130,19 +115,6 @@ def _sweep_dir(root: str, name: str, resume: bool) -> str:
     return storage.join(root, name, time.strftime("%Y%m%d-%H%M%S"))
 
 
-def trial_shape(sweep: sweep_file.Sweep, cfg: schema.Config):
-    """What one trial holds: its worker bundles and the Tune trial's own CPU, or, when the
-    worker runs inside the trial, one bundle for both."""
-    if in_trial_process(sweep, cfg):
-        return feasibility.shape_of(cfg)
-    return feasibility.shape_of(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
-
-
-def trial_shapes(sweep: sweep_file.Sweep, trials: List[search_space.Trial]) -> list:
-    """The shape of every trial (search_space.Prepared.all_trials: the base config's for optuna)."""
-    return [trial_shape(sweep, t.cfg) for t in trials]
-
-
 def _preflight(trials: List[search_space.Trial]) -> None:
     seen = set()
     for t in trials:
@@ -155,7 +127,7 @@ def _preflight(trials: List[search_space.Trial]) -> None:
             launch.preflight(t.cfg)
 
 
-def _open_parent(sweep: sweep_file.Sweep, cfg, trials) -> str:
+def _open_parent(sweep: sweep_schema.Sweep, cfg, trials) -> str:
     uri = cfg.tracking.uri
     tags = {
         mlflow_runs.ROLE_TAG: mlflow_runs.SWEEP_ROLE,
@@ -171,7 +143,7 @@ def _open_parent(sweep: sweep_file.Sweep, cfg, trials) -> str:
     return run_id
 
 
-def _param_space(sweep: sweep_file.Sweep, trials, runs: Dict[str, Any]):
+def _param_space(sweep: sweep_schema.Sweep, trials, runs: Dict[str, Any]):
     """Tune's param space and searcher. `runs`: where the trials' MLflow runs are (the bracket
     search's steps criterion reads them)."""
     from ray import tune
@@ -196,7 +168,7 @@ def _param_space(sweep: sweep_file.Sweep, trials, runs: Dict[str, Any]):
     return space, searcher
 
 
-def _scheduler(sweep: sweep_file.Sweep, budget: int):
+def _scheduler(sweep: sweep_schema.Sweep, budget: int):
     if sweep.scheduler.type != "asha":
         return None
     from orchestrator.sweeps.grouped_asha import GroupedASHA
@@ -214,7 +186,7 @@ def _scheduler(sweep: sweep_file.Sweep, budget: int):
     )
 
 
-def _say_how_early_stopping_compares(sweep: sweep_file.Sweep, trials) -> None:
+def _say_how_early_stopping_compares(sweep: sweep_schema.Sweep, trials) -> None:
     if sweep.scheduler.type != "asha":
         return
     keys = ", ".join(search_space.comparison_keys(sweep))
@@ -235,7 +207,7 @@ def _say_how_early_stopping_compares(sweep: sweep_file.Sweep, trials) -> None:
         )
 
 
-def _how_many(sweep: sweep_file.Sweep, trials) -> str:
+def _how_many(sweep: sweep_schema.Sweep, trials) -> str:
     s = sweep.search
     if s.algorithm != "bracket":
         return f"{len(trials) if trials else s.num_samples} trials"
@@ -255,8 +227,8 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     first = prepared.all_trials()
     _preflight(first)
     _say_how_early_stopping_compares(sweep, trials)
-    launch.ray_init(base.cluster.address)
-    launch.check_cluster(base, trial_shapes(sweep, first))
+    ray_session.ray_init(base.cluster.address)
+    ray_session.check_cluster(base, placement.trial_shapes(sweep, first))
     micro_batch.resolve_all([t.cfg for t in first])
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume:
@@ -326,7 +298,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
         "tags": dict(tags or {}),
     }
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, setup=setup), lambda params: trial_resources(sweep, params)
+        tune.with_parameters(run_trial, setup=setup), lambda params: placement.trial_resources(sweep, params)
     )
     # A branch study resumed before a phase had started begins that phase afresh.
     if resume and (not sweep.branch or _can_restore(storage.join(folder, phase))):

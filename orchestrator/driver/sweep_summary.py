@@ -9,11 +9,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray import tune
 
+from orchestrator.core import derived, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch
-from orchestrator.driver import plan as planning
 from orchestrator.formulas import cost
-from orchestrator.sweeps import search_space, sweep_file
+from orchestrator.sweeps import search_space
 from orchestrator.tracking import mlflow_runs
 
 PRINT_EVERY_S = 20.0
@@ -71,7 +71,7 @@ class ProgressTable(tune.Callback):
     rich Console: live display on it) are for tests."""
 
     def __init__(
-        self, sweep: sweep_file.Sweep, clock: Callable[[], float] = time.monotonic, console: Any = None
+        self, sweep: sweep_schema.Sweep, clock: Callable[[], float] = time.monotonic, console: Any = None
     ) -> None:
         self.sweep = sweep
         self.rows: Dict[str, Dict[str, Any]] = {}
@@ -97,7 +97,7 @@ class ProgressTable(tune.Callback):
                 "B": (c.batch.ramp[-1].tokens_per_update if c.batch.ramp else c.batch.tokens_per_update) if c else None,
                 "lr": c.optim.lr if c else None,
                 "warmup": c.schedule.warmup_tokens if c else None,
-                "budget": (c.train.stop_at_tokens or planning.rounded_budget(c)) if c else None,
+                "budget": (c.train.stop_at_tokens or derived.rounded_budget(c)) if c else None,
                 "tokens": 0,
                 "loss": None,
                 "eval": None,
@@ -272,7 +272,7 @@ def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None
 
 
 def finish(
-    sweep: sweep_file.Sweep,
+    sweep: sweep_schema.Sweep,
     base,
     parent: str,
     error: Optional[BaseException],

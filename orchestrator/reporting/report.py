@@ -109,13 +109,13 @@ def run(
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
     trials.csv and curves.csv; returns the exit code. lr_criterion None: the sweep file's, else
     final_loss."""
+    from orchestrator.core import sweep_file, sweep_schema  # pandas: only `report` needs it
     from orchestrator.reporting import results
-    from orchestrator.sweeps import sweep_file  # pandas: only `report` needs it
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
     read = sweep_file.load(target, check=False) if is_sweep_file else None
     options = sweep_options(
-        read.search if read else sweep_file.SearchConfig(), lr_criterion, read.raw if read else None
+        read.search if read else sweep_schema.SearchConfig(), lr_criterion, read.raw if read else None
     )
     if tables.is_table_folder(target):
         return _run_tables(Path(target), out, target_losses, options)

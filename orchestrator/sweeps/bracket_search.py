@@ -22,7 +22,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from ray.tune.search import Searcher
 
 from orchestrator.analysis import lr_bracket
-from orchestrator.sweeps import search_space, sweep_file
+from orchestrator.core import derived, sweep_schema
+from orchestrator.sweeps import search_space
 
 
 def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
@@ -68,18 +69,17 @@ class BracketSearch(Searcher):
 
     @classmethod
     def from_sweep(
-        cls, sweep: sweep_file.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
+        cls, sweep: sweep_schema.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
     ) -> "BracketSearch":
         """The sweep's brackets that have a feasible first-round trial (`infeasible: skip` drops
         the others); budgets: train.total_tokens rounded down to whole updates. `runs`: the
         store, experiment and tags of the sweep's MLflow runs (the steps criterion reads them)."""
-        from orchestrator.driver import plan
 
         groups = []
         for point, lrs in search_space.bracket_groups(sweep):
             mine = [t for t in first_round if all(t.values.get(k) == v for k, v in point.items())]
             if mine:
-                groups.append((point, lrs, plan.rounded_budget(mine[0].cfg)))
+                groups.append((point, lrs, derived.rounded_budget(mine[0].cfg)))
         s = sweep.search
         runs = {**(runs or {}), "target_loss": s.target_loss}
         return cls(groups, search_space.seed_values(sweep), s.criterion, s.lr_step, s.max_lrs_per_batch, runs)

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
+from orchestrator.core.sweep_schema import BranchConfig
 from orchestrator.formulas import batching
-from orchestrator.sweeps.sweep_file import BranchConfig
 
 BASE_ROLE = "branch-base"
 """orchestrator.role (mlflow_runs.ROLE_TAG) of a branch study's base run, a child of the study's parent run."""

@@ -1,4 +1,4 @@
-"""A sweep (orchestrator.sweeps.sweep_file reads and checks the file) -> the list of trials to run:
+"""A sweep (orchestrator.core.sweep_file reads and checks the file) -> the list of trials to run:
 grid points x draws x seed replicates, each resolved to a validated train config (shares ->
 tokens, lr scaling rule -> lr, joint constraints); and how early stopping groups the trials.
 A bracket search's list is its first round (the lrs it proposes later change no shape or group).
@@ -20,8 +20,9 @@ from orchestrator.core import config as config_lib
 from orchestrator.core import yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
+from orchestrator.core.sweep_file import load
+from orchestrator.core.sweep_schema import LR_KEYS, SHARE_KEYS, Sweep
 from orchestrator.sweeps import branch_study
-from orchestrator.sweeps.sweep_file import LR_KEYS, SHARE_KEYS, Sweep, load
 
 
 @dataclass

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import yaml
 
-from orchestrator.sweeps import search_space, sweep_file
+from orchestrator.core import sweep_file
+from orchestrator.sweeps import search_space
 from orchestrator.sweeps.bracket_search import BracketSearch
 from orchestrator.sweeps.grouped_asha import GroupedASHA
 from tests.conftest import ROOT

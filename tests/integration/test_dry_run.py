@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from orchestrator import cli
-from orchestrator.driver import plan as planning
+from orchestrator.core import derived, sweep_file
 from orchestrator.formulas import cost
-from orchestrator.sweeps import search_space, sweep_file
+from orchestrator.sweeps import search_space
 from tests.conftest import ROOT, run_cli
 
 DEMO = ROOT / "conf" / "sweep" / "demo.yaml"
@@ -67,7 +67,7 @@ def expected_eta(path, use_gpu):
         devices = c.num_workers * (c.gpus_per_worker if use_gpu else max(1, int(c.cpus_per_worker)))
         rate = cost.throughput(use_gpu)
         walls.append(
-            cost.trial_cost(planning.rounded_budget(t.cfg), workload.costs(t.cfg).flops_per_token, devices, 1, rate)
+            cost.trial_cost(derived.rounded_budget(t.cfg), workload.costs(t.cfg).flops_per_token, devices, 1, rate)
         )
     return trials, cost.makespan([w.wall_s for w in walls], sweep.search.max_concurrent)
 

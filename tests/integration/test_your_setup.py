@@ -10,7 +10,7 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.core import config, derived
 from orchestrator.core.errors import ConfigError
-from orchestrator.driver import launch
+from orchestrator.driver import launch, ray_session
 from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, TINY, varied_corpus
 from workloads import workload
@@ -251,7 +251,7 @@ def test_a_wrong_path_or_a_broken_workload_is_exit_2(name, says, tmp_path, capsy
     def never(*args, **kwargs):
         raise AssertionError("Ray must not start for bad input")
 
-    monkeypatch.setattr(launch, "ray_init", never)
+    monkeypatch.setattr(ray_session, "ray_init", never)
     code = main(["train", str(TINY), f"model.name={name}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "model.name" in err[0] and says in err[0], err

@@ -19,11 +19,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core import derived, schema
+from orchestrator.core import derived, schema, sweep_file
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config, SourceConfig
 from orchestrator.formulas.batching import BatchPlan
-from orchestrator.sweeps import sweep_file
 from workloads.data import corpus as C
 from workloads.data import mixture
 from workloads.data import packing as D

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.core import sweep_file
 from orchestrator.driver import sweep_summary
 from orchestrator.formulas import cost
-from orchestrator.sweeps import search_space, sweep_file
+from orchestrator.sweeps import search_space
 from tests.conftest import ROOT
 
 BUDGET = 327_680  # conf/sweep/demo.yaml: train.total_tokens, a whole number of updates at every B

@@ -6,9 +6,9 @@ import math
 import pytest
 import yaml
 
-from orchestrator.core import derived
+from orchestrator.core import derived, sweep_file
 from orchestrator.core.errors import ConfigError
-from orchestrator.sweeps import search_space, sweep_file
+from orchestrator.sweeps import search_space
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "conf" / "train" / "tiny.yaml")
@@ -186,16 +186,16 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
 def test_trial_resources_follow_where_the_worker_runs(tmp_path):
     """A single-worker trial in local mode holds its worker's CPUs itself; a trial that starts a
     worker group (D > 1, or local_mode: false) holds only a fraction for waiting on it."""
-    from orchestrator.driver import sweep as sweep_lib
+    from orchestrator.sweeps import placement
 
     space = {"cluster.num_workers": {"grid": [1, 2]}, "cluster.cpus_per_worker": {"grid": [0.8]}}
     for local_mode, expected in [
-        (True, [0.8, sweep_lib.TRIAL_DRIVER_CPUS]),
-        (False, [sweep_lib.TRIAL_DRIVER_CPUS, sweep_lib.TRIAL_DRIVER_CPUS]),
+        (True, [0.8, placement.TRIAL_DRIVER_CPUS]),
+        (False, [placement.TRIAL_DRIVER_CPUS, placement.TRIAL_DRIVER_CPUS]),
     ]:
         sweep = sweep_file.load(write(tmp_path, space=space, local_mode=local_mode))
         trials = search_space.expand(sweep)
-        assert [sweep_lib.trial_resources(sweep, {"trial": t.values}) for t in trials] == [{"CPU": c} for c in expected]
+        assert [placement.trial_resources(sweep, {"trial": t.values}) for t in trials] == [{"CPU": c} for c in expected]
 
 
 def test_seeds_replicate_every_configuration(tmp_path):

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from orchestrator.cli import main
 from orchestrator.core import config, schema, validation
 from orchestrator.core.schema import RampStep, SourceConfig
+from orchestrator.core.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
 from orchestrator.core.validation import FIELDS, Field
-from orchestrator.driver import launch
-from orchestrator.sweeps.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
+from orchestrator.driver import launch, ray_session
 from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, TINY, run_cli
 
@@ -115,7 +115,7 @@ def nothing_starts(monkeypatch, tmp_path):
 
         return fail
 
-    monkeypatch.setattr(launch, "ray_init", touched("Ray"))
+    monkeypatch.setattr(ray_session, "ray_init", touched("Ray"))
     monkeypatch.setattr(launch, "preflight", touched("the corpus"))
     monkeypatch.setattr(mlflow_runs, "create_run", touched("MLflow"))
     work = tmp_path / "cwd"
@@ -263,7 +263,7 @@ SECTIONS = [("search", k, r) for k, r in SEARCH_FIELDS.items()] + [
 
 
 def test_every_section_field_has_one_rule():
-    from orchestrator.sweeps.sweep_file import SchedulerConfig, SearchConfig
+    from orchestrator.core.sweep_schema import SchedulerConfig, SearchConfig
 
     assert set(SEARCH_FIELDS) == {f.name for f in fields(SearchConfig)}
     assert set(SCHEDULER_FIELDS) == {f.name for f in fields(SchedulerConfig)}

@@ -32,9 +32,8 @@ Every trial shares the base's `train.total_tokens`, so curves compare at equal t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -42,115 +41,22 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from orchestrator.core import config as config_lib
 from orchestrator.core import validation, yaml_files
 from orchestrator.core.errors import ConfigError
-from orchestrator.formulas import batching
-
-DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
-ALGORITHMS = ("grid", "random", "optuna", "bracket")
-CRITERIA = ("final_loss", "stable_loss", "steps", "both")  # orchestrator/analysis/lr_bracket.py reads them
-SCHEDULERS = ("none", "asha")
-ALPHA_PRESETS = batching.ALPHA_WORDS
-SHARE_KEYS = {"schedule.warmup_share": "schedule.warmup_tokens"}  # share of train.total_tokens
-LR_KEYS = ("lr_scaling.base_lr", "lr_scaling.alpha")
-TOP_KEYS = (
-    "name",
-    "description",
-    "base",
-    "space",
-    "lr_scaling",
-    "constraints",
-    "infeasible",
-    "search",
-    "scheduler",
-    "max_failures",
-    "local_mode",
-    "branch",
+from orchestrator.core.sweep_schema import (
+    ALGORITHMS,
+    ALPHA_PRESETS,
+    CRITERIA,
+    DISTRIBUTIONS,
+    SCHEDULERS,
+    SHARE_KEYS,
+    TOP_KEYS,
+    BranchConfig,
+    SchedulerConfig,
+    SearchConfig,
+    Sweep,
 )
 
 
-@dataclass
-class SearchConfig:
-    algorithm: str = "grid"
-    """grid, random or optuna."""
-    num_samples: int = 1
-    """random/optuna: configurations drawn (per grid point for random)."""
-    max_concurrent: int = 2
-    """Trials running at once."""
-    seed: int = 0
-    """Seed of the random draws (not of training)."""
-    metric: str = "eval_loss"
-    """What schedulers and Optuna minimise."""
-    seeds: int = 1
-    """Replicates: every configuration runs with train.seed = base seed + 0 .. seeds - 1 (model
-    init and data order). Two or more give the critical batch size an interval."""
-    criterion: str = "final_loss"
-    """bracket: what an lr is scored by (mean over seeds): final_loss (the last eval_loss),
-    stable_loss (the eval loss where the schedule's decay starts), steps (to search.target_loss,
-    read as the report reads them), or both (final_loss and steps)."""
-    target_loss: Optional[float] = None
-    """bracket with criterion steps or both: the train loss whose steps-to-reach score an lr."""
-    max_lrs_per_batch: int = 7
-    """bracket: learning rates tried per batch size and group, the first round included."""
-    lr_step: float = 2.0
-    """bracket: the factor past the edge of the tried lrs (and the lr_scaling guess's spread)."""
-
-
-@dataclass
-class SchedulerConfig:
-    type: str = "none"
-    """none or asha."""
-    grace_period_tokens: int = 0
-    """asha: the first rung, in tokens."""
-    reduction_factor: int = 2
-    """asha: rungs grow by this factor and keep the best 1 / factor of their group."""
-
-
-@dataclass
-class BranchConfig:
-    """A branch study (README: critical batch size along training): short continuations of one
-    base run from its checkpoints, at multiples of its batch size."""
-
-    at_tokens: List[int] = field(default_factory=list)
-    """The branch points: checkpoints of the base run (taken there if it trains here)."""
-    factors: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    """Branch batch = factor x the base's tokens per update; 1 (the base's own continuation) is needed."""
-    tokens: int = 0
-    """Tokens each branch trains."""
-    lr_scaling: Any = "sqrt"
-    """The base's lr x factor^alpha: sqrt (0.5), linear (1), a number, 0 for none."""
-    tolerance: float = 0.01
-    """A branch batch is within the critical batch size while its end loss exceeds factor 1's by
-    at most this share."""
-    from_run: Optional[str] = None
-    """`from` in the file: an existing run (id or name) to branch from instead of training the base here."""
-    compare_with: Optional[str] = None
-    """A from-scratch sweep's name in the same store: `report` gives its B_crit at the base's loss
-    at each branch point, beside the branched critical batch size."""
-
-
-@dataclass
-class Sweep:
-    name: str
-    path: Path
-    raw: Dict[str, Any]
-    base_config: Optional[Path]
-    """The train config every trial starts from (relative to the sweep file); None only when read
-    with check=False from a file that names none."""
-    base_overrides: List[str]
-    space: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    search: SearchConfig = field(default_factory=SearchConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    lr_scaling: Dict[str, Any] = field(default_factory=dict)
-    constraints: List[Dict[str, Any]] = field(default_factory=list)
-    infeasible: str = "error"
-    max_failures: int = 1
-    local_mode: bool = True
-    """Single-worker trials run in Ray Train's local mode, in the Tune trial's own process."""
-    text: str = ""
-    """The file as written (submit scans it for the `${oc.env:NAME}` it needs)."""
-    branch: Optional[BranchConfig] = None
-
-
-def _is_number(x: Any) -> bool:
+def is_number(x: Any) -> bool:
     """A finite number (no NaN, no infinity anywhere in a sweep file)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -195,10 +101,10 @@ def _distribution(key: str, spec: Any, numeric: bool = False) -> Dict[str, Any]:
     if kind in ("grid", "choice"):
         if not isinstance(args, list) or not args:
             raise ConfigError(f"space.{key}", f"{kind} needs a non-empty list of values, got {args!r}")
-        if numeric and not all(_is_number(a) for a in args):
+        if numeric and not all(is_number(a) for a in args):
             raise ConfigError(f"space.{key}", f"values must be numbers, got {args!r}")
     else:
-        if not (isinstance(args, list) and len(args) == 2 and all(_is_number(a) for a in args)):
+        if not (isinstance(args, list) and len(args) == 2 and all(is_number(a) for a in args)):
             raise ConfigError(f"space.{key}", f"{kind} needs [low, high], got {args!r}")
         low, high = args
         if low > high:
@@ -261,7 +167,7 @@ def load(path: str | Path, check: bool = True) -> Sweep:
             raise ConfigError(
                 "lr_scaling", "needs reference_tokens and base_lr (and optional alpha: sqrt, linear or a number)"
             )
-        if not _is_number(lr_scaling["reference_tokens"]) or lr_scaling["reference_tokens"] <= 0:
+        if not is_number(lr_scaling["reference_tokens"]) or lr_scaling["reference_tokens"] <= 0:
             raise ConfigError(
                 "lr_scaling.reference_tokens", f"got {lr_scaling['reference_tokens']!r}; valid: tokens per update > 0"
             )
@@ -347,7 +253,7 @@ def _check_bracket(space: Dict[str, Dict[str, Any]], lr_scaling: Any, search: Se
         raise ConfigError(
             "space.optim.lr", "missing; search.algorithm bracket starts from {grid: [...]} here or from lr_scaling"
         )
-    if lrs is not None and ("grid" not in lrs or not all(_is_number(x) and x > 0 for x in lrs["grid"])):
+    if lrs is not None and ("grid" not in lrs or not all(is_number(x) and x > 0 for x in lrs["grid"])):
         raise ConfigError(
             "space.optim.lr", f"got {lrs}; search.algorithm bracket starts from a grid of learning rates > 0"
         )
@@ -402,7 +308,7 @@ def _check_constraint(i: int, c: Any, valid_keys: set) -> None:
     if not isinstance(c, dict) or "key" not in c or len({"max", "min"} & set(c)) != 1:
         raise ConfigError(where, "a constraint is {key: K, max|min: factor, of: OTHER_KEY} (of is optional)")
     bound = c.get("max", c.get("min"))
-    if not _is_number(bound):
+    if not is_number(bound):
         raise ConfigError(
             f"{where}.{'max' if 'max' in c else 'min'}", f"got {bound!r}; valid: a number (the factor of `of`)"
         )
