@@ -311,7 +311,7 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
     shipped = upload.upload_files(ROOT, upload.EXCLUDES)
     sources = [
         p.relative_to(ROOT).as_posix()
-        for pattern in ("orchestrator/*.py", "workloads/*.py", "conf/**/*.yaml")
+        for pattern in ("orchestrator/**/*.py", "workloads/**/*.py", "conf/**/*.yaml")
         for p in ROOT.glob(pattern)
     ]
     assert sources and not set(sources) - set(shipped), sorted(set(sources) - set(shipped))
