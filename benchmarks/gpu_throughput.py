@@ -152,7 +152,7 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
 
     from orchestrator.core.derived import adamw_constants, batch_plan, compile_enabled
     from workloads.builtin import gpt
-    from workloads.data.packing import TokenDataset
+    from workloads.text.packing import TokenDataset
 
     plan = batch_plan(cfg)
     torch.manual_seed(cfg.train.seed)
@@ -243,7 +243,7 @@ def measure_config(path: Path, args, device, name: str, peak: Optional[float]) -
     from orchestrator.driver import micro_batch
     from orchestrator.formulas import memory
     from workloads.builtin import gpt
-    from workloads.data import packing
+    from workloads.text import packing
 
     started = time.perf_counter()
     cfg = load_config(path, args)

@@ -76,7 +76,7 @@ def run_plain(cfg) -> Dict[str, Any]:
     from orchestrator.formulas import batching
     from orchestrator.formulas.schedules import lr_at
     from workloads.builtin import gpt
-    from workloads.data.packing import TokenDataset
+    from workloads.text.packing import TokenDataset
 
     started = time.perf_counter()
     threads = torch.get_num_threads()

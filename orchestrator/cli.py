@@ -255,12 +255,12 @@ def _check_free(host: str, port: int) -> None:
 
 def _prepare(args: argparse.Namespace) -> int:
     from orchestrator.core import config
-    from workloads.data import corpus
+    from workloads.text import corpus
 
     cfg = config.load(args.config, args.overrides)
     use = f"data.shard_dir={args.out}"
     if args.train_tokenizer is not None:
-        from workloads.data import tokenizer
+        from workloads.text import tokenizer
 
         if not 258 <= args.train_tokenizer <= 2**31:
             raise ConfigError(

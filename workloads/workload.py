@@ -85,7 +85,7 @@ def costs(cfg: Config) -> Optional[ModelCosts]:
 
 
 def token_micro_batch(batch, source_names: Sequence[str], device: torch.device) -> MicroBatch:
-    """A MicroBatch of a packed token batch of workloads/data/packing.py, for workloads on that data."""
+    """A MicroBatch of a packed token batch of workloads/text/packing.py, for workloads on that data."""
     tensors = {k: getattr(batch, k).to(device) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
     per_source = batch.loss_mask.sum(dim=1)
     source_tokens = {name: int(per_source[batch.source_ids == i].sum()) for i, name in enumerate(source_names)}
@@ -97,7 +97,7 @@ class GPTWorkload:
 
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
         from workloads.builtin import gpt
-        from workloads.data import packing
+        from workloads.text import packing
 
         self._model_lib = gpt
         self.cfg, self.plan, self.device = cfg, plan, device
@@ -173,7 +173,7 @@ class LinRegWorkload:
     def micro_batch(self, first: int, plan: BatchPlan, rank: int, accum_step: int) -> MicroBatch:
         start = (
             accum_step * plan.num_workers + rank
-        ) * plan.micro_batch_size  # the slot mapping of workloads/data/packing.py
+        ) * plan.micro_batch_size  # the slot mapping of workloads/text/packing.py
         return self._wrap(*self.data.examples(first + start, plan.micro_batch_size))
 
     def summed_loss(self, engine: nn.Module, mb: MicroBatch) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -29,8 +29,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from orchestrator.cluster.follow import follow_job
 from orchestrator.cluster.ray_jobs import ClusterError, calls, cluster_nodes, connect, first_line, mask
 from orchestrator.cluster.upload import EXCLUDES, check_upload_size, mib, upload_limit
-from orchestrator.core import schema, yaml_files
+from orchestrator.core import schema, sweep_file, yaml_files
 from orchestrator.core.errors import ConfigError
+from orchestrator.formulas import feasibility
+from orchestrator.sweeps import placement, search_space
 
 _ENV_REF_RE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -142,7 +144,6 @@ def job_spec(
 ) -> JobSpec:
     """A job running `orchestrator VERB TARGET overrides` in a copy of the project; checks TARGET
     (exists, inside the project, a YAML mapping, its base config present) and the overrides."""
-    from orchestrator.core import sweep_file
 
     root = (root or project_root()).resolve()
     path = Path(target)
@@ -194,8 +195,6 @@ def command_spec(argv: Sequence[str], name: str = "command", env: Optional[Dict[
 def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[Any]:
     """The distinct shapes (feasibility.Shape) of the sweep's trials, as `orchestrator sweep`
     computes them (search_space.prepare)."""
-    from orchestrator.formulas import feasibility
-    from orchestrator.sweeps import placement, search_space
 
     prepared = search_space.prepare(sweep_path, overrides)
     return feasibility.distinct(placement.trial_shapes(prepared.sweep, prepared.all_trials()))
@@ -203,7 +202,6 @@ def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[
 
 def check_fit(client, shapes: Sequence[Any]) -> None:
     """ConfigError (exit 2) when a trial shape can never be placed on the cluster's alive nodes."""
-    from orchestrator.formulas import feasibility
 
     nodes = cluster_nodes(client)
     if nodes is None:

@@ -41,7 +41,7 @@ EXCLUDES = [
 ]
 # Secrets never travel with a job, wherever they lie (deploy/mlflow/.env holds the PostgreSQL
 # password): the job gets what it needs as runtime_env env_vars. Names only, never a pattern
-# like *token* that would also drop source files (workloads/data/tokenizer.py).
+# like *token* that would also drop source files (workloads/text/tokenizer.py).
 SECRET_EXCLUDES = [
     ".env",
     ".env.*",

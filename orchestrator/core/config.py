@@ -25,6 +25,7 @@ from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, Omega
 from orchestrator.core import registry, validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
+from orchestrator.core.validation import check_override
 from orchestrator.core.yaml_files import (
     extends_chain,
     parse_overrides,
@@ -65,7 +66,6 @@ def _read_yaml(path: Path) -> DictConfig:
 
 def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
     """OmegaConf.update understands list indices (data.sources.0.weight=2) and keeps types."""
-    from orchestrator.core.validation import check_override  # lazy: validation imports this module
 
     for key, value in overrides:
         check_override(key, value)

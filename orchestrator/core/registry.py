@@ -112,7 +112,7 @@ def _load(path: str) -> Any:
 
 CONFIG_CHECKS = {"hf": "workloads.builtin.hf_model:hf_config"}
 """model.name -> the check (cfg -> None, raises ConfigError) validation runs for it."""
-TOKENIZER_LOAD = "workloads.data.tokenizer:load"
+TOKENIZER_LOAD = "workloads.text.tokenizer:load"
 
 
 def check(cfg: Any) -> None:

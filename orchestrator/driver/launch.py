@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
-from orchestrator.core import ds_config, storage
+from orchestrator.core import ds_config, registry, storage
 from orchestrator.core.config import flatten, to_dict, to_yaml
 from orchestrator.core.derived import adamw_constants, batch_plan, rounded_budget, sgd_weight_decay, total_updates
 from orchestrator.core.errors import ConfigError
@@ -34,10 +34,9 @@ def preflight(cfg: Config) -> None:
     """Checks that need the data or the environment; ConfigError (exit 2) before Ray starts."""
     plan = batch_plan(cfg)
     if cfg.model.name in ("gpt", "hf"):
-        from workloads.data import packing
+        from workloads.text import packing
 
         packing.check_corpus(cfg, plan.tokens_per_update)
-    from orchestrator.core import registry
 
     if cfg.model.name not in registry.BUILTIN:
         check_workload(cfg, plan)
@@ -118,7 +117,6 @@ def build_trainer(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from orchestrator.core import registry
     from workloads.train.train_loop import FAULT_ENV, train_worker
 
     plan = batch_plan(cfg)
@@ -194,7 +192,7 @@ def resolve_paths(cfg: Config) -> None:
         cfg.model.init_from = str(Path(cfg.model.init_from).expanduser().resolve())
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = mlflow_runs.resolve_uri(cfg.tracking.uri)
-    # The token cache (workloads/data/corpus.py) is shared by the driver's preflight and all workers.
+    # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
 
 

@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from orchestrator.core import storage
+from orchestrator.core import ds_config, storage
 from orchestrator.core.config import to_dict
 from orchestrator.core.derived import batch_plan, batch_segments
 from orchestrator.core.errors import ConfigError
@@ -125,7 +125,6 @@ def from_model(cfg: Config, capacity: float, upper: int) -> Dict[str, Any]:
 def predict(cfg: Config, micro_batch_size: int) -> Optional[Tuple[memory.MemoryEstimate, memory.ModelCosts]]:
     """The memory model's peak per worker at b = micro_batch_size, with the workload's costs
     (None when the workload states no costs)."""
-    from orchestrator.core import ds_config
     from workloads import workload
 
     costs = workload.costs(cfg)

@@ -17,6 +17,7 @@ from orchestrator.core.derived import (
     sgd_weight_decay,
 )
 from orchestrator.core.schema import AUTO, Config
+from orchestrator.driver import micro_batch
 from orchestrator.formulas import batching, memory
 
 DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
@@ -26,7 +27,6 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
     """What the config means; `device_memory` (bytes) sizes the memory model's largest b (default:
     the visible GPU when training on GPU, else a CPU worker's share of this machine's memory).
     With `auto`, b is the memory model's answer for that memory."""
-    from orchestrator.driver import micro_batch
 
     capacity = device_memory or visible_device_memory(cfg)
     auto = cfg.batch.micro_batch_size == AUTO
@@ -167,7 +167,6 @@ def _memory(b: int, predicted, capacity: float) -> Optional[Dict[str, Any]]:
 
 def visible_device_memory(cfg: Config) -> float:
     """The memory of the device a worker would train on, as seen from here."""
-    from orchestrator.driver import micro_batch
 
     if cfg.cluster.use_gpu:
         import torch

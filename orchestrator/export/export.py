@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from orchestrator.core import config, storage
+from orchestrator.core import config, registry, storage
 from orchestrator.core.errors import ConfigError
 from orchestrator.tracking import mlflow_runs
 
@@ -322,7 +322,6 @@ def _write_model(cfg, state_dict: Dict[str, Any], folder: Path, info: Dict[str, 
 
 
 def _workload_hook(cfg):
-    from orchestrator.core import registry
 
     try:
         factory = registry.factory(cfg.model.name)

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.analysis import sweep_analysis, tables
 from orchestrator.analysis.trials import Curve, Trial
+from orchestrator.core import config, sweep_file
 from orchestrator.core.errors import ConfigError
 from orchestrator.tracking import mlflow_runs
 
@@ -20,7 +21,6 @@ METRICS = tuple(tables.METRICS)
 def tracking_for(target: str, overrides: List[str]) -> Tuple[Optional[str], str, str]:
     """(sweep name when target is a sweep file, tracking uri, experiment). The `tracking.*` entries
     of a sweep file's `base.overrides` name its store; the command line's overrides win."""
-    from orchestrator.core import config, sweep_file
 
     name, extra = None, []
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():

@@ -23,8 +23,8 @@ NO_RAY = (
     "sys.modules['mlflow'] = None\n"
     "from orchestrator import cli\n"
     "code = cli.main(sys.argv[1:])\n"
-    "assert 'workloads.data.packing' not in sys.modules, 'read a corpus'\n"
-    "assert 'workloads.data.corpus' not in sys.modules, 'read a corpus'\n"
+    "assert 'workloads.text.packing' not in sys.modules, 'read a corpus'\n"
+    "assert 'workloads.text.corpus' not in sys.modules, 'read a corpus'\n"
     "sys.exit(code)\n"
 )
 

@@ -222,7 +222,7 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     """
     from workloads import workload as workloads
     from workloads.builtin.gpt import token_losses
-    from workloads.data.packing import Batch
+    from workloads.text.packing import Batch
 
     corpus = varied_corpus(tmp_path / "corpus")
     tokens = S * B * D * A

@@ -295,7 +295,7 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
     ]
     kept = [
         "orchestrator/cluster/submit.py",
-        "workloads/data/tokenizer.py",
+        "workloads/text/tokenizer.py",
         "workloads/tokens.py",
         "conf/train/tiny.yaml",
         "deploy/mlflow/docker-compose.yaml",

@@ -95,7 +95,7 @@ def source_shares(cfg, run_id):
 def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus):
     assert [s for s, _ in reference] == [128 * i for i in range(UPDATES)], "each update at the tokens before it"
     # The premise of the test: micro-batches hold different numbers of real tokens.
-    from workloads.data.packing import TokenDataset
+    from workloads.text.packing import TokenDataset
 
     cfg = small_config(corpus.parent, corpus, "batch.micro_batch_size=1", "batch.grad_accum_steps=4")
     plan = derived.batch_plan(cfg)

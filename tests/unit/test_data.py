@@ -1,4 +1,4 @@
-"""workloads/data/corpus.py (tokenizer, sources, token cache) and workloads/data/packing.py (split, packing,
+"""workloads/text/corpus.py (tokenizer, sources, token cache) and workloads/text/packing.py (split, packing,
 mixture, decomposition)."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from orchestrator.core import derived, schema, sweep_file
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config, SourceConfig
 from orchestrator.formulas.batching import BatchPlan
-from workloads.data import corpus as C
-from workloads.data import mixture
-from workloads.data import packing as D
+from workloads.text import corpus as C
+from workloads.text import mixture
+from workloads.text import packing as D
 
 FIELDS = ("inputs", "targets", "positions", "doc_ids", "loss_mask", "source_ids", "origins")
 

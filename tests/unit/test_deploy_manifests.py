@@ -489,7 +489,7 @@ def test_rayjob_runs_the_cluster_sweep_with_absolute_paths_and_cleans_up():
     assert overrides["train.storage_path"].startswith("/mnt/shared/"), overrides
     for _, c in containers(spec["rayClusterSpec"]):
         assert c.get("workingDir") == image_workdir(), c["name"]
-        # the token cache (workloads/data/corpus.py) on the shared volume, not relative to a cwd
+        # the token cache (workloads/text/corpus.py) on the shared volume, not relative to a cwd
         assert env_of(c)["ORCHESTRATOR_CACHE_DIR"]["value"].startswith("/mnt/shared/"), c["name"]
 
 

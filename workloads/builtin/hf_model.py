@@ -57,11 +57,11 @@ def build_model(cfg: Config) -> nn.Module:
 
 
 class HFWorkload:
-    """`hf`: the causal LM of model.hf over the packed documents of workloads/data/packing.py."""
+    """`hf`: the causal LM of model.hf over the packed documents of workloads/text/packing.py."""
 
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
         from workloads.builtin import gpt
-        from workloads.data.packing import TokenDataset
+        from workloads.text.packing import TokenDataset
 
         self._gpt = gpt
         self.cfg, self.plan, self.device = cfg, plan, device

@@ -3,9 +3,9 @@
 Built-in sources need no download (the standard library's source as `code`, the reference
 documentation of `pydoc_data` as `prose`, generated `arithmetic`); user sources are .txt,
 .jsonl or .parquet files, or a Hugging Face `datasets` dataset on local disk, all streamed.
-Every source is tokenized once (workloads/data/tokenizer.py: bytes or a tokenizer.json) into a
+Every source is tokenized once (workloads/text/tokenizer.py: bytes or a tokenizer.json) into a
 memory-mapped token file plus document offsets, so training never holds a corpus in RAM;
-`prepare_shards` writes the same files for reuse. Packing and batching are in `workloads/data/packing.py`.
+`prepare_shards` writes the same files for reuse. Packing and batching are in `workloads/text/packing.py`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config, SourceConfig
-from workloads.data import tokenizer as tokenizers
-from workloads.data.tokenizer import Tokenizer
+from workloads.text import tokenizer as tokenizers
+from workloads.text.tokenizer import Tokenizer
 
 EOS = 256  # of the byte tokenizer
 VOCAB_SIZE = 257

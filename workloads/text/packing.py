@@ -3,12 +3,12 @@ the micro-batches of an update.
 
 Documents are split into train/eval by a hash of their index, laid out in a seeded order and
 cut into windows of S+1 tokens. The training stream is one fixed sequence of such windows,
-given the data config and `train.seed`: position k draws its source from `workloads/data/mixture.py`
+given the data config and `train.seed`: position k draws its source from `workloads/text/mixture.py`
 (every prefix holds each source within one sequence of its weight) and takes that source's next
 window. Update u consumes positions [u N, (u+1) N) of N sequences, sliced over accumulation
 steps and workers, so every batch size sees the same tokens at equal tokens (docs/design.md 4.5) and
 every b x D x A split of an update the same sequences (4.1). The corpus itself (sources,
-tokenizer, token cache) is `workloads/data/corpus.py`.
+tokenizer, token cache) is `workloads/text/corpus.py`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.formulas.batching import BatchPlan
-from workloads.data import mixture
-from workloads.data.corpus import SourceTokens, hash64, heldout_mask, load_source
+from workloads.text import mixture
+from workloads.text.corpus import SourceTokens, hash64, heldout_mask, load_source
 
 EVAL_SEED = 0  # eval must not depend on train.seed: every run is scored on the same tokens
 
