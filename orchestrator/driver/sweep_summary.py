@@ -279,12 +279,13 @@ def finish(
     stopped_at: Optional[Dict[str, int]] = None,
 ) -> int:
     """Close the parent run and print the answer, the same as `orchestrator report` gives."""
-    from orchestrator.analysis import sweep_analysis
-    from orchestrator.reporting import report, report_inputs, report_render
+    from orchestrator.reporting import report, report_inputs, results
 
     stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri = base.tracking.uri
-    trials = report_inputs.trials_of(uri, mlflow_runs.child_runs(uri, parent))
+    runs = mlflow_runs.child_runs(uri, parent)
+    curves = report_inputs.read_curves(uri, runs, results.METRICS)
+    trials = report_inputs.trials_of(uri, runs, curves)
     _close_unfinished_runs(uri, trials, stopped_at or {})
     finished = [t for t in trials if t.outcome == "finished"]
     print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
@@ -297,16 +298,14 @@ def finish(
             except ConfigError as exc:  # the sweep to compare with may not have run yet: `report` later
                 print(f"no comparison: {exc}")
                 compare = None
-            result = sweep_analysis.analyse(
-                trials, **report.sweep_options(sweep.search, raw=sweep.raw), compare_with=compare
-            )
-            print("\n".join(report_render.summary_lines(result)))
+            options = report.sweep_options(sweep.search, raw=sweep.raw)
+            result = report_inputs.analyse(uri, parent, trials, compare_with=compare, **options)
+            report.write_run_report(uri, sweep.name, parent, trials, curves, result, out=None)
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {exc}")
     status = "FAILED" if error is not None or not finished else "FINISHED"
     mlflow_runs.finish_run(uri, parent, status)
     print(f"MLflow: `{mlflow_runs.ui_command(uri)}`, then {mlflow_runs.ui_link(uri, base.tracking.experiment)}")
-    print(f"report: orchestrator report {sweep.path} tracking.uri={uri}")
     if error is not None:
         print(f"sweep {sweep.name} failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

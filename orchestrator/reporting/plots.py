@@ -59,15 +59,16 @@ def batch_colors(batch_sizes: Sequence[float]) -> Dict[float, Tuple]:
     return {b: cmap(0.9 * (lb - logs.min()) / span) for b, lb in zip(sizes, logs)}
 
 
-def _plain_log_ticks(axis, fmt, limits: Tuple[float, float]) -> None:
-    """Plain numbers on a log axis; minor ticks labelled too (only 2x and 5x past a decade)."""
+def plain_log_ticks(axis, fmt, limits: Tuple[float, float]) -> None:
+    """Plain numbers on a log axis; minor ticks labelled too over a span up to 3x, only 2x and 5x
+    up to two decades, none beyond (their labels would collide)."""
     import math
 
     span = limits[1] / limits[0]
 
     def minor(v, _):
         lead = round(v / 10 ** math.floor(math.log10(v)))
-        return fmt(v) if span < 10 or (span < 1000 and lead in (2, 5)) else ""
+        return fmt(v) if span <= 3 or (span < 100 and lead in (2, 5)) else ""
 
     axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v)))
     axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
@@ -108,8 +109,8 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
         ax.set_ylim(min(lows) * 0.97, max(firsts) * 1.05)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    _plain_log_ticks(ax.xaxis, (lambda v: f"{v:g}") if x == "steps" else fmt_tokens, ax.get_xlim())
-    _plain_log_ticks(ax.yaxis, lambda v: f"{v:.1f}", ax.get_ylim())
+    plain_log_ticks(ax.xaxis, (lambda v: f"{v:g}") if x == "steps" else fmt_tokens, ax.get_xlim())
+    plain_log_ticks(ax.yaxis, lambda v: f"{v:.1f}", ax.get_ylim())
     ax.set_xlabel("optimizer steps" if x == "steps" else "tokens seen")
     ax.set_ylabel("loss")
     ax.set_title(title)
@@ -208,8 +209,8 @@ def critical_batch(fits: Sequence[Dict], title: str = "steps vs tokens to reach 
             ax.plot([2 * fit["e_min"]], [2 * fit["s_min"]], "*", color=color, ms=12)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    _plain_log_ticks(ax.xaxis, fmt_tokens, ax.get_xlim())
-    _plain_log_ticks(ax.yaxis, lambda v: f"{v:g}", ax.get_ylim())
+    plain_log_ticks(ax.xaxis, fmt_tokens, ax.get_xlim())
+    plain_log_ticks(ax.yaxis, lambda v: f"{v:g}", ax.get_ylim())
     ax.set_xlabel("tokens to reach target (E)")
     ax.set_ylabel("optimizer steps to reach target (S)")
     ax.set_title(title + "\n(star: B = B_crit, i.e. S = 2 S_min and E = 2 E_min)", fontsize=10)
@@ -233,8 +234,10 @@ def lr_vs_batch(
         coef, alpha = fit
         bs = np.geomspace(min(b for b, _ in best) / 1.5, max(b for b, _ in best) * 1.5, 50)
         ax.plot(bs, coef * bs**alpha, "-", color="C3", lw=1, label=f"fit: lr ~ B^{alpha:.2f}")
-    ax.set_xscale("log", base=2)
+    ax.set_xscale("log")
     ax.set_yscale("log")
+    plain_log_ticks(ax.xaxis, fmt_tokens, ax.get_xlim())
+    plain_log_ticks(ax.yaxis, lambda v: f"{v:.3g}", ax.get_ylim())
     ax.set_xlabel("batch size (tokens per update)")
     ax.set_ylabel("peak learning rate")
     ax.set_title("best learning rate vs batch size")

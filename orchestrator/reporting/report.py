@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from orchestrator.analysis import branch_analysis, sweep_analysis, tables
 from orchestrator.analysis.trials import Trial
+from orchestrator.core import sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
@@ -57,12 +58,31 @@ def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[
     ]
     if fits:
         figs["critical_batch.png"] = plots.critical_batch(fits)
+    figs.update(comparison_figures(usable, result))
     best, scaling = result["best_lr"], result["lr_scaling"]
     if any(r["lr"] for r in best):
         fit = (scaling["coef"], scaling["alpha"]) if scaling["alpha"] is not None else None
         figs["lr_vs_batch.png"] = plots.lr_vs_batch(
             [(t.batch, t.lr) for t in usable if t.lr], [(r["batch"], r["lr"]) for r in best if r["lr"]], fit
         )
+    return figs
+
+
+def comparison_figures(usable: Sequence[Trial], result: Dict[str, Any]) -> Dict[str, Any]:
+    """The figures that compare batch sizes at their chosen learning rates (comparison_plots.py)."""
+    from orchestrator.reporting import comparison_plots as cp
+
+    chosen = cp.best_trials(usable, result["best_per_batch"])
+    lr_of = {r["batch"]: r["lr"] for r in result["best_lr"]}
+    figs = {}
+    if chosen:
+        figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, lr_of)
+    if any(f.get("b_crit") or f.get("b_simple") for f in result["critical_batch"]):
+        figs["critical_batch_vs_loss.png"] = cp.critical_batch_vs_loss(result["critical_batch"])
+    if any(t.b_simple for t in chosen):
+        figs["b_simple_vs_tokens.png"] = cp.b_simple_over_training(chosen)
+    if any(t.lr for t in usable):
+        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, result["loss_metric"], result["best_lr"])
     return figs
 
 
@@ -109,7 +129,6 @@ def run(
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
     trials.csv and curves.csv; returns the exit code. lr_criterion None: the sweep file's, else
     final_loss."""
-    from orchestrator.core import sweep_file, sweep_schema  # pandas: only `report` needs it
     from orchestrator.reporting import results
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
@@ -132,13 +151,28 @@ def run(
         experiment = report_inputs.tracking_for(target, list(overrides))[2]
         options["compare_with"] = report_inputs.compared_sweep(read.raw, uri, experiment)
     result = report_inputs.analyse(uri, run_id, trials, target_losses, **options)
-    out_dir = Path(out) if out else _default_out(name)
+    write_run_report(uri, name, run_id, trials, curves, result, Path(out) if out else None)
+    return 0
+
+
+def write_run_report(
+    uri: str, name: str, run_id: str, trials: Sequence[Trial], curves, result: Dict[str, Any], out: Optional[Path]
+) -> Path:
+    """The report of a sweep's (or a run's) MLflow runs: figures, summary, report.json and the
+    tables written to `out` (default reports/<name>) and logged to the run under report/; the
+    summary printed. `report` and the end of `sweep` both call it, so they write the same."""
+    from orchestrator.reporting import results
+
+    out_dir = out or _default_out(name)
     tables_ = results.build(name, run_id, trials, curves, result, results.METRICS, uri)
     for path in write_report(trials, result, name, out_dir) + tables_.to_csv(out_dir):
         mlflow_runs.log_file(uri, run_id, path, "report")
     _say_written(out_dir, f"logged to run {run_id} under report/")
     print("\n".join(summary_lines(result)))
-    return 0
+    compared = [t.run_id for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]
+    print(f"every trial's loss on one chart: `{mlflow_runs.ui_command(uri)}`, then")
+    print(f"  {mlflow_runs.compare_link(uri, compared)}")
+    return out_dir
 
 
 def _default_out(name: str) -> Path:

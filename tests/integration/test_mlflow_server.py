@@ -343,3 +343,39 @@ def test_server_stopped_for_20_s_loses_no_point(server):
         points = mlflow_runs.metric_history(uri, run_id, key)
         assert [s for s, _ in points] == expected, f"{key}: {len(points)} points for {len(expected)} steps"
     assert mlflow_runs.metric_history(uri, run_id, KEYS[0])[-1][1] == pytest.approx(logged[0])
+
+
+def test_stopping_orchestrator_ui_stops_its_server(tmp_path):
+    """SIGTERM to `orchestrator ui` (not to its group: a user's `kill PID`) stops the MLflow
+    server and its uvicorn workers: within 5 s nothing listens on the port and the command
+    has exited 0."""
+    import socket
+
+    (port,) = free_ports(1)
+    log = (tmp_path / "ui.log").open("wb")
+    store = f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "ui", store, "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not answers(f"http://127.0.0.1:{port}/health"):
+            assert ui.poll() is None and time.monotonic() < deadline, (tmp_path / "ui.log").read_text()[-3000:]
+            time.sleep(0.3)
+        ui.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        assert ui.wait(10) == 0
+        while time.monotonic() - stopped < 5:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) != 0:
+                    break
+            time.sleep(0.1)
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, "something still listens on the UI's port"
+        assert time.monotonic() - stopped < 5
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+        log.close()

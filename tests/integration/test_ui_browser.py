@@ -1,7 +1,8 @@
 """The MLflow UI after a real (small) sweep, in a real browser: `orchestrator ui` on a free
 port, Debian's headless Chromium driven through Selenium and Debian's chromedriver (nothing is
 downloaded). The experiment link of `tracking.ui_link` must open the training-runs view with
-the four trials under their sweep, and a trial's page must draw its `train/loss` curve.
+the four trials under their sweep, a trial's page must draw its `train/loss` curve, and the
+link the sweep prints last must draw every trial's train/loss and eval/loss on one chart.
 
 Screenshots go into each test's tmp_path (experiment.png, train_loss.png).
 """
@@ -33,6 +34,7 @@ def sweep(tmp_path_factory):
     uri = f"sqlite:///{folder}/mlflow.db"
     code, out, err = run_cli("sweep", SMOKE, f"tracking.uri={uri}", "train.total_tokens=16384", cwd=folder, timeout=600)
     assert code == 0, out[-3000:] + err[-3000:]
+    (folder / "sweep.out").write_text(out)
     parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "smoke")
     return uri, folder, parent, {r.info.run_name: r for r in mlflow_runs.child_runs(uri, parent)}
 
@@ -49,7 +51,7 @@ def ui(sweep):
     service.start()
     yield port
     service.stop()
-    assert "MLflow UI on http://127.0.0.1" in service.tail(10_000)
+    assert "MLflow UI on http://127.0.0.1" in (folder / "ui.log").read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +172,26 @@ def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
     wait(browser, drawn, "the train/loss curve to be drawn", timeout=60)
     assert f"{name} (train/loss)" in card.text  # the legend names the trial
     browser.save_screenshot(str(tmp_path / "train_loss.png"))
+
+
+def test_the_printed_link_draws_every_trial_on_one_chart(sweep, ui, browser, tmp_path):
+    """The link `sweep` (and `report`) prints opens MLflow's metric page with all four trials'
+    train/loss and eval/loss against tokens on one chart: no nesting to expand, no first-10 limit."""
+    from selenium.webdriver.common.by import By
+
+    uri, folder, _, trials = sweep
+    out = (folder / "sweep.out").read_text().splitlines()
+    (link,) = [line.strip() for line in out if "/#/metric?" in line]
+    assert out[out.index(next(line for line in out if "/#/metric?" in line)) - 1].startswith("every trial's loss")
+    browser.get(link.replace("127.0.0.1:5000/", f"127.0.0.1:{ui}/"))  # the test's UI has its own port
+    wait(browser, lambda: f"Comparing {len(trials)} Runs" in text_of(browser), "the metric page's title")
+
+    def series():  # the curves drawn in the plot (not the legend's samples; MLflow draws each twice)
+        lines = browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .scatterlayer path.js-line")
+        return {d for d in (p.get_attribute("d") for p in lines) if d and len(d) > 20}
+
+    wait(browser, lambda: len(series()) == 2 * len(trials), "a train/loss and an eval/loss line per trial", timeout=60)
+    legend = text_of(browser)
+    for name in trials:
+        assert f"{name} (train/loss)" in legend and f"{name} (eval/loss)" in legend, name
+    browser.save_screenshot(str(tmp_path / "compare.png"))

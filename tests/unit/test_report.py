@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import matplotlib.image as mpimg
 import pytest
@@ -25,6 +26,9 @@ LRS = factor_grid(0.002, 0.032)
 WORLD = World(max_points=300, draw=5)
 STOP_RUNG = 2**18
 FIGURES = ["loss_vs_tokens.png", "loss_vs_steps.png", "eval_heatmap.png", "critical_batch.png", "lr_vs_batch.png"]
+FIGURES += ["loss_vs_tokens_best.png", "critical_batch_vs_loss.png", "b_simple_vs_tokens.png", "loss_vs_lr.png"]
+TOKEN_LABEL = re.compile(r"^(\d{1,3}(,\d{3})*|\d+(\.\d+)?M|\d(\.\d+)?)$")
+"""plots.fmt_tokens's one format: 512, 8,192, 16.8M (never 8Ki, 8.19k or 2^13)."""
 FILES = FIGURES + ["summary.md", "summary.html", "report.json"]
 
 
@@ -198,6 +202,32 @@ def test_every_file_written_and_logged(store, sweep_report):
         assert f"({name})" in md and f"src='{name}'" in page
     assert "B_crit" in md and "Best configuration per batch size" in md and "<table>" in page
     assert "best lr (final loss)" in md and "L_a" in md
+
+
+def test_token_counts_have_one_format_on_every_figure(trials):
+    """Every axis and colour bar that counts tokens labels its ticks as plots.fmt_tokens does; the
+    batch-size comparisons colour by B on one ordered scale with a colour bar."""
+    result = sweep_analysis.analyse(trials)
+    figs = report.figures(trials, result, "known-truth")
+    assert set(FIGURES) <= set(figs)
+    checked = 0
+    for name, fig in figs.items():
+        fig.canvas.draw()
+        for ax in fig.axes:
+            for axis, label in ((ax.xaxis, ax.get_xlabel()), (ax.yaxis, ax.get_ylabel())):
+                if "token" not in label or "loss" in label:
+                    continue
+                texts = [t.get_text() for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)]
+                texts = [t for t in texts if t]
+                assert texts, (name, label)
+                assert all(TOKEN_LABEL.match(t) for t in texts), (name, label, texts)
+                checked += 1
+    assert checked >= 8  # the token axes of every figure above and the batch-size colour bars
+    for name in ("loss_vs_tokens_best.png", "b_simple_vs_tokens.png", "loss_vs_lr.png"):
+        bars = [ax for ax in figs[name].axes if ax.get_ylabel() == "batch size (tokens per update)"]
+        assert len(bars) == 1, name  # the colour bar
+        ticks = [t.get_text() for t in bars[0].yaxis.get_ticklabels()]
+        assert ticks == [f"{b:,}" for b in BATCHES], (name, ticks)
 
 
 def test_report_json_keeps_its_contract(sweep_report):

@@ -1,0 +1,184 @@
+"""The figures that compare batch sizes, each readable at a glance: batch sizes on one ordered
+colour scale with a colour bar, token counts in one format (plots.fmt_tokens), log axes with
+plain labels.
+
+- best_lr_curves: loss vs tokens of the best learning rate per batch size, smoothed, the raw
+  points faint behind and the evaluations as dots;
+- critical_batch_vs_loss: B_crit (with its interval) and B_simple against the target loss;
+- b_simple_over_training: the measured noise scale along training, per batch size (smoothed, raw
+  faint behind);
+- loss_vs_lr: final loss against the learning rate, one line per batch size, the chosen optimum
+  starred (how sensitive each batch size is to its learning rate).
+
+Inputs are plain records (the analysis result and `trials.Trial`s), so the figures are tested
+on tables in memory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import matplotlib.colors
+import matplotlib.pyplot as plt
+import numpy as np
+
+from orchestrator.analysis.trials import Trial
+from orchestrator.reporting.plots import fmt_tokens, plain_log_ticks
+
+Curve = Sequence[Tuple[float, float]]
+BATCH_LABEL = "batch size (tokens per update)"
+
+
+def _batch_scale(batches: Sequence[float]):
+    """(colour of a batch size, the ScalarMappable a colour bar draws): viridis over log B."""
+    low, high = min(batches), max(batches)
+    norm = matplotlib.colors.LogNorm(low, high if high > low else low * 2)
+    mappable = plt.cm.ScalarMappable(norm=norm, cmap=plt.get_cmap("viridis"))
+    return (lambda b: mappable.to_rgba(b)), mappable
+
+
+def _colour_bar(fig, ax, mappable, batches: Sequence[float]) -> None:
+    bar = fig.colorbar(mappable, ax=ax, label=BATCH_LABEL)
+    bar.set_ticks(sorted(set(batches)))
+    bar.set_ticklabels([fmt_tokens(b) for b in sorted(set(batches))])
+    bar.minorticks_off()
+
+
+def smooth(values: Sequence[float], share: float = 0.05) -> np.ndarray:
+    """A centred moving mean over `share` of the points (edges averaged over what they have), so a
+    curve's level is readable through per-update noise without shifting it along the axis."""
+    values = np.asarray(values, dtype=float)
+    window = max(1, int(round(share * len(values))) | 1)  # odd: centred
+    kernel = np.ones(window)
+    return np.convolve(values, kernel, "same") / np.convolve(np.ones_like(values), kernel, "same")
+
+
+def best_trials(trials: Sequence[Trial], best_per_batch: Sequence[Dict]) -> List[Trial]:
+    """The run the analysis chose per batch size (best_per_batch's run_name), by batch size."""
+    by_name = {t.name: t for t in trials}
+    chosen = [by_name[r["run_name"]] for r in best_per_batch if r.get("run_name") in by_name]
+    return sorted(chosen, key=lambda t: t.batch)
+
+
+def _token_axes(ax, ylabel: str, x_limits_from_data: bool = True) -> None:
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain_log_ticks(ax.xaxis, fmt_tokens, ax.get_xlim())
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+
+
+def best_lr_curves(chosen: Sequence[Trial], lr_of: Dict[int, Optional[float]], title: str = ""):
+    """One curve per batch size: the chosen run's train/loss smoothed (raw faint behind), its
+    eval/loss as dots."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colour, mappable = _batch_scale([t.batch for t in chosen])
+    lows, firsts = [], []
+    for t in chosen:
+        points = [(x, y) for x, y in t.train if x > 0]  # log axis: not the point at 0
+        if not points:
+            continue
+        xs, ys = map(np.asarray, zip(*points))
+        ax.plot(xs, ys, "-", color=colour(t.batch), lw=0.6, alpha=0.25)
+        lr = lr_of.get(t.batch)
+        label = f"B = {fmt_tokens(t.batch)}" + (f", lr {lr:.3g}" if lr else "")
+        ax.plot(xs, smooth(ys), "-", color=colour(t.batch), lw=1.8, label=label)
+        evals = [(x, y) for x, y in t.eval if x > 0]
+        if evals:
+            ax.plot(*zip(*evals), "o", color=colour(t.batch), ms=3.5, mec="white", mew=0.5)
+        lows.append(min(ys))
+        firsts.append(ys[: max(1, len(ys) // 20)].max())
+    ax.plot([], [], "k-", lw=1.8, label="train/loss, smoothed")
+    ax.plot([], [], "ko", ms=3.5, label="eval/loss")
+    if lows:  # a diverged start would squash the rest: up to the highest early loss
+        ax.set_ylim(min(lows) * 0.97, max(firsts) * 1.03)
+    _token_axes(ax, "loss")
+    plain_log_ticks(ax.yaxis, lambda v: f"{v:.2f}", ax.get_ylim())
+    ax.set_title(title or "loss vs tokens at the best learning rate per batch size", fontsize=10)
+    ax.legend(fontsize=7)
+    _colour_bar(fig, ax, mappable, [t.batch for t in chosen])
+    fig.tight_layout()
+    return fig
+
+
+def critical_batch_vs_loss(fits: Sequence[Dict]):
+    """B_crit per target loss (a dot with its 90% interval; a triangle where only a bound is
+    known) and B_simple at the same losses. The x axis runs from high loss to low, as training."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    shown = [f for f in fits if f.get("b_crit")]
+    for f in shown:
+        marker = {"above": "^", "below": "v"}.get(f["status"], "o")
+        ax.plot([f["target_loss"]], [f["b_crit"]], marker, color="C0", ms=7)
+        low, high = f.get("b_crit_interval") or (None, None)
+        if low or high:
+            ax.plot([f["target_loss"]] * 2, [low or f["b_crit"], high or f["b_crit"]], "-", color="C0", lw=1.5)
+    ax.plot([], [], "o", color="C0", label="B_crit (steps-to-target fit), 90% interval")
+    measured = sorted((f["target_loss"], f["b_simple"]) for f in fits if f.get("b_simple"))
+    if measured:
+        ax.plot(*zip(*measured), "s--", color="C1", ms=5, lw=1, label="B_simple where the runs reach it")
+    ax.set_yscale("log")
+    values = [f["b_crit"] for f in shown] + [b for _, b in measured]
+    if values:
+        plain_log_ticks(ax.yaxis, fmt_tokens, (min(values), max(values) * 1.0001))
+    ax.invert_xaxis()
+    ax.set_xlabel("target loss (training runs left to right)")
+    ax.set_ylabel(BATCH_LABEL)
+    ax.set_title("critical batch size and noise scale vs target loss", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def b_simple_over_training(chosen: Sequence[Trial]):
+    """The measured noise scale B_simple against tokens, per batch size (its chosen run)."""
+    with_gns = [t for t in chosen if any(b > 0 for _, b in t.b_simple)]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colour, mappable = _batch_scale([t.batch for t in with_gns] or [1])
+    for t in with_gns:
+        xs, bs = map(np.asarray, zip(*[(x, b) for x, b in t.b_simple if x > 0 and b > 0]))
+        ax.plot(xs, bs, "-", color=colour(t.batch), lw=0.6, alpha=0.25)
+        ax.plot(xs, smooth(bs, 0.1), "-", color=colour(t.batch), lw=1.8, label=f"B = {fmt_tokens(t.batch)}")
+    _token_axes(ax, "B_simple (tokens)")
+    plain_log_ticks(ax.yaxis, fmt_tokens, ax.get_ylim())
+    ax.set_title("gradient noise scale B_simple over training (smoothed; raw faint)", fontsize=10)
+    ax.legend(fontsize=7)
+    if with_gns:
+        _colour_bar(fig, ax, mappable, [t.batch for t in with_gns])
+    fig.tight_layout()
+    return fig
+
+
+def loss_vs_lr(trials: Sequence[Trial], metric: str, best_lr: Sequence[Dict]):
+    """Final loss (mean over seeds, bars: their spread) against the peak learning rate, one line
+    per batch size; a star at each batch size's chosen learning rate."""
+    finals: Dict[int, Dict[float, List[float]]] = defaultdict(lambda: defaultdict(list))
+    for t in trials:
+        loss = t.final(metric) if t.outcome == "finished" else None
+        if t.batch and t.lr and loss is not None:
+            finals[t.batch][float(f"{t.lr:.3g}")].append(loss)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colour, mappable = _batch_scale(list(finals) or [1])
+    chosen = {r["batch"]: r["lr"] for r in best_lr if r.get("lr")}
+    for b in sorted(finals):
+        lrs = sorted(finals[b])
+        means = [float(np.mean(finals[b][lr])) for lr in lrs]
+        spread = [float(np.std(finals[b][lr])) for lr in lrs]
+        ax.errorbar(lrs, means, yerr=spread, fmt="o-", color=colour(b), ms=4, lw=1.2, capsize=2)
+        if b in chosen:
+            at = float(np.interp(np.log(chosen[b]), np.log(lrs), means)) if len(lrs) > 1 else means[0]
+            ax.plot([chosen[b]], [at], "*", color=colour(b), ms=13, mec="black", mew=0.6)
+    ax.plot([], [], "k*", ms=10, label="chosen lr (per batch size)")
+    ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis, lambda v: f"{v:.3g}", ax.get_xlim())
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel(f"final {metric}")
+    ax.set_title("sensitivity to the learning rate, per batch size", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    if finals:
+        _colour_bar(fig, ax, mappable, list(finals))
+    fig.tight_layout()
+    return fig
