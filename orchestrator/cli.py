@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from orchestrator import __version__
 from orchestrator.core import logs
 from orchestrator.core.errors import ConfigError
 from orchestrator.formulas import cost
@@ -63,11 +64,53 @@ def _out_folder(text: str) -> str:
 _out_folder.__name__ = "folder (not an existing file)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="orchestrator", description=__doc__.splitlines()[0])
-    verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+EXAMPLES = {
+    "plan": ["conf/train/tiny.yaml", "conf/train/gpt-350m.yaml batch.micro_batch_size=auto --device-memory 80GiB"],
+    "train": [
+        "conf/train/tiny.yaml optim.lr=3e-3",
+        "conf/train/tiny.yaml train.run_name=mine  # the same command again resumes it",
+    ],
+    "sweep": ["conf/sweep/demo.yaml", "conf/sweep/demo.yaml --dry-run", "conf/sweep/demo.yaml --resume"],
+    "report": [
+        "conf/sweep/demo.yaml",
+        "demo --target-loss 2.75 --out reports/demo-at-2.75",
+        "reports/demo  # a folder of trials.csv and curves.csv",
+    ],
+    "submit": ["conf/sweep/gpt-350m-cluster.yaml --address http://127.0.0.1:8265 --follow"],
+    "jobs": ["list --address http://127.0.0.1:8265", "logs SUBMISSION_ID --address http://127.0.0.1:8265 --follow"],
+    "ui": ["", "tracking.uri=sqlite:///mlflow.db --port 5001"],
+    "prepare": [
+        "conf/train/tiny.yaml --out shards/tiny",
+        "conf/train/tiny.yaml --out shards/bpe --train-tokenizer 8192",
+    ],
+    "export": ["RUN_ID --out exported", "RUN_ID --out exported --tokens 65536"],
+}
+"""Shown under each verb's --help; tests/unit/test_cli_help.py parses every one."""
 
-    p = verbs.add_parser("plan", help="resolve a train config: S, b, D, A, steps, warmup, LR (no Ray)")
+
+def _verb(verbs, name: str, summary: str) -> argparse.ArgumentParser:
+    examples = "\n".join(f"  orchestrator {name} {e}".rstrip() for e in EXAMPLES[name])
+    return verbs.add_parser(
+        name,
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog=f"examples:\n{examples}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="orchestrator",
+        description="Joint batch-size and learning-rate sweeps for language models on Ray Tune, Ray Train and "
+        "DeepSpeed, tracked in MLflow: plan, train, sweep, report, submit.",
+        epilog="`orchestrator VERB --help` shows a verb's options and examples. Exit codes: 0 done, 1 the run "
+        "failed, 2 bad input (nothing started), 3 lost contact with a submitted job.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser, metavar="VERB")
+
+    p = _verb(verbs, "plan", "resolve a train config: S, b, D, A, steps, warmup, LR (no Ray)")
     _config_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -77,10 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory of one worker's device for the memory model, e.g. 80GiB (default: the visible one)",
     )
 
-    p = verbs.add_parser("train", help="one run on Ray Train, logged to MLflow")
+    p = _verb(verbs, "train", "one run on Ray Train, logged to MLflow")
     _config_args(p)
 
-    p = verbs.add_parser("sweep", help="a Ray Tune sweep; one MLflow child run per trial")
+    p = _verb(verbs, "sweep", "a Ray Tune sweep; one MLflow child run per trial")
     _config_args(p, "SWEEP")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     p.add_argument(
@@ -91,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind, what in DRY_RUN_OPTIONS:
         p.add_argument(flag, type=kind, default=None, help=f"--dry-run only: {what}")
 
-    p = verbs.add_parser("report", help="plots and critical-batch analysis from MLflow or from tables")
+    p = _verb(verbs, "report", "plots and critical-batch analysis from MLflow or from tables")
     p.add_argument(
         "target",
         metavar="SWEEP_OR_RUN",
@@ -108,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         "primary target (default: the sweep file's search.criterion, else final_loss)",
     )
 
-    p = verbs.add_parser("submit", help="send a sweep to a Ray cluster (Ray Jobs API)")
+    p = _verb(verbs, "submit", "send a sweep to a Ray cluster (Ray Jobs API)")
     _config_args(p, "SWEEP")
     p.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
     p.add_argument(
@@ -125,19 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip checking the trial shapes against the cluster's nodes (a cluster that autoscales)",
     )
 
-    p = verbs.add_parser("jobs", help="status | logs | stop | list of submitted jobs")
+    p = _verb(verbs, "jobs", "status | logs | stop | list of submitted jobs")
     p.add_argument("action", choices=["status", "logs", "stop", "list"])
     p.add_argument("job_id", nargs="?", help="submission id (not for list)")
     p.add_argument("--address", required=True, help="Ray dashboard address")
     p.add_argument("--follow", action="store_true", help="logs: stream until the job ends (3: lost contact)")
     p.add_argument("--insecure", action="store_true", help="send the Ray auth token over plain http to another machine")
 
-    p = verbs.add_parser("ui", help="MLflow UI on 127.0.0.1 over the project's tracking store")
+    p = _verb(verbs, "ui", "MLflow UI on 127.0.0.1 over the project's tracking store")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
     p.add_argument("--port", type=_port, default=5000, help="1..65535, free on --host (default 5000)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
 
-    p = verbs.add_parser("prepare", help="tokenize a config's corpus into reusable token shards")
+    p = _verb(verbs, "prepare", "tokenize a config's corpus into reusable token shards")
     _config_args(p)
     p.add_argument("--out", type=_out_folder, required=True, help="shard folder (then use data.shard_dir=...)")
     p.add_argument(
@@ -148,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="first train a byte-level BPE tokenizer of VOCAB tokens on the sources' training split, offline",
     )
 
-    p = verbs.add_parser("export", help="a run's checkpoint as one fp32 safetensors state dict with its config")
+    p = _verb(verbs, "export", "a run's checkpoint as one fp32 safetensors state dict with its config")
     p.add_argument("target", metavar="RUN_OR_TRIAL", help="MLflow run id, run name or Tune trial id")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write (new or empty)")

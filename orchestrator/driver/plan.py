@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Dict, List, Optional
+import os
+from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.core import derived, ds_config
 from orchestrator.core.derived import (
@@ -28,7 +29,7 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
     the visible GPU when training on GPU, else a CPU worker's share of this machine's memory).
     With `auto`, b is the memory model's answer for that memory."""
 
-    capacity = device_memory or visible_device_memory(cfg)
+    capacity, capacity_from = device_memory_and_source(cfg, device_memory)
     auto = cfg.batch.micro_batch_size == AUTO
     if auto:
         cfg = copy.deepcopy(cfg)
@@ -74,7 +75,7 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "deepspeed_gradient_accumulation_steps": ds["gradient_accumulation_steps"],
         "zero_stage": cfg.deepspeed.zero_stage,
         "precision": cfg.deepspeed.precision,
-        "memory": _memory(peak_b, predicted, capacity),
+        "memory": _memory(peak_b, predicted, capacity, capacity_from),
     }
 
 
@@ -144,7 +145,7 @@ def gns_note(cfg: Config, plan) -> str:
     )
 
 
-def _memory(b: int, predicted, capacity: float) -> Optional[Dict[str, Any]]:
+def _memory(b: int, predicted, capacity: float, capacity_from: str) -> Optional[Dict[str, Any]]:
     """The memory model's figures per worker at micro-batch b (orchestrator/formulas/memory.py), None if
     the workload gives none."""
     if predicted is None:
@@ -160,6 +161,7 @@ def _memory(b: int, predicted, capacity: float) -> Optional[Dict[str, Any]]:
         "total_bytes": estimate.total,
         "activation_bytes_per_sequence": costs.activation_bytes_per_sequence,
         "device_memory_bytes": capacity,
+        "device_memory_from": capacity_from,
         "largest_micro_batch_size": memory.largest_micro_batch(fixed, costs.activation_bytes_per_sequence, capacity),
         "headroom": memory.HEADROOM,
     }
@@ -167,14 +169,23 @@ def _memory(b: int, predicted, capacity: float) -> Optional[Dict[str, Any]]:
 
 def visible_device_memory(cfg: Config) -> float:
     """The memory of the device a worker would train on, as seen from here."""
+    return device_memory_and_source(cfg)[0]
 
+
+def device_memory_and_source(cfg: Config, given: Optional[float] = None) -> Tuple[float, str]:
+    """(bytes, what they are) of the memory a worker's micro-batch must fit in."""
+    if given:
+        return given, "--device-memory"
     if cfg.cluster.use_gpu:
         import torch
 
         if torch.cuda.is_available():
-            return float(torch.cuda.get_device_properties(0).total_memory)
-        return DEFAULT_GPU_MEMORY
-    return micro_batch.cpu_worker_memory(cfg)
+            return float(torch.cuda.get_device_properties(0).total_memory), "the visible GPU"
+        return DEFAULT_GPU_MEMORY, "an 80 GiB GPU: none is visible here; --device-memory sets it"
+    cpus = os.cpu_count() or 1
+    return micro_batch.cpu_worker_memory(cfg), (
+        f"the CPU worker's share of host memory: {cfg.cluster.cpus_per_worker:g} of {cpus} CPUs"
+    )
 
 
 def format_table(info: Dict[str, Any]) -> str:
@@ -201,6 +212,7 @@ def format_table(info: Dict[str, Any]) -> str:
         ("warmup steps", f"{info['warmup_steps']:,}"),
         (f"decay steps ({info['decay']})", f"{info['decay_steps']:,}"),
     ]
+    rows += [("peak lr", f"{info['peak_lr']:.3g}  (optim.lr)")]
     rows += [(f"lr at {k}", f"{v:.3g}") for k, v in info["lr_at"].items()]
     for s in info["ramp"]:
         rows.append(
@@ -239,8 +251,9 @@ def format_table(info: Dict[str, Any]) -> str:
             ),
             ("activations / sequence", gib(m["activation_bytes_per_sequence"])),
             (
-                f"largest b in {gib(m['device_memory_bytes'])}",
-                f"{m['largest_micro_batch_size']:,}  ({m['headroom']:.0%} of the memory left free)",
+                "largest b that fits",
+                f"{m['largest_micro_batch_size']:,} in {gib(m['device_memory_bytes'])} ({m['device_memory_from']}), "
+                f"{m['headroom']:.0%} of it left free",
             ),
         ]
     width = max(len(k) for k, _ in rows)

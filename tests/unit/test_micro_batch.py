@@ -150,7 +150,7 @@ def test_plan_prints_the_memory_model(capsys):
     largest = memory.largest_micro_batch(
         estimate.states + estimate.bucket, costs.activation_bytes_per_sequence, 200 * 2**20
     )
-    assert re.search(rf"largest b in 200.0 MiB +{largest} ", out), out
+    assert re.search(rf"largest b that fits +{largest:,} in 200.0 MiB \(--device-memory\)", out), out
 
 
 def test_plan_with_auto_uses_the_model_for_the_given_memory(capsys):
