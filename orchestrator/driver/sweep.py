@@ -12,6 +12,7 @@ MLflow run is created.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -164,7 +165,18 @@ def _param_space(sweep: sweep_schema.Sweep, trials, runs: Dict[str, Any]):
         "randint": lambda a: tune.randint(a[0], a[1] + 1),
     }
     space = {"trial": {k: dists[next(iter(s))](next(iter(s.values()))) for k, s in sweep.space.items()}}
-    searcher = OptunaSearch(metric=sweep.search.metric, mode="min", seed=sweep.search.seed)
+    storage = None
+    if sweep.search.optuna_storage:  # a study optuna-dashboard can open, one per sweep run
+        import optuna
+
+        storage = optuna.storages.RDBStorage(sweep.search.optuna_storage)
+    searcher = OptunaSearch(
+        metric=sweep.search.metric,
+        mode="min",
+        seed=sweep.search.seed,
+        storage=storage,
+        study_name=f"{sweep.name} {runs['tags'][mlflow_runs.PARENT_TAG][:8]}" if storage else None,
+    )
     return space, searcher
 
 
@@ -243,10 +255,11 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
     try:
         tags = {}
-        if sweep.branch:
-            trials, base_run = _branch_base(sweep, base, parent, folder, resume, trials, base_trial)
-            tags = {mlflow_runs.BRANCH_OF_TAG: base_run}
-        _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags).fit()
+        with _only_our_progress():
+            if sweep.branch:
+                trials, base_run = _branch_base(sweep, base, parent, folder, resume, trials, base_trial)
+                tags = {mlflow_runs.BRANCH_OF_TAG: base_run}
+            _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags).fit()
     except Exception as exc:
         error = exc
     from orchestrator.driver import sweep_summary
@@ -275,6 +288,22 @@ def _branch_base(sweep, base, parent: str, folder: str, resume: bool, branches, 
         at = branch_study.branch_at(t.cfg)
         trials.append(search_space.resolve(sweep, {**t.values, "train.start_from_checkpoint": checkpoints[at]}))
     return trials, run_id
+
+
+@contextlib.contextmanager
+def _only_our_progress():
+    """Ray Tune's output engine prints its configuration box and a TensorBoard hint into the
+    sweep's output even at verbose=0; its legacy engine at verbose=0 prints nothing, so the
+    progress table is the sweep's one account of its trials."""
+    saved = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = saved
 
 
 def _can_restore(path: str) -> bool:

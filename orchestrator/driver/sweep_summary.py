@@ -13,6 +13,7 @@ from orchestrator.core import derived, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch
 from orchestrator.formulas import cost
+from orchestrator.reporting.report_format import fmt_tokens
 from orchestrator.sweeps import search_space
 from orchestrator.tracking import mlflow_runs
 
@@ -38,14 +39,8 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
 
 
-def _si(n: Optional[float]) -> str:
-    """16,384 -> 16.4k, 536,870,912 -> 537M."""
-    if n is None:
-        return "-"
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:g}"
+def _tokens(n: Optional[float]) -> str:
+    return "-" if n is None else fmt_tokens(n)
 
 
 def stop_live() -> None:
@@ -55,16 +50,18 @@ def stop_live() -> None:
 
 
 class ProgressTable(tune.Callback):
-    """Per trial: tokens/update, lr, warmup, tokens done and their share of the trial's budget,
-    ETA, loss, status; above them the sweep's ETA.
+    """Every trial Tune knows, pending ones included: tokens/update, lr, warmup, tokens done and
+    their share of the trial's budget, ETA, loss, eval, status; above them the sweep's counts and
+    ETA, below them the best finished trial so far.
 
-    ETAs (arithmetic in orchestrator/formulas/cost.py): a trial's rate is its tokens since its first
-    result (after a restart, since the first result of the restart) over the time since then, so
-    start-up is not in it, evaluations are; its ETA is its remaining tokens at that rate. The
-    sweep's ETA is the remaining tokens of every trial not ended (running and pending ones; trials
-    Tune has not created yet at the mean budget of the known ones) over the summed rate of the
-    running trials: as if the slots keep their present pace. It leaves out the start-up of trials
-    still to start (so it is early) and the trials early stopping will cut short (so it is late).
+    ETAs (arithmetic in orchestrator/formulas/cost.py). A trial's rate is its tokens since its
+    first result (after a restart, since the first result of the restart) over the time since
+    then; its ETA is its remaining tokens at that rate. The sweep's rate is every token any
+    trial trained over the time since the first trial started: the pace the slots have kept,
+    start-ups and evaluations included, so it neither blanks nor jumps when a trial starts or
+    ends. The sweep's ETA is the remaining tokens of every trial
+    not ended (running, pending, and the trials Tune has not created yet at the mean budget of
+    the known ones) at that rate; trials early stopping cuts short make it late.
 
     On a terminal the table refreshes in place (rich) whenever a result arrives; otherwise (CI,
     log files) it is printed every 20 s and whenever a trial ends. `clock` and `console` (a
@@ -79,6 +76,7 @@ class ProgressTable(tune.Callback):
         self.clock = clock
         self.console = console
         self.last_print = -math.inf
+        self.started_at: Optional[float] = None  # the first trial's start
         self._live: Any = None
 
     def __getstate__(self) -> Dict[str, Any]:  # Tune may pickle its callbacks; a Live display cannot be
@@ -104,19 +102,33 @@ class ProgressTable(tune.Callback):
                 "status": "PENDING",
                 "first": None,  # (tokens, time) of the first result since the trial (re)started
                 "rate": None,
+                "gained": 0,  # tokens trained, over every attempt
             }
         return self.rows[trial.trial_id]
 
+    def _know(self, trials) -> None:
+        """A row for every trial Tune has created, PENDING until it starts."""
+        for t in trials:
+            self._row(t)
+
     def on_trial_start(self, iteration, trials, trial, **info):
+        self._know(trials)
+        if self.started_at is None:
+            self.started_at = self.clock()
         self._row(trial).update(status="RUNNING", first=None, rate=None)
         if self._is_live():  # the plain table waits for results
             self._show_live()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._know(trials)
         row = self._row(trial)
         now = self.clock()
+        tokens = result.get("tokens", row["tokens"])
+        row["gained"] += max(0, tokens - row["tokens"])  # a restart goes back to its checkpoint: none
+        if self.started_at is None:  # a resumed sweep's first result
+            self.started_at = now
         row.update(
-            tokens=result.get("tokens", row["tokens"]),
+            tokens=tokens,
             loss=result.get("loss"),
             eval=result.get("eval_loss"),
             status="RUNNING",
@@ -156,24 +168,38 @@ class ProgressTable(tune.Callback):
         unseen = max(0, self.expected - len(self.rows))
         return left + (unseen * sum(budgets) / len(budgets) if budgets else 0.0)
 
-    def running_rate(self) -> float:
-        """Summed tokens/s of the running trials."""
-        return sum(r["rate"] or 0.0 for r in self.rows.values() if r["status"] == "RUNNING")
+    def sweep_rate(self) -> Optional[float]:
+        """Tokens/s the sweep has kept since its first trial started (None before any progress)."""
+        if self.started_at is None:
+            return None
+        return cost.rate(0, self.started_at, sum(r["gained"] for r in self.rows.values()), self.clock())
 
     def sweep_eta_s(self) -> Optional[float]:
-        return cost.sweep_eta_s(self.remaining_tokens(), [self.running_rate()])
+        return cost.eta_s(self.remaining_tokens(), self.sweep_rate())
+
+    def counts(self) -> str:
+        """'3/32 ended, 2 running, 27 pending'."""
+        ended = sum(r["status"] in ENDED for r in self.rows.values())
+        running = sum(r["status"] == "RUNNING" for r in self.rows.values())
+        total = max(self.expected, len(self.rows))
+        return f"{ended}/{total} ended, {running} running, {total - ended - running} pending"
 
     def title(self, compact: bool = False) -> str:
-        ended = sum(r["status"] in ENDED for r in self.rows.values())
-        total = max(self.expected, len(self.rows))
-        rate = self.running_rate()
-        eta = self.sweep_eta_s()
-        left = self.remaining_tokens()
+        rate, eta, left = self.sweep_rate(), self.sweep_eta_s(), self.remaining_tokens()
         if compact:  # the rich table's title, which should fit 80 columns
-            how = f"{_si(left)} tokens at {_si(rate)}/s" if rate else "no rate yet" if left else "none left"
-            return f"{self.sweep.name}: {ended}/{total} ended; ETA {cost.format_duration(eta)} ({how})"
+            how = f"{fmt_tokens(left)} tokens at {fmt_tokens(rate)}/s" if rate else "no rate yet" if left else "done"
+            return f"{self.sweep.name}: {self.counts()}; ETA {cost.format_duration(eta)} ({how})"
         how = f"{left:,.0f} tokens left at {rate:,.0f} tokens/s" if rate else "no rate yet" if left else "none left"
-        return f"sweep {self.sweep.name}: {ended}/{total} trials ended; ETA {cost.format_duration(eta)} ({how})"
+        return f"sweep {self.sweep.name}: {self.counts()}; ETA {cost.format_duration(eta)} ({how})"
+
+    def best_so_far(self) -> str:
+        """The finished trial with the lowest eval loss; at equal tokens the smallest batch tends
+        to win, so this is progress, not the answer (the critical batch size is, at the end)."""
+        done = [r for r in self.rows.values() if r["status"] == "DONE" and r["eval"] is not None]
+        if not done:
+            return "best so far: none finished yet"
+        best = min(done, key=lambda r: r["eval"])
+        return f"best so far: {best['name']}, eval {best['eval']:.3f}"
 
     def cells(self, row: Dict[str, Any]) -> List[str]:
         done = row["tokens"] / row["budget"] if row["budget"] else None
@@ -210,16 +236,19 @@ class ProgressTable(tune.Callback):
 
         lines = [f"--- {self.title()} ---", line([c[0] for c in COLUMNS])]
         lines += [line(self.cells(row)) for row in self.rows.values()]
+        lines.append(self.best_so_far())
         print("\n".join(lines), flush=True)
 
     def rich_table(self):
-        """The same figures, narrower (fits 80 columns): warmup is in the trial's name, tokens in k/M/G."""
+        """The same figures, narrower (fits 80 columns): warmup is in the trial's name."""
         from rich import box
         from rich.table import Table
 
         table = Table(
             title=self.title(compact=True),
             title_justify="left",
+            caption=self.best_so_far(),
+            caption_justify="left",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
             collapse_padding=True,
@@ -231,7 +260,7 @@ class ProgressTable(tune.Callback):
         for row in self.rows.values():
             cells = self.cells(row)
             lr = _fmt(row["lr"], ".1e")
-            table.add_row(row["name"], _si(row["B"]), lr, _si(row["tokens"]), *cells[5:])
+            table.add_row(row["name"], _tokens(row["B"]), lr, _tokens(row["tokens"]), *cells[5:])
         return table
 
     def _show_live(self) -> None:
@@ -291,7 +320,8 @@ def finish(
     print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
     if trials:
         _log_parent_artifacts(uri, parent, trials)
-    if finished:
+    print(f"MLflow: `{mlflow_runs.ui_command(uri)}`, then {mlflow_runs.ui_link(uri, base.tracking.experiment)}")
+    if finished:  # the report ends with the link that compares every trial on one chart
         try:
             try:
                 compare = report_inputs.compared_sweep(sweep.raw, uri, base.tracking.experiment)
@@ -305,7 +335,6 @@ def finish(
             print(f"no analysis: {exc}")
     status = "FAILED" if error is not None or not finished else "FINISHED"
     mlflow_runs.finish_run(uri, parent, status)
-    print(f"MLflow: `{mlflow_runs.ui_command(uri)}`, then {mlflow_runs.ui_link(uri, base.tracking.experiment)}")
     if error is not None:
         print(f"sweep {sweep.name} failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

@@ -20,8 +20,8 @@ The sweep's ETA is the makespan of list scheduling: the trials in order, each st
 first free slot of `search.max_concurrent` (what Tune does when the cluster fits that many).
 
 While a sweep runs: a trial's rate is its tokens since its first result over the time since
-then; the sweep's ETA is the remaining tokens of every unfinished trial over the summed rate of
-the running ones (`sweep_eta_s`).
+then; the sweep's ETA is the remaining tokens of every unfinished trial at the rate the sweep
+has kept since its first trial started (`rate`, `eta_s`; driver/sweep_summary.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ CPU_FLOPS = CPU_MEASURED_TOKENS_PER_S * CPU_MEASURED_FLOPS_PER_TOKEN
 CPU_MFU = 1.0
 """CPU_FLOPS is already what a thread achieves."""
 CPU_STARTUP_S = 15.0
-"""Per trial on CPU: Tune trial and local-mode worker start-up (README, docs/benchmarks.md)."""
+"""Per trial on CPU: Tune trial and local-mode worker start-up (docs/sweeps.md, docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
@@ -253,14 +253,6 @@ def eta_s(remaining_tokens: float, tokens_per_s: Optional[float]) -> Optional[fl
     if not tokens_per_s or tokens_per_s <= 0:
         return None
     return remaining_tokens / tokens_per_s
-
-
-def sweep_eta_s(remaining_tokens: float, running_rates: Sequence[Optional[float]]) -> Optional[float]:
-    """The sweep's remaining tokens (every unfinished trial, started or not) at the summed rate of
-    the running trials: as if the slots keep today's pace until the end. It leaves out the start-up
-    of the trials still to start (later) and the trials early stopping will cut short (sooner)."""
-    total = sum(r for r in running_rates if r)
-    return eta_s(remaining_tokens, total if total > 0 else None)
 
 
 def format_duration(seconds: Optional[float]) -> str:

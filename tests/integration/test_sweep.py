@@ -54,6 +54,8 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     )
     assert code == 0, sweep_out[-3000:] + err[-3000:]
     out = sweep_out
+    assert "Configuration for experiment" not in out and "TensorBoard" not in out  # the progress table alone
+    assert (tmp_path / "reports" / "smoke" / "summary.html").is_file()  # the sweep wrote its report
     assert "Best configuration: B = " in out and "best configuration per batch size (swept: batch size, lr)" in out
     parent, runs = children(uri, "smoke")
     assert len(runs) == 4

@@ -136,8 +136,6 @@ def test_live_eta_arithmetic():
     assert cost.eta_s(278_528, 819.2) == pytest.approx(340.0)
     assert cost.eta_s(0, None) == 0.0
     assert cost.eta_s(100, None) is None
-    assert cost.sweep_eta_s(4096, [1000.0, None, 1048.0]) == pytest.approx(2.0)
-    assert cost.sweep_eta_s(4096, [None]) is None
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
-"""The live table of a running sweep (orchestrator/sweep_summary.ProgressTable): progress and
-ETA per trial and for the sweep, fed fake Tune trials and a fake clock; plain text when stdout
-is not a terminal, a rich Live display on one."""
+"""The live table of a running sweep (orchestrator/driver/sweep_summary.ProgressTable): progress
+and ETA per trial and for the sweep, pending trials and the best so far, fed fake Tune trials and
+a fake clock; plain text when stdout is not a terminal, a rich Live display on one."""
 
 import io
 from types import SimpleNamespace
@@ -70,15 +70,17 @@ def test_plain_table_shows_progress_and_etas(table_and_trials, capsys):
     assert cost.format_duration((BUDGET - 16_384) / 819.2) == "6m 20s"
     assert " 5% " in line_of(lines, "B=512 lr=3e-4") and "6m 20s" in line_of(lines, "B=512 lr=3e-4")
     assert " 10% " in line_of(lines, "B=8Ki lr=1e-3") and "4m 00s" in line_of(lines, "B=8Ki lr=1e-3")
-    # sweep: 311,296 + 294,912 left in the two, 13 trials not created yet x 327,680, at 2,048 tokens/s
+    # sweep: 311,296 + 294,912 left in the two, 13 trials not created yet x 327,680, at the pace
+    # kept since the first start: 16,384 + 32,768 tokens in 30 s = 1,638.4 tokens/s
     left = (BUDGET - 16_384) + (BUDGET - 32_768) + 13 * BUDGET
     assert table.remaining_tokens() == left
-    assert table.running_rate() == pytest.approx(2_048)
+    assert table.sweep_rate() == pytest.approx(1_638.4)
     assert lines[0] == (
-        f"--- sweep demo: 0/15 trials ended; ETA {cost.format_duration(left / 2048)} "
-        f"({left:,} tokens left at 2,048 tokens/s) ---"
+        f"--- sweep demo: 0/15 ended, 2 running, 13 pending; ETA {cost.format_duration(left / 1638.4)} "
+        f"({left:,} tokens left at 1,638 tokens/s) ---"
     )
-    assert cost.format_duration(left / 2048) == "39m 36s"
+    assert cost.format_duration(left / 1638.4) == "49m 30s"
+    assert lines[-1] == "best so far: none finished yet"
 
 
 def test_a_trial_that_ends_prints_at_once_and_leaves_the_sweep_eta(table_and_trials, capsys):
@@ -93,22 +95,48 @@ def test_a_trial_that_ends_prints_at_once_and_leaves_the_sweep_eta(table_and_tri
     lines = last_block(capsys.readouterr().out)
     assert line_of(lines, "B=512 lr=3e-4").split()[-1] == "DONE"
     assert "100%" in line_of(lines, "B=512 lr=3e-4")
-    left = (BUDGET - 32_768) + 13 * BUDGET  # only b runs now, at 1,228.8 tokens/s
-    assert lines[0].startswith(f"--- sweep demo: 1/15 trials ended; ETA {cost.format_duration(left / 1228.8)} (")
-    assert cost.format_duration(left / 1228.8) == "1h 01m"
+    # the sweep's pace does not fall to b's alone: 327,680 + 32,768 tokens in 400 s
+    left = (BUDGET - 32_768) + 13 * BUDGET
+    rate = (BUDGET + 32_768) / 400
+    assert lines[0].startswith(
+        f"--- sweep demo: 1/15 ended, 1 running, 13 pending; ETA {cost.format_duration(left / rate)} ("
+    )
+    assert cost.format_duration(left / rate) == "1h 24m"
+
+
+def test_pending_trials_are_listed_and_the_eta_never_blanks(table_and_trials, capsys):
+    """A trial Tune created but has not started has its row; a trial that starts (no rate of its
+    own yet) leaves the sweep's ETA as it was; the best finished trial is named below."""
+    table, clock, a, b = table_and_trials
+    c = trial("c", 1024, 1e-3)
+    clock.now = 40.0
+    table.on_trial_result(0, [a, b, c], b, {"tokens": BUDGET, "loss": 2.9, "eval_loss": 2.7})
+    assert table.rows["c"]["status"] == "PENDING"
+    table.on_trial_complete(0, [a, b, c], b)
+    before = table.sweep_eta_s()
+    table.on_trial_start(0, [a, b, c], c)
+    assert before is not None and table.sweep_eta_s() == pytest.approx(before)
+    capsys.readouterr()
+    table.print()
+    lines = last_block(capsys.readouterr().out)
+    assert line_of(lines, "B=1Ki lr=1e-3").split()[-1] == "RUNNING"
+    assert lines[0].startswith("--- sweep demo: 1/15 ended, 2 running, 12 pending; ETA ") and "ETA -" not in lines[0]
+    assert lines[-1] == f"best so far: {table.rows['b']['name']}, eval 2.700"
+    assert table.rows["b"]["name"].startswith("B=8Ki lr=1e-3")
 
 
 def test_a_restarted_trial_measures_its_rate_again(table_and_trials):
     table, clock, a, b = table_and_trials
     table.on_trial_error(0, [a, b], b)
-    assert table.rows["b"]["status"] == "ERROR" and table.running_rate() == pytest.approx(819.2)
+    assert table.rows["b"]["status"] == "ERROR"
     clock.now = 100.0
     table.on_trial_start(0, [a, b], b)  # Tune retries it from its checkpoint
     assert table.rows["b"]["rate"] is None
-    table.on_trial_result(0, [a, b], b, {"tokens": 24_576})
+    table.on_trial_result(0, [a, b], b, {"tokens": 24_576})  # back at the checkpoint: nothing gained
     clock.now = 110.0
     table.on_trial_result(0, [a, b], b, {"tokens": 49_152})
     assert table.rows["b"]["rate"] == pytest.approx(2_457.6)
+    assert table.rows["b"]["gained"] == 32_768 + 24_576  # tokens trained twice count as trained
 
 
 def test_on_a_terminal_the_table_refreshes_in_place_and_stops(capsys):
