@@ -46,6 +46,7 @@ from orchestrator.core.sweep_schema import (
     ALPHA_PRESETS,
     CRITERIA,
     DISTRIBUTIONS,
+    OPTUNA_STORAGE_SCHEMES,
     SCHEDULERS,
     SHARE_KEYS,
     TOP_KEYS,
@@ -72,7 +73,17 @@ SEARCH_FIELDS = {
     "target_loss": validation.number(0, low_open=True, optional=True),
     "max_lrs_per_batch": validation.count(3),  # a lower, a best and a higher lr at least
     "lr_step": validation.number(1, low_open=True),
+    "optuna_storage": validation.Field("str", optional=True, check=lambda k, v: _database_url(k, v)),
 }
+
+
+def _database_url(key: str, value: str) -> None:
+    dialect = value.partition("://")[0].partition("+")[0].lower()
+    if "://" not in value or dialect not in OPTUNA_STORAGE_SCHEMES:
+        valid = ", ".join(f"{s}://" for s in OPTUNA_STORAGE_SCHEMES)
+        raise ConfigError(key, f"got {value!r}; use a database URL ({valid}), e.g. sqlite:///optuna.db")
+
+
 BRANCH_FIELDS = {
     "at_tokens": validation.Field("list", check=validation.token_counts),
     "factors": validation.Field("list", check=validation.token_counts),
@@ -149,6 +160,8 @@ def load(path: str | Path, check: bool = True) -> Sweep:
             f"got {search.seeds}; replicates need search.algorithm grid, random or bracket "
             "(optuna proposes one configuration at a time)",
         )
+    if search.optuna_storage and search.algorithm != "optuna":
+        raise ConfigError("search.optuna_storage", f"only with search.algorithm: optuna (got {search.algorithm})")
     if search.seeds > 1 and "train.seed" in space:
         raise ConfigError("search.seeds", "train.seed is also in space; sweep seeds either way, not both")
     if search.algorithm == "grid" and any(next(iter(s)) != "grid" for s in space.values()):

@@ -1,4 +1,4 @@
-"""What a sweep file holds (README: sweep files): its sections as dataclasses, with a docstring
+"""What a sweep file holds (docs/sweeps.md): its sections as dataclasses, with a docstring
 under every field, and the words its keys take. Reading and checking a file is sweep_file.py."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from orchestrator.formulas import batching
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 ALGORITHMS = ("grid", "random", "optuna", "bracket")
+OPTUNA_STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql")  # SQLAlchemy dialects Optuna's RDBStorage takes
 CRITERIA = ("final_loss", "stable_loss", "steps", "both")  # orchestrator/analysis/lr_bracket.py reads them
 SCHEDULERS = ("none", "asha")
 ALPHA_PRESETS = batching.ALPHA_WORDS
@@ -57,6 +58,9 @@ class SearchConfig:
     """bracket: learning rates tried per batch size and group, the first round included."""
     lr_step: float = 2.0
     """bracket: the factor past the edge of the tried lrs (and the lr_scaling guess's spread)."""
+    optuna_storage: Optional[str] = None
+    """optuna: a database URL (sqlite:///optuna.db, postgresql://...) that keeps the study, named
+    after the sweep and its MLflow parent run, so `optuna-dashboard URL` opens it; None: in memory."""
 
 
 @dataclass
@@ -71,7 +75,7 @@ class SchedulerConfig:
 
 @dataclass
 class BranchConfig:
-    """A branch study (README: critical batch size along training): short continuations of one
+    """A branch study (docs/branches.md): short continuations of one
     base run from its checkpoints, at multiples of its batch size."""
 
     at_tokens: List[int] = field(default_factory=list)

@@ -183,6 +183,40 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
     assert trial.cfg.optim.lr == 3e-3 and trial.cfg.batch.tokens_per_update == 4096
 
 
+def test_an_optuna_study_is_kept_where_optuna_dashboard_reads_it(tmp_path):
+    """search.optuna_storage: the searcher's study lives in that database, named after the sweep
+    and its MLflow parent run, and what it is told there `optuna.load_study` reads back."""
+    import optuna
+
+    from orchestrator.driver import sweep as sweep_lib
+    from orchestrator.tracking import mlflow_runs
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    space = {"optim.lr": {"loguniform": [1e-4, 1e-2]}}
+    sweep = sweep_file.load(write(tmp_path, space=space, search={"algorithm": "optuna", "optuna_storage": url}))
+    runs = {"tags": {mlflow_runs.PARENT_TAG: "0123456789abcdef"}}
+    space, searcher = sweep_lib._param_space(sweep, None, runs)
+    assert searcher.set_search_properties(None, None, space)  # as Tune hands it the param space
+    suggested = searcher.suggest("t1")
+    searcher.on_trial_complete("t1", {sweep.search.metric: 2.5, **suggested})
+    study = optuna.load_study(study_name=f"{sweep.name} 01234567", storage=url)
+    (done,) = study.trials
+    assert done.value == 2.5 and done.params["trial/optim.lr"] == suggested["trial"]["optim.lr"]
+
+
+@pytest.mark.parametrize(
+    "search,says",
+    [
+        ({"algorithm": "optuna", "optuna_storage": "optuna.db"}, "use a database URL"),
+        ({"algorithm": "optuna", "optuna_storage": "redis://host"}, "use a database URL"),
+        ({"algorithm": "random", "optuna_storage": "sqlite:///optuna.db"}, "only with search.algorithm: optuna"),
+    ],
+)
+def test_optuna_storage_is_a_database_url_for_optuna_only(tmp_path, search, says):
+    with pytest.raises(ConfigError, match=says):
+        sweep_file.load(write(tmp_path, space={"optim.lr": {"loguniform": [1e-4, 1e-2]}}, search=search))
+
+
 def test_trial_resources_follow_where_the_worker_runs(tmp_path):
     """A single-worker trial in local mode holds its worker's CPUs itself; a trial that starts a
     worker group (D > 1, or local_mode: false) holds only a fraction for waiting on it."""
