@@ -51,6 +51,8 @@ class Trial:
     """Tokens of the scheduler's rung at which the run was stopped early."""
     trial_id: Optional[str] = None
     """The Ray Tune trial the run belongs to (sweeps only)."""
+    checkpoints: Optional[str] = None
+    """Where the run's checkpoint_* folders live (path or URI), when it kept any."""
     _fits: Dict[float, Any] = field(default_factory=dict, repr=False)
 
     def number(self, key: str, kind=float) -> Any:

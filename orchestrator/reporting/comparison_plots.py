@@ -1,5 +1,5 @@
 """The figures that compare batch sizes, each readable at a glance: batch sizes on one ordered
-colour scale with a colour bar, token counts in one format (plots.fmt_tokens), log axes with
+colour scale with a colour bar, token counts in one format (report_format.fmt_tokens), log axes with
 plain labels.
 
 - best_lr_curves: loss vs tokens of the best learning rate per batch size, smoothed, the raw
@@ -24,7 +24,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from orchestrator.analysis.trials import Trial
-from orchestrator.reporting.plots import fmt_tokens, plain_log_ticks
+from orchestrator.reporting.plots import plain_log_ticks
+from orchestrator.reporting.report_format import fmt_tokens
 
 Curve = Sequence[Tuple[float, float]]
 BATCH_LABEL = "batch size (tokens per update)"

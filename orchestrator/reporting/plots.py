@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from orchestrator.reporting.report_format import fmt_tokens  # noqa: E402
+
 Curve = List[Tuple[float, float]]
 
 
@@ -38,14 +40,6 @@ def loss_vs_tokens(
 
 
 # ---------------------------------------------------------------- sweep report figures
-
-
-def fmt_tokens(n: float) -> str:
-    """4096 -> '4,096'; 16777216 -> '16.8M' (batch sizes and budgets are token counts)."""
-    n = float(n)
-    if n >= 1e6:
-        return f"{n / 1e6:.3g}M"
-    return f"{int(round(n)):,}" if n >= 10 else f"{n:.3g}"
 
 
 def batch_colors(batch_sizes: Sequence[float]) -> Dict[float, Tuple]:

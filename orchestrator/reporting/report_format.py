@@ -12,14 +12,21 @@ import numpy as np
 G, S, TOK = "{:.4g}", "{}", "tok"  # cell formats: number, text, token count
 
 
+def fmt_tokens(n: float) -> str:
+    """The one format of a token count, in tables, figures and the live table: 4096 -> '4,096',
+    16777216 -> '16.8M' (batch sizes and budgets are token counts)."""
+    n = float(n)
+    if n >= 1e6:
+        return f"{n / 1e6:.3g}M"
+    return f"{int(round(n)):,}" if n >= 10 else f"{n:.3g}"
+
+
 def cell(x: Any, fmt: str = "{:.4g}") -> str:
     """A table cell: '-' when missing, 'inf' when infinite; fmt "tok" for token counts."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     if isinstance(x, float) and math.isinf(x):
         return "inf"
-    from orchestrator.reporting.plots import fmt_tokens
-
     return fmt_tokens(round(x)) if fmt == "tok" else fmt.format(x)
 
 

@@ -82,8 +82,7 @@ def read_trials(uri: str, run_id: str) -> List[Trial]:
 
 def read_curves(uri: str, runs: Sequence[Any], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, Curve]]:
     """{run id: {metric: [(tokens, value)] sorted by tokens}} of METRICS and `metrics` (absent ones: [])."""
-    keys = list(dict.fromkeys([*METRICS, *metrics]))
-    return {r.info.run_id: mlflow_runs.run_metrics(uri, r.info.run_id, keys) for r in runs}
+    return mlflow_runs.runs_metrics(uri, runs, dict.fromkeys([*METRICS, *metrics]))
 
 
 def trials_of(uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str, Curve]]] = None) -> List[Trial]:
@@ -103,6 +102,7 @@ def trials_of(uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str
                 duration_s=(end - start) / 1000 if end and start else None,
                 stopped_at=int(stopped) if stopped else None,
                 trial_id=r.data.tags.get(mlflow_runs.TRIAL_TAG),
+                checkpoints=r.data.tags.get(mlflow_runs.CHECKPOINTS_TAG),
                 **{field: read.get(metric, []) for metric, field in tables.METRICS.items()},
             )
         )

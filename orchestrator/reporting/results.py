@@ -82,6 +82,10 @@ class Fit:
     """What `best_lr` minimises: final_loss or steps (to the primary target)."""
     best_lr: pd.DataFrame
     """Per batch size the one best lr the report names: batch, lr, edge."""
+    steps_to_target: pd.DataFrame
+    """The points the critical batch size is fitted to, one row per target loss and batch size:
+    target_loss, batch, steps and tokens to reach it (at the best lr), lr, lr_edge, and what else
+    the analysis keeps per point."""
     lr_coef: Optional[float]
     lr_alpha: Optional[float]
     """lr_opt ~ lr_coef * B ** lr_alpha through the best configurations (None: not fitted)."""
@@ -175,12 +179,13 @@ def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
             "b_simple": _last(t.b_simple),
             "stopped_at": t.stopped_at,
             "wall_s": t.duration_s,
+            "checkpoints": t.checkpoints,
             **{k: _scalar(t.params.get(k)) for k in keys},
         }
         for t in trials
     ]
     columns = ["trial", "run_id", "trial_id", "status", "outcome", *ALIASES, "tokens", "final_train_loss"]
-    columns += ["final_eval_loss", "b_simple", "stopped_at", "wall_s", *keys]
+    columns += ["final_eval_loss", "b_simple", "stopped_at", "wall_s", "checkpoints", *keys]
     numbers = [*ALIASES, "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s"]
     return _frame(rows, columns, numbers)
 
@@ -233,6 +238,7 @@ def fit_of(result: Optional[Dict[str, Any]]) -> Optional[Fit]:
         trend=dict(result["trend"]),
         lr_criterion=result["lr_criterion"],
         best_lr=_frame(result["best_lr"], ["batch", "lr", "edge"], ["lr"]),
+        steps_to_target=_steps_frame(result["critical_batch"]),
         lr_coef=result["lr_scaling"]["coef"],
         lr_alpha=result["lr_scaling"]["alpha"],
         finished=result["finished"],
@@ -243,6 +249,13 @@ def fit_of(result: Optional[Dict[str, Any]]) -> Optional[Fit]:
         notes=list(primary.get("notes", [])),
         raw=result,
     )
+
+
+def _steps_frame(fits: Sequence[Dict[str, Any]]) -> pd.DataFrame:
+    rows = [{"target_loss": f["target_loss"], **p} for f in fits for p in f["points"]]
+    first = ["target_loss", "batch", "steps", "tokens", "lr", "lr_edge"]
+    columns = list(dict.fromkeys([*first, *(k for r in rows for k in r)]))
+    return _frame(rows, columns, ["target_loss", "steps", "tokens", "lr"])
 
 
 def _best_row(r: Dict[str, Any]) -> Dict[str, Any]:

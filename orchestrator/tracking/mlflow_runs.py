@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -357,6 +358,20 @@ def run_metrics(uri: str, run_id: str, keys: Iterable[str]) -> Dict[str, List[Tu
     c = client(uri)
     present = c.get_run(run_id).data.metrics.keys()
     return {k: sorted((m.step, m.value) for m in c.get_metric_history(run_id, k)) if k in present else [] for k in keys}
+
+
+def runs_metrics(uri: str, runs: Sequence[Any], keys: Iterable[str], workers: int = 8) -> Dict[str, Dict[str, list]]:
+    """{run id: {key: [(step, value)] sorted by step}} of MLflow runs as searched (their
+    data.metrics say which keys each has; absent ones map to []). MLflow has no bulk history
+    call, so the histories are fetched concurrently: each is a round trip to the store."""
+    keys, c = list(keys), client(uri)
+    jobs = [(r.info.run_id, k) for r in runs for k in keys if k in r.data.metrics]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        histories = list(pool.map(lambda job: c.get_metric_history(*job), jobs))
+    out = {r.info.run_id: {k: [] for k in keys} for r in runs}
+    for (run_id, key), history in zip(jobs, histories):
+        out[run_id][key] = sorted((m.step, m.value) for m in history)
+    return out
 
 
 def list_artifacts(uri: str, run_id: str, path: Optional[str] = None) -> List[str]:

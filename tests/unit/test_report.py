@@ -28,7 +28,7 @@ STOP_RUNG = 2**18
 FIGURES = ["loss_vs_tokens.png", "loss_vs_steps.png", "eval_heatmap.png", "critical_batch.png", "lr_vs_batch.png"]
 FIGURES += ["loss_vs_tokens_best.png", "critical_batch_vs_loss.png", "b_simple_vs_tokens.png", "loss_vs_lr.png"]
 TOKEN_LABEL = re.compile(r"^(\d{1,3}(,\d{3})*|\d+(\.\d+)?M|\d(\.\d+)?)$")
-"""plots.fmt_tokens's one format: 512, 8,192, 16.8M (never 8Ki, 8.19k or 2^13)."""
+"""report_format.fmt_tokens's one format: 512, 8,192, 16.8M (never 8Ki, 8.19k or 2^13)."""
 FILES = FIGURES + ["summary.md", "summary.html", "report.json"]
 
 
@@ -204,8 +204,18 @@ def test_every_file_written_and_logged(store, sweep_report):
     assert "best lr (final loss)" in md and "L_a" in md
 
 
+def test_where_a_run_keeps_its_checkpoints_is_in_its_record_and_table(store):
+    from orchestrator.reporting import results
+
+    uri, run_id = store["uri"], store["lone"]
+    mlflow_runs.set_tags(uri, run_id, {mlflow_runs.CHECKPOINTS_TAG: "s3://bucket/runs/lone"})
+    (t,) = report_inputs.trials_of(uri, [mlflow_runs.get_run(uri, run_id)])
+    assert t.checkpoints == "s3://bucket/runs/lone"
+    assert list(results.trials_frame([t])["checkpoints"]) == ["s3://bucket/runs/lone"]
+
+
 def test_token_counts_have_one_format_on_every_figure(trials):
-    """Every axis and colour bar that counts tokens labels its ticks as plots.fmt_tokens does; the
+    """Every axis and colour bar that counts tokens labels its ticks as report_format.fmt_tokens does; the
     batch-size comparisons colour by B on one ordered scale with a colour bar."""
     result = sweep_analysis.analyse(trials)
     figs = report.figures(trials, result, "known-truth")

@@ -54,7 +54,7 @@ def test_trials_table_has_one_row_per_trial_with_its_params_outcome_and_last_val
     keys = sorted(set().union(*(t.params for t in trials)))
     assert list(table.columns) == [
         *("trial", "run_id", "trial_id", "status", "outcome", "batch", "lr", "b", "D", "A", "seed"),
-        *("tokens", "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s"),
+        *("tokens", "final_train_loss", "final_eval_loss", "b_simple", "stopped_at", "wall_s", "checkpoints"),
         *keys,
     ]
     assert {"data.seq_len", "schedule.decay", "schedule.warmup_tokens", "train.total_tokens"} <= set(keys)
@@ -184,6 +184,14 @@ def test_fit_is_the_reports_numbers(sweep):
     assert list(fit.critical_batch["batch_sizes"]) == [len(f["points"]) for f in result["critical_batch"]]
     assert (fit.lr_coef, fit.lr_alpha) == (result["lr_scaling"]["coef"], result["lr_scaling"]["alpha"])
     assert results.fit_of(None) is None
+    # the points B_crit is fitted to, per target and batch size, as the report's cost tables give them
+    points = [(f["target_loss"], p) for f in result["critical_batch"] for p in f["points"]]
+    steps = fit.steps_to_target
+    assert len(points) > 4 and len(steps) == len(points)
+    assert list(zip(steps["target_loss"], steps["batch"])) == [(t, p["batch"]) for t, p in points]
+    assert list(steps["steps"]) == [p["steps"] for _, p in points]
+    assert list(steps["tokens"]) == [p["tokens"] for _, p in points]
+    assert set(steps["batch"]) == {r["batch"] for r in result["best_per_batch"]}
 
 
 def test_csv_files_read_back_equal_to_the_tables(sweep, tmp_path):
