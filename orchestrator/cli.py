@@ -278,11 +278,11 @@ def _jobs(args: argparse.Namespace) -> int:
 
 def _ui(args: argparse.Namespace) -> int:
     from orchestrator.core import config
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking import mlflow_ui
 
     cfg = config.load(None, args.overrides)
     _check_free(args.host, args.port)  # before the store is created: nothing half-written
-    return mlflow_runs.serve_ui(cfg, host=args.host, port=args.port)
+    return mlflow_ui.serve_ui(cfg, host=args.host, port=args.port)
 
 
 def _check_free(host: str, port: int) -> None:

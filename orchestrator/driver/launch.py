@@ -24,7 +24,7 @@ from orchestrator.core.schema import Config
 from orchestrator.driver import micro_batch, ray_session
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import feasibility
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import mlflow_runs, mlflow_ui
 
 RUN_RECORD = "orchestrator_run.json"
 log = logging.getLogger(__name__)
@@ -281,16 +281,16 @@ def train(cfg: Config) -> int:
     _show_progress(cfg, run_id, worker)
     metrics, error = outcome.get("metrics"), outcome.get("error")
     outcome = finish(cfg, run_id, error)
-    link = mlflow_runs.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
+    link = mlflow_ui.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
     if outcome != "FINISHED":
         print(
             f"run {name!r} failed: {outcome}\n"
-            f"MLflow run {run_id}: open with `{mlflow_runs.ui_command(cfg.tracking.uri)}`, then {link}"
+            f"MLflow run {run_id}: open with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}"
         )
         return 1
     final = f"final eval loss {metrics['eval_loss']:.4f}, " if metrics and "eval_loss" in metrics else ""
     print(
         f"run {name!r} finished: {final}MLflow run {run_id}\n"
-        f"open it with `{mlflow_runs.ui_command(cfg.tracking.uri)}`, then {link}"
+        f"open it with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}"
     )
     return 0

@@ -15,7 +15,7 @@ from orchestrator.driver import launch
 from orchestrator.formulas import cost
 from orchestrator.reporting.report_format import fmt_tokens
 from orchestrator.sweeps import search_space
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import mlflow_runs, mlflow_ui
 
 PRINT_EVERY_S = 20.0
 ENDED = ("DONE", "STOPPED", "ERROR")
@@ -320,7 +320,7 @@ def finish(
     print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
     if trials:
         _log_parent_artifacts(uri, parent, trials)
-    print(f"MLflow: `{mlflow_runs.ui_command(uri)}`, then {mlflow_runs.ui_link(uri, base.tracking.experiment)}")
+    print(f"MLflow: `{mlflow_ui.ui_command(uri)}`, then {mlflow_ui.ui_link(uri, base.tracking.experiment)}")
     if finished:  # the report ends with the link that compares every trial on one chart
         try:
             try:

@@ -25,7 +25,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
 from orchestrator.reporting.report_render import document, summary_lines
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import mlflow_runs, mlflow_ui
 
 # ---------------------------------------------------------------- writing
 
@@ -170,8 +170,8 @@ def write_run_report(
     _say_written(out_dir, f"logged to run {run_id} under report/")
     print("\n".join(summary_lines(result)))
     compared = [t.run_id for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]
-    print(f"every trial's loss on one chart: `{mlflow_runs.ui_command(uri)}`, then")
-    print(f"  {mlflow_runs.compare_link(uri, compared)}")
+    print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(uri)}`, then")
+    print(f"  {mlflow_ui.compare_link(uri, compared)}")
     return out_dir
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import mlflow_runs, mlflow_ui
 from tests.conftest import ROOT, free_ports, run_cli
 from tests.integration.test_mlflow_server import Service
 
@@ -111,7 +111,7 @@ def test_experiment_link_lists_the_four_trials(sweep, ui, browser, tmp_path):
 
     uri, _, parent, trials = sweep
     assert {name.rsplit(" wu=", 1)[0] for name in trials} == TRIALS
-    link = mlflow_runs.ui_link(uri, "orchestrator", ui)
+    link = mlflow_ui.ui_link(uri, "orchestrator", ui)
     assert link.endswith("?workflowType=machine_learning")
     browser.get(link)
     wait(browser, lambda: "sweep smoke" in text_of(browser), "the sweep's parent run in the runs table")
@@ -134,7 +134,7 @@ def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
     run_id = trials[name].info.run_id
     history = mlflow_runs.metric_history(uri, run_id, "train/loss")
     assert len(history) >= 2
-    browser.get(mlflow_runs.ui_link(uri, "orchestrator", ui, run_id=run_id))
+    browser.get(mlflow_ui.ui_link(uri, "orchestrator", ui, run_id=run_id))
     tab = wait(
         browser,
         lambda: browser.find_elements(By.XPATH, "//*[@role='tab' and normalize-space()='Model metrics']"),
