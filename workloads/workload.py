@@ -206,6 +206,6 @@ def build(cfg: Config, plan: BatchPlan, device: torch.device) -> Workload:
         raise TypeError(
             f"workload {cfg.model.name!r}: micro_batch(update, rank, accum_step) is the old signature; it is now "
             "micro_batch(first, plan, rank, accum_step), first = update x plan.sequences_per_update for a fixed "
-            "batch (README: Your own workload)"
+            "batch (docs/workloads.md)"
         )
     return work

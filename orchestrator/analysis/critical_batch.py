@@ -14,7 +14,7 @@ by up to a factor sqrt(2), differently at every B, which would bend the fit. For
 target the parabola is of the speed 1 / S in the lr itself: progress per step is quadratic in
 the lr in the second-order model the hyperbola comes from (McCandlish et al.: lr |G|^2 -
 lr^2 (G'HG + tr(H Sigma) / B) / 2), and on worlds whose lr response is smooth in log lr instead
-it still did better than a parabola in log lr (README, critical batch size). For final losses
+it still did better than a parabola in log lr (docs/critical-batch.md). For final losses
 the parabola is in log lr.
 """
 

@@ -138,7 +138,7 @@ class Best:
     interpolation: np.ndarray
     """[..., targets] log(steps of the best configuration tried / steps): how far the lr parabola
     moved the answer, the scale of its own error (its error over grid offsets has about this
-    size: README, critical batch size)."""
+    size: docs/critical-batch.md)."""
     scan: np.ndarray
     optimum: List[cb.Optimum]
     """Per scan, over [..., targets]."""

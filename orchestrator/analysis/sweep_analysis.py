@@ -146,7 +146,7 @@ def stopped_early(trials: Sequence[Trial]) -> Dict[str, Any]:
 
 
 def optimizer_forms(trials: Sequence[Trial]) -> Dict[str, Dict[str, int]]:
-    """How many runs gave beta2 and weight decay per step, or in tokens (README: optimizer keys);
+    """How many runs gave beta2 and weight decay per step, or in tokens (docs/configuration.md);
     an SGD run (optim.name=sgd) has no beta2."""
     forms: Dict[str, Dict[str, int]] = {"beta2": {}, "weight_decay": {}}
     for t in trials:

@@ -1,5 +1,5 @@
 """The one reader of a report's tables, `trials.csv` and `curves.csv` (the format is a contract,
-README "Analysis from tables"), so curves from any trainer can be analysed.
+docs/critical-batch.md "Analysis from tables"), so curves from any trainer can be analysed.
 
 - trials.csv: one row per trial; `trial` (its name) and `status` (MLflow's words: FINISHED,
   FAILED, KILLED, RUNNING) are required; every column whose name has a dot is a config key

@@ -22,7 +22,7 @@ def compile_enabled(cfg: Config) -> bool:
 GNS_EMA_SHARE = 50
 """gns.ema_tokens defaults to the budget / GNS_EMA_SHARE. The EMA is logged at its centre of mass,
 which leaves a lag of second order only (curvature x ema_tokens^2); on linear regression with
-AdamW a fiftieth keeps it under 5 % of B_simple while it changes (README: gradient noise scale)."""
+AdamW a fiftieth keeps it under 5 % of B_simple while it changes (docs/critical-batch.md)."""
 
 
 def gns_ema_tokens(cfg: Config) -> int:

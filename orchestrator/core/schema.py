@@ -29,7 +29,7 @@ class HFModelConfig:
 class ModelConfig:
     name: str = "gpt"
     """Workload: `gpt` (decoder-only transformer), `linreg` (noise scale known in closed form),
-    `hf` (a transformers model, model.hf) or `package.module:factory` (your own, see README)."""
+    `hf` (a transformers model, model.hf) or `package.module:factory` (your own, see docs/workloads.md)."""
     n_layers: int = 2
     """Transformer blocks."""
     n_heads: int = 4

@@ -46,13 +46,14 @@ def _colour_bar(fig, ax, mappable, batches: Sequence[float]) -> None:
     bar.minorticks_off()
 
 
-def smooth(values: Sequence[float], share: float = 0.05) -> np.ndarray:
-    """A centred moving mean over `share` of the points (edges averaged over what they have), so a
-    curve's level is readable through per-update noise without shifting it along the axis."""
-    values = np.asarray(values, dtype=float)
-    window = max(1, int(round(share * len(values))) | 1)  # odd: centred
-    kernel = np.ones(window)
-    return np.convolve(values, kernel, "same") / np.convolve(np.ones_like(values), kernel, "same")
+def smooth(xs: Sequence[float], ys: Sequence[float], ratio: float = 1.15) -> np.ndarray:
+    """Each point's mean over the points within a factor `ratio` of its x on either side: a
+    window of constant width on a log axis, so the early, steep part of a curve is not averaged
+    with its late, flat part, and per-update noise is read through without shifting the curve."""
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    sums = np.concatenate([[0.0], np.cumsum(ys)])
+    low, high = np.searchsorted(xs, xs / ratio, "left"), np.searchsorted(xs, xs * ratio, "right")
+    return (sums[high] - sums[low]) / (high - low)
 
 
 def best_trials(trials: Sequence[Trial], best_per_batch: Sequence[Dict]) -> List[Trial]:
@@ -85,15 +86,16 @@ def best_lr_curves(chosen: Sequence[Trial], lr_of: Dict[int, Optional[float]], t
         ax.plot(xs, ys, "-", color=colour(t.batch), lw=0.6, alpha=0.25)
         lr = lr_of.get(t.batch)
         label = f"B = {fmt_tokens(t.batch)}" + (f", lr {lr:.3g}" if lr else "")
-        ax.plot(xs, smooth(ys), "-", color=colour(t.batch), lw=1.8, label=label)
+        smoothed = smooth(xs, ys)
+        ax.plot(xs, smoothed, "-", color=colour(t.batch), lw=1.8, label=label)
         evals = [(x, y) for x, y in t.eval if x > 0]
         if evals:
             ax.plot(*zip(*evals), "o", color=colour(t.batch), ms=3.5, mec="white", mew=0.5)
-        lows.append(min(ys))
-        firsts.append(ys[: max(1, len(ys) // 20)].max())
+        lows.append(min([smoothed.min(), *(y for _, y in evals)]))
+        firsts.append(smoothed[0])
     ax.plot([], [], "k-", lw=1.8, label="train/loss, smoothed")
     ax.plot([], [], "ko", ms=3.5, label="eval/loss")
-    if lows:  # a diverged start would squash the rest: up to the highest early loss
+    if lows:  # the smoothed curves and the evaluations, not the raw noise or a diverged start
         ax.set_ylim(min(lows) * 0.97, max(firsts) * 1.03)
     _token_axes(ax, "loss")
     plain_log_ticks(ax.yaxis, lambda v: f"{v:.2f}", ax.get_ylim())
@@ -141,7 +143,7 @@ def b_simple_over_training(chosen: Sequence[Trial]):
     for t in with_gns:
         xs, bs = map(np.asarray, zip(*[(x, b) for x, b in t.b_simple if x > 0 and b > 0]))
         ax.plot(xs, bs, "-", color=colour(t.batch), lw=0.6, alpha=0.25)
-        ax.plot(xs, smooth(bs, 0.1), "-", color=colour(t.batch), lw=1.8, label=f"B = {fmt_tokens(t.batch)}")
+        ax.plot(xs, smooth(xs, bs, 1.3), "-", color=colour(t.batch), lw=1.8, label=f"B = {fmt_tokens(t.batch)}")
     _token_axes(ax, "B_simple (tokens)")
     plain_log_ticks(ax.yaxis, fmt_tokens, ax.get_ylim())
     ax.set_title("gradient noise scale B_simple over training (smoothed; raw faint)", fontsize=10)

@@ -1,4 +1,4 @@
-"""A branch study (the sweep file's `branch:` section; README: the critical batch size along
+"""A branch study (the sweep file's `branch:` section; docs/branches.md: the critical batch size along
 training). One base run, trained here as the study's first trial or named by `branch.from`,
 keeps a checkpoint at every `branch.at_tokens`; from each, a branch per factor k trains
 `branch.tokens` more at k x the base's tokens per update, on the base's schedule with the lr

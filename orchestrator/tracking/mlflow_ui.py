@@ -38,10 +38,10 @@ def compare_link(uri: str, run_ids: Sequence[str], port: int = 5000, metrics: Se
         return ""
     experiment = client(uri).get_run(run_ids[0]).info.experiment_id
     query = {  # the page reads most values as JSON, the two axis words as they are
-        "runs": json.dumps(list(run_ids)),
+        "runs": json.dumps(list(run_ids), separators=(",", ":")),
         "metric": json.dumps(metrics[0]),
         "experiments": json.dumps([experiment]),
-        "plot_metric_keys": json.dumps(list(metrics)),
+        "plot_metric_keys": json.dumps(list(metrics), separators=(",", ":")),
         "plot_layout": "{}",
         "x_axis": "step",
         "y_axis_scale": "linear",

@@ -1,4 +1,4 @@
-"""Workloads behind one protocol: the README's example workload (tests/fixtures/user_workload.py)
+"""Workloads behind one protocol: docs/workloads.md's example workload (tests/fixtures/user_workload.py)
 validates under a short name registered here and trains end to end by its import path through
 `orchestrator.driver.launch.train`, like the built-in `gpt` and `linreg`."""
 
@@ -19,7 +19,7 @@ from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build
 UPDATES = 8
 
 
-Bigram = registry.register("bigram")(user_workload.Bigram)  # the README's example, given a short name
+Bigram = registry.register("bigram")(user_workload.Bigram)  # docs/workloads.md's example, given a short name
 
 
 def bigram_config(tmp_path, *extra):

@@ -14,8 +14,8 @@ from orchestrator.driver import launch, ray_session
 from orchestrator.tracking import mlflow_runs
 from tests.conftest import ROOT, TINY, varied_corpus
 from workloads import workload
-from workloads.data import tokenizer
-from workloads.data.packing import TokenDataset
+from workloads.text import tokenizer
+from workloads.text.packing import TokenDataset
 from workloads.workload import MicroBatch
 
 SMALL = [
@@ -58,7 +58,8 @@ def small(tmp_path, corpus, *extra):
 
 
 @pytest.mark.slow
-def test_a_bpe_tokenizer_trained_by_prepare_drives_a_sweep(ray_session, tmp_path):
+def test_a_bpe_tokenizer_trained_by_prepare_drives_a_sweep(ray_session, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the sweep writes its report to reports/bpe here
     out = tmp_path / "prepared"
     overrides = ["data.max_documents_per_source=300"]
     assert main(["prepare", str(TINY), *overrides, "--train-tokenizer", "1000", "--out", str(out)]) == 0
@@ -141,7 +142,7 @@ def test_a_datasets_source_mixes_with_files_at_its_weight(tmp_path):
     batch = data.micro_batch(0, derived.batch_plan(cfg), 0, 0)
     counts = np.bincount(batch.source_ids.numpy(), minlength=2)
     assert abs(counts[0] - 0.75 * counts.sum()) <= 1 and abs(counts[1] - 0.25 * counts.sum()) <= 1
-    from workloads.data.corpus import decode
+    from workloads.text.corpus import decode
 
     text = decode(batch.inputs[batch.source_ids == 0].flatten())
     assert "zebra" in text and "okapi" not in text  # the train split, its text field
@@ -258,7 +259,7 @@ def test_a_wrong_path_or_a_broken_workload_is_exit_2(name, says, tmp_path, capsy
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_readme_example_is_the_fixture():
-    readme, fixture = (ROOT / "README.md").read_text(), (ROOT / "tests/fixtures/user_workload.py").read_text()
+def test_the_documented_example_is_the_fixture():
+    page, fixture = (ROOT / "docs/workloads.md").read_text(), (ROOT / "tests/fixtures/user_workload.py").read_text()
     body = fixture[fixture.index("class Bigram") : fixture.index("class HalfDone")].strip()
-    assert body in readme, "README's example workload drifted from tests/fixtures/user_workload.py"
+    assert body in page, "docs/workloads.md's example workload drifted from tests/fixtures/user_workload.py"
