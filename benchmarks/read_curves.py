@@ -1,5 +1,6 @@
-"""Reading a sweep's curves back from MLflow: one history at a time against the concurrent read
-`report` and the end of `sweep` use (mlflow_runs.runs_metrics), in the same process.
+"""Reading a sweep's curves back from MLflow: one history at a time against 8 at a time
+(mlflow_runs.runs_metrics, which `report` and the end of `sweep` use: 8 at a time from a
+tracking server, one at a time from SQLite), in the same process.
 
     python benchmarks/read_curves.py [--store sqlite:///mlflow.db --sweep demo] [--repeats 3]
 
@@ -57,7 +58,7 @@ def main() -> None:
         return {r.info.run_id: mlflow_runs.run_metrics(uri, r.info.run_id, keys) for r in runs}
 
     def concurrent():
-        return mlflow_runs.runs_metrics(uri, runs, keys)
+        return mlflow_runs.runs_metrics(uri, runs, keys, workers=8)
 
     assert sequential() == concurrent(), "the two reads differ"
     times = {"sequential": [], "concurrent": []}
