@@ -60,6 +60,11 @@ def answer(result: Dict[str, Any]) -> str:
             f"{_describe(best['settings']) or 'the base config'}: "
             f"final {result['loss_metric']} {cell(best['final_loss'])} (run {best['run_name']}{seeds})."
         )
+        if len(result["best_per_batch"]) > 1 and best["batch"] == min(r["batch"] for r in result["best_per_batch"]):
+            text += (
+                " That is the smallest batch tried, as at equal tokens it tends to be: the critical batch "
+                "size is the batch size to act on."
+            )
     else:
         text = "No trial reached its budget, so there is no best configuration."
     text += f" {result['finished']} of {n} trials reached the budget; {_stopped(result)}."

@@ -120,6 +120,8 @@ def test_best_configuration_counts_only_finished_trials(sweep_report, store):
     for row in result["best_per_batch"]:
         assert row["lr"] != 0.001, "a stopped configuration is never the best"
     answer = report_render.answer(result)
+    assert result["best"]["batch"] == min(BATCHES)  # at equal tokens, as expected: the answer says so
+    assert "That is the smallest batch tried" in answer and "the critical batch size is the batch size to act" in answer
     assert f"{result['finished']} of {result['finished'] + failed + 2} trials reached the budget" in answer
     assert f"2 stopped early (2 at the {STOP_RUNG:,}-token rung)" in answer
 
