@@ -14,7 +14,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch
 from orchestrator.formulas import cost
 from orchestrator.reporting.report_format import fmt_tokens
-from orchestrator.sweeps import search_space
+from orchestrator.sweeps import placement, search_space
 from orchestrator.tracking import mlflow_runs, mlflow_ui
 
 PRINT_EVERY_S = 20.0
@@ -103,6 +103,7 @@ class ProgressTable(tune.Callback):
                 "first": None,  # (tokens, time) of the first result since the trial (re)started
                 "rate": None,
                 "gained": 0,  # tokens trained, over every attempt
+                "holds": placement.trial_resources(self.sweep, trial.config),  # what Tune reserves for it
             }
         return self.rows[trial.trial_id]
 
@@ -178,11 +179,14 @@ class ProgressTable(tune.Callback):
         return cost.eta_s(self.remaining_tokens(), self.sweep_rate())
 
     def counts(self) -> str:
-        """'3/32 ended, 2 running, 27 pending'."""
+        """'3/32 ended, 2 running on 1.6 CPUs, 27 pending'."""
         ended = sum(r["status"] in ENDED for r in self.rows.values())
-        running = sum(r["status"] == "RUNNING" for r in self.rows.values())
+        running = [r for r in self.rows.values() if r["status"] == "RUNNING"]
         total = max(self.expected, len(self.rows))
-        return f"{ended}/{total} ended, {running} running, {total - ended - running} pending"
+        held = {k: sum(r["holds"].get(k, 0.0) for r in running) for k in ("CPU", "GPU")}
+        on = " + ".join(f"{v:g} {k}s" for k, v in held.items() if v)
+        running_on = f"{len(running)} running" + (f" on {on}" if on else "")
+        return f"{ended}/{total} ended, {running_on}, {total - ended - len(running)} pending"
 
     def title(self, compact: bool = False) -> str:
         rate, eta, left = self.sweep_rate(), self.sweep_eta_s(), self.remaining_tokens()

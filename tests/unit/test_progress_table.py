@@ -76,7 +76,7 @@ def test_plain_table_shows_progress_and_etas(table_and_trials, capsys):
     assert table.remaining_tokens() == left
     assert table.sweep_rate() == pytest.approx(1_638.4)
     assert lines[0] == (
-        f"--- sweep demo: 0/15 ended, 2 running, 13 pending; ETA {cost.format_duration(left / 1638.4)} "
+        f"--- sweep demo: 0/15 ended, 2 running on 1.6 CPUs, 13 pending; ETA {cost.format_duration(left / 1638.4)} "
         f"({left:,} tokens left at 1,638 tokens/s) ---"
     )
     assert cost.format_duration(left / 1638.4) == "49m 30s"
@@ -99,7 +99,7 @@ def test_a_trial_that_ends_prints_at_once_and_leaves_the_sweep_eta(table_and_tri
     left = (BUDGET - 32_768) + 13 * BUDGET
     rate = (BUDGET + 32_768) / 400
     assert lines[0].startswith(
-        f"--- sweep demo: 1/15 ended, 1 running, 13 pending; ETA {cost.format_duration(left / rate)} ("
+        f"--- sweep demo: 1/15 ended, 1 running on 0.8 CPUs, 13 pending; ETA {cost.format_duration(left / rate)} ("
     )
     assert cost.format_duration(left / rate) == "1h 24m"
 
@@ -120,7 +120,10 @@ def test_pending_trials_are_listed_and_the_eta_never_blanks(table_and_trials, ca
     table.print()
     lines = last_block(capsys.readouterr().out)
     assert line_of(lines, "B=1Ki lr=1e-3").split()[-1] == "RUNNING"
-    assert lines[0].startswith("--- sweep demo: 1/15 ended, 2 running, 12 pending; ETA ") and "ETA -" not in lines[0]
+    assert (
+        lines[0].startswith("--- sweep demo: 1/15 ended, 2 running on 1.6 CPUs, 12 pending; ETA ")
+        and "ETA -" not in lines[0]
+    )
     assert lines[-1] == f"best so far: {table.rows['b']['name']}, eval 2.700"
     assert table.rows["b"]["name"].startswith("B=8Ki lr=1e-3")
 
