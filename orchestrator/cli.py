@@ -301,6 +301,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from workloads.text import corpus
 
     cfg = config.load(args.config, args.overrides)
+    corpus.check_prepare_folder(Path(args.out))  # before the tokenizer writes into it
     use = f"data.shard_dir={args.out}"
     if args.train_tokenizer is not None:
         from workloads.text import tokenizer

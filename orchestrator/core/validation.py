@@ -146,6 +146,13 @@ def _ray_address(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}; use auto, host:port or ray://host:port (Ray's address)")
 
 
+def _plain_name(key: str, value: str) -> None:
+    """A source's name becomes a folder (under `prepare --out` and the token cache): one plain
+    path component, so no name can reach outside them."""
+    if value in (".", "..") or value.startswith(".") or any(c in value for c in "/\\\0"):
+        raise ConfigError(key, f"got {value!r}; a plain name (no '/', '\\' or NUL, not starting with '.')")
+
+
 def _no_slash(key: str, value: str) -> None:
     if "/" in value or value in (".", ".."):
         raise ConfigError(key, f"got {value!r}; a name, not a path (it becomes a folder under train.storage_path)")
@@ -168,7 +175,7 @@ FIELDS = {
     "model.w_star_norm": number(0),
     "data.seq_len": count(),
     "data.tokenizer": Field("str"),
-    "data.sources.*.name": Field("str"),
+    "data.sources.*.name": Field("str", check=_plain_name),
     "data.sources.*.kind": one_of(*SOURCE_KINDS),
     "data.sources.*.path": Field("str", optional=True),
     "data.sources.*.weight": number(0, low_open=True),

@@ -349,14 +349,41 @@ def load_source(cfg: Config, index: int) -> SourceTokens:
 
 
 def prepare_shards(cfg: Config, out_dir: str | Path) -> int:
-    """Tokenize every source into out_dir/<name>, ready for `data.shard_dir=out_dir`."""
-    tok = tokenizers.load(cfg.data.tokenizer)
-    for i, src in enumerate(cfg.data.sources):
-        final, cap = Path(out_dir) / _folder_name(src), cfg.data.max_documents_per_source
-        if _meta_hash(final) != _config_hash(src, cap, tok):
-            shutil.rmtree(final, ignore_errors=True)  # stale shards of an older config
-            _build(src, f"data.sources.{i}", cap, final, tok)
+    """Tokenize every source into out_dir/<name>, ready for `data.shard_dir=out_dir`.
+
+    Only what prepare wrote is ever replaced: `out_dir` must be new, empty, or hold nothing but
+    shard folders of its own (each has a meta.json, written last); anything else is refused
+    before a byte is written. A failure leaves no `out_dir` it created."""
+    out = Path(out_dir)
+    check_prepare_folder(out)
+    tok, created = tokenizers.load(cfg.data.tokenizer), not out.exists()
+    try:
+        for i, src in enumerate(cfg.data.sources):
+            final, cap = out / _folder_name(src), cfg.data.max_documents_per_source
+            if _meta_hash(final) != _config_hash(src, cap, tok):
+                if final.exists():
+                    shutil.rmtree(final)  # stale shards of an older config: prepare's own (checked above)
+                _build(src, f"data.sources.{i}", cap, final, tok)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return len(cfg.data.sources)
+
+
+def check_prepare_folder(out: Path) -> None:
+    """ConfigError unless `out` is new, empty, or holds only what prepare writes: shard folders
+    (each with its meta.json) and the tokenizer `prepare --train-tokenizer` trains."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file; give a new folder or one prepare wrote")
+    for entry in sorted(out.iterdir()):
+        ours = entry.is_dir() and not entry.is_symlink() and (entry / "meta.json").is_file()
+        if not ours and not (entry.name == tokenizers.TRAINED_FILE and entry.is_file()):
+            raise ConfigError(
+                "--out", f"{entry} is not a shard folder prepare wrote (no meta.json); give a new or empty folder"
+            )
 
 
 def training_texts(cfg: Config) -> Iterator[str]:

@@ -47,6 +47,7 @@ class Tokenizer:
 
 
 BYTE_TOKENIZER = Tokenizer("bytes-v1", 257, 256)
+TRAINED_FILE = "tokenizer.json"  # what `prepare --train-tokenizer` writes into --out
 
 
 def load(spec: str) -> Tokenizer:
@@ -94,7 +95,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out: Path) -> Path:
     )
     tok.train_from_iterator(texts, trainer=trainer)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "tokenizer.json"
+    path = out / TRAINED_FILE
     tmp = out / f".tokenizer.json.tmp-{os.getpid()}"
     tok.save(str(tmp))
     os.replace(tmp, path)
