@@ -306,9 +306,10 @@ def _prepare(args: argparse.Namespace) -> int:
     if args.train_tokenizer is not None:
         from workloads.text import tokenizer
 
-        if not 258 <= args.train_tokenizer <= 2**31:
+        if not 258 <= args.train_tokenizer <= tokenizer.MAX_TRAINED_VOCAB:
             raise ConfigError(
-                "--train-tokenizer", f"got {args.train_tokenizer}; use 258 (256 bytes + EOS + one merge) or more"
+                "--train-tokenizer",
+                f"got {args.train_tokenizer}; use 258 (256 bytes + EOS + one merge) to {tokenizer.MAX_TRAINED_VOCAB:,}",
             )
         path = tokenizer.train_bpe(corpus.training_texts(cfg), args.train_tokenizer, Path(args.out))
         print(f"trained a {args.train_tokenizer:,}-token BPE tokenizer on the training split: {path}")

@@ -3,6 +3,7 @@ orchestrator.cluster.ray_jobs (connect, errors); `logs --follow` is orchestrator
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -10,6 +11,8 @@ from typing import Any, Optional, Sequence
 from orchestrator.cluster.follow import follow_job
 from orchestrator.cluster.ray_jobs import TERMINAL, ClusterError, calls, connect, mask, status_text, wait_for
 from orchestrator.core.errors import ConfigError
+
+JOB_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.-]+")  # raysubmit_..., or a name given at submit; never ".." or "/"
 
 
 def _when(ms: Optional[int]) -> str:
@@ -33,6 +36,8 @@ def run(
     """`orchestrator jobs status|logs|stop|list`."""
     if action == "list" and job_id:
         raise ConfigError("JOB_ID", f"`jobs list` takes no submission id (got {job_id!r})")
+    if job_id is not None and not JOB_ID.fullmatch(job_id):
+        raise ConfigError("JOB_ID", f"got {job_id!r}; a submission id has letters, digits, '_', '-' and '.' only")
     if action != "list" and not job_id:
         raise ConfigError(
             "JOB_ID", f"`jobs {action}` needs a submission id; see `orchestrator jobs list --address URL`"

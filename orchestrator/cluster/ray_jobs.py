@@ -78,11 +78,14 @@ def normalise_address(address: str) -> str:
     address = address.strip().rstrip("/")
     if "://" not in address:
         address = "http://" + address
-    parsed = urlparse(address)
+    valid = "use the Ray dashboard's http(s)://HOST:PORT (default port 8265)"
+    try:
+        parsed = urlparse(address)
+        parsed.port  # noqa: B018  (raises ValueError for a port outside 0..65535)
+    except ValueError as exc:
+        raise ConfigError("--address", f"got {mask(address)!r} ({exc}); {valid}") from None
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(
-            "--address", f"got {mask(address)!r}; use the Ray dashboard's http(s)://HOST:PORT (default port 8265)"
-        )
+        raise ConfigError("--address", f"got {mask(address)!r}; {valid}")
     return address
 
 

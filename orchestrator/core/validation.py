@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 from orchestrator.core import registry as workload_registry
 from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, Config, OptimConfig
+from orchestrator.core.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, ClusterConfig, Config, OptimConfig
 from orchestrator.formulas import batching, schedules
 from orchestrator.formulas.feasibility import STRATEGIES as PLACEMENT_STRATEGIES
 
@@ -114,7 +114,7 @@ def _workload_name(key: str, name: str) -> None:
         raise ConfigError(key, f"got {name!r}; {valid}")
     try:
         factory = workload_registry.factory(name)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # the user's module may raise anything while it imports
         raise ConfigError(key, f"got {name!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
     if not callable(factory):
         raise ConfigError(key, f"got {name!r}; that is a {type(factory).__name__}, not a workload factory")
@@ -271,6 +271,12 @@ def validate(cfg: Config) -> None:
 
 def _across_fields(cfg: Config) -> None:
     m, d, t, s = cfg.model, cfg.data, cfg.train, cfg.schedule
+    if not cfg.cluster.use_gpu and cfg.cluster.gpus_per_worker != ClusterConfig.gpus_per_worker:
+        raise ConfigError(
+            "cluster.gpus_per_worker",
+            f"got {cfg.cluster.gpus_per_worker:g} with cluster.use_gpu=false, where it would do nothing; "
+            "set cluster.use_gpu=true too, or leave it out",
+        )
     if m.d_model % m.n_heads:
         raise ConfigError("model.n_heads", f"got {m.n_heads}; must divide model.d_model={m.d_model}")
     if m.name in ("gpt", "hf") and d.seq_len > m.max_seq_len:

@@ -103,13 +103,7 @@ def estimate(name: str, cfg: Config, options: Options, start: int = 0) -> Row:
     if auto:
         capacity = options.device_memory or planning.visible_device_memory(cfg)
         answer = micro_batch.from_model(cfg, capacity, micro_batch.per_worker_share(cfg))
-        if answer["micro_batch_size"] < 1:
-            raise ConfigError(
-                "batch.micro_batch_size",
-                f"auto: not even one sequence of data.seq_len={cfg.data.seq_len} fits "
-                f"{memory.format_bytes(capacity)} per worker (memory model)",
-            )
-        cfg.batch.micro_batch_size = answer["micro_batch_size"]
+        cfg.batch.micro_batch_size = micro_batch.fitting(cfg, answer["micro_batch_size"], capacity, "a worker")
     segments = derived.batch_segments(cfg)
     plan = batching.segment_at(segments, start).plan
     end = cfg.train.stop_at_tokens or segments[-1].end_tokens
@@ -143,6 +137,9 @@ def _estimate_all(trials: Sequence[search_space.Trial], options: Options) -> Tup
             rows.append(estimate(t.name, t.cfg, options, branch_study.branch_at(t.cfg) if branch else 0))
         except ConfigError as exc:
             problems.append(f"[{t.name}] {exc}")
+    if trials and not rows:  # as `sweep` would refuse: exit 2, not a table of nothing
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError("space", f"no trial would start: {problems[0]}{more}")
     return rows, problems
 
 

@@ -71,15 +71,7 @@ def resolve(cfg: Config, upper: Optional[int] = None) -> None:
         storage.write_json(where, answer)
         found = f"{answer['micro_batch_size']} fits ({answer['method']}, {answer['device']})"
         print(f"batch.micro_batch_size auto: {found}; kept in {where}")
-    b = answer["micro_batch_size"]
-    if b < 1:
-        raise ConfigError(
-            "batch.micro_batch_size",
-            f"auto: not even one sequence of data.seq_len={cfg.data.seq_len} fits the "
-            f"{memory.format_bytes(answer['capacity_bytes'])} of {answer['device']}; shorten data.seq_len, "
-            "raise deepspeed.zero_stage or add workers",
-        )
-    cfg.batch.micro_batch_size = b
+    cfg.batch.micro_batch_size = fitting(cfg, answer["micro_batch_size"], answer["capacity_bytes"], answer["device"])
     batch_plan(cfg)  # with batch.grad_accum_steps given, the b it implies must fit
 
 
@@ -108,6 +100,19 @@ def cpu_worker_memory(cfg: Config) -> float:
 
     share = min(1.0, cfg.cluster.cpus_per_worker / (os.cpu_count() or 1))
     return psutil.virtual_memory().total * share
+
+
+def fitting(cfg: Config, b: int, capacity: float, device: str) -> int:
+    """`auto`'s answer b, or ConfigError when not even one sequence fits: `train`, `sweep`,
+    `plan` and `--dry-run` refuse alike."""
+    if b < 1:
+        raise ConfigError(
+            "batch.micro_batch_size",
+            f"auto: not even one sequence of data.seq_len={cfg.data.seq_len} fits the "
+            f"{memory.format_bytes(capacity)} of {device}; shorten data.seq_len, raise deepspeed.zero_stage "
+            "or add workers",
+        )
+    return b
 
 
 def from_model(cfg: Config, capacity: float, upper: int) -> Dict[str, Any]:

@@ -34,7 +34,7 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
     if auto:
         cfg = copy.deepcopy(cfg)
         answer = micro_batch.from_model(cfg, capacity, micro_batch.per_worker_share(cfg))
-        cfg.batch.micro_batch_size = max(1, answer["micro_batch_size"])
+        cfg.batch.micro_batch_size = micro_batch.fitting(cfg, answer["micro_batch_size"], capacity, capacity_from)
     plan = batch_plan(cfg)
     steps, total = derived.total_updates(cfg), derived.rounded_budget(cfg)
     tpu = plan.tokens_per_update

@@ -138,9 +138,10 @@ def parse_bytes(text: str, key: str = "--device-memory") -> int:
     """'80GiB', '141 GB', '2e9' -> bytes; a ConfigError naming `key` otherwise."""
     match = _SIZE.match(str(text))
     unit = match.group(2).upper() if match else None
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+    size = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
+    if not 0 < size < 2**64:  # NaN and infinity fail too
         raise ConfigError(key, f"got {text!r}; use a positive size such as 80GiB, 141GB or 2e9 (bytes)")
-    return int(float(match.group(1)) * _UNITS[unit])
+    return int(size)
 
 
 def format_bytes(n: float) -> str:

@@ -43,7 +43,10 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
     if run is not None:
         return uri, run.info.run_name or run.info.run_id, run.info.run_id
     sweep_name = sweep_name or target
-    run_id = mlflow_runs.find_sweep_run_anywhere(uri, sweep_name, experiment)
+    try:
+        run_id = mlflow_runs.find_sweep_run_anywhere(uri, sweep_name, experiment)
+    except ValueError as exc:  # a name no MLflow filter can hold
+        raise ConfigError("SWEEP_OR_RUN", str(exc)) from None
     if run_id is None:
         raise ConfigError(
             "SWEEP_OR_RUN",

@@ -35,6 +35,16 @@ CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folde
 MAX_PARAMS = 100  # MLflow's limit on params per log_batch call
 
 
+def quoted(value: str) -> str:
+    """A string literal of an MLflow search filter: in single quotes, or in double quotes when it
+    holds a single quote (the filter language has no escapes; a value with both is refused)."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise ValueError(f"{value!r} holds both quote characters, which an MLflow search filter cannot express")
+
+
 def resolve_uri(uri: str) -> str:
     """Make a relative SQLite/file store absolute: Ray workers do not share the driver's cwd."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
@@ -77,7 +87,7 @@ def find_run(uri: str, experiment: str, tags: Dict[str, str]) -> Optional[str]:
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    query = " and ".join(f"tags.`{k}` = {quoted(v)}" for k, v in tags.items())
     runs = c.search_runs(
         [exp.experiment_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"]
     )
@@ -169,7 +179,7 @@ def get_run(uri: str, run_id: str):
 def child_runs(uri: str, parent_run_id: str) -> list:
     c = client(uri)
     exp_id = c.get_run(parent_run_id).info.experiment_id
-    return c.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'", max_results=10000)
+    return c.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = {quoted(parent_run_id)}", max_results=10000)
 
 
 def find_sweep_run(uri: str, experiment: str, sweep_name: str) -> Optional[str]:
@@ -180,7 +190,7 @@ def find_sweep_run(uri: str, experiment: str, sweep_name: str) -> Optional[str]:
         return None
     runs = c.search_runs(
         [exp.experiment_id],
-        filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_name}' and {SWEEP_RUN_FILTER}",
+        filter_string=f"tags.`{SWEEP_TAG}` = {quoted(sweep_name)} and {SWEEP_RUN_FILTER}",
         max_results=1,
         order_by=["attributes.start_time DESC"],
     )
@@ -241,7 +251,7 @@ def find_sweep_run_anywhere(uri: str, sweep_name: str, experiment: Optional[str]
     exp_ids = [e.experiment_id for e in c.search_experiments(max_results=1000)]
     if not exp_ids:
         return None
-    query = f"tags.`{SWEEP_TAG}` = '{sweep_name}' and {SWEEP_RUN_FILTER}"
+    query = f"tags.`{SWEEP_TAG}` = {quoted(sweep_name)} and {SWEEP_RUN_FILTER}"
     runs = c.search_runs(exp_ids, filter_string=query, max_results=1, order_by=["attributes.start_time DESC"])
     return runs[0].info.run_id if runs else None
 
@@ -292,7 +302,7 @@ def find_runs_named(uri: str, name: str, experiment: Optional[str] = None) -> li
     scopes.append([e.experiment_id for e in c.search_experiments(max_results=1000)])
     for exp_ids in scopes:
         runs = []
-        for query in (f"attributes.run_name = '{name}'", f"tags.`{TRIAL_TAG}` = '{name}'"):
+        for query in (f"attributes.run_name = {quoted(name)}", f"tags.`{TRIAL_TAG}` = {quoted(name)}"):
             runs += c.search_runs(exp_ids, filter_string=query, max_results=100) if exp_ids else []
         if runs:
             unique = {r.info.run_id: r for r in runs}.values()

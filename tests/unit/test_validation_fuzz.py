@@ -316,3 +316,42 @@ def test_a_malformed_space_constraint_or_lr_rule_is_exit_2_naming_it(case, nothi
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and names in err[0], (sections, err)
     assert os.listdir(nothing_starts) == []
+
+
+SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["plan", str(TINY), "--device-memory", "9e999"], "--device-memory"),
+        (["plan", str(TINY), "batch.micro_batch_size=auto", "--device-memory", "1MiB"], "batch.micro_batch_size"),
+        (
+            ["sweep", str(SMOKE), "--dry-run", "--device-memory", "1MiB", "batch.micro_batch_size=auto"],
+            "space: no trial would start",
+        ),
+        (["plan", str(TINY), "cluster.gpus_per_worker=0.5"], "cluster.gpus_per_worker"),
+        (["plan", str(TINY), "model.name=tests.fixtures.raises_at_import:Workload"], "model.name"),
+        (["jobs", "status", "../../api/version", "--address", "http://127.0.0.1:1"], "JOB_ID"),
+        (["jobs", "list", "--address", "http://[::1"], "--address"),
+        (["jobs", "list", "--address", "http://127.0.0.1:99999"], "--address"),
+        (["prepare", str(TINY), "--out", "OUT", "--train-tokenizer", "2147483648"], "--train-tokenizer"),
+        (["report", "it's", "tracking.uri=STORE"], "SWEEP_OR_RUN"),
+        (["report", 'it\'s "both"', "tracking.uri=STORE"], "SWEEP_OR_RUN"),
+    ],
+)
+def test_inputs_that_used_to_crash_are_exit_2_in_one_line(args, key, nothing_starts, tmp_path, capsys):
+    """Each of these raised a traceback (OverflowError, ValueError, an unescaped MLflow filter, an
+    abort from a 141 GB allocation, a module raising at import) or was accepted although it does
+    nothing; now: exit 2, one line naming what is wrong, nothing written."""
+    store = tmp_path / "store" / "mlflow.db"
+    if "tracking.uri=STORE" in args:  # report needs a store to look the name up in
+        store.parent.mkdir()
+        mlflow_runs.ensure_experiment(f"sqlite:///{store}", "orchestrator")
+        capsys.readouterr()
+    args = [a.replace("OUT", str(tmp_path / "out")).replace("STORE", f"sqlite:///{store}") for a in args]
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and key in err[0], err
+    assert not (tmp_path / "out").exists()
+    assert os.listdir(nothing_starts) == []

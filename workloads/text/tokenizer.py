@@ -48,6 +48,9 @@ class Tokenizer:
 
 BYTE_TOKENIZER = Tokenizer("bytes-v1", 257, 256)
 TRAINED_FILE = "tokenizer.json"  # what `prepare --train-tokenizer` writes into --out
+MAX_TRAINED_VOCAB = 2**20
+"""The largest vocabulary `prepare --train-tokenizer` trains: the BPE trainer allocates per
+vocabulary entry up front (2**31 asked for 141 GB and aborted the process)."""
 
 
 def load(spec: str) -> Tokenizer:
