@@ -35,6 +35,7 @@ from orchestrator.core.yaml_files import (
 
 _SECRET_RE = re.compile(r"\$\{oc\.env:")
 REDACTED = "***"
+_URI_PASSWORD = re.compile(r"(://[^/@:\s]+:)[^/@\s]+@")  # scheme://user:PASSWORD@host
 
 
 def schema_keys(schema: Any = Config, prefix: str = "") -> List[str]:
@@ -151,8 +152,9 @@ def _interpolated_secret_keys(node: Any, prefix: str = "") -> List[str]:
 
 
 def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
-    """Plain nested dict of the config; values read from the environment are redacted
-    (redact=False only for what is shipped to the run's own workers)."""
+    """Plain nested dict of the config; values read from the environment, and the password of any
+    URI (`https://user:password@host`), are redacted (redact=False only for what is shipped to the
+    run's own workers)."""
     data = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     if redact:
         for key in cfg.secret_keys:
@@ -161,7 +163,21 @@ def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
             for part in parents:
                 node = node[int(part)] if isinstance(node, list) else node[part]
             node[int(leaf) if isinstance(node, list) else leaf] = REDACTED
+        data = _without_uri_passwords(data)
     return data  # type: ignore[return-value]
+
+
+def redact_uri(text: str) -> str:
+    """'https://user:secret@host/x' -> 'https://user:***@host/x' (anything without a password as is)."""
+    return _URI_PASSWORD.sub(rf"\1{REDACTED}@", text)
+
+
+def _without_uri_passwords(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_uri_passwords(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_uri_passwords(v) for v in node]
+    return redact_uri(node) if isinstance(node, str) else node
 
 
 def flatten(data: Any, prefix: str = "") -> Dict[str, Any]:

@@ -18,6 +18,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from orchestrator.core.config import redact_uri
+
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 # MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)
 # before it raises. MetricLogger keeps unsent points and retries them itself, so such a long
@@ -85,7 +87,7 @@ class MetricLogger:
         with self._lock:
             if len(self._pending) >= self.max_buffered_points:
                 raise TrackingError(
-                    f"MLflow at {self.uri} unreachable and {len(self._pending):,} points buffered "
+                    f"MLflow at {redact_uri(self.uri)} unreachable and {len(self._pending):,} points buffered "
                     f"(tracking.max_buffered_points={self.max_buffered_points:,}); last error: {self.last_error}"
                 )
             for key, value in metrics.items():
@@ -164,4 +166,5 @@ class MetricLogger:
         self._wake.set()
         self._thread.join(timeout=5)
         if not ok:
-            raise TrackingError(f"could not send {self.buffered:,} points to MLflow at {self.uri}: {self.last_error}")
+            where = redact_uri(self.uri)
+            raise TrackingError(f"could not send {self.buffered:,} points to MLflow at {where}: {self.last_error}")

@@ -14,6 +14,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from orchestrator.core.config import redact_uri
 from orchestrator.tracking.mlflow_runs import client, ensure_experiment, resolve_uri
 
 
@@ -55,14 +56,14 @@ def compare_link(uri: str, run_ids: Sequence[str], port: int = 5000, metrics: Se
 
 
 def ui_command(uri: str, port: int = 5000) -> str:
-    return f"orchestrator ui tracking.uri={uri} --port {port}"
+    return f"orchestrator ui tracking.uri={redact_uri(uri)} --port {port}"
 
 
 def serve_ui(cfg: Any, host: str = "127.0.0.1", port: int = 5000) -> int:
     """`mlflow ui` over the configured store, bound to 127.0.0.1 unless asked otherwise."""
     uri = resolve_uri(cfg.tracking.uri)
     ensure_experiment(uri, cfg.tracking.experiment)
-    print(f"MLflow UI on http://{host}:{port} over {uri}")
+    print(f"MLflow UI on http://{host}:{port} over {redact_uri(uri)}")
     print(f"runs of experiment {cfg.tracking.experiment!r}: {ui_link(uri, cfg.tracking.experiment, port)}", flush=True)
     # One worker process and no GenAI job runner: a UI for one person over training runs
     # (MLflow's defaults start four workers plus a job queue of ten).

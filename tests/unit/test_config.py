@@ -83,6 +83,20 @@ def test_env_values_are_redacted(monkeypatch):
     assert "hunter2" not in text and config.REDACTED in text
 
 
+def test_a_password_inside_a_uri_appears_nowhere_it_is_logged_or_printed():
+    """A literal `https://user:password@host` (not read from the environment) is redacted in the
+    MLflow params, config.yaml and the printed UI command; the run itself still gets the URI."""
+    from orchestrator.driver import launch
+    from orchestrator.tracking import mlflow_ui
+
+    uri = "https://alice:hunter2@mlflow.example.com:5000"
+    cfg = config.load(TINY, [f"tracking.uri={uri}", "data.sources.0.path=https://bob:s3cret@host/x.txt"])
+    assert cfg.tracking.uri == uri and config.to_dict(cfg, redact=False)["tracking"]["uri"] == uri
+    shown = json.dumps(launch.run_params(cfg)) + config.to_yaml(cfg) + mlflow_ui.ui_command(uri)
+    assert "hunter2" not in shown and "s3cret" not in shown
+    assert "https://alice:***@mlflow.example.com:5000" in shown and "https://bob:***@host/x.txt" in shown
+
+
 def test_warmup_within_one_update_names_the_smallest_valid_value():
     """An update's LR is the schedule after it: a warmup that ends within the first update would
     silently be no warmup at all. 0 stays valid; just over one update is the least that warms up."""

@@ -38,7 +38,7 @@ MAY_IMPORT = {  # room -> the rooms it may import besides itself (docs/design.md
     "orchestrator.core": CORE,
     "orchestrator.formulas": CORE,
     "orchestrator.analysis": PURE,
-    "orchestrator.tracking": (),
+    "orchestrator.tracking": CORE,
     "workloads": CORE + TRACKING,
     "orchestrator.reporting": PURE + TRACKING,
     "orchestrator.export": CORE + TRACKING,
