@@ -88,12 +88,12 @@ EXAMPLES = {
 """Shown under each verb's --help; tests/unit/test_cli_help.py parses every one."""
 
 
-def _verb(verbs, name: str, summary: str) -> argparse.ArgumentParser:
+def _verb(verbs, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
     examples = "\n".join(f"  orchestrator {name} {e}".rstrip() for e in EXAMPLES[name])
     return verbs.add_parser(
         name,
         help=summary,
-        description=summary[0].upper() + summary[1:] + ".",
+        description=f"{summary[0].upper()}{summary[1:]}. {more}".strip(),
         epilog=f"examples:\n{examples}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -151,7 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
         "primary target (default: the sweep file's search.criterion, else final_loss)",
     )
 
-    p = _verb(verbs, "submit", "send a sweep to a Ray cluster (Ray Jobs API)")
+    p = _verb(
+        verbs,
+        "submit",
+        "send a sweep to a Ray cluster (Ray Jobs API)",
+        "The working directory travels without credential files (the list: orchestrator/cluster/upload.py) "
+        "and without what .gitignore and .rayignore name: add your own patterns to .rayignore.",
+    )
     _config_args(p, "SWEEP")
     p.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
     p.add_argument(

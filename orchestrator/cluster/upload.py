@@ -66,6 +66,21 @@ SECRET_EXCLUDES = [
     "credentials",
     "credentials.json",
     "auth_token",
+    "*.token",
+    ".pgpass",
+    ".databrickscfg",
+    ".config/gcloud",
+    "application_default_credentials.json",
+    "service_account*.json",
+    ".s3cfg",
+    ".boto",
+    "*.tfstate",
+    "*.tfstate.*",
+    ".terraform",
+    "basic_auth.db",  # MLflow's user database
+    ".htpasswd",
+    ".npmrc",
+    ".yarnrc*",
 ]
 EXCLUDES += SECRET_EXCLUDES
 

@@ -292,6 +292,19 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
         ".git-credentials",
         ".kube/config",
         ".pypirc",
+        ".pgpass",
+        ".databrickscfg",
+        ".config/gcloud/application_default_credentials.json",
+        ".s3cfg",
+        ".boto",
+        "ci.token",
+        "keys/service_account.json",
+        "infra/terraform.tfstate",
+        "infra/terraform.tfstate.backup",
+        "deploy/mlflow/basic_auth.db",
+        ".htpasswd",
+        ".npmrc",
+        "mine/notes.secret",  # the user's own pattern, from .rayignore
     ]
     kept = [
         "orchestrator/cluster/submit.py",
@@ -302,7 +315,9 @@ def test_uploads_leave_secrets_out_and_source_in(tmp_path):
         "deploy/mlflow/README.md",
         "docs/keys.md",
     ]
-    spec = submit.job_spec("sweep", _project(tmp_path, secrets_ + kept), root=tmp_path)
+    sweep = _project(tmp_path, secrets_ + kept)
+    (tmp_path / ".rayignore").write_text("*.secret\n")  # what submit --help points to for your own patterns
+    spec = submit.job_spec("sweep", sweep, root=tmp_path)
     # Ray's own walk and matcher decide what is zipped: the same call here
     shipped = upload.upload_files(Path(spec.runtime_env["working_dir"]), spec.runtime_env["excludes"])
     assert not set(secrets_) & set(shipped), sorted(set(secrets_) & set(shipped))
