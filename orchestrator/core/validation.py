@@ -153,6 +153,15 @@ def _plain_name(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}; a plain name (no '/', '\\' or NUL, not starting with '.')")
 
 
+def _storage_location(key: str, value: str) -> None:
+    """A URI pyarrow opens, or a local path that is (or will be) a folder: checked before any
+    MLflow run, run record or folder is created."""
+    _scheme(STORAGE_SCHEMES, "a URI with scheme")(key, value)
+    local = value[len("file://") :] if value.startswith("file://") else value
+    if "://" not in local and Path(local).expanduser().is_file():
+        raise ConfigError(key, f"got {value!r}, which is a file; give a folder (new or existing) or a URI")
+
+
 def _no_slash(key: str, value: str) -> None:
     if "/" in value or value in (".", ".."):
         raise ConfigError(key, f"got {value!r}; a name, not a path (it becomes a folder under train.storage_path)")
@@ -219,7 +228,7 @@ FIELDS = {
     "train.checkpoint_every_tokens": count(0),
     "train.keep_checkpoints": count(),
     "train.run_name": Field("str", optional=True, check=_no_slash),
-    "train.storage_path": Field("str", check=_scheme(STORAGE_SCHEMES, "a URI with scheme")),
+    "train.storage_path": Field("str", check=_storage_location),
     "train.max_failures": count(0),
     "train.loss_normalization": one_of("token", "micro_batch"),
     "train.start_from_checkpoint": Field("str", optional=True, check=_exists),

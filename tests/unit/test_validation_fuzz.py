@@ -336,6 +336,7 @@ SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
         (["jobs", "list", "--address", "http://[::1"], "--address"),
         (["jobs", "list", "--address", "http://127.0.0.1:99999"], "--address"),
         (["prepare", str(TINY), "--out", "OUT", "--train-tokenizer", "2147483648"], "--train-tokenizer"),
+        (["train", str(TINY), "train.storage_path=AFILE"], "train.storage_path"),  # was a RUNNING run left behind
         (["report", "it's", "tracking.uri=STORE"], "SWEEP_OR_RUN"),
         (["report", 'it\'s "both"', "tracking.uri=STORE"], "SWEEP_OR_RUN"),
     ],
@@ -349,7 +350,9 @@ def test_inputs_that_used_to_crash_are_exit_2_in_one_line(args, key, nothing_sta
         store.parent.mkdir()
         mlflow_runs.ensure_experiment(f"sqlite:///{store}", "orchestrator")
         capsys.readouterr()
+    (tmp_path / "a-file").write_text("not a folder")
     args = [a.replace("OUT", str(tmp_path / "out")).replace("STORE", f"sqlite:///{store}") for a in args]
+    args = [a.replace("AFILE", str(tmp_path / "a-file")) for a in args]
     code = main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and key in err[0], err
