@@ -81,18 +81,20 @@ def run(
     if text is None:
         raise ConfigError("RUN_OR_TRIAL", f"run {run_id} has no {CONFIG} artifact: not a training run of this tool")
     location = checkpoint or checkpoints_of(uri, run_id)
+    with tempfile.TemporaryDirectory(prefix="orchestrator-export-") as scratch:
+        # Everything that can be refused is read here first: nothing is created beside --out before.
+        (Path(scratch) / CONFIG).write_text(text)
+        cfg = config.load(Path(scratch) / CONFIG, [], validate_config=False)
+        chosen = choose_checkpoint(location, tokens, Path(scratch))
+        folder = fetch(chosen, Path(scratch) / "checkpoint")
+        state_dict, info = consolidate(folder)
+        info.update(run_id=run_id, checkpoint=chosen)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.export-{secrets.token_hex(4)}"
     staging.mkdir()  # not mkdtemp: DIR gets the mode the umask gives, like any new folder
     try:
         (staging / CONFIG).write_text(text)
-        cfg = config.load(staging / CONFIG, [], validate_config=False)
-        with tempfile.TemporaryDirectory(prefix="orchestrator-export-") as scratch:
-            chosen = choose_checkpoint(location, tokens, Path(scratch))
-            folder = fetch(chosen, Path(scratch) / "checkpoint")
-            state_dict, info = consolidate(folder)
-            info.update(run_id=run_id, checkpoint=chosen)
-            written = _write_model(cfg, state_dict, staging, info)
+        written = _write_model(cfg, state_dict, staging, info)
         mode = (staging / CONFIG).stat().st_mode & 0o777  # safetensors writes 0600: all as config.yaml
         for path in staging.iterdir():
             if path.is_file():

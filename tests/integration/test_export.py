@@ -130,3 +130,14 @@ def test_export_of_an_unknown_run_exits_2(zero3_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("orchestrator export: error: RUN_OR_TRIAL:") and "0123456789abcdef" in err[-1]
     assert not out.exists()
+
+
+def test_export_from_a_missing_checkpoint_creates_nothing(zero3_run, tmp_path, capsys):
+    """--checkpoint that names nothing: exit 2 naming it, and not even the parents of --out exist."""
+    uri, run_id, _ = zero3_run
+    out = tmp_path / "new" / "deeper" / "exported"
+    missing = tmp_path / "no-such-checkpoint"
+    code = cli.main(["export", run_id, "--out", str(out), "--checkpoint", str(missing), f"tracking.uri={uri}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("orchestrator export: error: ") and "no-such-checkpoint" in err[-1], err
+    assert not (tmp_path / "new").exists()
