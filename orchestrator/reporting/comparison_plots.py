@@ -17,7 +17,7 @@ on tables in memory.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import matplotlib.colors
 import matplotlib.pyplot as plt
@@ -27,7 +27,6 @@ from orchestrator.analysis.trials import Trial
 from orchestrator.reporting.plots import plain_log_ticks
 from orchestrator.reporting.report_format import fmt_tokens
 
-Curve = Sequence[Tuple[float, float]]
 BATCH_LABEL = "batch size (tokens per update)"
 
 
@@ -63,7 +62,7 @@ def best_trials(trials: Sequence[Trial], best_per_batch: Sequence[Dict]) -> List
     return sorted(chosen, key=lambda t: t.batch)
 
 
-def _token_axes(ax, ylabel: str, x_limits_from_data: bool = True) -> None:
+def _token_axes(ax, ylabel: str) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain_log_ticks(ax.xaxis, fmt_tokens, ax.get_xlim())

@@ -216,6 +216,23 @@ def test_where_a_run_keeps_its_checkpoints_is_in_its_record_and_table(store):
     assert list(results.trials_frame([t])["checkpoints"]) == ["s3://bucket/runs/lone"]
 
 
+def test_curves_are_smoothed_in_a_window_of_constant_width_on_the_log_axis():
+    """comparison_plots.smooth against a brute force: each point's mean over the points within a
+    factor 1.15 of its x; a straight line in log x stays where it is."""
+    import numpy as np
+
+    from orchestrator.reporting.comparison_plots import smooth
+
+    rng = np.random.default_rng(0)
+    xs = np.sort(rng.uniform(1, 1e6, 500))
+    ys = rng.normal(size=500)
+    brute = [ys[(xs >= x / 1.15) & (xs <= x * 1.15)].mean() for x in xs]
+    assert np.allclose(smooth(xs, ys), brute)
+    grid = np.geomspace(1, 1e6, 400)
+    line = 3 - 0.1 * np.log(grid)
+    assert np.allclose(smooth(grid, line)[5:-5], line[5:-5], atol=1e-3)
+
+
 def test_token_counts_have_one_format_on_every_figure(trials):
     """Every axis and colour bar that counts tokens labels its ticks as report_format.fmt_tokens does; the
     batch-size comparisons colour by B on one ordered scale with a colour bar."""
