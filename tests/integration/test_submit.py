@@ -609,7 +609,9 @@ class DroppingProxy:
         self._live, self._lock = [], threading.Lock()
         self._closed_until = 0.0  # no listener until then (connections refused)
         self._stop = False
-        self._thread = threading.Thread(target=self._serve, daemon=True)
+        # Listening before __init__ returns: a connect right after it must not race the thread.
+        first = self._listen()
+        self._thread = threading.Thread(target=self._serve, args=(first,), daemon=True)
         self._thread.start()
 
     def _listen(self):
@@ -620,8 +622,7 @@ class DroppingProxy:
         listener.settimeout(0.05)
         return listener
 
-    def _serve(self):
-        listener = self._listen()
+    def _serve(self, listener):
         while not self._stop:
             if time.monotonic() < self._closed_until:
                 if listener:
