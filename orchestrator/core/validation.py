@@ -2,9 +2,8 @@
 file write: first each field against its rule in FIELDS (one row per schema key, the one place
 its valid values are declared), then the checks that span fields.
 
-Floats must be finite everywhere (no field takes NaN or infinity). Imports only the schema
-(orchestrator.core.config) and the pure arithmetic; `config.load` calls `validate` through a lazy
-import, so there is no import cycle.
+Floats must be finite everywhere (no field takes NaN or infinity). Pure: the schema, what it
+implies (derived) and the arithmetic; `config.load` calls `validate`.
 """
 
 from __future__ import annotations
@@ -147,9 +146,9 @@ def _ray_address(key: str, value: str) -> None:
 
 
 def _plain_name(key: str, value: str) -> None:
-    """A source's name becomes a folder (under `prepare --out` and the token cache): one plain
-    path component, so no name can reach outside them."""
-    if value in (".", "..") or value.startswith(".") or any(c in value for c in "/\\\0"):
+    """A name that becomes a folder (a source's under `prepare --out` and the token cache, a
+    run's under train.storage_path): one plain path component, so it cannot reach outside."""
+    if value.startswith(".") or any(c in value for c in "/\\\0"):
         raise ConfigError(key, f"got {value!r}; a plain name (no '/', '\\' or NUL, not starting with '.')")
 
 
@@ -160,11 +159,6 @@ def _storage_location(key: str, value: str) -> None:
     local = value[len("file://") :] if value.startswith("file://") else value
     if "://" not in local and Path(local).expanduser().is_file():
         raise ConfigError(key, f"got {value!r}, which is a file; give a folder (new or existing) or a URI")
-
-
-def _no_slash(key: str, value: str) -> None:
-    if "/" in value or value in (".", ".."):
-        raise ConfigError(key, f"got {value!r}; a name, not a path (it becomes a folder under train.storage_path)")
 
 
 FIELDS = {
@@ -227,7 +221,7 @@ FIELDS = {
     "train.eval_tokens": count(),
     "train.checkpoint_every_tokens": count(0),
     "train.keep_checkpoints": count(),
-    "train.run_name": Field("str", optional=True, check=_no_slash),
+    "train.run_name": Field("str", optional=True, check=_plain_name),
     "train.storage_path": Field("str", check=_storage_location),
     "train.max_failures": count(0),
     "train.loss_normalization": one_of("token", "micro_batch"),
