@@ -55,7 +55,7 @@ def main() -> None:
     keys = list(results.METRICS)
 
     def sequential():
-        return {r.info.run_id: mlflow_runs.run_metrics(uri, r.info.run_id, keys) for r in runs}
+        return mlflow_runs.runs_metrics(uri, runs, keys, workers=1)
 
     def concurrent():
         return mlflow_runs.runs_metrics(uri, runs, keys, workers=8)

@@ -13,7 +13,7 @@ from orchestrator.core import derived, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch
 from orchestrator.formulas import cost
-from orchestrator.reporting.report_format import fmt_tokens
+from orchestrator.reporting.report_format import TOK, cell, fmt_tokens
 from orchestrator.sweeps import placement, search_space
 from orchestrator.tracking import mlflow_runs, mlflow_ui
 
@@ -37,10 +37,6 @@ _LIVE: List[Any] = []
 
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
-
-
-def _tokens(n: Optional[float]) -> str:
-    return "-" if n is None else fmt_tokens(n)
 
 
 def stop_live() -> None:
@@ -103,7 +99,7 @@ class ProgressTable(tune.Callback):
                 "first": None,  # (tokens, time) of the first result since the trial (re)started
                 "rate": None,
                 "gained": 0,  # tokens trained, over every attempt
-                "holds": placement.trial_resources(self.sweep, trial.config),  # what Tune reserves for it
+                "holds": placement.resources_of(self.sweep, c),  # what Tune reserves for it
             }
         return self.rows[trial.trial_id]
 
@@ -264,7 +260,7 @@ class ProgressTable(tune.Callback):
         for row in self.rows.values():
             cells = self.cells(row)
             lr = _fmt(row["lr"], ".1e")
-            table.add_row(row["name"], _tokens(row["B"]), lr, _tokens(row["tokens"]), *cells[5:])
+            table.add_row(row["name"], cell(row["B"], TOK), lr, cell(row["tokens"], TOK), *cells[5:])
         return table
 
     def _show_live(self) -> None:

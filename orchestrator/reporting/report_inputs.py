@@ -91,9 +91,10 @@ def read_curves(uri: str, runs: Sequence[Any], metrics: Sequence[str] = ()) -> D
 def trials_of(uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str, Curve]]] = None) -> List[Trial]:
     """MLflow runs as analysis records, oldest first: params, tags and the curves the analysis reads
     (from `curves`, as read_curves returns them, when given: they are not read twice)."""
+    curves = curves if curves is not None else mlflow_runs.runs_metrics(uri, runs, METRICS)
     trials = []
     for r in sorted(runs, key=lambda r: r.info.start_time):
-        read = (curves or {}).get(r.info.run_id) or mlflow_runs.run_metrics(uri, r.info.run_id, METRICS)
+        read = curves.get(r.info.run_id) or {}
         start, end = r.info.start_time, r.info.end_time
         stopped = r.data.tags.get(mlflow_runs.STOPPED_AT_TAG)
         trials.append(

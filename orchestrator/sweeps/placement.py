@@ -4,7 +4,7 @@ submit checks the same shapes against a cluster's nodes."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from orchestrator.core import derived, schema, sweep_schema
 from orchestrator.formulas import feasibility
@@ -19,8 +19,13 @@ def in_trial_process(sweep: sweep_schema.Sweep, cfg: schema.Config) -> bool:
 
 
 def trial_resources(sweep: sweep_schema.Sweep, params: Dict[str, Any]) -> Dict[str, float]:
-    """What the Tune trial holds: the worker's CPUs (and GPU) when the worker runs inside it."""
-    cfg = search_space.resolve(sweep, params["trial"]).cfg
+    """What the Tune trial of `params` holds (Tune asks with the trial's param space entry)."""
+    return resources_of(sweep, search_space.resolve(sweep, params["trial"]).cfg)
+
+
+def resources_of(sweep: sweep_schema.Sweep, cfg: Optional[schema.Config]) -> Dict[str, float]:
+    """What a Tune trial of `cfg` holds: the worker's CPUs (and GPU) when the worker runs inside
+    it, else a fraction of a CPU for waiting on its worker group (None: an infeasible point)."""
     if cfg is None or not in_trial_process(sweep, cfg):
         return {"CPU": TRIAL_DRIVER_CPUS}
     return feasibility.worker_resources(cfg)

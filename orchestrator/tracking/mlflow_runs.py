@@ -256,13 +256,6 @@ def find_sweep_run_anywhere(uri: str, sweep_name: str, experiment: Optional[str]
     return runs[0].info.run_id if runs else None
 
 
-def run_metrics(uri: str, run_id: str, keys: Iterable[str]) -> Dict[str, List[Tuple[int, float]]]:
-    """{key: [(step, value)] sorted by step} for the keys this run has (absent keys map to [])."""
-    c = client(uri)
-    present = c.get_run(run_id).data.metrics.keys()
-    return {k: sorted((m.step, m.value) for m in c.get_metric_history(run_id, k)) if k in present else [] for k in keys}
-
-
 def runs_metrics(
     uri: str, runs: Sequence[Any], keys: Iterable[str], workers: Optional[int] = None
 ) -> Dict[str, Dict[str, list]]:
