@@ -10,3 +10,6 @@ class ConfigError(ValueError):
     def __init__(self, key: str, message: str):
         self.key, self.message = key, message
         super().__init__(f"{key}: {message}" if key else message)
+
+    def __reduce__(self):  # raised on a Ray worker, it reaches the driver whole
+        return (type(self), (self.key, self.message))

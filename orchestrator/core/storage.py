@@ -12,10 +12,12 @@ checkpoint hours in.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
+import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from orchestrator.core.errors import ConfigError
 
@@ -52,6 +54,45 @@ def filesystem(location: str):
     if is_uri(location):
         return pafs.FileSystem.from_uri(location)
     return pafs.LocalFileSystem(), str(Path(location).resolve())
+
+
+@contextlib.contextmanager
+def refused_as(key: str) -> Iterator[None]:
+    """pyarrow's errors on a location (a scheme it cannot open, missing credentials, a bucket
+    that is not there) as a ConfigError of `key`: one line, exit 2."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ConfigError(key, lines[0]) from None
+
+
+def check_reachable(location: str, key: str, timeout_s: float = 30.0) -> None:
+    """Look `location` up once, as the checkpoints will: a URI pyarrow cannot open, or an object
+    store that refuses or does not answer within `timeout_s`, is a ConfigError before anything starts."""
+    if not is_uri(location) or location.startswith("file://"):
+        return
+    outcome: Dict[str, BaseException] = {}
+
+    def look_up() -> None:
+        try:
+            with refused_as(key):
+                fs, path = filesystem(location)
+                fs.get_file_info(path)
+        except ConfigError as exc:
+            outcome["error"] = exc
+
+    probe = threading.Thread(target=look_up, name="storage-probe", daemon=True)
+    probe.start()
+    probe.join(timeout_s)
+    if probe.is_alive():
+        raise ConfigError(
+            key, f"{location} did not answer within {timeout_s:.0f} s; check its endpoint and credentials"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
 
 
 def read_json(location: str) -> Optional[Dict[str, Any]]:

@@ -152,7 +152,7 @@ def _plain_name(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}; a plain name (no '/', '\\' or NUL, not starting with '.')")
 
 
-def _storage_location(key: str, value: str) -> None:
+def storage_location(key: str, value: str) -> None:
     """A URI pyarrow opens, or a local path that is (or will be) a folder: checked before any
     MLflow run, run record or folder is created."""
     _scheme(STORAGE_SCHEMES, "a URI with scheme")(key, value)
@@ -222,7 +222,7 @@ FIELDS = {
     "train.checkpoint_every_tokens": count(0),
     "train.keep_checkpoints": count(),
     "train.run_name": Field("str", optional=True, check=_plain_name),
-    "train.storage_path": Field("str", check=_storage_location),
+    "train.storage_path": Field("str", check=storage_location),
     "train.max_failures": count(0),
     "train.loss_normalization": one_of("token", "micro_batch"),
     "train.start_from_checkpoint": Field("str", optional=True, check=_exists),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,8 +39,11 @@ def preflight(cfg: Config) -> None:
 
         packing.check_corpus(cfg, plan.tokens_per_update)
 
+    if cfg.model.init_from and cfg.model.name in ("gpt", "hf"):
+        check_init_from(cfg)
     if cfg.model.name not in registry.BUILTIN:
         check_workload(cfg, plan)
+    storage.check_reachable(cfg.train.storage_path, "train.storage_path")
     if cfg.cluster.use_gpu and not ray_session.on_cluster(cfg):
         import torch
 
@@ -49,6 +53,26 @@ def preflight(cfg: Config) -> None:
                 "true, but this torch build sees no CUDA device; "
                 "use cluster.use_gpu=false or install the CUDA build (README)",
             )
+
+
+def check_init_from(cfg: Config) -> None:
+    """model.init_from's names and shapes against the built-in model's, built on the meta device
+    (no memory, no data): a mismatch is a ConfigError before any run is created. A user's
+    workload is built whole by check_workload, which loads its init_from as the workers will."""
+    import torch
+
+    from workloads.train.checkpoint import check_weights
+
+    with torch.device("meta"):
+        if cfg.model.name == "gpt":
+            from workloads.builtin import gpt
+
+            model = gpt.GPT(gpt.GPTConfig.of(cfg.model))
+        else:
+            from workloads.builtin.hf_model import build_model
+
+            model = build_model(cfg)
+    check_weights(model, cfg.model.init_from)
 
 
 def check_workload(cfg: Config, plan) -> None:
@@ -157,7 +181,7 @@ def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
     uri = cfg.tracking.uri
     status, reason = "FINISHED", None
     if error is not None:
-        status, reason = "FAILED", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        status, reason = "FAILED", failure_cause(error)
     else:  # a worker that saw a non-finite loss tagged the run and stopped
         reason = mlflow_runs.get_run(uri, run_id).data.tags.get(mlflow_runs.FAILURE_TAG)
         status = "FAILED" if reason else status
@@ -165,6 +189,16 @@ def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
         mlflow_runs.set_tags(uri, run_id, {mlflow_runs.FAILURE_TAG: reason[:5000]})
     close_run(uri, run_id, status, title=cfg.train.run_name or "")
     return reason or status
+
+
+def failure_cause(error: BaseException) -> str:
+    """'Type: message' of the exception where training failed: the first failing worker's own,
+    not Ray's wrapper around it (whose text is a traceback)."""
+    failures = getattr(error, "worker_failures", None)
+    if failures:
+        error = failures[min(failures)]
+    error = getattr(error, "_base_exc", None) or getattr(error, "controller_failure", None) or error
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
@@ -251,11 +285,15 @@ def train(cfg: Config) -> int:
     resolve_paths(cfg)
     preflight(cfg)
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = storage.join(cfg.train.storage_path, name)
+    run_id = recorded_run_id(cfg.train.storage_path, name)
+    if run_id and storage.local_path(folder) is not None:  # remote ones: the worker checks what it loads
+        from workloads.train import checkpoint
+
+        checkpoint.check_files(storage.local_path(folder), "train.storage_path")
     ray_session.ray_init(cfg.cluster.address)
     ray_session.check_cluster(cfg, [feasibility.shape_of(cfg)])
     micro_batch.resolve(cfg)
-    folder = storage.join(cfg.train.storage_path, name)
-    run_id = recorded_run_id(cfg.train.storage_path, name)
     if run_id:
         mlflow_runs.reopen_run(cfg.tracking.uri, run_id)  # RUNNING again, so system metrics resume
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {folder}")
@@ -285,7 +323,8 @@ def train(cfg: Config) -> int:
     if outcome != "FINISHED":
         print(
             f"run {name!r} failed: {outcome}\n"
-            f"MLflow run {run_id}: open with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}"
+            f"MLflow run {run_id}: open with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}",
+            file=sys.stderr,
         )
         return 1
     final = f"final eval loss {metrics['eval_loss']:.4f}, " if metrics and "eval_loss" in metrics else ""

@@ -239,10 +239,14 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     first = prepared.all_trials()
     _preflight(first)
     _say_how_early_stopping_compares(sweep, trials)
+    folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
+    if resume and storage.local_path(folder) is not None:  # remote ones: each trial checks what it loads
+        from workloads.train import checkpoint
+
+        checkpoint.check_files(storage.local_path(folder), "--resume")
     ray_session.ray_init(base.cluster.address)
     ray_session.check_cluster(base, placement.trial_shapes(sweep, first))
     micro_batch.resolve_all([t.cfg for t in first])
-    folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume:
         parent = storage.read_json(storage.join(folder, RECORD))["parent_run_id"]
         print(f"resuming sweep {sweep.name!r} from {folder} (MLflow parent run {parent})")

@@ -5,10 +5,10 @@ The run is an MLflow run id, a run name or a Tune trial id. Its checkpoints are 
 tag `orchestrator.checkpoints` says (a path or an object-store URI; `--checkpoint` points
 elsewhere); a checkpoint outside the local filesystem is copied to a temporary folder first.
 ZeRO 1..3 shards are merged by DeepSpeed's own `zero_to_fp32` (the fp32 master weights); at
-ZeRO 0 the module states file holds the whole model. Model states files load with
-`torch.load(weights_only=True)`; `zero_to_fp32` unpickles the optimizer shards with
-`weights_only=False`, so every pickle is first checked to name no global beyond torch's
-weights-only allowlist and the few DeepSpeed types below (a checkpoint naming others is refused).
+ZeRO 0 the module states file holds the whole model. Only the files DeepSpeed's names say it
+wrote are read, from a private copy in a scratch folder (so that nobody can change them between
+the check and the load), and every load is weights-only (`workloads/train/checkpoint.py`):
+a checkpoint that would unpickle anything else is refused, naming the file.
 
 Tied weights (the GPT's `lm_head.weight` is `wte.weight`): safetensors stores no two names for
 one tensor, so the tensor is stored once, under the first name of the state dict, and the
@@ -32,13 +32,14 @@ import io
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from orchestrator.core import config, registry, storage
+from orchestrator.core import config, registry, storage, validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.tracking import mlflow_runs
 
@@ -50,16 +51,9 @@ CHECKPOINT_PREFIX = "checkpoint_"
 TIED = "tied"  # safetensors metadata: {alias: stored name}, JSON
 ZERO3_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0..2
-# DeepSpeed unpickles its optimizer shards with torch.load(weights_only=False); before it does, every
-# pickle of the checkpoint must reference no global beyond torch's weights-only allowlist and these.
-DEEPSPEED_GLOBALS = frozenset(
-    {
-        "deepspeed.runtime.zero.config.ZeroStageEnum",
-        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-        "deepspeed.utils.tensor_fragment.fragment_address",  # a dataclass of two ints (ZeRO 1, 2)
-    }
-)
+RANK0_STATES = re.compile(rf"^({re.escape(ZERO3_STATES)}|{re.escape(MODEL_STATES)})$")
+DEEPSPEED_FILES = re.compile(r"^((bf16_)?zero_pp_rank_\d+_)?mp_rank_\d+_(model|optim)_states\.pt$")
+"""What DeepSpeed names the files of a checkpoint (model states per rank at ZeRO 3, optimizer shards)."""
 
 
 def run(
@@ -76,12 +70,14 @@ def run(
     dest = _check_out(out)
     if tokens is not None and tokens < 0:
         raise ConfigError("--tokens", f"got {tokens}; a token count >= 0")
+    if checkpoint is not None:
+        validation.storage_location("--checkpoint", checkpoint)
     run_id, run_name = find_run(uri, settings.tracking.experiment, target)
     text = mlflow_runs.read_text_artifact(uri, run_id, CONFIG)
     if text is None:
         raise ConfigError("RUN_OR_TRIAL", f"run {run_id} has no {CONFIG} artifact: not a training run of this tool")
     location = checkpoint or checkpoints_of(uri, run_id)
-    with tempfile.TemporaryDirectory(prefix="orchestrator-export-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="orchestrator-export-") as scratch, storage.refused_as("--checkpoint"):
         # Everything that can be refused is read here first: nothing is created beside --out before.
         (Path(scratch) / CONFIG).write_text(text)
         cfg = config.load(Path(scratch) / CONFIG, [], validate_config=False)
@@ -184,27 +180,22 @@ def _exists(location: str) -> bool:
 
 
 def fetch(location: str, scratch: Path, only_model_states: bool = False) -> Path:
-    """A local folder holding the checkpoint at `location`: itself when local, else a copy in
-    `scratch` (with `only_model_states`, just its rank-0 model states file)."""
+    """A private copy in `scratch` of the files of the checkpoint at `location` that DeepSpeed
+    wrote (with `only_model_states`, rank 0's model states alone): nothing else in the folder is
+    read, and what is read cannot change between its check and its load."""
     import pyarrow.fs as pafs
 
-    local = storage.local_path(location)
-    if local is not None:
-        if not local.is_dir():
-            raise ConfigError("--checkpoint", f"no checkpoint folder at {location}")
-        return local
+    fs, path = storage.filesystem(location)
+    source = f"{path}/{storage.CHECKPOINT_TAG}"
+    if fs.get_file_info(source).type != pafs.FileType.Directory:
+        raise ConfigError("--checkpoint", f"no checkpoint folder at {location}")
     shutil.rmtree(scratch, ignore_errors=True)
     (scratch / storage.CHECKPOINT_TAG).mkdir(parents=True)
-    fs, path = storage.filesystem(location)
-    if only_model_states:
-        for name in (ZERO3_STATES, MODEL_STATES):
-            source = f"{path}/{storage.CHECKPOINT_TAG}/{name}"
-            if fs.get_file_info(source).type == pafs.FileType.File:
-                pafs.copy_files(source, str(scratch / storage.CHECKPOINT_TAG / name), source_filesystem=fs)
-        return scratch
-    if fs.get_file_info(path).type != pafs.FileType.Directory:
-        raise ConfigError("--checkpoint", f"no checkpoint folder at {location}")
-    pafs.copy_files(path, str(scratch), source_filesystem=fs)
+    wanted = RANK0_STATES if only_model_states else DEEPSPEED_FILES
+    for info in fs.get_file_info(pafs.FileSelector(source)):
+        if info.type == pafs.FileType.File and wanted.match(info.base_name):
+            target = scratch / storage.CHECKPOINT_TAG / info.base_name
+            pafs.copy_files(info.path, str(target), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
     return scratch
 
 
@@ -222,22 +213,12 @@ def _model_states(folder: Path) -> Dict[str, Any]:
     """Rank 0's model states: tensors and plain data, loaded without unpickling any other object."""
     import torch
 
-    return torch.load(_model_states_file(folder), map_location="cpu", weights_only=True)
+    from workloads.train import checkpoint
 
-
-def _check_pickles(folder: Path) -> None:
-    """Refuse a checkpoint whose pickles call anything but torch's allowlist and DEEPSPEED_GLOBALS:
-    DeepSpeed's zero_to_fp32 loads them with weights_only=False, which runs whatever they name."""
-    import torch
-
-    for path in sorted((folder / storage.CHECKPOINT_TAG).glob("*.pt")):
-        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - DEEPSPEED_GLOBALS
-        if unsafe:
-            raise ConfigError(
-                "--checkpoint",
-                f"{path} references {', '.join(sorted(unsafe))}, which no checkpoint of this tool holds: "
-                "refusing to unpickle it",
-            )
+    path = _model_states_file(folder)
+    checkpoint.check_files(path.parent, "--checkpoint")
+    with checkpoint.weights_only_loads():
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def consolidate(folder: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -257,9 +238,11 @@ def consolidate(folder: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     else:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        _check_pickles(folder)
+        from workloads.train import checkpoint
+
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its chatter
-            state_dict = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=storage.CHECKPOINT_TAG)
+            with checkpoint.weights_only_loads():
+                state_dict = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=storage.CHECKPOINT_TAG)
     return state_dict, info
 
 

@@ -1,6 +1,10 @@
 """`orchestrator export`: a ZeRO-3 run of two workers, exported to one fp32 safetensors state
 dict, reloads into a plain PyTorch GPT that gives the run's own eval losses (absolute 1e-5);
-from an object store too, and a chosen checkpoint; bad targets exit 2 and write nothing."""
+from an object store too, and a chosen checkpoint; bad targets exit 2 and write nothing. A pickle
+planted in the run's checkpoint stops both `export` and a `train` re-run (a resume) with exit 2
+naming the file, the re-run before Ray starts."""
+
+import shutil
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ from orchestrator.driver import launch
 from orchestrator.export import export
 from orchestrator.tracking import mlflow_runs
 from tests.conftest import BUCKET, TINY
+from tests.planted_pickle import plant
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5  # absolute, on losses of about 5
@@ -23,35 +28,36 @@ def zero3_run(ray_session, tmp_path_factory):
     """(tracking uri, MLflow run id, {tokens: eval/loss}) of 2 updates at ZeRO 3 on 2 workers,
     with an evaluation and a checkpoint at 2,048 and at 4,096 tokens (the end)."""
     tmp = tmp_path_factory.mktemp("zero3")
-    cfg = config.load(
-        TINY,
-        [
-            "model.n_layers=1",
-            "model.d_model=64",
-            "model.max_seq_len=64",
-            "data.seq_len=64",
-            "cluster.num_workers=2",
-            "cluster.cpus_per_worker=0.4",
-            "deepspeed.zero_stage=3",
-            "batch.tokens_per_update=2048",
-            "train.total_tokens=4096",
-            "train.report_every_tokens=2048",
-            "train.eval_every_tokens=2048",
-            "train.checkpoint_every_tokens=2048",
-            "train.eval_tokens=2048",
-            "schedule.warmup_tokens=0",
-            "gns.enabled=false",
-            "train.run_name=zero3",
-            f"tracking.uri=sqlite:///{tmp}/mlflow.db",
-            "tracking.flush_every_s=0.2",
-            f"train.storage_path={tmp}/runs",
-        ],
-    )
+    cfg = config.load(TINY, zero3_overrides(f"sqlite:///{tmp}/mlflow.db", tmp / "runs"))
     assert launch.train(cfg) == 0
     run_id = launch.recorded_run_id(cfg.train.storage_path, "zero3")
     evals = dict(mlflow_runs.metric_history(cfg.tracking.uri, run_id, "eval/loss"))
     assert {2048, 4096} <= set(evals)
     return cfg.tracking.uri, run_id, evals
+
+
+def zero3_overrides(uri, storage_path):
+    return [
+        "model.n_layers=1",
+        "model.d_model=64",
+        "model.max_seq_len=64",
+        "data.seq_len=64",
+        "cluster.num_workers=2",
+        "cluster.cpus_per_worker=0.4",
+        "deepspeed.zero_stage=3",
+        "batch.tokens_per_update=2048",
+        "train.total_tokens=4096",
+        "train.report_every_tokens=2048",
+        "train.eval_every_tokens=2048",
+        "train.checkpoint_every_tokens=2048",
+        "train.eval_tokens=2048",
+        "schedule.warmup_tokens=0",
+        "gns.enabled=false",
+        "train.run_name=zero3",
+        f"tracking.uri={uri}",
+        "tracking.flush_every_s=0.2",
+        f"train.storage_path={storage_path}",
+    ]
 
 
 def held_out_loss(folder) -> float:
@@ -141,3 +147,30 @@ def test_export_from_a_missing_checkpoint_creates_nothing(zero3_run, tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("orchestrator export: error: ") and "no-such-checkpoint" in err[-1], err
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    "shard", ["zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+)
+def test_a_planted_pickle_stops_export_and_a_resume_naming_the_file(zero3_run, tmp_path, capsys, shard):
+    uri, run_id, _ = zero3_run
+    runs = tmp_path / "runs"
+    folder = mlflow_runs.get_run(uri, run_id).data.tags[mlflow_runs.CHECKPOINTS_TAG]  # <storage_path>/zero3
+    shutil.copytree(storage.local_path(folder).parent, runs)
+    last = sorted(p for p in (runs / "zero3").glob("checkpoint_*") if p.is_dir())[-1] / storage.CHECKPOINT_TAG / shard
+    marker = tmp_path / "ran"
+    plant(last, marker, legacy=shard.endswith("optim_states.pt"))
+
+    out = tmp_path / "exported"
+    code = cli.main(
+        ["export", run_id, "--out", str(out), "--checkpoint", str(last.parent.parent), f"tracking.uri={uri}"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("orchestrator export: error: --checkpoint: ") and shard in err[-1], err
+    assert not out.exists() and not marker.exists()
+
+    code = cli.main(["train", str(TINY), *zero3_overrides(uri, runs)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("orchestrator train: error: train.storage_path: ") and shard in err[-1], err
+    assert not marker.exists()
+    assert mlflow_runs.get_run(uri, run_id).info.status == "FINISHED", "the run was not re-opened"

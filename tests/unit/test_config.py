@@ -270,3 +270,25 @@ def test_fp16_is_refused_where_deepspeed_mistreats_it():
     assert refused.value.key == "deepspeed.precision" and "bf16" in str(refused.value)
     for stage in (1, 2, 3):
         assert config.load(TINY, [*gpu, f"deepspeed.zero_stage={stage}"]).deepspeed.zero_stage == stage
+
+
+def test_a_config_error_raised_on_a_worker_reaches_the_driver_whole():
+    """Ray pickles a worker's exception to the driver; ConfigError's two arguments survive it, and
+    the run's failure reason is the worker's own 'Type: message', not Ray's traceback wrapper."""
+    import pickle
+
+    from ray.train import WorkerGroupError
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    from orchestrator.driver import launch
+
+    raised = ConfigError("checkpoint", "/runs/x/state/mp_rank_00_model_states.pt is not a checkpoint this tool wrote")
+    back = pickle.loads(pickle.dumps(raised))
+    assert (back.key, back.message, str(back)) == (raised.key, raised.message, str(raised))
+
+    wrapped = UserExceptionWithTraceback(back, "Traceback (most recent call last):\n  File ...\nConfigError: ...")
+    error = pickle.loads(pickle.dumps(WorkerGroupError("rank 1 failed", {1: wrapped, 0: RuntimeError("later")})))
+    assert launch.failure_cause(error) == "RuntimeError: later"  # the lowest rank
+    error = WorkerGroupError("rank 1 failed", {1: wrapped})
+    assert launch.failure_cause(error) == f"ConfigError: {raised}"
+    assert launch.failure_cause(ValueError("plain")) == "ValueError: plain"

@@ -41,7 +41,7 @@ MAY_IMPORT = {  # room -> the rooms it may import besides itself (docs/design.md
     "orchestrator.tracking": CORE,
     "workloads": CORE + TRACKING,
     "orchestrator.reporting": PURE + TRACKING,
-    "orchestrator.export": CORE + TRACKING,
+    "orchestrator.export": CORE + TRACKING + WORKLOADS,  # the checkpoint's one reader
     "orchestrator.sweeps": PURE + TRACKING + REPORTING,
     "orchestrator.driver": PURE + TRACKING + REPORTING + SWEEPS + WORKLOADS,
     "orchestrator.cluster": CORE + TRACKING + SWEEPS,

@@ -358,3 +358,38 @@ def test_inputs_that_used_to_crash_are_exit_2_in_one_line(args, key, nothing_sta
     assert code == 2 and len(err) == 1 and key in err[0], err
     assert not (tmp_path / "out").exists()
     assert os.listdir(nothing_starts) == []
+
+
+@pytest.mark.parametrize(
+    "shape, what",
+    [(["model.d_model=32"], "the model's ["), (["model.n_layers=1"], "missing ['blocks.1.")],
+)
+def test_init_from_of_another_shape_is_exit_2_before_anything_is_created(shape, what, tmp_path, monkeypatch, capsys):
+    """Checked against the model built on the meta device, before Ray, MLflow or a run folder:
+    it used to fail in the worker a minute in, after a FAILED run and runs/<name>/ were created."""
+    from safetensors.torch import save_model
+
+    from workloads.builtin import gpt
+
+    other = config.load(TINY, shape)
+    save_model(gpt.GPT(gpt.GPTConfig.of(other.model)), str(tmp_path / "other.safetensors"))
+    monkeypatch.setattr(ray_session, "ray_init", lambda *a, **k: pytest.fail("Ray started"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code = main(["train", str(TINY), f"model.init_from={tmp_path / 'other.safetensors'}", "train.storage_path=runs"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("orchestrator train: error: model.init_from: "), err
+    assert "do not match the model" in err[-1] and what in err[-1], err
+    assert sorted(p.name for p in work.iterdir() if p.name != ".cache") == [], "nothing but the token cache"
+
+
+def test_the_same_shape_passes_the_init_from_check(tmp_path):
+    """The check's negative control: the model's own weights, tied head stored once, match."""
+    from orchestrator.export import export
+    from workloads.builtin import gpt
+
+    model = gpt.GPT(gpt.GPTConfig.of(config.load(TINY).model))
+    assert model.lm_head.weight is model.wte.weight
+    export.save_safetensors(model.state_dict(), tmp_path / "own.safetensors")
+    launch.check_init_from(config.load(TINY, [f"model.init_from={tmp_path / 'own.safetensors'}"]))
