@@ -173,6 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="skip checking the trial shapes against the cluster's nodes (a cluster that autoscales)",
     )
+    secrets_from = p.add_mutually_exclusive_group()
+    secrets_from.add_argument(
+        "--secrets-on-cluster",
+        dest="secrets_from",
+        action="store_const",
+        const="on-cluster",
+        help="send no MLflow credential or ${oc.env:X} value: the cluster's own environment has them",
+    )
+    secrets_from.add_argument(
+        "--send-secrets",
+        dest="secrets_from",
+        action="store_const",
+        const="send",
+        help="copy them into the job's runtime_env, where anyone holding the cluster's Ray token can read them",
+    )
 
     p = _verb(verbs, "jobs", "status | logs | stop | list of submitted jobs")
     p.add_argument("action", choices=["status", "logs", "stop", "list"])
@@ -273,6 +288,7 @@ def _submit(args: argparse.Namespace) -> int:
         resume=args.resume,
         insecure=args.insecure,
         fit_check=args.fit_check,
+        secrets_from=args.secrets_from,
     )
 
 

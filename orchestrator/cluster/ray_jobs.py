@@ -9,8 +9,10 @@ orchestrator.cluster.jobs.
 
 Ray token authentication (Ray >= 2.52, RAY_AUTH_MODE=token on the cluster): the dashboard wants
 `Authorization: Bearer <token>`. The token is looked up as Ray does (RAY_AUTH_TOKEN, the file
-named by RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) and sent whenever one is found; Ray's own client
-sends it only when RAY_AUTH_MODE=token is set in the submitting process too.
+named by RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token). The first two name a token for the cluster the
+user addresses, and are sent to it; ~/.ray/auth_token is the token of the cluster `ray start`
+made on this machine, so it goes only to a loopback address, or anywhere with RAY_AUTH_MODE=token
+(Ray's own client sends a token only then).
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def mask(text: str) -> str:
 # ---------------------------------------------------------------- talking to the cluster
 
 
-def ray_auth_token() -> Tuple[Optional[str], str]:
-    """(token or None, where it came from): RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
+def ray_auth_token(address: str = "") -> Tuple[Optional[str], str]:
+    """(token or None, where it came from) for the dashboard at `address`: RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token for a loopback address or with RAY_AUTH_MODE=token."""
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         return None, "RAY_AUTH_MODE=disabled"
     if os.environ.get("RAY_AUTH_TOKEN", "").strip():
@@ -67,10 +70,16 @@ def ray_auth_token() -> Tuple[Optional[str], str]:
             raise ConfigError("RAY_AUTH_TOKEN_PATH", f"{path} is empty")
         return token, f"RAY_AUTH_TOKEN_PATH ({path})"
     default = Path.home() / ".ray" / "auth_token"
+    local = not address or _loopback(urlparse(normalise_address(address)).hostname or "")
     with contextlib.suppress(OSError):
         token = default.read_text().strip()
-        if token:
+        if token and (local or os.environ.get("RAY_AUTH_MODE", "").lower() == "token"):
             return token, str(default)
+        if token:
+            return None, (
+                f"{default} holds this machine's cluster token, which goes to another address only with "
+                "RAY_AUTH_MODE=token, or set RAY_AUTH_TOKEN_PATH to the file of this cluster's token"
+            )
     return None, "none found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
 
 
@@ -143,7 +152,7 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def _cluster_errors(address: str, token_source: str) -> Iterator[None]:
+def _cluster_errors(address: str, token_source: str, sent: bool) -> Iterator[None]:
     """Map the job client's failures to one-line ConfigErrors (exit 2) naming the cause."""
     import requests
     from ray.exceptions import AuthenticationError
@@ -151,7 +160,7 @@ def _cluster_errors(address: str, token_source: str) -> Iterator[None]:
     try:
         yield
     except AuthenticationError as exc:
-        if str(exc).startswith("Authentication required") or token_source.startswith("none found"):
+        if str(exc).startswith("Authentication required") or not sent:
             raise ConfigError(
                 "--address",
                 f"the Ray cluster at {mask(address)} requires an auth token (token authentication "
@@ -167,7 +176,7 @@ def connect(address: str, insecure: bool = False):
     """A JobSubmissionClient that sends the Ray auth token when one is found, but never over
     plain http to another machine unless `insecure`: anyone on the path could read it there."""
     address = normalise_address(address)
-    token, source = ray_auth_token()
+    token, source = ray_auth_token(address)
     host = urlparse(address).hostname or ""
     if token and address.startswith("http://") and not _loopback(host) and not insecure:
         raise ConfigError(
@@ -185,7 +194,7 @@ def connect(address: str, insecure: bool = False):
     for name in ("ray", "ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk"):
         logging.getLogger(name).setLevel(logging.ERROR)
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    with _cluster_errors(address, source):
+    with _cluster_errors(address, source, sent=token is not None):
         return _jobs_client()(address, headers=headers, token_source=source)
 
 
@@ -210,7 +219,9 @@ def calls(client, job_id: Optional[str] = None) -> Iterator[None]:
     """Errors of one call: auth and connection as in connect, an unknown job id as exit 2, any
     other error answer of the dashboard as ClusterError (exit 1, one line)."""
     try:
-        with _cluster_errors(client.get_address(), getattr(client, "token_source", "")):
+        with _cluster_errors(
+            client.get_address(), getattr(client, "token_source", ""), sent=bool(getattr(client, "auth_headers", None))
+        ):
             yield
     except RuntimeError as exc:
         if job_id and "404" in str(exc):

@@ -3,11 +3,15 @@
 `submit` checks the sweep file here, uploads the project folder as the job's working directory
 (orchestrator.cluster.upload's EXCLUDES keep it small) and runs
 `python -m orchestrator sweep <sweep file> <overrides>` in it.
-What the job needs from this environment travels as runtime_env env_vars, never on the command
-line, and only the variable *names* are printed: MLflow credentials (mlflow_runs.env_for_workers),
-MLFLOW_TRACKING_URI (with the override `tracking.uri=${oc.env:MLFLOW_TRACKING_URI}` unless you
-pass tracking.uri=...), and every variable a `${oc.env:NAME}` names in the overrides, the sweep
-file or its base config. A relative `sqlite:///mlflow.db` would resolve inside the job's
+What the job needs from this environment is never on the command line, and only the variable
+*names* are printed: MLflow credentials (mlflow_runs.env_for_workers), MLFLOW_TRACKING_URI (with
+the override `tracking.uri=${oc.env:MLFLOW_TRACKING_URI}` unless you pass tracking.uri=...), and
+every variable a `${oc.env:NAME}` names in the overrides, the sweep file or its base config.
+Those are secrets: in the job's runtime_env anyone holding the cluster's Ray token reads them, and
+the job table keeps them. So `submit` asks where they come from: `--secrets-on-cluster` (the
+cluster's own environment has them, e.g. a Kubernetes Secret on the head pod; nothing is sent)
+or `--send-secrets` (copied into runtime_env.env_vars). Only the TLS settings of MLflow, which
+are no secret, travel without asking. A relative `sqlite:///mlflow.db` would resolve inside the job's
 temporary working directory on the head node: pass an absolute path there or a server URL.
 Before uploading it checks the upload's size (orchestrator.cluster.upload) and that every trial shape
 fits the cluster's nodes; talking to the cluster (auth token, connect) is orchestrator.cluster.ray_jobs,
@@ -35,6 +39,9 @@ from orchestrator.formulas import feasibility
 from orchestrator.sweeps import placement, search_space
 
 _ENV_REF_RE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
+NOT_SECRET = ("MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
+SEND, ON_CLUSTER = "send", "on-cluster"
+"""Where a job's secrets come from: copied into its runtime_env, or the cluster's own environment."""
 
 
 @dataclass
@@ -134,16 +141,38 @@ def job_env(overrides: Sequence[str], texts: Sequence[str]) -> Tuple[Dict[str, s
     return env, extra
 
 
+def _secrets(env: Dict[str, str], secrets_from: Optional[str]) -> Tuple[Dict[str, str], List[str]]:
+    """(what travels in runtime_env, notes): the secrets among `env` only with SEND."""
+    secret = sorted(k for k in env if k not in NOT_SECRET)
+    if not secret or secrets_from == SEND:
+        return env, []
+    if secrets_from != ON_CLUSTER:
+        raise ConfigError(
+            "--send-secrets",
+            f"the job needs {', '.join(secret)}; in its runtime_env anyone holding the cluster's Ray token "
+            "could read them: give them to the cluster (its environment, a Kubernetes Secret: docs/cluster.md) "
+            "and pass --secrets-on-cluster, or pass --send-secrets to copy them",
+        )
+    kept = {k: v for k, v in env.items() if k not in secret}
+    return kept, [f"not sent, the job reads them from the cluster's environment: {', '.join(secret)}"]
+
+
 def _submission_id(verb: str, name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "job"
     return f"{verb}-{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def job_spec(
-    verb: str, target: str | Path, overrides: Sequence[str] = (), resume: bool = False, root: Optional[Path] = None
+    verb: str,
+    target: str | Path,
+    overrides: Sequence[str] = (),
+    resume: bool = False,
+    root: Optional[Path] = None,
+    secrets_from: Optional[str] = None,
 ) -> JobSpec:
     """A job running `orchestrator VERB TARGET overrides` in a copy of the project; checks TARGET
-    (exists, inside the project, a YAML mapping, its base config present) and the overrides."""
+    (exists, inside the project, a YAML mapping, its base config present) and the overrides.
+    `secrets_from` (SEND or ON_CLUSTER) must be given when the job needs a secret."""
 
     root = (root or project_root()).resolve()
     path = Path(target)
@@ -160,7 +189,7 @@ def job_spec(
     chain = yaml_files.extends_chain(base) if base else []
     texts += [text for _, _, text in chain]
     env, extra = job_env(overrides, texts)
-    notes = []
+    env, notes = _secrets(env, secrets_from)
     uri = _effective_tracking_uri([*base_overrides, *overrides], chain)
     uri = os.environ["MLFLOW_TRACKING_URI"] if extra else uri  # the job resolves ${oc.env:...} to it
     if _relative_local(uri):
@@ -280,10 +309,11 @@ def submit(
     resume: bool = False,
     insecure: bool = False,
     fit_check: bool = True,
+    secrets_from: Optional[str] = None,
 ) -> int:
     """`orchestrator submit`: check the sweep here, then run it on the cluster at `address`."""
     overrides = overrides or []
-    spec = job_spec("sweep", sweep, overrides, resume=resume)  # before any contact
+    spec = job_spec("sweep", sweep, overrides, resume=resume, secrets_from=secrets_from)  # before any contact
     shapes = trial_shapes(sweep, overrides) if fit_check else None
     try:
         return run(spec, address, follow_logs=follow, insecure=insecure, shapes=shapes)

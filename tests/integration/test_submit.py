@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.errors import ConfigError
 from tests.conftest import ROOT, TINY, free_ports, run_cli
 
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
@@ -199,7 +200,7 @@ def test_job_spec_env_and_excludes(monkeypatch):
     monkeypatch.setenv("SECRET_X", "hunter2")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "pw")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:pw@mlflow:5000")
-    spec = submit.job_spec("plan", TINY, ["tracking.experiment=${oc.env:SECRET_X}"])
+    spec = submit.job_spec("plan", TINY, ["tracking.experiment=${oc.env:SECRET_X}"], secrets_from=submit.SEND)
     assert spec.runtime_env["working_dir"] == str(ROOT)
     for skip in (".venv", ".git", "runs", "mlruns", "mlflow.db", ".cache", "reports"):
         assert skip in spec.runtime_env["excludes"]
@@ -215,8 +216,17 @@ def test_job_spec_env_and_excludes(monkeypatch):
         "tracking.uri=${oc.env:MLFLOW_TRACKING_URI}",
     ]
     assert "hunter2" not in spec.entrypoint and "pw" not in spec.entrypoint
+    # without a choice, nothing is sent: exit 2 naming what would be and how to choose
+    with pytest.raises(
+        ConfigError, match="--send-secrets: the job needs MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_URI, SECRET_X; "
+    ):
+        submit.job_spec("plan", TINY, ["tracking.experiment=${oc.env:SECRET_X}"])
+    monkeypatch.setenv("MLFLOW_TRACKING_INSECURE_TLS", "true")  # no secret: it travels either way
+    spec = submit.job_spec("plan", TINY, ["tracking.experiment=${oc.env:SECRET_X}"], secrets_from=submit.ON_CLUSTER)
+    assert spec.runtime_env["env_vars"] == {"MLFLOW_TRACKING_INSECURE_TLS": "true"}
+    assert "${oc.env:SECRET_X}" in spec.entrypoint and any("SECRET_X" in note for note in spec.notes)
     # an explicit tracking.uri wins over MLFLOW_TRACKING_URI; a relative local store gets a note
-    spec = submit.job_spec("plan", TINY, ["tracking.uri=sqlite:///mlflow.db"])
+    spec = submit.job_spec("plan", TINY, ["tracking.uri=sqlite:///mlflow.db"], secrets_from=submit.SEND)
     assert "${oc.env:MLFLOW_TRACKING_URI}" not in spec.entrypoint
     assert any("relative" in note for note in spec.notes)
 
@@ -351,7 +361,7 @@ def test_oversized_working_directory_refused_before_contact(tmp_path):
     upload.check_upload_size(spec.runtime_env)
 
 
-def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
+def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys, tmp_path):
     from orchestrator import cli
     from orchestrator.cluster import ray_jobs
     from orchestrator.core.errors import ConfigError
@@ -394,6 +404,17 @@ def test_token_never_sent_over_plain_http_to_another_host(monkeypatch, capsys):
             ray_jobs.connect(address)
     with pytest.raises(Probed):
         ray_jobs.connect("http://10.1.2.3:8265", insecure=True)
+    # this machine's own cluster token (~/.ray/auth_token) goes to loopback only, unless RAY_AUTH_MODE=token
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("l0cal")
+    monkeypatch.setenv("HOME", str(home))
+    assert ray_jobs.ray_auth_token("http://127.0.0.1:8265")[0] == "l0cal"
+    token, why = ray_jobs.ray_auth_token("https://ray.example.com")
+    assert token is None and "RAY_AUTH_MODE=token" in why and "l0cal" not in why
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert ray_jobs.ray_auth_token("https://ray.example.com")[0] == "l0cal"
     # the command line: one line, exit 2; --insecure on both verbs
     assert cli.main(["jobs", "list", "--address", "http://10.1.2.3:8265"]) == 2
     err = capsys.readouterr().err
@@ -536,7 +557,13 @@ def test_jobs_stop_stops_a_running_job(cluster, monkeypatch):
 def test_secret_from_env_is_never_printed(cluster):
     env = {"SECRET_X": "hunter2", "MLFLOW_TRACKING_PASSWORD": "pw-s3cret"}
     code, out, err = cluster.cli(
-        "submit", SWEEP, "tracking.experiment=${oc.env:SECRET_X}", "--address", cluster.address, env=env
+        "submit",
+        SWEEP,
+        "tracking.experiment=${oc.env:SECRET_X}",
+        "--send-secrets",
+        "--address",
+        cluster.address,
+        env=env,
     )
     client = cluster.client()
     job_id = next((line.split()[2] for line in out.splitlines() if line.startswith("submitted job ")), None)
