@@ -818,7 +818,7 @@ def test_passwords_are_in_no_process_arguments():
     args = process_arguments()
     assert any(text.startswith("mlflow server") for _, text in args)
     for source, text in args:
-        assert not re.search(r"PASSWORD|PGPASS|SECRET", text), f"{source}: a secret in process arguments: {text}"
+        assert not re.search(r"PASSWORD|PGPASS(?!FILE)|SECRET", text), f"{source}: a secret in process arguments: {text}"
         assert not CREDENTIALS_IN_URI.search(text), f"{source}: credentials in a URI argument: {text}"
     assert CREDENTIALS_IN_URI.search("postgresql://mlflow:$(POSTGRES_PASSWORD)@postgres:5432/mlflow")
 
@@ -1050,3 +1050,58 @@ def test_slurm_script_is_valid_bash_and_starts_and_stops_ray():
     assert re.search(r"ray start --address=", text)
     assert "trap cleanup EXIT" in text and "ray stop" in text
     assert "RAY_AUTH_MODE=token" in text
+
+
+# ---------------------------------------------------------------- issue 24: the deploy defaults
+
+
+def test_local_postgres_asks_for_passwords_and_mlflow_is_no_superuser():
+    """local-server.sh: scram-sha-256 for every connection (no `trust`), MLflow's role owns its
+    database and nothing else (a superuser could run programs with COPY ... TO PROGRAM), its
+    password in a pgpass file, and the unauthenticated MLflow on loopback with a warning."""
+    text = (DEPLOY / "mlflow" / "local-server.sh").read_text()
+    lines = " ".join(_shell_lines(DEPLOY / "mlflow" / "local-server.sh"))
+    assert "-A scram-sha-256" in lines and "--pwfile" in lines and "trust" not in lines
+    assert "CREATE ROLE mlflow LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE" in text
+    assert "CREATE DATABASE mlflow OWNER mlflow" in text and 'PGPASSFILE="$dir/pg/pgpass"' in lines
+    assert "umask 077" in lines and "--host 127.0.0.1" in lines and "no authentication" in lines
+
+
+def test_ray_pods_admit_only_ray_pods_and_mount_no_service_account_token():
+    """Every KubeRay manifest: a NetworkPolicy over every Ray pod (and the RayJob's submitter)
+    whose peers are Ray pods, or the KubeRay operator on the dashboard's port; no pod mounts a
+    service account token but a head whose autoscaler scales through the Kubernetes API."""
+    for path in (DEPLOY / "kuberay" / "raycluster.yaml", DEPLOY / "kuberay" / "rayjob.yaml"):
+        documents = docs(path)
+        (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
+        (resource,) = [d for d in documents if d["kind"] in ("RayCluster", "RayJob")]
+        spec = resource["spec"].get("rayClusterSpec", resource["spec"])
+        pods = [(g["template"], g is spec["headGroupSpec"]) for g in groups(spec)]
+        if "submitterPodTemplate" in resource["spec"]:
+            pods.append((resource["spec"]["submitterPodTemplate"], False))
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        for template, is_head in pods:
+            assert selects(policy["spec"]["podSelector"], template["metadata"]["labels"]), path
+            needs_api = is_head and spec.get("enableInTreeAutoscaling")
+            assert template["spec"].get("automountServiceAccountToken") is (None if needs_api else False), (
+                path,
+                is_head,
+            )
+        for rule in policy["spec"]["ingress"]:
+            for peer in rule["from"]:
+                assert "ipBlock" not in peer and peer["podSelector"]["matchLabels"], peer
+                if "namespaceSelector" in peer:  # another namespace: the operator, on the dashboard only
+                    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "kuberay-operator"}
+                    assert rule["ports"] == [{"protocol": "TCP", "port": 8265}]
+                else:
+                    assert all(selects(peer["podSelector"], t["metadata"]["labels"]) for t, _ in pods)
+
+
+def test_mlflow_users_read_by_default():
+    """default_permission READ: no user rewrites another's runs (the config.yaml export trusts)."""
+    configs = [(DEPLOY / "mlflow" / "basic_auth.ini").read_text()]
+    (config_map,) = [d for d in docs(DEPLOY / "mlflow" / "k8s.yaml") if d["kind"] == "ConfigMap"]
+    configs.append(config_map["data"]["basic_auth.ini"])
+    for text in configs:
+        assert auth_ini(text)["default_permission"] == "READ"
+    assert "experiments/permissions/create" in (DEPLOY / "mlflow" / "README.md").read_text()
