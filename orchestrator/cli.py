@@ -69,6 +69,7 @@ EXAMPLES = {
     "train": [
         "conf/train/tiny.yaml optim.lr=3e-3",
         "conf/train/tiny.yaml train.run_name=mine  # the same command again resumes it",
+        "conf/train/tiny.yaml --resume  # the newest unfinished run of this config",
     ],
     "sweep": ["conf/sweep/demo.yaml", "conf/sweep/demo.yaml --dry-run", "conf/sweep/demo.yaml --resume"],
     "report": [
@@ -122,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _verb(verbs, "train", "one run on Ray Train, logged to MLflow")
     _config_args(p)
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run train.run_name names, else the newest unfinished run of this config",
+    )
 
     p = _verb(verbs, "sweep", "a Ray Tune sweep; one MLflow child run per trial")
     _config_args(p, "SWEEP")
@@ -241,7 +247,7 @@ def _train(args: argparse.Namespace) -> int:
     from orchestrator.core import config
     from orchestrator.driver import launch
 
-    return launch.train(config.load(args.config, args.overrides))
+    return launch.train(config.load(args.config, args.overrides), resume=args.resume)
 
 
 def _check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

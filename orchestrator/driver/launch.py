@@ -9,6 +9,8 @@ kept beside them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import sys
@@ -281,12 +283,43 @@ def recorded_run_id(storage_path: str | Path, name: str) -> Optional[str]:
     return record["mlflow_run_id"] if record else None
 
 
-def train(cfg: Config) -> int:
+def config_digest(cfg: Config) -> str:
+    """What makes two `train` commands the same run: the resolved config but its run name."""
+    settings = to_dict(cfg)
+    settings["train"]["run_name"] = None
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def unfinished_run(cfg: Config, digest: str) -> str:
+    """The name of the newest run of this config under train.storage_path whose MLflow run did
+    not finish (`train --resume` without train.run_name)."""
+    found = []
+    for name in storage.subfolders(cfg.train.storage_path):
+        record = storage.read_json(storage.join(cfg.train.storage_path, name, RUN_RECORD)) or {}
+        if record.get("config_digest") == digest:
+            run = mlflow_runs.try_get_run(cfg.tracking.uri, record["mlflow_run_id"])
+            if run is None or run.info.status != "FINISHED":
+                found.append((record.get("started", 0), name))
+    if not found:
+        raise ConfigError(
+            "--resume",
+            f"no unfinished run of this config under {cfg.train.storage_path}; "
+            "give train.run_name=NAME to resume a run by name, or drop --resume to start a new one",
+        )
+    return max(found)[1]
+
+
+def train(cfg: Config, resume: bool = False) -> int:
     resolve_paths(cfg)
     preflight(cfg)
+    digest = config_digest(cfg)
+    if resume and not cfg.train.run_name:
+        cfg.train.run_name = unfinished_run(cfg, digest)
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = storage.join(cfg.train.storage_path, name)
     run_id = recorded_run_id(cfg.train.storage_path, name)
+    if resume and not run_id:
+        raise ConfigError("--resume", f"no run named {name!r} under {cfg.train.storage_path} to resume")
     if run_id and storage.local_path(folder) is not None:  # remote ones: the worker checks what it loads
         from workloads.train import checkpoint
 
@@ -299,10 +332,12 @@ def train(cfg: Config) -> int:
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {folder}")
     else:
         run_id = open_run(cfg, name, {mlflow_runs.CHECKPOINTS_TAG: folder})  # for `orchestrator export`
+        record = {"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment}
         storage.write_json(
-            storage.join(folder, RUN_RECORD), {"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment}
+            storage.join(folder, RUN_RECORD), {**record, "config_digest": digest, "started": time.time()}
         )
         print(f"run {name!r}: MLflow run {run_id}, checkpoints in {folder}")
+        print("  interrupted? the same command with --resume continues it")
     print(planning.format_table(planning.describe(cfg)), flush=True)
 
     outcome: Dict[str, Any] = {}

@@ -32,6 +32,14 @@ HTTP_RETRY_DEFAULTS = {
 }
 
 
+REPORT_FLUSH_S = 10.0
+"""How long a report to Ray (an evaluation, a checkpoint) waits for MLflow to take what was logged
+before it, best effort: a scheduler decides on that report, and what stays unsent is kept."""
+FINAL_FLUSH_S = 60.0
+"""The longest a run that ends well waits for an unreachable store to take its last points; then
+it fails (TrackingError), and the driver closes its MLflow run as FAILED with that reason."""
+
+
 class TrackingError(RuntimeError):
     """Tracking cannot keep its promise (e.g. the buffer bound was passed): the run must fail."""
 
@@ -159,12 +167,15 @@ class MetricLogger:
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         return True
 
-    def close(self, timeout_s: float = 300.0) -> None:
-        """Flush (waiting up to timeout_s for an unreachable store) and stop the thread."""
+    def close(self, timeout_s: Optional[float] = None) -> None:
+        """Flush (waiting up to timeout_s, FINAL_FLUSH_S by default, for an unreachable store) and
+        stop the thread."""
+        timeout_s = FINAL_FLUSH_S if timeout_s is None else timeout_s
         ok = self.flush(timeout_s)
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=5)
         if not ok:
             where = redact_uri(self.uri)
-            raise TrackingError(f"could not send {self.buffered:,} points to MLflow at {where}: {self.last_error}")
+            unsent = f"could not send {self.buffered:,} points to MLflow at {where}"
+            raise TrackingError(f"{unsent} within {timeout_s:.0f} s: {self.last_error}")

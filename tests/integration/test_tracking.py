@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -195,18 +196,37 @@ def test_resume_logs_each_step_once(store, tmp_path):
 # ---------------------------------------------------------------- system metrics
 
 
-def test_system_metrics_reach_a_resumed_run(store):
+def test_system_metrics_reach_a_resumed_run_and_survive_an_outage(store, monkeypatch):
     """MLflow's sampler writes CPU and memory into the run. The run is one that a failed
-    attempt left FAILED and that training resumes into: reopened, or the sampler stops at once."""
+    attempt left FAILED and that training resumes into: reopened, or the sampler stops at once.
+    While the store refuses every send, the samples wait in the run's MetricLogger and arrive
+    after it: every step once, none lost (MLflow's own sender drops them and stops sampling)."""
     uri, _ = store
     run_id = mlflow_runs.create_run(uri, EXPERIMENT, "system metrics")
     mlflow_runs.finish_run(uri, run_id, "FAILED")
     mlflow_runs.reopen_run(uri, run_id)
     assert mlflow_runs.get_run(uri, run_id).info.status == "RUNNING"
-    monitor = mlflow_runs.start_system_metrics(uri, run_id, interval_s=0.5)
-    time.sleep(3)
+    logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.2)
+    send = logger._client.log_batch
+    down = threading.Event()
+
+    def log_batch(*args, **kwargs):
+        if down.is_set():
+            raise ConnectionError("tracking server down")
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(logger._client, "log_batch", log_batch)
+    monitor = mlflow_runs.start_system_metrics(logger, interval_s=0.5)
+    time.sleep(1.5)
+    down.set()
+    time.sleep(2)
+    assert logger.failed_sends >= 1 and logger.buffered > 0, "nothing waited for the store"
+    down.clear()
+    time.sleep(1)
     monitor.finish()
+    logger.close(timeout_s=30)
     metrics = mlflow_runs.get_run(uri, run_id).data.metrics
     assert "system/cpu_utilization_percentage" in metrics, sorted(metrics)
     assert "system/system_memory_usage_megabytes" in metrics, sorted(metrics)
-    assert len(history(uri, run_id, "system/cpu_utilization_percentage")) >= 2
+    steps = [s for s, _ in history(uri, run_id, "system/cpu_utilization_percentage")]
+    assert len(steps) >= 6 and steps == list(range(len(steps))), steps

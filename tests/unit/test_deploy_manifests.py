@@ -818,7 +818,9 @@ def test_passwords_are_in_no_process_arguments():
     args = process_arguments()
     assert any(text.startswith("mlflow server") for _, text in args)
     for source, text in args:
-        assert not re.search(r"PASSWORD|PGPASS(?!FILE)|SECRET", text), f"{source}: a secret in process arguments: {text}"
+        assert not re.search(r"PASSWORD|PGPASS(?!FILE)|SECRET", text), (
+            f"{source}: a secret in process arguments: {text}"
+        )
         assert not CREDENTIALS_IN_URI.search(text), f"{source}: credentials in a URI argument: {text}"
     assert CREDENTIALS_IN_URI.search("postgresql://mlflow:$(POSTGRES_PASSWORD)@postgres:5432/mlflow")
 

@@ -650,3 +650,38 @@ def test_eval_loss_comes_with_the_standard_error_of_its_micro_batches():
     assert se == pytest.approx(float(means.std(unbiased=True)) / math.sqrt(len(means)), rel=1e-12)
     one = SimpleNamespace(eval_batches=lambda rank, world: batches[:1], summed_loss=work.summed_loss)
     assert math.isnan(evaluate(Engine(), one, 0, 1)[1])
+
+
+def test_a_final_flush_that_fails_leaves_no_run_running(uri, tmp_path, monkeypatch):
+    """The store takes no point for the whole run: the worker waits FINAL_FLUSH_S at the end (here
+    1 s), then fails with TrackingError; the driver closes the MLflow run FAILED with that reason."""
+    from orchestrator.driver import launch
+    from orchestrator.tracking import metric_logger
+
+    cfg = linreg(
+        uri,
+        tmp_path,
+        "batch.tokens_per_update=16",
+        "batch.micro_batch_size=8",
+        "train.total_tokens=32",
+        "train.report_every_tokens=16",
+        "train.eval_every_tokens=32",
+    )
+
+    def refused(logger):
+        logger.last_error, logger.failed_sends = "ConnectionError: tracking server down", logger.failed_sends + 1
+        return False
+
+    monkeypatch.setattr(metric_logger, "FINAL_FLUSH_S", 1.0)
+    monkeypatch.setattr(metric_logger, "REPORT_FLUSH_S", 0.1)
+    monkeypatch.setattr(metric_logger.MetricLogger, "_send_some", refused)
+    run_id = mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "final flush")
+    with pytest.raises(
+        metric_logger.TrackingError, match="within 1 s: ConnectionError: tracking server down"
+    ) as failed:
+        train(cfg, FakeRay(tmp_path / "ray"), run_id)
+    monkeypatch.undo()
+    reason = launch.finish(cfg, run_id, failed.value)
+    run = mlflow_runs.get_run(cfg.tracking.uri, run_id)
+    assert run.info.status == "FAILED" and reason.startswith("TrackingError: could not send")
+    assert run.data.tags[mlflow_runs.FAILURE_TAG] == reason

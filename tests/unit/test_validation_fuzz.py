@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from orchestrator.core import config, schema, validation
+from orchestrator.core import config, schema, storage, validation
 from orchestrator.core.schema import RampStep, SourceConfig
 from orchestrator.core.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
 from orchestrator.core.validation import FIELDS, Field
@@ -393,3 +393,39 @@ def test_the_same_shape_passes_the_init_from_check(tmp_path):
     assert model.lm_head.weight is model.wte.weight
     export.save_safetensors(model.state_dict(), tmp_path / "own.safetensors")
     launch.check_init_from(config.load(TINY, [f"model.init_from={tmp_path / 'own.safetensors'}"]))
+
+
+def test_train_resume_finds_the_newest_unfinished_run_of_the_same_config(tmp_path, monkeypatch, capsys):
+    """A run started without train.run_name and killed: `train --resume` names it from the run
+    records (same config, MLflow run not FINISHED, newest first); with none, exit 2 before Ray."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = [f"tracking.uri={uri}", "train.storage_path=runs"]
+    cfg = config.load(TINY, overrides)
+    launch.resolve_paths(cfg)
+    digest = launch.config_digest(cfg)
+    other = config.load(TINY, [*overrides, "optim.lr=0.5"])
+    launch.resolve_paths(other)
+    mlflow_runs.ensure_experiment(uri, cfg.tracking.experiment)
+    for name, started, status, of in [
+        ("old-killed", 1, "RUNNING", digest),
+        ("newer-finished", 2, "FINISHED", digest),
+        ("newest-other-config", 4, "RUNNING", launch.config_digest(other)),
+        ("new-killed", 3, "RUNNING", digest),
+    ]:
+        run_id = mlflow_runs.create_run(uri, cfg.tracking.experiment, name)
+        if status == "FINISHED":
+            mlflow_runs.finish_run(uri, run_id, status)
+        record = {"mlflow_run_id": run_id, "config_digest": of, "started": started}
+        storage.write_json(storage.join(cfg.train.storage_path, name, launch.RUN_RECORD), record)
+    assert launch.unfinished_run(cfg, digest) == "new-killed"
+
+    monkeypatch.setattr(ray_session, "ray_init", lambda *a, **k: pytest.fail("Ray started"))
+    code = main(["train", str(TINY), *overrides, "optim.lr=0.25", "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("orchestrator train: error: --resume: no unfinished run of this config"), (
+        err
+    )
+    code = main(["train", str(TINY), *overrides, "train.run_name=never-ran", "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "no run named 'never-ran'" in err[-1], err

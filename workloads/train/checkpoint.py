@@ -24,6 +24,7 @@ from torch import nn
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.storage import CHECKPOINT_TAG
+from orchestrator.tracking import metric_logger
 
 
 @dataclass
@@ -124,7 +125,7 @@ def save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger
     """DeepSpeed checkpoint on every rank (ZeRO shards its state), merged and persisted by Ray
     Train (by Ray Tune in local mode)."""
     if logger is not None:
-        logger.flush(timeout_s=10)  # best effort; what stays unsent goes into the checkpoint
+        logger.flush(metric_logger.REPORT_FLUSH_S)  # what stays unsent goes into the checkpoint
         state.mlflow_pending = logger.pending_state()
         state.mlflow_watermarks = logger.watermarks
     state.torch_rng = torch.get_rng_state()

@@ -215,7 +215,7 @@ def _open_tracking(cfg: Config, state: TrainState, resources: contextlib.ExitSta
     resources.push(_closing(logger))
     system = cfg.tracking.system_metrics if cfg.tracking.system_metrics is not None else cfg.cluster.use_gpu
     if system:
-        monitor = mlflow_runs.start_system_metrics(uri, state.run_id, cfg.tracking.system_metrics_interval_s)
+        monitor = mlflow_runs.start_system_metrics(logger, cfg.tracking.system_metrics_interval_s)
         resources.callback(monitor.finish)
     return logger
 
@@ -340,7 +340,7 @@ def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpo
         save_and_report(run.engine, state, ray_metrics, run.logger, run.api)
     elif evaluated:
         if run.logger:  # a scheduler may stop this trial on this report: what it decided on is in MLflow
-            run.logger.flush(timeout_s=10)
+            run.logger.flush(metric_logger.REPORT_FLUSH_S)
         run.api.report(ray_metrics)
 
 
