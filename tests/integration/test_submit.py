@@ -254,6 +254,11 @@ def test_missing_sweep_file_exits_2_before_any_contact(tmp_path):
     # the address is never tried: a missing file is reported, not the (dead) address
     code, out, err = run_cli("submit", tmp_path / "nope.yaml", "--address", "http://127.0.0.1:9")
     _one_line(code, err, "nope.yaml", "not found")
+    # a secret the job would need, with no word on where it comes from: exit 2 before any contact
+    args = ("submit", SWEEP, "tracking.experiment=${oc.env:SECRET_X}", "--address", "http://127.0.0.1:9")
+    code, out, err = run_cli(*args, env={"SECRET_X": "hunter2"})
+    _one_line(code, err, "--send-secrets: the job needs SECRET_X", "--secrets-on-cluster")
+    assert "hunter2" not in out + err
     assert out == ""
 
 

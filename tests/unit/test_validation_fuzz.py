@@ -339,6 +339,8 @@ SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
         (["train", str(TINY), "train.storage_path=AFILE"], "train.storage_path"),  # was a RUNNING run left behind
         (["report", "it's", "tracking.uri=STORE"], "SWEEP_OR_RUN"),
         (["report", 'it\'s "both"', "tracking.uri=STORE"], "SWEEP_OR_RUN"),
+        (["export", "some-run", "--out", "OUT", "--checkpoint", "ftp://host/runs/x"], "--checkpoint"),
+        (["train", str(TINY), "train.storage_path=ftp://host/runs"], "train.storage_path"),
     ],
 )
 def test_inputs_that_used_to_crash_are_exit_2_in_one_line(args, key, nothing_starts, tmp_path, capsys):
