@@ -50,3 +50,33 @@ def test_a_path_some_node_cannot_see_is_refused(tmp_path):
     assert seen["marker"].startswith(str(tmp_path / "runs")) and not list((tmp_path / "runs").iterdir())  # cleaned up
     storage.check_visible(str(tmp_path / "runs"), lambda marker: {"a": True, "b": True})
     storage.check_visible("s3://bucket/runs", lambda marker: pytest.fail("object stores are not probed"))
+
+
+def test_an_object_store_that_refuses_or_does_not_answer_is_a_config_error(monkeypatch):
+    """Before anything starts: a store whose endpoint refuses the connection, and one that
+    accepts it but never answers, are each one ConfigError naming the key, within the bound."""
+    import socket
+    import time
+
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, never replies
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    refusing_port = closed.getsockname()[1]
+    closed.close()
+    try:
+        for port in (refusing_port, silent.getsockname()[1]):
+            monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{port}")
+            started = time.monotonic()
+            with pytest.raises(ConfigError) as refused:
+                storage.check_reachable("s3://bucket/runs", "train.storage_path", timeout_s=3)
+            assert time.monotonic() - started < 20
+            assert str(refused.value).startswith("train.storage_path: ") and "\n" not in str(refused.value)
+    finally:
+        silent.close()
+    storage.check_reachable("/a/local/folder", "train.storage_path")  # local paths need no probe
