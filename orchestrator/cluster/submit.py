@@ -150,7 +150,7 @@ def _secrets(env: Dict[str, str], secrets_from: Optional[str]) -> Tuple[Dict[str
         raise ConfigError(
             "--send-secrets",
             f"the job needs {', '.join(secret)}; in its runtime_env anyone holding the cluster's Ray token "
-            "could read them: give them to the cluster (its environment, a Kubernetes Secret: docs/cluster.md) "
+            "could read them: give them to the cluster (its environment, a Kubernetes Secret: deploy/README.md) "
             "and pass --secrets-on-cluster, or pass --send-secrets to copy them",
         )
     kept = {k: v for k, v in env.items() if k not in secret}
