@@ -58,7 +58,6 @@ def test_an_object_store_that_refuses_or_does_not_answer_is_a_config_error(monke
     import socket
     import time
 
-
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
