@@ -45,7 +45,6 @@ def preflight(cfg: Config) -> None:
         check_init_from(cfg)
     if cfg.model.name not in registry.BUILTIN:
         check_workload(cfg, plan)
-    storage.check_reachable(cfg.train.storage_path, "train.storage_path")
     if cfg.cluster.use_gpu and not ray_session.on_cluster(cfg):
         import torch
 
@@ -312,6 +311,7 @@ def unfinished_run(cfg: Config, digest: str) -> str:
 def train(cfg: Config, resume: bool = False) -> int:
     resolve_paths(cfg)
     preflight(cfg)
+    storage.check_reachable(cfg.train.storage_path, "train.storage_path")
     digest = config_digest(cfg)
     if resume and not cfg.train.run_name:
         cfg.train.run_name = unfinished_run(cfg, digest)
@@ -332,10 +332,13 @@ def train(cfg: Config, resume: bool = False) -> int:
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {folder}")
     else:
         run_id = open_run(cfg, name, {mlflow_runs.CHECKPOINTS_TAG: folder})  # for `orchestrator export`
-        record = {"mlflow_run_id": run_id, "experiment": cfg.tracking.experiment}
-        storage.write_json(
-            storage.join(folder, RUN_RECORD), {**record, "config_digest": digest, "started": time.time()}
-        )
+        record = {
+            "mlflow_run_id": run_id,
+            "experiment": cfg.tracking.experiment,
+            "config_digest": digest,  # what `train --resume` without a name looks for
+            "started": time.time(),
+        }
+        storage.write_json(storage.join(folder, RUN_RECORD), record)
         print(f"run {name!r}: MLflow run {run_id}, checkpoints in {folder}")
         print("  interrupted? the same command with --resume continues it")
     print(planning.format_table(planning.describe(cfg)), flush=True)

@@ -238,6 +238,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
     first = prepared.all_trials()
     _preflight(first)
+    storage.check_reachable(base.train.storage_path, "train.storage_path")  # once: every trial's lies under it
     _say_how_early_stopping_compares(sweep, trials)
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume and storage.local_path(folder) is not None:  # remote ones: each trial checks what it loads

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.core.errors import ConfigError
 from tests.planted_pickle import plant
 from tests.unit import test_trainer_in_process as in_process
-from tests.unit.test_trainer_in_process import FakeRay, linreg, train
+from tests.unit.test_trainer_in_process import FakeRay, four_updates, train
 from workloads.train import checkpoint
 
 B = 16
@@ -23,17 +23,7 @@ uri = in_process.uri  # the module's MLflow store and process group
 
 def checkpointed_run(uri, tmp_path, stage):
     """(config, MLflow run id, the checkpoint at 2 of 4 updates) of a linear regression at `stage`."""
-    cfg = linreg(
-        uri,
-        tmp_path,
-        f"batch.tokens_per_update={B}",
-        "batch.micro_batch_size=8",
-        f"train.total_tokens={4 * B}",
-        f"train.report_every_tokens={B}",
-        f"train.eval_every_tokens={4 * B}",
-        f"train.checkpoint_every_tokens={2 * B}",
-        f"deepspeed.zero_stage={stage}",
-    )
+    cfg = four_updates(uri, tmp_path, f"deepspeed.zero_stage={stage}", B=B)
     api = FakeRay(tmp_path / "first")
     run_id = train(cfg, api)
     return cfg, run_id, api.reports[0][1]

@@ -91,6 +91,22 @@ def linreg(uri, tmp_path, *overrides):
     )
 
 
+def four_updates(uri, tmp_path, *overrides, B=16):
+    """linreg: 4 updates of B tokens, reported each, evaluated at 0 and at the end, checkpointed
+    at 2 and 4 updates."""
+    return linreg(
+        uri,
+        tmp_path,
+        f"batch.tokens_per_update={B}",
+        "batch.micro_batch_size=8",
+        f"train.total_tokens={4 * B}",
+        f"train.report_every_tokens={B}",
+        f"train.eval_every_tokens={4 * B}",
+        f"train.checkpoint_every_tokens={2 * B}",
+        *overrides,
+    )
+
+
 def train(cfg, api, run_id=None):
     """One worker's run, as Ray Train starts it; returns the MLflow run id."""
     run_id = run_id or mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "run")
@@ -196,19 +212,7 @@ def test_stable_loss_is_evaluated_reported_and_survives_a_resume(uri, tmp_path):
     NaN before. A run resumed from the checkpoint at 32 replays updates 2 and 3: it reports the
     same stable_loss, and MLflow holds each step once."""
     B = 16
-    cfg = linreg(
-        uri,
-        tmp_path,
-        f"batch.tokens_per_update={B}",
-        "batch.micro_batch_size=8",
-        f"train.total_tokens={4 * B}",
-        f"train.report_every_tokens={B}",
-        f"train.eval_every_tokens={4 * B}",
-        f"train.checkpoint_every_tokens={2 * B}",
-        "schedule.decay=wsd",
-        "schedule.wsd_decay_share=0.5",
-        "optim.lr=0.05",
-    )
+    cfg = four_updates(uri, tmp_path, "schedule.decay=wsd", "schedule.wsd_decay_share=0.5", "optim.lr=0.05", B=B)
     api = FakeRay(tmp_path / "first")
     run_id = train(cfg, api)
     evals = history(cfg, run_id, "eval/loss")
