@@ -17,6 +17,14 @@ sweep is `sweep.run` (what `orchestrator sweep` does after `ray.init`). The Ray 
 measured and reported beside it, with the ratio a user would see comparing the commands
 (N `orchestrator train` commands each pay it, one `orchestrator sweep` pays it once).
 Order: half the alone runs, the sweep, the other half, so that drifting machine load hits both.
+
+`--plain` compares instead with what a user would write without this tool (benchmarks/plain_tune.py:
+a Ray Tune function trainable running a plain PyTorch loop of the same model and tokens, with
+Tune's MLflowLoggerCallback), whole commands timed as a user runs them (Python start, imports,
+`ray.init`, the sweep's checks and its closing report included), each on a fresh MLflow store,
+in the order plain, sweep, sweep, plain per round:
+
+    ratio = sum wall(orchestrator sweep) / sum wall(plain_tune.py)
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from benchmarks import _common as common  # noqa: E402
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 GOAL = 1.15
+PLAIN_GOAL = 1.10
 TRIAL_OVERRIDES = {
     "cluster.cpus_per_worker": 0.8,
     "train.total_tokens": 655360,  # 160 updates of 4096 tokens: about a minute alone
@@ -49,10 +58,12 @@ TRIAL_OVERRIDES = {
 }
 
 
-def write_sweep(tmp: Path, trials: int, concurrency: int, overrides: List[str], local_mode: bool) -> Path:
+def write_sweep(
+    tmp: Path, trials: int, concurrency: int, overrides: List[str], local_mode: bool, base_overrides=TRIAL_OVERRIDES
+) -> Path:
     import yaml
 
-    base = dict(TRIAL_OVERRIDES)
+    base = dict(base_overrides)
     for item in overrides:
         key, _, value = item.partition("=")
         base[key] = yaml.safe_load(value)
@@ -130,6 +141,59 @@ def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
     }
 
 
+def whole_command(command: List[str], cwd: Path) -> float:
+    import subprocess
+
+    env = {**os.environ, "ORCHESTRATOR_CACHE_DIR": str(ROOT / ".cache" / "tokens")}
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:3])} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return wall
+
+
+def against_plain_tune(args, tmp: Path) -> Dict[str, Any]:
+    """`orchestrator sweep` against benchmarks/plain_tune.py, whole commands, ABBA rounds."""
+    from orchestrator.core import config
+    from orchestrator.driver import launch
+
+    trial = ["cluster.cpus_per_worker=0.8", *args.overrides]  # 0.8 + the trial's 0.2: two fit on two CPUs
+    path = write_sweep(tmp, args.trials, args.concurrency, trial, local_mode=True, base_overrides={})
+    launch.preflight(config.load(str(ROOT / "conf" / "train" / "tiny.yaml"), list(args.overrides)))  # token cache
+    walls: Dict[str, List[float]] = {"sweep": [], "plain": []}
+    load_before = os.getloadavg()[0]
+    for r in range(args.rounds):
+        for side in ("plain", "sweep", "sweep", "plain"):
+            folder = tmp / f"{side}-{len(walls[side])}"
+            folder.mkdir()
+            uri = f"sqlite:///{folder}/mlflow.db"
+            if side == "sweep":
+                command = [str(ROOT / ".venv" / "bin" / "orchestrator"), "sweep", str(path), f"tracking.uri={uri}"]
+            else:
+                command = [sys.executable, str(ROOT / "benchmarks" / "plain_tune.py"), f"--uri={uri}"]
+                command += [f"--trials={args.trials}", f"--concurrency={args.concurrency}", *args.overrides]
+            walls[side].append(whole_command(command, folder))
+            print(f"round {r + 1} {side}: {walls[side][-1]:.1f} s", flush=True)
+    ratio = sum(walls["sweep"]) / sum(walls["plain"])
+    print(
+        f"\norchestrator sweep {statistics.mean(walls['sweep']):.1f} s, plain Ray Tune + MLflowLoggerCallback "
+        f"{statistics.mean(walls['plain']):.1f} s (means of {len(walls['sweep'])}): ratio {ratio:.3f} "
+        f"-> {'meets' if ratio <= PLAIN_GOAL else 'misses'} the goal <= {PLAIN_GOAL}"
+    )
+    return {
+        "benchmark": "sweep_overhead --plain",
+        "ratio": ratio,
+        "goal": f"ratio <= {PLAIN_GOAL}",
+        "trials": args.trials,
+        "concurrency": args.concurrency,
+        "sweep_wall_s": walls["sweep"],
+        "plain_wall_s": walls["plain"],
+        "config": {"base": "conf/train/tiny.yaml", "overrides": trial},
+        "machine": common.machine(load_before),
+    }
+
+
 def main(argv: List[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides of every trial's config")
@@ -141,9 +205,14 @@ def main(argv: List[str] | None = None) -> int:
         action="store_false",
         help="trials start a Ray Train worker group instead of running in Ray Train's local mode",
     )
+    p.add_argument("--plain", action="store_true", help="whole commands against benchmarks/plain_tune.py")
+    p.add_argument("--rounds", type=int, default=1, help="--plain: ABBA rounds (default 1)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
+    if args.plain:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-plain-"))
+        return common.finish(against_plain_tune(args, tmp), args.json, tmp, args.keep)
 
     from orchestrator.core import sweep_file
     from orchestrator.driver import launch, ray_session

@@ -23,6 +23,7 @@ from orchestrator.core import ds_config, registry, storage
 from orchestrator.core.config import flatten, to_dict, to_yaml
 from orchestrator.core.derived import adamw_constants, batch_plan, rounded_budget, sgd_weight_decay, total_updates
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.driver import micro_batch, ray_session
 from orchestrator.driver import plan as planning
@@ -133,16 +134,26 @@ def worker_config(cfg: Config) -> Dict[str, Any]:
 
 
 def build_trainer(
-    cfg: Config, run_id: str, storage_path: str, name: str, callbacks: List[Any] = (), local_mode: bool = False
+    cfg: Config,
+    run_id: str,
+    storage_path: str,
+    name: str,
+    callbacks: List[Any] = (),
+    local_mode: bool = False,
+    startup: Optional[Phases] = None,
 ):
-    """The TorchTrainer of one run. `local_mode` (single-worker sweep trials only): Ray Train's
-    local mode runs the one worker in this process, the Tune trial's, without a worker group
-    (no controller, worker or helper actors to start: about 15 s less per trial here); reports
-    and checkpoints then go to Ray Tune, and Tune's FailureConfig retries the trial."""
+    """The TorchTrainer of one run, to be fit() at once. `local_mode` (single-worker sweep trials
+    only): Ray Train's local mode runs the one worker in this process, the Tune trial's, without
+    a worker group (no controller, worker or helper actors to start: about 15 s less per trial
+    here); reports and checkpoints then go to Ray Tune, and Tune's FailureConfig retries the
+    trial. `startup`: the phases timed so far, which the workers carry on (startup/* metrics)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    startup = startup or Phases("startup")
     from workloads.train.train_loop import FAULT_ENV, train_worker
+
+    startup.mark("imports")  # torch, DeepSpeed: paid once per process
 
     plan = batch_plan(cfg)
     assert not local_mode or plan.num_workers == 1, "local mode runs exactly one worker"
@@ -156,6 +167,7 @@ def build_trainer(
         "fault": fault,
         "local_mode": local_mode,
         "workloads": registry.importable(),
+        "startup": startup.as_payload(),
     }
     return TorchTrainer(
         train_worker,
@@ -203,13 +215,17 @@ def failure_cause(error: BaseException) -> str:
 
 
 def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
-    """Loss-versus-tokens plot as an artifact, then the final status."""
+    """Loss-versus-tokens plot as an artifact, then the final status; the seconds this took go
+    in as `teardown/finish_s`."""
     from orchestrator.reporting import plots
 
+    teardown = Phases("teardown")
     try:
         curves = {k: mlflow_runs.metric_history(uri, run_id, k) for k in ("train/loss", "eval/loss")}
         if curves["train/loss"]:
             mlflow_runs.log_figure(uri, run_id, plots.loss_vs_tokens(curves, title=title), "loss_vs_tokens.png")
+            teardown.mark("finish")
+            mlflow_runs.log_metrics(uri, run_id, teardown.seconds, curves["train/loss"][-1][0])
     finally:
         mlflow_runs.finish_run(uri, run_id, status)
 

@@ -23,12 +23,14 @@ from typing import Any, Dict, List
 from orchestrator.core import config as config_lib
 from orchestrator.core import storage, sweep_schema
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.phases import Phases
 from orchestrator.driver import launch, micro_batch, ray_session
 from orchestrator.sweeps import branch_study, placement, search_space
 from orchestrator.tracking import mlflow_runs
 
 log = logging.getLogger(__name__)
 RECORD = "sweep_run.json"
+_trials_in_this_process = 0  # a reused trial actor pays no process start
 
 
 # ---------------------------------------------------------------- inside each Tune trial
@@ -39,6 +41,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    startup = _trial_startup()
     sweep: sweep_schema.Sweep = setup["sweep"]
     if Path(setup["cwd"]).is_dir():  # Tune starts trials in their own folder; paths are the user's
         os.chdir(setup["cwd"])
@@ -81,6 +84,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     tune_dir = storage.join(setup["tune_storage"], Path(tune.get_context().get_trial_dir()).name)
     checkpoints = tune_dir if local else storage.join(setup["train_storage"], trial_id)
     mlflow_runs.set_tags(cfg.tracking.uri, run_id, {mlflow_runs.CHECKPOINTS_TAG: checkpoints})
+    startup.mark("open_run")
     trainer = launch.build_trainer(
         cfg,
         run_id,
@@ -88,6 +92,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
         trial_id,
         callbacks=[] if local else [TuneReportCallback()],
         local_mode=local,
+        startup=startup,
     )
     error = None
     try:
@@ -97,6 +102,20 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     launch.finish(cfg, run_id, error)
     if error is not None:
         raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
+
+
+def _trial_startup() -> Phases:
+    """The trial's start-up phases from here on; the first trial of a process also counts the
+    process's start (Python, Ray's worker, the trainable's imports) as `startup/process_s`."""
+    global _trials_in_this_process
+    _trials_in_this_process += 1
+    if _trials_in_this_process > 1:
+        return Phases("startup")
+    import psutil
+
+    startup = Phases("startup", since=psutil.Process().create_time())
+    startup.mark("process")
+    return startup
 
 
 # ---------------------------------------------------------------- the driver
@@ -354,6 +373,10 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
         tune_config=tune.TuneConfig(
             num_samples=samples,
             max_concurrent_trials=sweep.search.max_concurrent,
+            # A finished trial's process runs the next trial of the same resource shape: no new
+            # Python, Ray worker or imports of torch, DeepSpeed and MLflow (the bulk of a small
+            # trial's start-up). Tune starts a fresh one when the last trial's thread lingers.
+            reuse_actors=True,
             scheduler=scheduler,
             search_alg=searcher,
             metric=None if searcher or sweep.scheduler.type == "asha" else sweep.search.metric,

@@ -9,11 +9,12 @@ Runs: one per `orchestrator train`; for a sweep one parent run and one child run
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from mlflow.entities import Param, RunTag
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking.metric_logger import is_local
@@ -124,6 +125,12 @@ def warnings_in(tags: Dict[str, str]) -> Dict[str, str]:
 
 def run_warnings(uri: str, run_id: str) -> Dict[str, str]:
     return warnings_in(client(uri).get_run(run_id).data.tags)
+
+
+def log_metrics(uri: str, run_id: str, metrics: Dict[str, float], step: int) -> None:
+    """A few values at one step, now (the training loop's own go through MetricLogger)."""
+    now = int(time.time() * 1000)
+    client(uri).log_batch(run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in metrics.items()])
 
 
 def finish_run(uri: str, run_id: str, status: str = "FINISHED") -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 from orchestrator.core import config, derived, ds_config
+from orchestrator.core.phases import Phases
 from orchestrator.formulas import noise
 from orchestrator.formulas.schedules import lr_at
 from orchestrator.tracking import mlflow_runs
@@ -230,6 +232,41 @@ def test_stable_loss_is_evaluated_reported_and_survives_a_resume(uri, tmp_path):
         assert [s for s, _ in history(cfg, run_id, key)] == [0, B, 2 * B, 3 * B], key
     assert [s for s, _ in history(cfg, run_id, "eval/loss")] == [0, 2 * B, 4 * B]
     assert [s for s, _ in history(cfg, run_id, "train/tokens")] == [B, 2 * B, 3 * B, 4 * B]
+
+
+# ---------------------------------------------------------------- where the fixed cost goes
+
+
+def test_the_startup_and_teardown_phases_add_up_to_the_runs_own_clock(uri, tmp_path):
+    """The launcher's phases travel in the payload (here: a process that started 2 s ago and a
+    1.5-s phase before that); the worker carries them on. Each startup/* value is logged once,
+    at step 0, their sum is startup/total_s, and it lies between the time before the call and
+    MLflow's timestamp of the first update's loss; teardown/final_report_s is at the last step
+    and shorter than the time from the last update's loss to the call's return."""
+    cfg = four_updates(uri, tmp_path)
+    started = time.time() - 2.0
+    payload = {"config": config.to_dict(cfg, redact=False), "fault": {}}
+    payload["run_id"] = run_id = mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "phases")
+    carried = {"prefix": "startup", "since": started, "seconds": {"startup/process_s": 1.5}}
+    called = time.time()
+    train_loop._train(config.from_dict(payload["config"]), payload, FakeRay(tmp_path), Phases.from_payload(carried))
+    returned = time.time()
+
+    c = mlflow_runs.client(cfg.tracking.uri)
+    metrics = c.get_run(run_id).data.metrics
+    phases = {k: v for k, v in metrics.items() if k.startswith("startup/") and k != "startup/total_s"}
+    assert set(phases) >= {f"startup/{p}_s" for p in ("process", "process_group", "workload", "engine", "tracking")}
+    assert {"startup/restore_s", "startup/first_eval_s"} <= set(phases)
+    for key in [*phases, "startup/total_s"]:
+        assert [m.step for m in c.get_metric_history(run_id, key)] == [0], key
+    assert phases["startup/process_s"] == 1.5
+    assert phases["startup/process_group_s"] >= called - started  # the carried clock, not a new one
+    assert metrics["startup/total_s"] == pytest.approx(sum(phases.values()), abs=1e-6)
+    (first_loss,) = [m for m in c.get_metric_history(run_id, "train/loss") if m.step == 0]
+    assert called - started + 1.5 <= metrics["startup/total_s"] <= first_loss.timestamp / 1000 - started + 1.5 + 1e-3
+    (final,) = c.get_metric_history(run_id, "teardown/final_report_s")
+    last_loss = max(c.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
+    assert final.step == 64 and 0 <= final.value <= returned - last_loss.timestamp / 1000 + 1e-3
 
 
 # ---------------------------------------------------------------- batch.ramp

@@ -26,15 +26,41 @@ from workloads.train.gns_probe import GradNormProbe
 from workloads.train.metrics_window import UpdateStats
 
 
+def skip_op_probes() -> None:
+    """At its first `initialize` in a process, DeepSpeed's CPU comm backend probes every op builder
+    (compiler subprocesses) and then builds, or loads through a compiler check, a shared-memory
+    all-reduce op that only inference uses: seconds per process, and minutes of waiting on a lock
+    when several build it at once. Training needs neither, so tell DeepSpeed before its probe that
+    no op is precompiled-compatible. (Ops training does use, such as cpu_adam for ZeRO-Offload,
+    are loaded by their builders directly, not through this table.)"""
+    import deepspeed.ops
+
+    if "__compatible_ops__" not in vars(deepspeed.ops):
+        deepspeed.ops.__compatible_ops__ = {}
+
+
 def ensure_process_group(cfg: Config) -> bool:
     """DeepSpeed needs torch.distributed. Ray Train sets it up for a worker group; in local mode
     there is none, so make one of size 1 (an in-memory store: no port to find), with the
-    variables a launcher would set, which DeepSpeed reads. True if it made one."""
+    variables a launcher would set, which DeepSpeed reads. True if it made one: the caller
+    releases it (`release_process_group`)."""
     if dist.is_initialized():
         return False
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     dist.init_process_group("nccl" if cfg.cluster.use_gpu else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     return True
+
+
+def release_process_group() -> None:
+    """Destroy the process group of ensure_process_group with the groups DeepSpeed derived from
+    it, so that the next trial a reused process runs starts from none (destroying torch's alone,
+    as Ray Train's local mode does at the end of fit(), leaves DeepSpeed holding dead groups)."""
+    import deepspeed.comm
+
+    if deepspeed.comm.is_initialized():
+        deepspeed.comm.destroy_process_group()
+    elif dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _optimizer(cfg: Config, param_groups: List[Dict]) -> torch.optim.Optimizer:
@@ -66,6 +92,7 @@ def build_engine(cfg: Config, plan, work):
     optimizer = _optimizer(cfg, work.param_groups())
     num_params = sum(p.numel() for p in work.model.parameters())
     config = ds_config.build(cfg, plan, num_params)
+    skip_op_probes()
     engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=config)
     if compile_enabled(cfg):
         # The whole model, in place (the state dict keeps its keys). Inductor keeps what it

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from orchestrator.core import logs, registry
 from orchestrator.core.config import from_dict
 from orchestrator.core.derived import batch_segments, gns_ema_tokens, scheduled_lr
+from orchestrator.core.phases import Phases
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.formulas import batching, cost, noise
 from orchestrator.formulas.schedules import stable_end_tokens
@@ -29,7 +31,15 @@ from orchestrator.tracking import metric_logger, mlflow_runs
 from workloads import workload as workloads
 from workloads.train import worker_warnings
 from workloads.train.checkpoint import TrainState, restore, save_and_report
-from workloads.train.engine import build_engine, ensure_process_group, evaluate, set_lr, set_plan, train_update
+from workloads.train.engine import (
+    build_engine,
+    ensure_process_group,
+    evaluate,
+    release_process_group,
+    set_lr,
+    set_plan,
+    train_update,
+)
 from workloads.train.gns_probe import GradNormProbe
 from workloads.train.metrics_window import MetricsWindow, UpdateStats, due, noise_scale_metrics
 
@@ -57,25 +67,29 @@ class Run:
     logger: Optional[metric_logger.MetricLogger] = None  # rank 0 only, like everything sent to MLflow
     warnings: Optional[worker_warnings.WarningCollector] = None
     last_eval: float = float("nan")
+    updated_at: float = 0.0  # wall clock at the end of the latest update: where teardown starts
 
 
 def train_worker(payload: Dict[str, Any]) -> None:
     """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, the driver's
     registered `workloads`, optional `fault`, `local_mode` (Ray Train's local mode inside a
-    Tune trial)."""
+    Tune trial), `startup` (the launcher's Phases, which this worker carries on)."""
+    startup = Phases.from_payload(payload.get("startup"))
+    startup.mark("ray_train")  # from fit() to here: Ray Train's controller and worker group
     logs.setup()
     registry.register_all(payload.get("workloads", {}))
-    _train(from_dict(payload["config"]), payload, _ray(payload))
+    _train(from_dict(payload["config"]), payload, _ray(payload), startup)
 
 
-def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
+def _train(cfg: Config, payload: Dict[str, Any], api, startup: Optional[Phases] = None) -> None:
     with contextlib.ExitStack() as resources:  # teardown runs however the run ends
-        run = _set_up(cfg, payload, api, resources)
+        run = _set_up(cfg, payload, api, resources, startup or Phases("startup"))
         window = MetricsWindow(run.state.tokens)
         for update in range(run.state.update, run.steps):
             _maybe_inject_fault(run.state.tokens, run.rank, payload.get("fault", {}), run.logger)
             before = run.state.tokens
             lr, stats = _update(run, update)
+            run.updated_at = time.time()
             if not math.isfinite(stats.loss):  # end the run; the driver marks it failed
                 _report_divergence(run, stats)
                 break
@@ -98,12 +112,15 @@ def _train(cfg: Config, payload: Dict[str, Any], api) -> None:
             if evaluated or checkpoint or due(before, tokens, every.report_every_tokens):
                 _report(run, window, lr, evaluated, checkpoint)
                 window = MetricsWindow(tokens)
+        _log_teardown(run)
 
 
-def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.ExitStack) -> Run:
-    """Process group, tracking, workload, engine, restored state; resources go on `resources`."""
+def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.ExitStack, startup: Phases) -> Run:
+    """Process group, tracking, workload, engine, restored state; resources go on `resources`.
+    Each phase's seconds go on `startup`, logged once the first evaluation is done."""
     if ensure_process_group(cfg):
-        resources.callback(dist.destroy_process_group)
+        resources.callback(release_process_group)
+    startup.mark("process_group")
     rank, world = dist.get_rank(), dist.get_world_size()  # Ray Train's world rank and size
     collector = _capture_warnings(cfg, payload["run_id"], resources) if rank == 0 else None
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
@@ -121,8 +138,11 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     probe = _gns_probe(cfg, segments, work)
     if probe:
         resources.callback(probe.remove)
+    startup.mark("workload")
     engine = build_engine(cfg, plan, work)
+    startup.mark("engine")
     state = restore(engine, TrainState(run_id=payload["run_id"]), api, cfg.train.start_from_checkpoint)
+    startup.mark("restore")
     plan = batching.segment_at(segments, state.tokens).plan  # a resume within a later segment
     set_plan(engine, plan)
     gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
@@ -147,11 +167,26 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     if rank == 0:
         run.logger = _open_tracking(cfg, state, resources)
         _say_what_is_not_measured(cfg, plan, probe, state)
+    startup.mark("tracking")
     if state.update == 0:  # the curve starts at the initial loss (ln 257 for bytes)
         _evaluate(run)
         if stable_end <= 0:  # no stable phase at all (wsd decaying over the whole run)
             state.stable_loss = run.last_eval
+        startup.mark("first_eval")
+    if run.logger:
+        run.logger.log({**startup.seconds, "startup/total_s": startup.total()}, state.tokens)
+    run.updated_at = time.time()
     return run
+
+
+def _log_teardown(run: Run) -> None:
+    """Seconds from the last update to the end of the loop (its evaluation, checkpoint and
+    report). What follows (closing the logger, Ray Train's exit) ends at the run's end time in
+    MLflow; the launcher's own part is `teardown/finish_s`."""
+    if run.logger:
+        teardown = Phases("teardown", since=run.updated_at)
+        teardown.mark("final_report")
+        run.logger.log(teardown.seconds, run.state.tokens)
 
 
 def _maybe_inject_fault(tokens: int, rank: int, fault: Dict[str, Any], logger) -> None:
