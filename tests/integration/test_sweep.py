@@ -179,6 +179,12 @@ def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
     for run in runs:
         assert 16384 in {s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "eval/loss")}
     assert by_lr[3e-3].info.status == "FINISHED"
+    # one trial at a time: after the first, trials ran in the process of the one before (Tune's
+    # reuse_actors; a fresh process logs startup/process_s), each start-up logged once
+    fresh = [r for r in runs if "startup/process_s" in r.data.metrics]
+    assert 1 <= len(fresh) <= 2, [r.info.run_name for r in fresh]
+    for run in runs:
+        assert [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "startup/total_s")] == [0]
 
 
 def test_resume_after_the_driver_is_killed(tmp_path):

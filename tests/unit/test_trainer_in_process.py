@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from orchestrator.core import config, derived, ds_config
 from orchestrator.core.phases import Phases
@@ -31,7 +32,7 @@ from tests.conftest import ROOT
 from workloads import workload as workloads
 from workloads.builtin.linreg import LinRegData
 from workloads.train import train_loop
-from workloads.train.engine import build_engine, ensure_process_group
+from workloads.train.engine import build_engine, ensure_process_group, release_process_group
 from workloads.workload import LinRegWorkload
 
 LINREG = ROOT / "conf" / "train" / "linreg.yaml"
@@ -267,6 +268,21 @@ def test_the_startup_and_teardown_phases_add_up_to_the_runs_own_clock(uri, tmp_p
     (final,) = c.get_metric_history(run_id, "teardown/final_report_s")
     last_loss = max(c.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
     assert final.step == 64 and 0 <= final.value <= returned - last_loss.timestamp / 1000 + 1e-3
+
+
+def test_a_reused_process_trains_each_next_run_as_the_first(uri, tmp_path):
+    """A sweep trial's process runs the next trial (Tune's reuse_actors): the run that made the
+    process group releases it with DeepSpeed's groups, so the next runs build theirs afresh and
+    train exactly as the first did (torch's destroy alone leaves DeepSpeed with dead groups)."""
+    cfg = four_updates(uri, tmp_path, "deepspeed.zero_stage=2")
+    first = history(cfg, train(cfg, FakeRay(tmp_path / "first")), "train/loss")
+    release_process_group()  # the module's group: from here on each run makes its own
+    try:
+        for again in ("second", "third"):
+            assert not dist.is_initialized()
+            assert history(cfg, train(cfg, FakeRay(tmp_path / again)), "train/loss") == first, again
+    finally:
+        ensure_process_group(cfg)  # the module's, for the tests after this one
 
 
 # ---------------------------------------------------------------- batch.ramp
