@@ -56,3 +56,22 @@ def test_a_failed_publish_is_retried_at_the_next_flush():
     collector.flush()
     collector.flush()
     assert list(published.values()) == ["ERROR w: boom"]
+
+
+def test_a_run_in_a_reused_process_records_the_warnings_an_earlier_run_saw():
+    """A sweep trial's process runs the next trial: Python shows a warning once per place, so
+    without a reset the second run's MLflow tags would miss what the first one already raised."""
+
+    def deprecated_call():
+        warnings.warn("the reused thing is deprecated", stacklevel=1)
+
+    for run in ("first", "second"):
+        published = {}
+        collector = WarningCollector(published.update)
+        uninstall = worker_warnings.install(collector)
+        try:
+            deprecated_call()
+            collector.flush()
+        finally:
+            uninstall()
+        assert any("the reused thing is deprecated" in m for m in published.values()), run

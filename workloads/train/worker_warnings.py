@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from typing import Callable, Dict, Iterable, List
 
 from orchestrator.core.logs import FORMAT
@@ -74,6 +75,10 @@ def install(collector: WarningCollector) -> Callable[[], None]:
     loggers = [logging.getLogger(), logging.getLogger("DeepSpeed")]
     for logger in loggers:
         logger.addHandler(collector)
+    # Python shows a warning once per place and process; a reused trial process (Tune's
+    # reuse_actors) must record again what an earlier trial saw. Any change to the filters
+    # clears that memory; appending the default action changes nothing else.
+    warnings.simplefilter("default", append=True)
     logging.captureWarnings(True)
 
     def uninstall() -> None:
