@@ -1,7 +1,10 @@
+import functools
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -76,11 +79,36 @@ def object_store():
     server.stop()
 
 
+@functools.lru_cache(maxsize=None)
+def _empty_store() -> Path:
+    """An MLflow SQLite store with its tables made, once per test session: MLflow makes a new
+    store by running its schema migrations, about 3 s each time."""
+    from orchestrator.tracking import mlflow_runs
+
+    db = Path(tempfile.mkdtemp(prefix="mlflow-empty-")) / "mlflow.db"
+    mlflow_runs.client(f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def sqlite_store(folder: Path) -> str:
+    """The URI of an MLflow store in `folder`: empty, a copy of the session's, unless one is there."""
+    db = Path(folder) / "mlflow.db"
+    if not db.exists():
+        db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_empty_store(), db)
+    return f"sqlite:///{db}"
+
+
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the in-process integration tests (2 CPUs, fractional per worker)."""
+    """One local Ray for the in-process integration tests (2 CPUs, fractional per worker), with
+    the settings the commands give a Ray they start (ray_session.LOCAL_TRAIN_SETTINGS)."""
     import ray
 
+    from orchestrator.driver.ray_session import LOCAL_TRAIN_SETTINGS
+
+    for name, value in LOCAL_TRAIN_SETTINGS.items():
+        os.environ.setdefault(name, value)
     if not ray.is_initialized():
         ray.init(
             num_cpus=2,

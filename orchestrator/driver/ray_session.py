@@ -13,6 +13,11 @@ from orchestrator.core.schema import Config
 from orchestrator.formulas import feasibility
 from orchestrator.tracking import mlflow_runs
 
+# Ray Train on a Ray this command starts on one machine: no node of it can be preempted, so no
+# watcher actor (a process per run); and the controller polls its workers every 0.5 s, not 2 s,
+# so that a run's end (and each report's barrier) is noticed sooner: seconds per run.
+LOCAL_TRAIN_SETTINGS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+
 
 def on_cluster(cfg: Config) -> bool:
     """Joining an existing Ray cluster (cluster.address, or inside a Ray job: RAY_ADDRESS)."""
@@ -37,6 +42,8 @@ def ray_init(address: Optional[str] = None) -> None:
     elif address:
         ray.init(address=address, runtime_env={"env_vars": mlflow_runs.env_for_workers()}, log_to_driver=False)
     else:
+        for name, value in LOCAL_TRAIN_SETTINGS.items():  # inherited by the local Ray's workers
+            os.environ.setdefault(name, value)
         ray.init(
             dashboard_host="127.0.0.1",
             _node_ip_address="127.0.0.1",

@@ -11,7 +11,7 @@ import yaml
 from orchestrator.analysis import branch_cbs
 from orchestrator.cli import main
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, sqlite_store
 
 pytestmark = pytest.mark.slow
 AT, TOKENS, B = [8192, 32768], 8192, 256
@@ -30,7 +30,7 @@ def study(tmp_path):
 
 
 def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     path = study(tmp_path)
     code, out, err = run_cli("sweep", path, f"tracking.uri={uri}", cwd=tmp_path)
     assert code == 0, out[-3000:] + err[-3000:]
@@ -134,7 +134,7 @@ def test_linear_regression_with_sgd_branches_track_the_closed_form_noise_scale(r
         "search": {"max_concurrent": 2},
     }
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(body))
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     assert main(["sweep", "study.yaml", f"tracking.uri={uri}"]) == 0
     assert main(["report", "study.yaml", f"tracking.uri={uri}", "--out", str(tmp_path / "report")]) == 0
     points = json.loads((tmp_path / "report" / "report.json").read_text())["branch_cbs"]

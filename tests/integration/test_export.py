@@ -16,7 +16,7 @@ from orchestrator.core.derived import batch_plan
 from orchestrator.driver import launch
 from orchestrator.export import export
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import BUCKET, TINY
+from tests.conftest import BUCKET, TINY, sqlite_store
 from tests.planted_pickle import plant
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def zero3_run(ray_session, tmp_path_factory):
     """(tracking uri, MLflow run id, {tokens: eval/loss}) of 2 updates at ZeRO 3 on 2 workers,
     with an evaluation and a checkpoint at 2,048 and at 4,096 tokens (the end)."""
     tmp = tmp_path_factory.mktemp("zero3")
-    cfg = config.load(TINY, zero3_overrides(f"sqlite:///{tmp}/mlflow.db", tmp / "runs"))
+    cfg = config.load(TINY, zero3_overrides(sqlite_store(tmp), tmp / "runs"))
     assert launch.train(cfg) == 0
     run_id = launch.recorded_run_id(cfg.train.storage_path, "zero3")
     evals = dict(mlflow_runs.metric_history(cfg.tracking.uri, run_id, "eval/loss"))

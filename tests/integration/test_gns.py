@@ -38,7 +38,7 @@ from orchestrator.core import config, derived
 from orchestrator.driver import launch
 from orchestrator.formulas import noise
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT, TINY, varied_corpus
+from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def common_overrides(tmp_path: Path, updates: int, tokens_per_update: int) -> Li
         "train.checkpoint_every_tokens=0",
         "gns.enabled=true",
         "cluster.cpus_per_worker=0.5",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"tracking.uri={sqlite_store(tmp_path)}",
         "tracking.flush_every_s=0.5",
         f"train.storage_path={tmp_path}/runs",
         "train.run_name=gns",

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import BUCKET, ROOT, free_ports, run_cli
+from tests.conftest import BUCKET, ROOT, free_ports, run_cli, sqlite_store
 
 pytestmark = pytest.mark.slow
 RAY = Path(sys.executable).with_name("ray")
@@ -260,7 +260,7 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, tmp_path):
     MLflow holds every update's step once. Then `sweep --resume` and `report` find the sweep
     through its records in the object store, and `train` keeps its run record there."""
     prefix = f"t-{secrets.token_hex(4)}"
-    storage, uri = f"s3://{BUCKET}/{prefix}", f"sqlite:///{tmp_path}/mlflow.db"
+    storage, uri = f"s3://{BUCKET}/{prefix}", sqlite_store(tmp_path)
     sweep = sweep_file(tmp_path)
     args = [
         sys.executable,

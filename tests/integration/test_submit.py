@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import ConfigError
-from tests.conftest import ROOT, TINY, free_ports, run_cli
+from tests.conftest import ROOT, TINY, free_ports, run_cli, sqlite_store
 
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
 # submit's local checks need only a YAML mapping inside the project; until the smoke sweep
@@ -597,7 +597,7 @@ def test_secret_from_env_is_never_printed(cluster):
 def test_smoke_sweep_runs_on_the_cluster(cluster, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     code, out, err = cluster.cli(
         "submit", SMOKE, f"tracking.uri={uri}", "--address", cluster.address, "--follow", timeout=600
     )

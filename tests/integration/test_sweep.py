@@ -13,7 +13,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, sqlite_store
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
@@ -43,7 +43,7 @@ def variant(tmp_path, name, **changes):
 def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     """4 trials; each fails once after its second checkpoint and is retried from it. Their
     micro-batch is `auto`: probed once for their one shape, against an artificial 12 MiB device."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     code, sweep_out, err = run_cli(
         "sweep",
         SMOKE,
@@ -135,7 +135,7 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
 def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
     """D = 2: the trial starts a Ray Train worker group; with no Tune retries (max_failures 0)
     only Ray Train's own restart from its checkpoint can finish the trial after the fault."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     sweep = variant(
         tmp_path,
         "workers",
@@ -154,7 +154,7 @@ def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
 
 
 def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     sweep = variant(
         tmp_path,
         "asha",
@@ -188,7 +188,7 @@ def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
 
 
 def test_resume_after_the_driver_is_killed(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     sweep = variant(tmp_path, "resumable", search={"algorithm": "grid", "max_concurrent": 1})
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "sweep", str(sweep), f"tracking.uri={uri}"],

@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator import cli
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, sqlite_store
 
 pytestmark = pytest.mark.slow
 LINREG = str(ROOT / "conf" / "train" / "linreg.yaml")
@@ -42,7 +42,7 @@ def run_sweep(tmp_path, monkeypatch, capsys, name, overrides, space, **extra):
         **extra,
     }
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(body))
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     code = cli.main(["sweep", f"{name}.yaml", f"tracking.uri={uri}"])
     out = capsys.readouterr().out
     parent = mlflow_runs.find_sweep_run(uri, "orchestrator", name)

@@ -12,7 +12,7 @@ from orchestrator.core import config, derived, registry
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT, TINY, varied_corpus
+from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus
 from tests.fixtures import user_workload
 from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build
 
@@ -46,7 +46,7 @@ def bigram_config(tmp_path, *extra):
             "gns.enabled=false",
             "cluster.cpus_per_worker=0.5",
             "train.run_name=bigram",
-            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            f"tracking.uri={sqlite_store(tmp_path)}",
             "tracking.flush_every_s=0.2",
             f"train.storage_path={tmp_path}/runs",
             *extra,

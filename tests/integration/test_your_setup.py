@@ -12,7 +12,7 @@ from orchestrator.core import config, derived
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch, ray_session
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT, TINY, varied_corpus
+from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus
 from workloads import workload
 from workloads.text import tokenizer
 from workloads.text.packing import TokenDataset
@@ -47,7 +47,7 @@ def small(tmp_path, corpus, *extra):
             *SMALL,
             f"data.sources=[{{name: varied, kind: files, path: '{corpus}', weight: 0.75}}, "
             "{name: sums, kind: arithmetic, weight: 0.25}]",
-            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            f"tracking.uri={sqlite_store(tmp_path)}",
             f"train.storage_path={tmp_path}/runs",
             *extra,
         ],
@@ -91,7 +91,7 @@ def test_a_bpe_tokenizer_trained_by_prepare_drives_a_sweep(ray_session, tmp_path
     }
     path = tmp_path / "bpe.yaml"
     path.write_text(yaml.safe_dump(sweep))
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     assert main(["sweep", str(path), f"tracking.uri={uri}", f"train.storage_path={tmp_path}/runs"]) == 0
     (run,) = mlflow_runs.child_runs(uri, mlflow_runs.find_sweep_run(uri, "orchestrator", "bpe"))
     assert run.data.params["model.vocab_size"] == "1000"  # followed the tokenizer

@@ -17,6 +17,7 @@ from orchestrator.analysis import sweep_analysis
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report, report_inputs, report_render
 from orchestrator.tracking import metric_logger, mlflow_runs
+from tests.conftest import sqlite_store
 from tests.known_truth import World, factor_grid
 
 EXPERIMENT = "report-test"
@@ -62,7 +63,7 @@ def store(tmp_path_factory):
     """A sweep parent: 4 batch sizes x 5 lrs x 2 seeds (the highest lrs fail at the smaller
     batch sizes); two poor runs stopped early at a rung; and a lone run outside any sweep."""
     tmp = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = sqlite_store(tmp)
     parent = mlflow_runs.create_run(
         uri, EXPERIMENT, SWEEP, tags={"orchestrator.role": "sweep", mlflow_runs.SWEEP_TAG: SWEEP}
     )
