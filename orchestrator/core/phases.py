@@ -16,9 +16,9 @@ class Phases:
     since: float = field(default_factory=time.time)  # the end of the last phase
     seconds: Dict[str, float] = field(default_factory=dict)  # metric name -> seconds
 
-    def mark(self, name: str, now: Optional[float] = None) -> None:
-        """The phase `name` ended now (or at `now`): it took the time since the last mark."""
-        now = time.time() if now is None else now
+    def mark(self, name: str) -> None:
+        """The phase `name` ended now: it took the time since the last mark."""
+        now = time.time()
         self.seconds[f"{self.prefix}/{name}_s"] = max(0.0, now - self.since)
         self.since = now
 
