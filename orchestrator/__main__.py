@@ -1,5 +1,3 @@
-import sys
+from orchestrator.cli import command
 
-from orchestrator.cli import main
-
-sys.exit(main())
+command()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -388,5 +390,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
 
 
+def command() -> None:
+    """The `orchestrator` command: main(), then a quick exit. When main returns, the work is done
+    and recorded; Python's own finalization of what a run imports (torch, DeepSpeed, SciPy,
+    matplotlib) would take seconds more, so the command stops Ray, flushes its output and ends."""
+    code = main()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()
