@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -89,6 +90,23 @@ def report_windows(uri: str, run_id: str) -> List[Dict[str, Any]]:
         )
         previous = m.step
     return windows
+
+
+def sweep_arguments(description: str, trials: int) -> argparse.ArgumentParser:
+    """The arguments of the benchmarks that run a sweep: overrides, N, c, local mode, output."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides of every trial's config")
+    p.add_argument("--trials", type=int, default=trials, help=f"N trials (default {trials})")
+    p.add_argument("--concurrency", type=int, default=2, help="c trials at a time (default 2)")
+    p.add_argument(
+        "--no-local-mode",
+        dest="local_mode",
+        action="store_false",
+        help="trials start a Ray Train worker group instead of running in Ray Train's local mode",
+    )
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
+    return p
 
 
 def print_table(rows: Sequence[Sequence[str]]) -> None:

@@ -29,7 +29,6 @@ in the order plain, sweep, sweep, plain per round:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import io
@@ -195,20 +194,9 @@ def against_plain_tune(args, tmp: Path) -> Dict[str, Any]:
 
 
 def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides of every trial's config")
-    p.add_argument("--trials", type=int, default=2, help="N trials (default 2)")
-    p.add_argument("--concurrency", type=int, default=2, help="c trials at a time (default 2)")
-    p.add_argument(
-        "--no-local-mode",
-        dest="local_mode",
-        action="store_false",
-        help="trials start a Ray Train worker group instead of running in Ray Train's local mode",
-    )
+    p = common.sweep_arguments(__doc__.splitlines()[0], trials=2)
     p.add_argument("--plain", action="store_true", help="whole commands against benchmarks/plain_tune.py")
     p.add_argument("--rounds", type=int, default=1, help="--plain: ABBA rounds (default 1)")
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
     args = p.parse_args(argv)
     if args.plain:
         tmp = Path(tempfile.mkdtemp(prefix="bench-plain-"))

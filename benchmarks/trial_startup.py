@@ -19,7 +19,6 @@ group per trial (what multi-worker trials do), `cluster.num_workers=2` gives eac
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
@@ -90,18 +89,7 @@ def trial_phases(uri: str, run) -> Dict[str, Any]:
 
 
 def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides of every trial's config")
-    p.add_argument("--trials", type=int, default=8, help="N trials (default 8)")
-    p.add_argument("--concurrency", type=int, default=2, help="c trials at a time (default 2)")
-    p.add_argument(
-        "--no-local-mode",
-        dest="local_mode",
-        action="store_false",
-        help="trials start a Ray Train worker group instead of running in Ray Train's local mode",
-    )
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--keep", action="store_true", help="keep the temporary MLflow store and runs")
+    p = common.sweep_arguments(__doc__.splitlines()[0], trials=8)
     args = p.parse_args(argv)
 
     from orchestrator.driver import ray_session, sweep
