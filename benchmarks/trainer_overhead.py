@@ -402,6 +402,7 @@ def main(argv: List[str] | None = None) -> int:
             "tokens_per_update": plan.tokens_per_update,
             "total_tokens": cfg.train.total_tokens,
             "zero_stage": cfg.deepspeed.zero_stage,
+            "zero_stage_run": derived.zero_stage(cfg),  # with one worker, the stage holding the least memory
             "gns": cfg.gns.enabled,
             "torch_threads": max(1, int(cfg.cluster.cpus_per_worker)),
             "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads},

@@ -79,6 +79,13 @@ def object_store():
     server.stop()
 
 
+def zero_stage(stage: int) -> list:
+    """Overrides that run ZeRO `stage` itself, on one worker too, where a run otherwise takes the
+    stage holding the least memory (orchestrator.core.derived.zero_stage): for the tests of a
+    stage's own code path."""
+    return [f"deepspeed.zero_stage={stage}", f"deepspeed.extra.zero_optimization.stage={stage}"]
+
+
 @functools.lru_cache(maxsize=None)
 def _empty_store() -> Path:
     """An MLflow SQLite store with its tables made, once per test session: MLflow makes a new

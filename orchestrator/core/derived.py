@@ -1,7 +1,8 @@
 """What a config implies beyond its keys: the batch plan (S x b x D x A) and the segments of a
-batch ramp, the beta2 and weight decay AdamW uses, SGD's L2 coefficient, the gradient noise
-scale's EMA and whether to compile. The one place each is computed: the trainer, the DeepSpeed
-config, `plan`, validation and the MLflow params all read them here.
+batch ramp, the beta2 and weight decay AdamW uses, SGD's L2 coefficient, the ZeRO stage the
+engine runs, the gradient noise scale's EMA and whether to compile. The one place each is
+computed: the trainer, the DeepSpeed config, `plan`, validation and the MLflow params all read
+them here.
 
 Pure: the schema and the batch arithmetic only.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import List, NamedTuple, Optional
 
 from orchestrator.core.schema import AUTO, DEFAULT_BETA2, DEFAULT_WEIGHT_DECAY, Config, RampStep
-from orchestrator.formulas import batching, schedules
+from orchestrator.formulas import batching, memory, schedules
 
 
 def compile_enabled(cfg: Config) -> bool:
@@ -63,6 +64,28 @@ def sgd_weight_decay(cfg: Config) -> float:
     decoupled decay and does not carry over. The torch optimizer, the DeepSpeed config, `plan`
     and the MLflow params read it."""
     return float(cfg.optim.weight_decay or 0.0)
+
+
+def zero_stage(cfg: Config) -> int:
+    """The ZeRO stage the DeepSpeed engine runs: deepspeed.zero_stage, except with one worker.
+
+    ZeRO splits model states over the D workers. With one, every split is whole: a higher stage
+    holds no less memory, and DeepSpeed's machinery for it only costs time (stage 2 reduces the
+    gradients after every micro-batch, stage 3 gathers and releases each module's parameters
+    around its forward and backward; docs/benchmarks.md, trainer_overhead). So a one-worker run
+    runs, of the stages up to the one given, the one holding the least memory per parameter
+    (memory.state_bytes_per_param at D = 1): 0 in fp32, 1 in bf16 and fp16 (fp16 needs ZeRO 1
+    or more; validation). `deepspeed.extra.zero_optimization.stage` is what DeepSpeed gets
+    whatever the workers (the way to run a stage as such on one worker), and an offload set
+    there keeps the stage given (the offloaded parts are what it saves)."""
+    given, precision = cfg.deepspeed.zero_stage, cfg.deepspeed.precision
+    zero_extra = (cfg.deepspeed.extra or {}).get("zero_optimization") or {}
+    if "stage" in zero_extra:
+        return int(zero_extra["stage"])
+    if cfg.cluster.num_workers > 1 or any(str(k).startswith("offload") for k in zero_extra):
+        return given
+    allowed = [s for s in range(given + 1) if s > 0 or precision != "fp16"] or [given]
+    return min(allowed, key=lambda s: (memory.state_bytes_per_param(s, precision, 1), s))
 
 
 def micro_batch_limit(cfg: Config) -> Optional[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, Optional
 
-from orchestrator.core.derived import adamw_constants, sgd_weight_decay
+from orchestrator.core.derived import adamw_constants, sgd_weight_decay, zero_stage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.formulas.batching import BatchPlan
@@ -62,7 +62,7 @@ def build(cfg: Config, plan: BatchPlan, num_params: Optional[int] = None) -> Dic
         # The trainer sets the LR itself from schedules.lr_at(tokens), so no DeepSpeed scheduler.
         "optimizer": _optimizer(cfg),
         "gradient_clipping": cfg.optim.grad_clip,
-        "zero_optimization": {"stage": cfg.deepspeed.zero_stage, **_buckets(num_params)},
+        "zero_optimization": {"stage": zero_stage(cfg), **_buckets(num_params)},
         "steps_per_print": 10**9,  # progress is ours; keep DeepSpeed's log quiet
         "wall_clock_breakdown": False,
     }

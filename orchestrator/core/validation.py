@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from orchestrator.core import registry as workload_registry
-from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments
+from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments, zero_stage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, ClusterConfig, Config, OptimConfig
 from orchestrator.formulas import batching, schedules
@@ -330,7 +330,8 @@ def _across_fields(cfg: Config) -> None:
         raise ConfigError(
             "deepspeed.precision", "got 'fp16'; fp16 needs a GPU (cluster.use_gpu=true); on CPU use fp32 or bf16"
         )
-    if cfg.deepspeed.precision == "fp16" and cfg.deepspeed.zero_stage == 0:
+    _forced_zero_stage(cfg)
+    if cfg.deepspeed.precision == "fp16" and zero_stage(cfg) == 0:
         # DeepSpeed 0.19.8's ZeRO-0 fp16 optimizer divides the gradients by a loss scale its
         # backward never applied: every update shrinks by it and clipping never acts.
         raise ConfigError(
@@ -339,6 +340,18 @@ def _across_fields(cfg: Config) -> None:
             "use bf16, or fp16 with deepspeed.zero_stage 1 to 3",
         )
     workload_registry.check(cfg)  # e.g. hf: transformers reads the model's config
+
+
+def _forced_zero_stage(cfg: Config) -> None:
+    """deepspeed.extra.zero_optimization.stage, when given, is the stage DeepSpeed runs: 0 to 3."""
+    zero_extra = (cfg.deepspeed.extra or {}).get("zero_optimization")
+    if not isinstance(zero_extra, dict) or "stage" not in zero_extra:
+        return
+    stage = zero_extra["stage"]
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= 3:
+        raise ConfigError(
+            "deepspeed.extra.zero_optimization.stage", f"got {stage!r}; a ZeRO stage is an integer 0 to 3"
+        )
 
 
 def _optimizer_keys(cfg: Config) -> None:

@@ -21,7 +21,14 @@ from typing import Any, Dict, List, Optional, Set
 
 from orchestrator.core import ds_config, registry, storage
 from orchestrator.core.config import flatten, to_dict, to_yaml
-from orchestrator.core.derived import adamw_constants, batch_plan, rounded_budget, sgd_weight_decay, total_updates
+from orchestrator.core.derived import (
+    adamw_constants,
+    batch_plan,
+    rounded_budget,
+    sgd_weight_decay,
+    total_updates,
+    zero_stage,
+)
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
@@ -100,6 +107,7 @@ def run_params(cfg: Config) -> Dict[str, Any]:
     params["batch.micro_batch_size"] = plan.micro_batch_size
     params["train.total_steps"] = total_updates(cfg)
     params["train.total_tokens_rounded"] = rounded_budget(cfg)
+    params["deepspeed.zero_stage_effective"] = zero_stage(cfg)  # with one worker it can be lower
     # The beta2 and weight decay used, whichever form gave them (the given keys stay as given);
     # SGD has no beta2, and its weight decay is the coupled L2 it applies.
     if cfg.optim.name == "sgd":

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 from orchestrator.core import ds_config, storage
 from orchestrator.core.config import to_dict
-from orchestrator.core.derived import batch_plan, batch_segments
+from orchestrator.core.derived import batch_plan, batch_segments, zero_stage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.formulas import feasibility, memory
@@ -38,7 +38,7 @@ def shape(cfg: Config) -> Dict[str, Any]:
     return {
         "model": to_dict(cfg)["model"],
         "seq_len": cfg.data.seq_len,
-        "zero_stage": cfg.deepspeed.zero_stage,
+        "zero_stage": zero_stage(cfg),
         "precision": cfg.deepspeed.precision,
         "num_workers": cfg.cluster.num_workers,
         "device": f"gpu x {cfg.cluster.gpus_per_worker}" if cfg.cluster.use_gpu else "cpu",
@@ -137,7 +137,7 @@ def predict(cfg: Config, micro_batch_size: int) -> Optional[Tuple[memory.MemoryE
         return None
     zero = ds_config.build(cfg, batch_plan(cfg), costs.params)["zero_optimization"]
     d = cfg.deepspeed
-    return memory.estimate(costs, micro_batch_size, d.zero_stage, d.precision, cfg.cluster.num_workers, zero), costs
+    return memory.estimate(costs, micro_batch_size, zero["stage"], d.precision, cfg.cluster.num_workers, zero), costs
 
 
 def _probe_on_worker(cfg: Config, upper: int, capacity: Optional[float]) -> Dict[str, Any]:

@@ -73,7 +73,8 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "deepspeed_train_batch_size": ds["train_batch_size"],
         "deepspeed_micro_batch_per_gpu": ds["train_micro_batch_size_per_gpu"],
         "deepspeed_gradient_accumulation_steps": ds["gradient_accumulation_steps"],
-        "zero_stage": cfg.deepspeed.zero_stage,
+        "zero_stage": derived.zero_stage(cfg),  # the engine's: with one worker it can be below the given
+        "zero_stage_given": cfg.deepspeed.zero_stage,
         "precision": cfg.deepspeed.precision,
         "memory": _memory(peak_b, predicted, capacity, capacity_from),
     }
@@ -237,7 +238,7 @@ def format_table(info: Dict[str, Any]) -> str:
         ("DeepSpeed train_batch_size", f"{info['deepspeed_train_batch_size']:,}"),
         ("DeepSpeed micro batch / GPU", f"{info['deepspeed_micro_batch_per_gpu']:,}"),
         ("DeepSpeed grad accumulation", f"{info['deepspeed_gradient_accumulation_steps']:,}"),
-        ("ZeRO stage / precision", f"{info['zero_stage']} / {info['precision']}"),
+        ("ZeRO stage / precision", f"{_zero_stage_text(info)} / {info['precision']}"),
     ]
     m = info["memory"]
     if m:
@@ -258,3 +259,8 @@ def format_table(info: Dict[str, Any]) -> str:
         ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _zero_stage_text(info: Dict[str, Any]) -> str:
+    run, given = info["zero_stage"], info["zero_stage_given"]
+    return str(run) if run == given else f"{run} (given {given}; one worker: docs/configuration.md)"

@@ -38,7 +38,7 @@ from orchestrator.core import config, derived
 from orchestrator.driver import launch
 from orchestrator.formulas import noise
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus
+from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus, zero_stage
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +140,7 @@ def test_linreg_noise_scale_matches_closed_form(
             f"batch.micro_batch_size={examples // (workers * accum)}",
             f"batch.grad_accum_steps={accum}",
             f"cluster.num_workers={workers}",
-            f"deepspeed.zero_stage={stage}",
+            *zero_stage(stage),
             f"gns.ema_tokens={EMA_TOKENS}",
             "train.eval_tokens=1024",
             *common_overrides(tmp_path, UPDATES, examples),

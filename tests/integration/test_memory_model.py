@@ -18,13 +18,14 @@ import json, sys
 import torch
 from orchestrator.core import config
 from orchestrator.driver import micro_batch
+from tests.conftest import zero_stage
 from workloads.train.engine import ensure_process_group
 from workloads.train.micro_batch_probe import peak_at
 
 torch.set_num_threads(2)
 out = {}
 for stage in (0, 1, 2, 3):
-    cfg = config.load(sys.argv[1], sys.argv[2:] + [f"deepspeed.zero_stage={stage}"])
+    cfg = config.load(sys.argv[1], sys.argv[2:] + zero_stage(stage))
     ensure_process_group(cfg)
     measured = peak_at(cfg, 4, torch.device("cpu"))  # two updates of A = 2 micro-batches of 4
     estimate, _ = micro_batch.predict(cfg, 4)

@@ -12,7 +12,7 @@ from orchestrator.core import config, derived
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch, ray_session
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus
+from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus, zero_stage
 from workloads import workload
 from workloads.text import tokenizer
 from workloads.text.packing import TokenDataset
@@ -192,7 +192,7 @@ def test_a_llama_gives_one_curve_for_two_splits_at_zero_2_and_logs_the_noise_sca
             tmp_path / f"b{b}d{d}a{a}",
             corpus,
             *HF,
-            "deepspeed.zero_stage=2",
+            *zero_stage(2),
             f"batch.micro_batch_size={b}",
             f"cluster.num_workers={d}",
             f"batch.grad_accum_steps={a}",
@@ -214,7 +214,7 @@ def test_an_exported_zero_3_llama_loads_in_transformers_with_the_run_s_eval_loss
     from transformers import AutoModelForCausalLM
 
     corpus = varied_corpus(tmp_path / "corpus")
-    cfg = small(tmp_path, corpus, *HF, "deepspeed.zero_stage=3", "gns.enabled=false", "train.run_name=z3")
+    cfg = small(tmp_path, corpus, *HF, *zero_stage(3), "gns.enabled=false", "train.run_name=z3")
     assert launch.train(cfg) == 0
     run_id = launch.recorded_run_id(cfg.train.storage_path, "z3")
     out = tmp_path / "exported"

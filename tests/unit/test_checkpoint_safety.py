@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from orchestrator.core.errors import ConfigError
+from tests.conftest import zero_stage
 from tests.planted_pickle import plant
 from tests.unit import test_trainer_in_process as in_process
 from tests.unit.test_trainer_in_process import FakeRay, four_updates, train
@@ -23,7 +24,7 @@ uri = in_process.uri  # the module's MLflow store and process group
 
 def checkpointed_run(uri, tmp_path, stage):
     """(config, MLflow run id, the checkpoint at 2 of 4 updates) of a linear regression at `stage`."""
-    cfg = four_updates(uri, tmp_path, f"deepspeed.zero_stage={stage}", B=B)
+    cfg = four_updates(uri, tmp_path, *zero_stage(stage), B=B)
     api = FakeRay(tmp_path / "first")
     run_id = train(cfg, api)
     return cfg, run_id, api.reports[0][1]

@@ -272,6 +272,54 @@ def test_fp16_is_refused_where_deepspeed_mistreats_it():
         assert config.load(TINY, [*gpu, f"deepspeed.zero_stage={stage}"]).deepspeed.zero_stage == stage
 
 
+def test_one_worker_runs_the_zero_stage_that_holds_the_least_memory():
+    """With one worker ZeRO partitions nothing: of the stages up to the one given, the run takes
+    the one with the fewest bytes per parameter (fp32: ZeRO 0 holds 16, ZeRO 1-3 hold 20; 16-bit:
+    ZeRO 1 and 2 hold 16, ZeRO 0 and 3 hold 20; fp16 needs 1 or more). Two workers, a stage given
+    to DeepSpeed in deepspeed.extra or an offload keep what was asked. DeepSpeed's config, the memory
+    model, `plan` and the MLflow params all say the stage that runs."""
+    from orchestrator.core import ds_config
+    from orchestrator.driver import launch, micro_batch
+    from orchestrator.formulas import memory
+
+    gpu = ["cluster.use_gpu=true"]
+    expected = {  # (precision, given) -> the stage a one-worker run takes
+        **{("fp32", given): 0 for given in range(4)},
+        **{("bf16", 0): 0, ("bf16", 1): 1, ("bf16", 2): 1, ("bf16", 3): 1},
+        **{("fp16", given): 1 for given in (1, 2, 3)},
+    }
+    for (precision, given), runs in expected.items():
+        one = config.load(TINY, [*gpu, f"deepspeed.precision={precision}", f"deepspeed.zero_stage={given}"])
+        assert derived.zero_stage(one) == runs, (precision, given)
+        assert ds_config.build(one, derived.batch_plan(one))["zero_optimization"]["stage"] == runs
+        two = config.load(
+            TINY,
+            [*gpu, f"deepspeed.precision={precision}", f"deepspeed.zero_stage={given}"] + ["cluster.num_workers=2"],
+        )
+        assert derived.zero_stage(two) == given
+    asked = ["deepspeed.zero_stage=3", "batch.micro_batch_size=auto"]
+    zero = "deepspeed.extra.zero_optimization"
+    assert derived.zero_stage(config.load(TINY, [*asked, f"{zero}.stage=3"])) == 3
+    assert derived.zero_stage(config.load(TINY, [*asked, f"{zero}.stage=1", "cluster.num_workers=2"])) == 1
+    assert derived.zero_stage(config.load(TINY, [*asked, f"{zero}.offload_optimizer.device=cpu"])) == 3
+
+    cfg = config.load(TINY, asked)
+    estimate, costs = micro_batch.predict(cfg, 4)
+    assert estimate.states == costs.params * 16 and estimate.bucket == 0  # fp32 ZeRO 0's, no bucket
+    assert estimate.total == memory.estimate(costs, 4, 0, "fp32", 1).total
+    info = plan.describe(cfg)
+    assert (info["zero_stage"], info["zero_stage_given"]) == (0, 3)
+    assert "0 (given 3; one worker" in plan.format_table(info)
+    params = launch.run_params(cfg)
+    assert (params["deepspeed.zero_stage"], params["deepspeed.zero_stage_effective"]) == (3, 0)
+
+    with pytest.raises(ConfigError, match="integer 0 to 3") as refused:
+        config.load(TINY, [f"{zero}.stage=4"])
+    assert refused.value.key == f"{zero}.stage"
+    with pytest.raises(ConfigError, match="zero_stage=0"):
+        config.load(TINY, [*gpu, "deepspeed.precision=fp16", "deepspeed.zero_stage=2", f"{zero}.stage=0"])
+
+
 def test_a_config_error_raised_on_a_worker_reaches_the_driver_whole():
     """Ray pickles a worker's exception to the driver; ConfigError's two arguments survive it, and
     the run's failure reason is the worker's own 'Type: message', not Ray's traceback wrapper."""

@@ -19,7 +19,7 @@ import torch
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
 from orchestrator.core import config, derived
-from tests.conftest import ROOT
+from tests.conftest import ROOT, zero_stage
 from workloads.train import engine as trainer
 from workloads.train.engine import build_engine, ensure_process_group, train_update
 from workloads.train.gns_probe import GradNormProbe
@@ -53,13 +53,13 @@ def fp16_engine(stage: int, fp16: dict):
             "model.dim=16",
             f"batch.tokens_per_update={B}",
             f"batch.micro_batch_size={MICRO}",
-            f"deepspeed.zero_stage={stage}",
+            *zero_stage(stage),
             "optim.grad_clip=0",
             "optim.lr=0.01",
         ],
     )
     cfg.deepspeed.precision = "fp16"  # after validation, which refuses it on CPU
-    cfg.deepspeed.extra = {"fp16": fp16}
+    cfg.deepspeed.extra = {**cfg.deepspeed.extra, "fp16": fp16}
     ensure_process_group(cfg)  # a world of one that stays (DeepSpeed keeps its groups)
     plan = derived.batch_plan(cfg)
     torch.manual_seed(0)

@@ -28,7 +28,7 @@ from orchestrator.core.phases import Phases
 from orchestrator.formulas import noise
 from orchestrator.formulas.schedules import lr_at
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, zero_stage
 from workloads import workload as workloads
 from workloads.builtin.linreg import LinRegData
 from workloads.train import train_loop
@@ -148,7 +148,7 @@ def test_each_update_is_logged_at_the_tokens_its_weights_had_seen(uri, tmp_path,
         f"schedule.warmup_tokens={2 * B}",
         f"optim.lr={peak}",
         f"optim.grad_clip={clip}",
-        f"deepspeed.zero_stage={stage}",
+        *zero_stage(stage),
     )
     api = FakeRay(tmp_path)
     run_id = train(cfg, api)
@@ -274,7 +274,7 @@ def test_a_reused_process_trains_each_next_run_as_the_first(uri, tmp_path):
     """A sweep trial's process runs the next trial (Tune's reuse_actors): the run that made the
     process group releases it with DeepSpeed's groups, so the next runs build theirs afresh and
     train exactly as the first did (torch's destroy alone leaves DeepSpeed with dead groups)."""
-    cfg = four_updates(uri, tmp_path, "deepspeed.zero_stage=2")
+    cfg = four_updates(uri, tmp_path, *zero_stage(2))
     first = history(cfg, train(cfg, FakeRay(tmp_path / "first")), "train/loss")
     release_process_group()  # the module's group: from here on each run makes its own
     try:
@@ -283,6 +283,34 @@ def test_a_reused_process_trains_each_next_run_as_the_first(uri, tmp_path):
             assert history(cfg, train(cfg, FakeRay(tmp_path / again)), "train/loss") == first, again
     finally:
         ensure_process_group(cfg)  # the module's, for the tests after this one
+
+
+def test_zero_3_asked_of_one_worker_runs_as_zero_0_and_trains_as_zero_3_would(uri, tmp_path):
+    """fp32 on one worker: the stage holding the least memory is 0 (derived.zero_stage), so that
+    is what DeepSpeed runs when ZeRO 3 is asked (its checkpoint's config says so); the loss curve,
+    the gradient norms and the weights are those of ZeRO 3 run as such (forced through
+    deepspeed.extra), to float rounding."""
+    from orchestrator.export.export import consolidate
+
+    runs = {}
+    for name, overrides in {"asked": ["deepspeed.zero_stage=3"], "forced": zero_stage(3)}.items():
+        cfg = four_updates(uri, tmp_path / name, *overrides)
+        api = FakeRay(tmp_path / name)
+        run_id = train(cfg, api)
+        weights, info = consolidate(api.reports[-1][1])
+        runs[name] = {
+            "stage": info["zero_stage"],
+            "curves": [history(cfg, run_id, key) for key in ("train/loss", "train/grad_norm")],
+            "weights": weights,
+        }
+    asked, forced = runs["asked"], runs["forced"]
+    assert (asked["stage"], forced["stage"]) == (0, 3)
+    for mine, theirs in zip(asked["curves"], forced["curves"]):
+        assert [s for s, _ in mine] == [s for s, _ in theirs] == [16 * u for u in range(4)]
+        assert [v for _, v in mine] == pytest.approx([v for _, v in theirs], rel=1e-5)
+    assert asked["weights"].keys() == forced["weights"].keys()
+    for name, w in asked["weights"].items():
+        torch.testing.assert_close(w, forced["weights"][name], rtol=1e-5, atol=1e-7)
 
 
 # ---------------------------------------------------------------- batch.ramp
@@ -304,7 +332,7 @@ def ramp_config(uri, tmp_path, stage):
         "train.checkpoint_every_tokens=32",
         "schedule.warmup_tokens=24",
         "optim.lr=0.05",
-        f"deepspeed.zero_stage={stage}",
+        *zero_stage(stage),
     )
 
 
@@ -383,7 +411,7 @@ def test_a_factor_one_branch_continues_the_base_run(uri, tmp_path, stage, decay)
         f"schedule.decay={decay}",
         "schedule.wsd_decay_share=0.5",
         "optim.lr=0.05",
-        f"deepspeed.zero_stage={stage}",
+        *zero_stage(stage),
     ]
     base_cfg = linreg(uri, tmp_path, f"batch.tokens_per_update={B}", "train.checkpoint_every_tokens=32", *common)
     api = FakeRay(tmp_path / "base")
@@ -492,7 +520,7 @@ def test_sgd_through_the_trainer_is_torch_sgd(uri, tmp_path, stage, momentum):
         f"train.total_tokens={updates * B}",
         f"train.report_every_tokens={updates * B}",
         f"train.eval_every_tokens={updates * B}",
-        f"deepspeed.zero_stage={stage}",
+        *zero_stage(stage),
     )
     run_id = train(cfg, FakeRay(tmp_path))
 
