@@ -17,7 +17,8 @@ Figures (tokens per second):
 - per update: median of one train_update (real: timed by a wrapper around train_worker) in wall,
   thread-CPU and process-CPU time; the CPU figures hardly depend on the machine's other load.
 Order: plain, real, plain, ..., real, plain; each real run is compared with the mean of the plain
-runs either side; ratio = real / plain of the steady figure (geometric mean over real runs).
+runs either side; ratio = real / plain of the steady figure (geometric mean over real runs);
+the goal (>= 0.97) is on the median real run.
 --diagnose adds per round the plain loop inside a 1-worker Ray Train worker (Ray's process
 without the trainer's code) and the real path with gns.enabled=false.
 """
@@ -44,7 +45,7 @@ from benchmarks import _common as common  # noqa: E402
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 DEFAULT_CONFIG = ROOT / "conf" / "train" / "tiny.yaml"
-GOAL = 0.90
+GOAL = 0.97  # issue 25: the median real run within 3 % of the plain loop
 
 
 def load_config(path: str, overrides: List[str], tmp: Path):
@@ -373,6 +374,7 @@ def main(argv: List[str] | None = None) -> int:
     result = {
         "benchmark": "trainer_overhead",
         "ratio": geomean(ratios["steady_tokens_per_s"]),
+        "ratio_median": statistics.median(ratios["steady_tokens_per_s"]),
         "ratio_per_real_run": ratios["steady_tokens_per_s"],
         "ratio_train_phase": geomean(ratios["train_phase_tokens_per_s"]),
         "ratio_whole_run": geomean(ratios["whole_run_tokens_per_s"]),
@@ -380,7 +382,7 @@ def main(argv: List[str] | None = None) -> int:
         "ratio_update_thread_cpu": geomean(ratios["update_tokens_per_thread_cpu_s"])
         if "update_tokens_per_thread_cpu_s" in ratios
         else None,
-        "goal": f"ratio >= {GOAL}",
+        "goal": f"ratio_median >= {GOAL}",
         "plain": plain,
         "real": real,
         **(
@@ -428,11 +430,13 @@ def main(argv: List[str] | None = None) -> int:
     if args.diagnose:
         for k, v in result["diagnose"].items():
             print(f"diagnose: {k} / plain = {v['ratio_steady']:.3f}")
-    verdict = "meets" if result["ratio"] >= GOAL else "misses"
+    verdict = "meets" if result["ratio_median"] >= GOAL else "misses"
+    stage = result["config"]
     print(
-        f"ratio (steady, real/plain) = {result['ratio']:.3f}  "
+        f"ZeRO {stage['zero_stage']} given, {stage['zero_stage_run']} run; ratio (steady, real/plain) "
+        f"= {result['ratio']:.3f} (geometric mean), median {result['ratio_median']:.3f}, "
         f"per real run {', '.join(f'{x:.3f}' for x in result['ratio_per_real_run'])}  "
-        f"-> {verdict} the goal >= {GOAL}"
+        f"-> the median {verdict} the goal >= {GOAL}"
     )
     return common.finish(result, args.json, tmp, args.keep)
 

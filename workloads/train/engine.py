@@ -93,6 +93,10 @@ def build_engine(cfg: Config, plan, work):
     num_params = sum(p.numel() for p in work.model.parameters())
     config = ds_config.build(cfg, plan, num_params)
     skip_op_probes()
+    if not cfg.cluster.use_gpu:
+        # DeepSpeed's CPU accelerator counts its devices by running `numactl --hardware` unless
+        # LOCAL_SIZE says, as DeepSpeed's own launcher sets it; ZeRO 3 asks at every micro-batch.
+        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
     engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=config)
     if engine.zero_optimization_stage() == 0 and dist.get_world_size() == 1:
         # A world of one has nothing to average, but ZeRO 0 would still flatten, all-reduce and
