@@ -27,6 +27,7 @@ CASES = [
     (["batch.grad_accum_steps=3"], "batch.tokens_per_update"),
     (["deepspeed.zero_stage=4"], "deepspeed.zero_stage"),
     (["deepspeed.zero_stage=-1"], "deepspeed.zero_stage"),
+    (["deepspeed.extra.zero_optimization.stage=7"], "deepspeed.extra.zero_optimization.stage"),
     (["deepspeed.precision=fp16"], "deepspeed.precision"),  # fp16 on CPU
     (["deepspeed.precision=fp8"], "deepspeed.precision"),
     (["schedule.decay=step"], "schedule.decay"),

@@ -1,6 +1,7 @@
 """The trainer end to end on Ray Train + DeepSpeed (CPU, gloo): decomposition invariance over
 splits and ZeRO stages, the naive mean as a negative control, resume after a fault."""
 
+import copy
 import time
 
 import pytest
@@ -170,12 +171,11 @@ def test_resume_after_fault_matches_unbroken_run(reference, corpus, tmp_path, mo
         assert steps == [first + 128 * i for i in range(UPDATES)], (key, steps)
 
 
-def test_rerunning_the_same_name_resumes(reference, corpus, tmp_path):
-    """A finished run re-run under its name finds its checkpoint: nothing is trained twice."""
-    cfg = small_config(tmp_path, corpus, "batch.micro_batch_size=4", "train.run_name=again")
-    run_id, first = train_curve(cfg)
-    cfg = small_config(tmp_path, corpus, "batch.micro_batch_size=4", "train.run_name=again")
-    run_id2, second = train_curve(cfg)
+def test_rerunning_the_same_name_resumes(reference_run):
+    """A finished run (the reference) re-run under its name finds its checkpoint: nothing is
+    trained twice."""
+    cfg, run_id, first = reference_run
+    run_id2, second = train_curve(copy.deepcopy(cfg))
     assert run_id2 == run_id and second == first
 
 

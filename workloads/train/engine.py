@@ -98,9 +98,10 @@ def build_engine(cfg: Config, plan, work):
         # LOCAL_SIZE says, as DeepSpeed's own launcher sets it; ZeRO 3 asks at every micro-batch.
         os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
     engine, _, _, _ = deepspeed.initialize(model=work.model, optimizer=optimizer, config=config)
-    if engine.zero_optimization_stage() == 0 and dist.get_world_size() == 1:
-        # A world of one has nothing to average, but ZeRO 0 would still flatten, all-reduce and
-        # copy back every gradient at each accumulation boundary (about 1 % of an update on CPU).
+    if engine.zero_optimization_stage() == 0 and plan.num_workers == 1:
+        # One worker has nothing to average, but ZeRO 0 would still flatten, all-reduce and copy
+        # back every gradient at each accumulation boundary (about 1 % of an update on CPU). The
+        # run's D, not the world's size: the micro-batch probe runs a D-worker run in a world of one.
         engine.enable_backward_allreduce = False
     if compile_enabled(cfg):
         # The whole model, in place (the state dict keeps its keys). Inductor keeps what it
