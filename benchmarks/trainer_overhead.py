@@ -431,9 +431,9 @@ def main(argv: List[str] | None = None) -> int:
         for k, v in result["diagnose"].items():
             print(f"diagnose: {k} / plain = {v['ratio_steady']:.3f}")
     verdict = "meets" if result["ratio_median"] >= GOAL else "misses"
-    stage = result["config"]
     print(
-        f"ZeRO {stage['zero_stage']} given, {stage['zero_stage_run']} run; ratio (steady, real/plain) "
+        f"ZeRO {result['config']['zero_stage']} given, {result['config']['zero_stage_run']} run; "
+        "ratio (steady, real/plain) "
         f"= {result['ratio']:.3f} (geometric mean), median {result['ratio_median']:.3f}, "
         f"per real run {', '.join(f'{x:.3f}' for x in result['ratio_per_real_run'])}  "
         f"-> the median {verdict} the goal >= {GOAL}"

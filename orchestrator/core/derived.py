@@ -9,7 +9,7 @@ Pure: the schema and the batch arithmetic only.
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from orchestrator.core.schema import AUTO, DEFAULT_BETA2, DEFAULT_WEIGHT_DECAY, Config, RampStep
 from orchestrator.formulas import batching, memory, schedules
@@ -66,6 +66,12 @@ def sgd_weight_decay(cfg: Config) -> float:
     return float(cfg.optim.weight_decay or 0.0)
 
 
+def zero_extra(cfg: Config) -> Dict[str, Any]:
+    """The user's `deepspeed.extra.zero_optimization` section ({} unless it is a mapping)."""
+    section = (cfg.deepspeed.extra or {}).get("zero_optimization")
+    return section if isinstance(section, dict) else {}
+
+
 def zero_stage(cfg: Config) -> int:
     """The ZeRO stage the DeepSpeed engine runs: deepspeed.zero_stage, except with one worker.
 
@@ -78,11 +84,10 @@ def zero_stage(cfg: Config) -> int:
     or more; validation). `deepspeed.extra.zero_optimization.stage` is what DeepSpeed gets
     whatever the workers (the way to run a stage as such on one worker), and an offload set
     there keeps the stage given (the offloaded parts are what it saves)."""
-    given, precision = cfg.deepspeed.zero_stage, cfg.deepspeed.precision
-    zero_extra = (cfg.deepspeed.extra or {}).get("zero_optimization") or {}
-    if "stage" in zero_extra:
-        return int(zero_extra["stage"])
-    if cfg.cluster.num_workers > 1 or any(str(k).startswith("offload") for k in zero_extra):
+    given, precision, extra = cfg.deepspeed.zero_stage, cfg.deepspeed.precision, zero_extra(cfg)
+    if "stage" in extra:
+        return int(extra["stage"])
+    if cfg.cluster.num_workers > 1 or any(str(k).startswith("offload") for k in extra):
         return given
     allowed = [s for s in range(given + 1) if s > 0 or precision != "fp16"] or [given]
     return min(allowed, key=lambda s: (memory.state_bytes_per_param(s, precision, 1), s))

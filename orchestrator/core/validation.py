@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from orchestrator.core import registry as workload_registry
-from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments, zero_stage
+from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments, zero_extra, zero_stage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, ClusterConfig, Config, OptimConfig
 from orchestrator.formulas import batching, schedules
@@ -344,10 +344,10 @@ def _across_fields(cfg: Config) -> None:
 
 def _forced_zero_stage(cfg: Config) -> None:
     """deepspeed.extra.zero_optimization.stage, when given, is the stage DeepSpeed runs: 0 to 3."""
-    zero_extra = (cfg.deepspeed.extra or {}).get("zero_optimization")
-    if not isinstance(zero_extra, dict) or "stage" not in zero_extra:
+    extra = zero_extra(cfg)
+    if "stage" not in extra:
         return
-    stage = zero_extra["stage"]
+    stage = extra["stage"]
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= 3:
         raise ConfigError(
             "deepspeed.extra.zero_optimization.stage", f"got {stage!r}; a ZeRO stage is an integer 0 to 3"

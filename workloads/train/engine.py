@@ -22,7 +22,7 @@ from orchestrator.core import ds_config
 from orchestrator.core.derived import adamw_constants, compile_enabled, sgd_weight_decay
 from orchestrator.core.schema import Config
 from orchestrator.formulas import noise
-from workloads.train.gns_probe import GradNormProbe
+from workloads.train.gns_probe import GradNormProbe, grad_squared_norm
 from workloads.train.metrics_window import UpdateStats
 
 
@@ -215,9 +215,9 @@ def loss_scale(optimizer, fp16: bool) -> float:
 
 
 def summed_squares(parameters) -> float:
-    """Sum of the squared gradients: each parameter's norm in fp32 on the device, one host sync."""
-    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float32) for p in parameters if p.grad is not None]
-    return float(torch.stack(norms).double().square().sum()) if norms else 0.0
+    """Sum of the squared gradients (each as the probe takes it, on the device): one host sync."""
+    squares = [grad_squared_norm(p.grad) for p in parameters if p.grad is not None]
+    return float(torch.stack(squares).double().sum()) if squares else 0.0
 
 
 def update_grad_norm(

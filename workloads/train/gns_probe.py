@@ -14,6 +14,11 @@ import torch
 from torch import nn
 
 
+def grad_squared_norm(grad: torch.Tensor) -> torch.Tensor:
+    """The squared norm of one gradient, accumulated in fp32, left on its device."""
+    return torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).square()
+
+
 class GradNormProbe:
     def __init__(self, model: nn.Module):
         self._parts: List[torch.Tensor] = []
@@ -21,7 +26,7 @@ class GradNormProbe:
 
     def _hook(self, grad: torch.Tensor) -> None:
         # Stays on the gradient's device: one host sync per micro-batch, in squared_norm().
-        self._parts.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).square())
+        self._parts.append(grad_squared_norm(grad))
 
     def start(self) -> None:
         self._parts = []
