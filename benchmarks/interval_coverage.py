@@ -8,7 +8,10 @@ replicates; B_noise 700 tokens, warmup 3% of the budget, wsd, per-update noise a
 analysed in memory from its tables as `orchestrator report DIR` would. Worlds: constant (the
 acceptance world), sharp / soft (knees of the progress model sharper or softer than the
 hyperbola), point-noise (4x the per-update noise), sqrt-b (seed noise growing with sqrt(B)),
-log-gain (an lr response smooth in log lr). For each: the median and worst relative error of the
+log-gain (an lr response smooth in log lr); and the review's worlds (tests/known_truth.py
+REVIEW_WORLDS: log-normal lr response, stretched-exponential loss, runs diverging above 1.5x the
+optimal lr, seed noise growing at small B), each with two seeds and the lr grid at a different
+offset from the optimum in every draw. For each: the median and worst relative error of the
 primary B_crit, coverage, how often the lack-of-fit test flags a target, how often the trend's
 interval holds 0. No Ray, no MLflow.
 """
@@ -34,29 +37,36 @@ WORLDS = {
     "sqrt-b": {"seed_noise": 0.03, "seed_noise_growth": 0.5},
     "log-gain": {"gain": "log"},
 }
+REVIEW = {"lognormal": 0, "stretched": 1, "diverge": 2, "small-b-seeds": 3}
+"""The review's worlds, by their place in tests/known_truth.REVIEW_WORLDS."""
 
 
 def main(argv: List[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--draws", type=int, default=100)
     p.add_argument("--seeds", type=int, default=3, help="replicates per configuration (>= 2)")
-    p.add_argument("--world", choices=[*WORLDS, "all"], default="all")
+    p.add_argument("--world", choices=[*WORLDS, *REVIEW, "all"], default="all")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
 
     import numpy as np
 
     from orchestrator.analysis import sweep_analysis
-    from tests.known_truth import World, factor_grid
+    from tests.known_truth import REVIEW_WORLDS, World, factor_grid, offset_grid
 
     load_before, started = os.getloadavg()[0], time.perf_counter()
     lrs = factor_grid(0.001, 0.032)
     rows, out = [("world", "draws", "median error", "worst error", "coverage", "lack of fit", "trend holds 0")], {}
-    for name in WORLDS if args.world == "all" else [args.world]:
+    for name in [*WORLDS, *REVIEW] if args.world == "all" else [args.world]:
         errors, covered, flagged, flat = [], 0, 0, 0
         for draw in range(args.draws):
-            world = World(draw=draw, **WORLDS[name])
-            result = sweep_analysis.analyse(world.trials(world.grid(lrs=lrs, seeds=args.seeds)))
+            if name in REVIEW:  # two seeds, the grid at the draw's own offset
+                world = list(REVIEW_WORLDS.values())[REVIEW[name]].with_(draw=draw)
+                runs = world.grid(lrs=offset_grid(draw, lrs), seeds=2)
+            else:
+                world = World(draw=draw, **WORLDS[name])
+                runs = world.grid(lrs=lrs, seeds=args.seeds)
+            result = sweep_analysis.analyse(world.trials(runs))
             primary, truth = result["primary"], world.b_noise
             errors.append(primary["b_crit"] / truth - 1 if primary["b_crit"] else float("nan"))
             lo, hi = primary["b_crit_interval"] or (float("nan"),) * 2

@@ -6,7 +6,7 @@ the from-scratch B_crit at the base's loss there (`branch.compare_with`), and th
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -95,7 +95,7 @@ def _scratch_entry(fit: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def study(
     trials: Sequence[Trial],
-    tolerance: float = branch_cbs.DEFAULT_TOLERANCE,
+    tolerance: Union[float, branch_cbs.Tolerance] = branch_cbs.DEFAULT_TOLERANCE,
     scratch: Sequence[Trial] = (),
     scratch_name: Optional[str] = None,
 ) -> Optional[Dict[str, Any]]:
@@ -104,6 +104,7 @@ def study(
     ends = branch_ends(trials)
     if not ends:
         return None
+    tolerance = branch_cbs.tolerance_of(tolerance)
     along = branch_cbs.critical_batch_along(ends, tolerance)
     if scratch:
         from_scratch(along, trials, scratch)
@@ -122,15 +123,18 @@ def study(
     notes = []
     if needed:
         notes.append(
-            f"the eval loss's standard error is more than 1/{branch_cbs.SE_PER_TOLERANCE} of the {tolerance:.1%} "
-            f"tolerance: eval noise can move a branch across it; raise train.eval_tokens from {eval_tokens:,} to at "
-            f"least {needed:,}"
+            f"the eval loss's standard error is more than 1/{branch_cbs.SE_PER_TOLERANCE} of the tolerance "
+            f"({tolerance.words()}): eval noise can move a branch across it; raise train.eval_tokens from "
+            f"{eval_tokens:,} to at least {needed:,}"
         )
     if not any(e.loss_se > 0 for e in ends):
         notes.append("no eval/loss_se was logged: the interval holds only the spread over seeds")
     return {
         "loss": "eval/loss at the end of each branch",
-        "tolerance": tolerance,
+        "tolerance": tolerance.value,
+        "tolerance_kind": tolerance.kind,
+        "compare": tolerance.compare,
+        "rule": tolerance.words(),
         "base_batch": base_batch,
         "base_run": base.name if base else None,
         "points": along,

@@ -31,6 +31,60 @@ DEFAULT_TOLERANCE = 0.01
 (with the eval set sized to make the tolerance at least three standard errors) large enough that
 eval noise alone rarely crosses it. A stated choice, not a law: the report names it."""
 
+RELATIVE, ABSOLUTE = "relative", "absolute"
+REFERENCE, EVERY_SMALLER = "reference", "every_smaller"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a branch's end loss may exceed a smaller batch's and still count as within the
+    critical batch size (`branch.tolerance`, `branch.tolerance_kind`, `branch.compare`).
+
+    `kind` relative (the default): a share of the smaller batch's loss, so one number means the
+    same on any task, tokenizer or loss scale; its cost is that the threshold in loss grows with
+    the irreducible part of the loss. absolute: in loss units (Merrill et al. 2025 use an absolute
+    epsilon), independent of the irreducible loss but to be chosen per task. `compare` reference
+    (the default): each batch against the factor-1 branch; every_smaller (Merrill et al.'s rule): a
+    batch is within only if it is within the tolerance of every smaller batch, so a smaller batch
+    that did better than the reference by noise raises the bar for the batches above it."""
+
+    value: float = DEFAULT_TOLERANCE
+    kind: str = RELATIVE
+    compare: str = REFERENCE
+
+    def __post_init__(self):
+        if self.kind not in (RELATIVE, ABSOLUTE) or self.compare not in (REFERENCE, EVERY_SMALLER):
+            raise ValueError(f"tolerance kind {self.kind!r} (relative, absolute), compare {self.compare!r}")
+        top = 1.0 if self.kind == RELATIVE else math.inf
+        if not 0 < self.value < top:
+            raise ValueError(f"a {self.kind} tolerance is in (0, {top:g}), got {self.value}")
+
+    def excess(self, means: np.ndarray) -> np.ndarray:
+        """Per row of mean losses [..., K] (smallest batch first), each batch's excess over the
+        batch it is compared with, in the tolerance's units (column 0 is 0). A diverged mean (inf)
+        has an infinite excess."""
+        if self.compare == EVERY_SMALLER:  # the worst is the excess over the lowest smaller loss
+            best_below = np.minimum.accumulate(means, axis=-1)
+            against = np.concatenate([means[..., :1], best_below[..., :-1]], -1)
+        else:
+            against = np.broadcast_to(means[..., :1], means.shape)
+        with np.errstate(invalid="ignore"):
+            gap = means - against
+            return gap / against if self.kind == RELATIVE else gap
+
+    def words(self) -> str:
+        """The rule as the report says it."""
+        amount = f"{self.value:.2%}" if self.kind == RELATIVE else f"{self.value:g} in loss"
+        return f"within {amount} of " + (
+            "every smaller branch's" if self.compare == EVERY_SMALLER else "the factor-1 branch's"
+        )
+
+
+def tolerance_of(value: Union[float, Tolerance, None]) -> Tolerance:
+    """A Tolerance from a bare number (relative, against the reference), one, or None (the default)."""
+    return value if isinstance(value, Tolerance) else Tolerance(DEFAULT_TOLERANCE if value is None else float(value))
+
+
 SE_PER_TOLERANCE = 3
 """The eval set should make the tolerance at least this many standard errors of the eval loss,
 so that eval noise alone seldom moves a branch across it."""
@@ -71,15 +125,17 @@ class BranchEnd:
 # ---------------------------------------------------------------- one branch point
 
 
-def _crossings(log_batches: np.ndarray, excess: np.ndarray, tolerance: float) -> Tuple[np.ndarray, np.ndarray]:
-    """The rule, per row of `excess` [..., K] (relative excess over the smallest batch, so
-    column 0 is 0): walk up from the smallest batch while the excess is within tolerance; the
-    first batch beyond it is the crossing, and the critical batch is where the straight line in
-    log B between the last batch within and the first beyond reaches the tolerance. Batches past
+def _crossings(
+    log_batches: np.ndarray, excess: np.ndarray, tolerance: float
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rule, per row of `excess` [..., K] (Tolerance.excess, so column 0 is 0): walk up from
+    the smallest batch while the excess is within tolerance; the first batch beyond it is the
+    crossing, and the critical batch is where the straight line in log B between the last batch
+    within and the first beyond reaches the tolerance. Batches past
     the first beyond are not read, even if noise brings one back within: the rule takes the
     first crossing from below after the run of within-tolerance batches from the smallest.
-    Returns (code, log cbs): code 0 resolved, 1 above (no batch beyond), -1 below (the second
-    smallest already beyond); log cbs is NaN unless resolved."""
+    Returns (code, log cbs, the index of the last batch within): code 0 resolved, 1 above (no
+    batch beyond), -1 below (the second smallest already beyond); log cbs is NaN unless resolved."""
     e = np.where(np.isnan(excess), np.inf, excess)  # a diverged branch is beyond any tolerance
     beyond = e > tolerance
     any_beyond = beyond.any(-1)
@@ -91,10 +147,10 @@ def _crossings(log_batches: np.ndarray, excess: np.ndarray, tolerance: float) ->
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.where(np.isinf(e_hi), 0.0, (tolerance - e_lo) / (e_hi - e_lo))
     log_cbs = log_batches[jj - 1] + frac * (log_batches[jj] - log_batches[jj - 1])
-    return code, np.where(code == 0, log_cbs, np.nan)
+    return code, np.where(code == 0, log_cbs, np.nan), jj - 1
 
 
-def _not_resolved(tokens: int, reason: str, tolerance: float, **rest: Any) -> Dict[str, Any]:
+def _not_resolved(tokens: int, reason: str, tolerance: Tolerance, **rest: Any) -> Dict[str, Any]:
     out = {
         "tokens": tokens,
         "cbs": None,
@@ -106,7 +162,9 @@ def _not_resolved(tokens: int, reason: str, tolerance: float, **rest: Any) -> Di
         "losses": [],
         "excess": [],
         "seeds": [],
-        "tolerance": tolerance,
+        "tolerance": tolerance.value,
+        "tolerance_kind": tolerance.kind,
+        "compare": tolerance.compare,
         "b_simple": None,
         "resolved_share": None,
         "draw_shares": None,
@@ -117,14 +175,21 @@ def _not_resolved(tokens: int, reason: str, tolerance: float, **rest: Any) -> Di
     return out
 
 
-def eval_tokens_needed(ends: Sequence[BranchEnd], tolerance: float, eval_tokens: int) -> Optional[int]:
-    """The eval set that makes `tolerance` SE_PER_TOLERANCE standard errors of the branches'
-    median relative eval standard error, which falls as 1 / sqrt(eval tokens); None when the
-    eval set is large enough already or no branch has a standard error."""
-    relative = [e.loss_se / e.loss for e in ends if e.loss_se > 0 and math.isfinite(e.loss) and e.loss > 0]
-    if not relative:
+def eval_tokens_needed(
+    ends: Sequence[BranchEnd], tolerance: Union[float, Tolerance], eval_tokens: int
+) -> Optional[int]:
+    """The eval set that makes the tolerance SE_PER_TOLERANCE of the branches' median eval
+    standard error (relative to the loss for a relative tolerance), which falls as 1 / sqrt(eval
+    tokens); None when the eval set is large enough already or no branch has a standard error."""
+    tol = tolerance_of(tolerance)
+    errors = [
+        e.loss_se / e.loss if tol.kind == RELATIVE else e.loss_se
+        for e in ends
+        if e.loss_se > 0 and math.isfinite(e.loss) and e.loss > 0
+    ]
+    if not errors:
         return None
-    needed = eval_tokens * (SE_PER_TOLERANCE * float(np.median(relative)) / tolerance) ** 2
+    needed = eval_tokens * (SE_PER_TOLERANCE * float(np.median(errors)) / tol.value) ** 2
     return math.ceil(needed) if needed > eval_tokens else None
 
 
@@ -135,18 +200,19 @@ def _generator(rng: Union[None, int, np.random.Generator]) -> np.random.Generato
 
 def critical_batch_at(
     ends: Sequence[BranchEnd],
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: Union[float, Tolerance] = DEFAULT_TOLERANCE,
     draws: int = DEFAULT_DRAWS,
     rng: Union[None, int, np.random.Generator] = None,
 ) -> Dict[str, Any]:
     """The critical batch size at ONE branch point, from its branches' end losses.
 
     The reference is the smallest batch (factor 1); each batch's loss is its mean over seeds,
-    and its relative excess is (L_k - L_1) / L_1. The critical batch is where the excess crosses
-    `tolerance`, interpolated linearly in log B between the last batch within tolerance and the
-    first beyond it, walking up from the smallest batch (so the first crossing from below after
-    the run of within-tolerance batches from the smallest: the excess should rise with B, and a
-    noisy dip back within tolerance at a larger batch is not read). A diverged branch (NaN or
+    and its excess is by the Tolerance's rule (by default relative to the factor-1 loss,
+    (L_k - L_1) / L_1). The critical batch is where the excess crosses the tolerance,
+    interpolated linearly in log B between the last batch within tolerance and the first beyond
+    it, walking up from the smallest batch (so the first crossing from below after the run of
+    within-tolerance batches from the smallest: the excess should rise with B, and a noisy dip
+    back within tolerance at a larger batch is not read). A diverged branch (NaN or
     infinite loss) counts as beyond tolerance, so the crossing is then read at the batch before
     it: nothing tells how far between the two the excess reached the tolerance.
 
@@ -162,39 +228,44 @@ def critical_batch_at(
         is not a positive number); `cbs` and the interval are None and `reason` says why.
 
     The interval (`cbs_interval`, the middle INTERVAL_LEVEL = 90 %) is a parametric bootstrap:
-    each draw redraws every batch's mean loss, recomputes the crossing by the same rule, and the
-    interval is the 5th and 95th percentiles of the draws. One seed: the loss is drawn from
-    N(loss, loss_se). Several seeds: the mean is drawn from mean + s / sqrt(n) x T(n - 1), s the
-    seeds' standard deviation (or the eval noise, the root mean square of their loss_se, when
-    that is larger: the seeds' spread already contains the eval noise, so the two are not added)
-    and T(n - 1) Student's t, what the mean of n normal seeds is known to within given their own
-    spread. Resampling the seeds instead covers badly with the few seeds branches have (the
-    spread of a resample of n is sqrt((n - 1) / n) of the mean's, and the spread itself is
-    estimated from n points): with four seeds its 90 % interval covered 77 % of the tests'
-    experiments, this one 93 to 96 % (two seeds: the t has one degree of freedom, and the
-    interval is mostly unbounded, which is what two seeds can tell). An `above` draw ranks above
-    every resolved one and a `below` draw under every one, and an end of the interval that falls
-    on such a draw is a bound, not a number: a lower end among `below` draws is None (no lower
-    bound), a lower end among `above` draws is the largest batch; an upper end among `above`
-    draws is None (no upper bound), an upper end among `below` draws is the second smallest
-    batch. So an `above` point whose draws are all above reads [largest batch, None], a `below`
-    one [None, factor-2 batch].
+    each draw redraws every batch's mean loss, recomputes the crossing by the same rule, places it
+    in its bracket (below), and the interval is the 5th and 95th percentiles of the draws. One
+    seed: the loss is drawn from N(loss, loss_se). Several seeds: the mean is drawn from mean + s /
+    sqrt(n) x T(n - 1), s the seeds' standard deviation (or the eval noise, the root mean square of
+    their loss_se, when that is larger: the seeds' spread already contains the eval noise, so the
+    two are not added) and T(n - 1) Student's t, what the mean of n normal seeds is known to within
+    given their own spread. Resampling the seeds instead covers badly with the few seeds branches
+    have: with four seeds its 90 % interval covered 77 % of the tests' experiments, this one 93 to
+    96 % (two seeds: the t has one degree of freedom, and the interval is mostly unbounded, which is
+    what two seeds can tell).
+    The gap between factors is part of the interval: the straight line between the two batches
+    that bracket the crossing is only a guess at the excess between them (on SGD over a noisy
+    quadratic, tests/branch_truth.py, it put the crossing 4 % low to 5 % high, while the noise
+    alone made intervals an eighth of the bracket wide), so each draw places its crossing in its
+    bracket by a triangular
+    distribution in log B over the bracket, peaked at the interpolated crossing: a crossing between
+    two factors never has an interval narrower than what the factors can resolve, and a noise-free
+    one has the bracket's.
+    An `above` draw ranks above every resolved one and a `below` draw under every one, and an end
+    of the interval that falls on such a draw is a bound, not a number: a lower end among `below`
+    draws is None (no lower bound), a lower end among `above` draws is the largest batch; an upper
+    end among `above` draws is None (no upper bound), an upper end among `below` draws is the
+    second smallest batch. So an `above` point whose draws are all above reads [largest batch,
+    None], a `below` one [None, factor-2 batch]; with no noise either has no interval.
     `draw_shares` gives the share of draws per status (`resolved_share` that of resolved ones).
     The draws treat the losses as independent: branches scored on one shared eval set have
     positively correlated eval errors, so the excess is less noisy than this assumes and the
-    interval is conservative. Without any noise to draw (every loss_se 0 and one seed per batch)
-    there is no interval: None, not a zero-width one. A diverged seed makes its batch's mean
-    diverged in every draw.
+    interval is conservative. A diverged seed makes its batch's mean diverged in every draw.
 
+    `tolerance`: a Tolerance, or a number (relative, against the factor-1 branch).
     `rng`: a Generator, a seed, or None for seed 0 (the same runs give the same report).
     """
+    tol = tolerance_of(tolerance)
     if not ends:
         raise ValueError("critical_batch_at needs the branches of one branch point, got none")
     points = {int(e.at_tokens) for e in ends}
     if len(points) != 1:
         raise ValueError(f"critical_batch_at takes one branch point, got branches at {sorted(points)} tokens")
-    if not 0 < tolerance < 1:
-        raise ValueError(f"tolerance is a relative excess loss in (0, 1), got {tolerance}")
     tokens = points.pop()
     simples = [float(e.b_simple) for e in ends if e.b_simple is not None and math.isfinite(e.b_simple)]
     b_simple = float(np.median(simples)) if simples else None
@@ -212,29 +283,33 @@ def critical_batch_at(
     seeds = [len(groups[b]) for b in batches]
     common = dict(batches=batches, losses=[float(m) for m in means], seeds=seeds, b_simple=b_simple)
     if len(batches) < 2:
-        return _not_resolved(tokens, "one batch size: nothing to compare with the reference", tolerance, **common)
+        return _not_resolved(tokens, "one batch size: nothing to compare with the reference", tol, **common)
     reference = float(means[0])
     if not (math.isfinite(reference) and reference > 0):
-        return _not_resolved(tokens, f"the reference (factor-1) loss is {reference}", tolerance, **common)
-    excess = (means - reference) / reference
+        return _not_resolved(tokens, f"the reference (factor-1) loss is {reference}", tol, **common)
+    excess = tol.excess(means)
     log_b = np.log(np.asarray(batches, np.float64))
-    code, log_cbs = _crossings(log_b, excess[None, :], tolerance)
+    code, log_cbs, _ = _crossings(log_b, excess[None, :], tol.value)
     status = {0: RESOLVED, 1: ABOVE, -1: BELOW}[int(code[0])]
     cbs = {RESOLVED: float(np.exp(log_cbs[0])), ABOVE: float(batches[-1]), BELOW: float(batches[1])}[status]
 
     noisy = any(s.any() for s in se)
     replicated = any(n > 1 for n in seeds)
+    sources = [w for w, on in (("eval noise", noisy), ("seeds", replicated), ("the gap between factors", True)) if on]
     interval: Optional[List[Optional[float]]] = None
     shares: Optional[Dict[str, float]] = None
-    source = " and ".join(w for w, on in (("eval noise", noisy), ("seeds", replicated)) if on) or None
-    if source and draws > 0:
+    if (noisy or replicated or status == RESOLVED) and draws > 0:
         gen = _generator(rng)
-        drawn = np.stack([_draw_means(v, e, draws, gen) for v, e in zip(loss, se)], 1)
-        ref = drawn[:, :1]
-        with np.errstate(invalid="ignore"):
-            d_code, d_log = _crossings(log_b, (drawn - ref) / ref, tolerance)
-        ranked = np.where(d_code == 1, np.inf, np.where(d_code == -1, -np.inf, np.exp(d_log)))
-        valid = ref[:, 0] > 0  # a drawn reference loss <= 0 (a far tail of few seeds) has no relative excess
+        if noisy or replicated:
+            drawn = np.stack([_draw_means(v, e, draws, gen) for v, e in zip(loss, se)], 1)
+        else:
+            drawn = np.broadcast_to(means, (draws, len(means)))
+        d_code, d_log, last = _crossings(log_b, tol.excess(drawn), tol.value)
+        left, right = log_b[last], log_b[np.clip(last + 1, None, len(log_b) - 1)]
+        mode = np.clip(np.nan_to_num(d_log, nan=0.0), left, right)
+        placed = np.where(right > left, gen.triangular(left, mode, np.where(right > left, right, left + 1.0)), left)
+        ranked = np.where(d_code == 1, np.inf, np.where(d_code == -1, -np.inf, np.exp(placed)))
+        valid = drawn[:, 0] > 0  # a drawn reference loss <= 0 (a far tail of few seeds) has no relative excess
         ranked, d_code = ranked[valid], d_code[valid]
         lo, hi = percentile_interval(ranked)
         interval = [
@@ -253,11 +328,13 @@ def critical_batch_at(
         "losses": common["losses"],
         "excess": [float(x) for x in excess],
         "seeds": seeds,
-        "tolerance": tolerance,
+        "tolerance": tol.value,
+        "tolerance_kind": tol.kind,
+        "compare": tol.compare,
         "b_simple": b_simple,
         "resolved_share": None if shares is None else shares[RESOLVED],
         "draw_shares": shares,
-        "interval_from": source if interval is not None else None,
+        "interval_from": " and ".join(sources) if interval is not None else None,
         "interval_level": INTERVAL_LEVEL,
     }
 
@@ -280,7 +357,7 @@ def _finite_or_inf(x: float) -> float:
 
 def critical_batch_along(
     ends: Sequence[BranchEnd],
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: Union[float, Tolerance] = DEFAULT_TOLERANCE,
     draws: int = DEFAULT_DRAWS,
     rng: Union[None, int, np.random.Generator] = None,
 ) -> List[Dict[str, Any]]:

@@ -79,7 +79,21 @@ def power_law_fit(points: Sequence[PointLike], t_ref: Optional[float] = None) ->
         "points": n,
         "residual_sd": residual_sd,
         "interval": f"t-distribution, {dof} dof" if interval else None,
+        "growth": growth(slope, interval),
     }
+
+
+RISING, PLATEAU, FALLING, UNRESOLVED = "rising", "plateau", "falling", "not resolved"
+
+
+def growth(exponent: float, interval: Optional[Sequence[float]]) -> str:
+    """What the power law says of the critical batch size along training: `rising` when the
+    exponent's interval lies above 0, `falling` when below, `plateau` when it holds 0 (Merrill et
+    al. 2025 see it level off), `not resolved` with two points (no interval: no growth is claimed)."""
+    if interval is None:
+        return UNRESOLVED
+    low, high = interval
+    return RISING if low > 0 else FALLING if high < 0 else PLATEAU
 
 
 def fit_value(fit: Mapping[str, Any], tokens: float) -> float:
@@ -90,10 +104,12 @@ def fit_value(fit: Mapping[str, Any], tokens: float) -> float:
 
 
 def fit_tokens_at(fit: Mapping[str, Any], cbs: float) -> Optional[float]:
-    """Tokens at which a rising fit reaches `cbs` (None unless the exponent is positive)."""
+    """Tokens at which a rising fit reaches `cbs`: None unless the exponent is positive, or where
+    a nearly flat law would reach it only past any budget (1e30 tokens)."""
     if fit["exponent"] <= 0:
         return None
-    return float(fit["t_ref"] * (cbs / fit["coef"]) ** (1.0 / fit["exponent"]))
+    log_tokens = math.log(fit["t_ref"]) + (math.log(cbs) - math.log(fit["coef"])) / fit["exponent"]
+    return math.exp(log_tokens) if log_tokens < math.log(1e30) else None
 
 
 # ---------------------------------------------------------------- a batch ramp that follows it
@@ -142,10 +158,16 @@ def _points_curve(along: Sequence[Mapping[str, Any]]) -> Callable[[float, float]
     return first
 
 
-def _fit_curve(fit: Mapping[str, Any]) -> Callable[[float, float], Optional[float]]:
+def _capped_by_fit(
+    fit: Mapping[str, Any], points: Callable[[float, float], Optional[float]]
+) -> Callable[[float, float], Optional[float]]:
+    """first(level, after) on the lower of the rising fit and the measured points: the fit smooths
+    the points' noise, the points keep the ramp within what was measured (an `above` point's bound
+    is not read as a value past it, nor the law past the last point)."""
+
     def first(level: float, after: float) -> Optional[float]:
         t = fit_tokens_at(fit, level)
-        return None if t is None else max(t, after)
+        return None if t is None else points(level, max(t, after))
 
     return first
 
@@ -163,9 +185,11 @@ def suggested_ramp(
     warmup), so the batch stays between half the critical batch size and it once it has grown
     past the base: each doubling is then (almost) free in loss per token and halves the steps.
 
-    The critical batch size followed is the power-law fit where there is one with a positive
-    exponent (over the whole budget: past the last branch point it extrapolates the law), else
-    the measured points interpolated in log-log and read conservatively (see _points_curve).
+    The critical batch size followed is the measured points interpolated in log-log and read as
+    bounds where they are bounds (see _points_curve: it holds the last point's value after it, so
+    the ramp stops growing where the measurement stops); where the power law rises (its exponent's
+    interval above 0), the lower of the law and the points, so a noisy point does not make it grow
+    early. A plateau or a falling law adds nothing to the points.
 
     Each step is {"from_tokens": T, "tokens_per_update": B}, the first {0, base_batch}. A change
     due at tokens t* (the curve reaches twice the current batch there) is placed at t* rounded
@@ -185,8 +209,9 @@ def suggested_ramp(
         )
     if total_tokens < base_batch:
         raise ValueError(f"total_tokens {total_tokens:,} is less than one update of the base batch {base_batch:,}")
-    use_fit = fit is not None and fit.get("exponent") is not None and fit["exponent"] > 0
-    first = _fit_curve(fit) if use_fit else _points_curve(along)  # type: ignore[arg-type]
+    points = _points_curve(along)
+    rising = fit is not None and fit.get("growth", growth(fit["exponent"], fit.get("exponent_interval"))) == RISING
+    first = _capped_by_fit(fit, points) if rising else points  # type: ignore[arg-type]
     steps = [{"from_tokens": 0, "tokens_per_update": int(base_batch)}]
     start, batch = 0, int(base_batch)
     while True:

@@ -50,7 +50,7 @@ loss sits at the tokens the weights that produced it had seen, so the first is a
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -169,7 +169,7 @@ def analyse(
     lr_criterion: str = "final_loss",
     smoothing_tokens: float = 0.0,
     primary_target: Optional[float] = None,
-    branch_tolerance: float = branch_cbs.DEFAULT_TOLERANCE,
+    branch_tolerance: Union[float, branch_cbs.Tolerance] = branch_cbs.DEFAULT_TOLERANCE,
     compare_with: Optional[Tuple[str, Sequence[Trial]]] = None,
 ) -> Dict[str, Any]:
     """The report's numbers. lr_criterion: which best lr per batch size the report names,

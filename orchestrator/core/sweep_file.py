@@ -44,11 +44,13 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import (
     ALGORITHMS,
     ALPHA_PRESETS,
+    COMPARES,
     CRITERIA,
     DISTRIBUTIONS,
     OPTUNA_STORAGE_SCHEMES,
     SCHEDULERS,
     SHARE_KEYS,
+    TOLERANCE_KINDS,
     TOP_KEYS,
     BranchConfig,
     SchedulerConfig,
@@ -89,7 +91,9 @@ BRANCH_FIELDS = {
     "factors": validation.Field("list", check=validation.token_counts),
     "tokens": validation.count(),
     "lr_scaling": validation.number(also=tuple(ALPHA_PRESETS)),
-    "tolerance": validation.number(0, 1, low_open=True, high_open=True),
+    "tolerance": validation.number(0, low_open=True),
+    "tolerance_kind": validation.one_of(*TOLERANCE_KINDS),
+    "compare": validation.one_of(*COMPARES),
     "from_run": validation.Field("str", optional=True),
     "compare_with": validation.Field("str", optional=True),
 }
@@ -245,6 +249,12 @@ def _check_branch(raw: Dict[str, Any], space, search: SearchConfig, scheduler: S
         raise ConfigError("branch.factors", f"got {branch.factors}; needs 1, the base's own continuation")
     if not branch.tokens:
         raise ConfigError("branch.tokens", "missing: the tokens each branch trains, e.g. 32768")
+    if branch.tolerance_kind == "relative" and not branch.tolerance < 1:
+        raise ConfigError(
+            "branch.tolerance",
+            f"got {branch.tolerance}; a relative tolerance is a share of the loss in (0, 1), e.g. 0.01 "
+            "(branch.tolerance_kind: absolute takes a loss difference)",
+        )
     if space:
         raise ConfigError("space", f"a branch study sweeps branch.factors at branch.at_tokens, not {', '.join(space)}")
     if search.algorithm != "grid" or scheduler.type != "none":

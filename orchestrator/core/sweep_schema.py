@@ -73,6 +73,11 @@ class SchedulerConfig:
     """asha: rungs grow by this factor and keep the best 1 / factor of their group."""
 
 
+TOLERANCE_KINDS = ("relative", "absolute")
+COMPARES = ("reference", "every_smaller")
+"""branch.tolerance_kind and branch.compare (orchestrator/analysis/branch_cbs.Tolerance)."""
+
+
 @dataclass
 class BranchConfig:
     """A branch study (docs/branches.md): short continuations of one
@@ -88,7 +93,13 @@ class BranchConfig:
     """The base's lr x factor^alpha: sqrt (0.5), linear (1), a number, 0 for none."""
     tolerance: float = 0.01
     """A branch batch is within the critical batch size while its end loss exceeds factor 1's by
-    at most this share."""
+    at most this: a share of that loss (tolerance_kind relative), or a loss difference (absolute)."""
+    tolerance_kind: str = "relative"
+    """relative (a share of the loss: the same number means the same on any task) or absolute
+    (in loss units, as Merrill et al. 2025; independent of the irreducible loss)."""
+    compare: str = "reference"
+    """reference: each branch against the factor-1 branch; every_smaller (Merrill et al.'s rule):
+    within the tolerance of every smaller branch."""
     from_run: Optional[str] = None
     """`from` in the file: an existing run (id or name) to branch from instead of training the base here."""
     compare_with: Optional[str] = None

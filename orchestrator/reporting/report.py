@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from orchestrator.analysis import branch_analysis, sweep_analysis, tables
+from orchestrator.analysis import branch_analysis, branch_cbs, sweep_analysis, tables
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
@@ -114,9 +114,16 @@ def sweep_options(search, lr_criterion: Optional[str] = None, raw: Optional[Dict
     if lr_criterion is None:
         lr_criterion = "steps" if search.criterion in ("stable_loss", "steps") else "final_loss"
     branch = (raw or {}).get("branch")
-    tolerance = branch.get("tolerance") if isinstance(branch, dict) else None
     options = {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
-    return {**options, "branch_tolerance": tolerance} if tolerance else options
+    if not isinstance(branch, dict) or not {"tolerance", "tolerance_kind", "compare"} & set(branch):
+        return options
+    defaults = branch_cbs.Tolerance()
+    tolerance = branch_cbs.Tolerance(
+        float(branch.get("tolerance", defaults.value)),
+        branch.get("tolerance_kind", defaults.kind),
+        branch.get("compare", defaults.compare),
+    )
+    return {**options, "branch_tolerance": tolerance}
 
 
 def run(

@@ -18,6 +18,16 @@ BRANCH_COLUMNS = [
     ("excess loss by batch", "excess_shown", S),
 ]
 SCRATCH_COLUMN = ("from-scratch B_crit at that loss", "scratch_shown", S)
+GROWTH = {
+    "rising": "The critical batch size grows along training (the exponent's interval is above 0).",
+    "plateau": "The critical batch size has plateaued: the exponent's interval holds 0, so no growth is resolved, "
+    "and the ramp grows no further than the measured points.",
+    "falling": "The critical batch size falls along training (the exponent's interval is below 0); the ramp "
+    "follows the measured points only.",
+    "not resolved": "Two resolved points give no interval: the growth is not resolved, and the ramp follows the "
+    "measured points only.",
+}
+"""What the power law's growth means for the reader (analysis/branch_ramp.growth)."""
 
 
 def columns(branch: Dict[str, Any]) -> List[Tuple[str, str, str]]:
@@ -57,9 +67,10 @@ def sentences(branch: Dict[str, Any]) -> List[str]:
     words = [
         f"Branches of {branch['base_run'] or 'the base run'} (B = {branch['base_batch']:,} tokens per update) at "
         f"k x B with the lr x k^alpha; the critical batch size at a branch point is the largest branch batch whose "
-        f"{branch['loss']} is within {branch['tolerance']:.1%} of the factor-1 branch's (interpolated in log B; "
-        "'>': every factor within, '<': factor 2 already beyond). Interval: 90%, from the eval loss's standard error "
-        "and the seeds (Merrill et al. 2025, 'Critical Batch Size Revisited')."
+        f"{branch['loss']} is {branch['rule']} (interpolated in log B; "
+        "'>': every factor within, '<': factor 2 already beyond). Interval: 90%, from the eval loss's standard error, "
+        "the seeds and the gap between the factors that bracket the crossing (Merrill et al. 2025, 'Critical Batch "
+        "Size Revisited')."
     ]
     if branch.get("compared_with"):
         words.append(
@@ -72,7 +83,7 @@ def sentences(branch: Dict[str, Any]) -> List[str]:
         within = f" (90% interval {span[0]:.2f} to {span[1]:.2f})" if span else " (2 points: no interval)"
         words.append(
             f"Power law over the {fit['points']} resolved points: critical batch ~ {fit['coef']:,.0f} tokens x "
-            f"(tokens / {fit['t_ref']:,.0f})^{fit['exponent']:.2f}{within}."
+            f"(tokens / {fit['t_ref']:,.0f})^{fit['exponent']:.2f}{within}. {GROWTH[fit['growth']]}"
         )
     else:
         words.append("Power law: fewer than 2 resolved branch points.")

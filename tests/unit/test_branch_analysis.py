@@ -25,9 +25,10 @@ def base_loss(tokens):
     return 2.0 + 3.5 * (1 + np.asarray(tokens, np.float64) / 3e4) ** -0.6
 
 
-def study_trials(eval_se: float = 0.0, eval_tokens: int = 65536):
+def study_trials(eval_se: float = 0.0, eval_tokens: int = 65536, rates=(0.02, 0.02, 0.02)):
     """A base run at B0 with a checkpoint at every AT, and a branch per factor from each, whose
-    eval loss at the end rises with the factor (2 % per doubling past 2 x)."""
+    eval loss at the end rises with the factor (by default 2 % per doubling past 2 x at every
+    branch point: a critical batch size that stays where it is)."""
     common = {
         "data.seq_len": 64,
         "cluster.num_workers": 1,
@@ -43,7 +44,7 @@ def study_trials(eval_se: float = 0.0, eval_tokens: int = 65536):
         list(zip(grid.tolist(), base_loss(grid).tolist())),
     )
     branches = []
-    for t in AT:
+    for t, rate in zip(AT, rates):
         for k in FACTORS:
             params = {
                 **common,
@@ -54,7 +55,7 @@ def study_trials(eval_se: float = 0.0, eval_tokens: int = 65536):
                 "train.stop_at_tokens": t + SPAN,
                 "train.start_from_checkpoint": f"ckpt-{t}",
             }
-            end = float(base_loss(t + SPAN)) * (1 + 0.02 * max(0.0, np.log2(k) - 1))
+            end = float(base_loss(t + SPAN)) * (1 + rate * max(0.0, np.log2(k) - 1))
             train = [(t, float(base_loss(t))), (t + SPAN - k * B0, end)]
             name, evals = f"b{t}-{k}", [(t + SPAN, end)]
             branches.append(Trial(name, name, "FINISHED", params, train, evals, eval_se=[(t + SPAN, eval_se * end)]))
@@ -111,3 +112,16 @@ def test_an_eval_set_too_small_for_the_tolerance_is_named_with_the_size_it_needs
     assert sweep_analysis.analyse(study_trials(eval_se=0.003))["branch"]["notes"] == []  # 3.3 standard errors
     (none,) = sweep_analysis.analyse(study_trials())["branch"]["notes"]
     assert "no eval/loss_se" in none
+
+
+def test_a_plateau_is_reported_as_one_and_the_ramp_stops_at_the_points():
+    """Merrill et al.'s plateau: the excess per doubling barely changes along training, so the
+    power law's exponent is a hair above 0 with an interval that holds it. The report says the
+    critical batch size has plateaued (no overflow reading the law where it reaches twice the
+    batch), and the ramp grows no further than the measured points (2.83 x B0 at every point)."""
+    result = sweep_analysis.analyse(study_trials(rates=(0.0200, 0.01996, 0.02000)))
+    fit = result["branch_fit"]
+    assert 0 < fit["exponent"] < 1e-3 and fit["growth"] == "plateau", fit
+    assert [s["tokens_per_update"] for s in result["branch"]["ramp"]] == [B0, 2 * B0]
+    text = "\n".join(report_branch.lines(result["branch"]))
+    assert "has plateaued" in text and "within 1.00% of the factor-1 branch's" in text

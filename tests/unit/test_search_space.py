@@ -422,6 +422,17 @@ def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
     assert base.cfg.train.keep_checkpoints >= 2 + 131072 // base.cfg.train.checkpoint_every_tokens
 
 
+def test_an_absolute_tolerance_is_a_loss_difference_and_merrills_rule_an_option(tmp_path):
+    branch = {"at_tokens": [16384], "tokens": 16384, "tolerance": 1.5, "tolerance_kind": "absolute"}
+    sweep = sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "compare": "every_smaller"}))
+    assert (sweep.branch.tolerance, sweep.branch.tolerance_kind, sweep.branch.compare) == (
+        1.5,
+        "absolute",
+        "every_smaller",
+    )
+    assert sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch=branch)).branch.compare == "reference"
+
+
 @pytest.mark.parametrize(
     "branch, base, key, says",
     [
@@ -431,6 +442,9 @@ def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
         ({"factors": [2, 4]}, {}, "branch.factors", "needs 1"),
         ({"at_tokens": []}, {}, "branch.at_tokens", "missing"),
         ({"tolerance": 1.5}, {}, "branch.tolerance", "(0, 1)"),
+        ({"tolerance": 0.0, "tolerance_kind": "absolute"}, {}, "branch.tolerance", "> 0"),
+        ({"tolerance_kind": "percent"}, {}, "branch.tolerance_kind", "relative, absolute"),
+        ({"compare": "all"}, {}, "branch.compare", "reference, every_smaller"),
         ({"lr_scaling": "cubic"}, {}, "branch.lr_scaling", "'sqrt'"),
         ({"every": 2}, {}, "branch.every", "unknown key"),
         ({}, {"space": {"optim.lr": {"grid": [1e-3, 2e-3]}}}, "space", "not optim.lr"),
