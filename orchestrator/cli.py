@@ -383,11 +383,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return VERBS[args.verb](args)
     except ConfigError as exc:
-        print(f"orchestrator {args.verb}: error: {exc}", file=sys.stderr)
+        print(f"orchestrator {args.verb}: error: {_without_secrets(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"orchestrator {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a failure during the run: its reason in one line, not a traceback
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        print(f"orchestrator {args.verb}: error: {_without_secrets(reason)}", file=sys.stderr)
+        return 1
+
+
+def _without_secrets(text: str) -> str:
+    """What the command prints of an error: a URI in it (a tracking store, a storage location, a
+    database) may hold a password, which the config's one rule redacts. Imported here, so that
+    argument errors answer before the config's modules load."""
+    from orchestrator.core.config import redact_uri
+
+    return redact_uri(text)
 
 
 def command() -> None:

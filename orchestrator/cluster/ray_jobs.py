@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
+from orchestrator.core.config import redact_uri
 from orchestrator.core.errors import ConfigError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 HTTP_TIMEOUT_S = 30.0
 """Timeout of the dashboard requests made here (`get_json`, used by `--follow` and the node check)."""
-_USERINFO_RE = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^\s/@]+@", re.IGNORECASE)
 
 
 class ClusterError(Exception):
@@ -46,8 +46,9 @@ class ContactLost(Exception):
 
 
 def mask(text: str) -> str:
-    """Hide URL credentials (scheme://user:pass@host) in anything printed."""
-    return _USERINFO_RE.sub(r"\1***@", text)
+    """Hide URL credentials (scheme://user:pass@host, scheme://token@host) in anything printed:
+    the config's one rule."""
+    return redact_uri(text)
 
 
 # ---------------------------------------------------------------- talking to the cluster

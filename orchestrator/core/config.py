@@ -35,7 +35,7 @@ from orchestrator.core.yaml_files import (
 
 _SECRET_RE = re.compile(r"\$\{oc\.env:")
 REDACTED = "***"
-_URI_PASSWORD = re.compile(r"(://[^/@:\s]+:)[^/@\s]+@")  # scheme://user:PASSWORD@host
+_URI_CREDENTIALS = re.compile(r"://([^/@:\s]*)(:[^/@\s]*)?@")  # scheme://user:PASSWORD@host, scheme://TOKEN@host
 
 
 def schema_keys(schema: Any = Config, prefix: str = "") -> List[str]:
@@ -168,8 +168,10 @@ def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
 
 
 def redact_uri(text: str) -> str:
-    """'https://user:secret@host/x' -> 'https://user:***@host/x' (anything without a password as is)."""
-    return _URI_PASSWORD.sub(rf"\1{REDACTED}@", text)
+    """The one rule for credentials inside URIs, wherever text is logged, written or printed:
+    'https://user:secret@host/x' -> 'https://user:***@host/x', and a user part without a password,
+    often a token ('https://TOKEN@host'), -> 'https://***@host'; anything else as is."""
+    return _URI_CREDENTIALS.sub(lambda m: f"://{m[1]}:{REDACTED}@" if m[2] else f"://{REDACTED}@", text)
 
 
 def _without_uri_passwords(node: Any) -> Any:

@@ -159,7 +159,7 @@ def _open_parent(sweep: sweep_schema.Sweep, cfg, trials) -> str:
     params = config_lib.flatten({k: v for k, v in sweep.raw.items() if k != "description"})
     params["trials"] = len(trials) if trials is not None else sweep.search.num_samples
     mlflow_runs.log_params(uri, run_id, {f"sweep.{k}": v for k, v in params.items()})
-    mlflow_runs.log_file(uri, run_id, sweep.path)
+    mlflow_runs.log_text(uri, run_id, sweep.text, sweep.path.name)  # the door redacts its URIs' passwords
     return run_id
 
 
@@ -269,11 +269,12 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     micro_batch.resolve_all([t.cfg for t in first])
     if resume:
         parent = storage.read_json(storage.join(folder, RECORD))["parent_run_id"]
-        print(f"resuming sweep {sweep.name!r} from {folder} (MLflow parent run {parent})")
+        print(f"resuming sweep {sweep.name!r} from {config_lib.redact_uri(folder)} (MLflow parent run {parent})")
     else:
         parent = _open_parent(sweep, base, trials)
         storage.write_json(storage.join(folder, RECORD), {"parent_run_id": parent, "sweep": str(sweep.path)})
-        print(f"sweep {sweep.name!r}: {_how_many(sweep, trials)}, MLflow parent run {parent}, results in {folder}")
+        where = config_lib.redact_uri(folder)
+        print(f"sweep {sweep.name!r}: {_how_many(sweep, trials)}, MLflow parent run {parent}, results in {where}")
 
     # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
     scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
