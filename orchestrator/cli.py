@@ -341,11 +341,13 @@ def _prepare(args: argparse.Namespace) -> int:
                 "--train-tokenizer",
                 f"got {args.train_tokenizer}; use 258 (256 bytes + EOS + one merge) to {tokenizer.MAX_TRAINED_VOCAB:,}",
             )
-        path = tokenizer.train_bpe(corpus.training_texts(cfg), args.train_tokenizer, Path(args.out))
-        print(f"trained a {args.train_tokenizer:,}-token BPE tokenizer on the training split: {path}")
-        cfg = config.load(args.config, [*args.overrides, f"data.tokenizer={path}", "model.vocab_size=null"])
-        use = f"data.tokenizer={path} {use}"
-    written = corpus.prepare_shards(cfg, args.out)
+    with corpus.removed_on_failure(Path(args.out)):  # the tokenizer's folder too, if the shards then fail
+        if args.train_tokenizer is not None:
+            path = tokenizer.train_bpe(corpus.training_texts(cfg), args.train_tokenizer, Path(args.out))
+            print(f"trained a {args.train_tokenizer:,}-token BPE tokenizer on the training split: {path}")
+            cfg = config.load(args.config, [*args.overrides, f"data.tokenizer={path}", "model.vocab_size=null"])
+            use = f"data.tokenizer={path} {use}"
+        written = corpus.prepare_shards(cfg, args.out)
     print(f"wrote {written} token shards to {args.out}; train with {use}")
     return 0
 

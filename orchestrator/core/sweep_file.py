@@ -84,6 +84,9 @@ def _database_url(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}; use a database URL ({valid}), e.g. sqlite:///optuna.db")
 
 
+NAME_FIELD = validation.Field("str", check=validation.plain_name)
+"""The sweep's `name` (default: the file's stem), a folder under train.storage_path/sweeps/ and reports/."""
+
 BRANCH_FIELDS = {
     "at_tokens": validation.Field("list", check=validation.token_counts),
     "factors": validation.Field("list", check=validation.token_counts),
@@ -135,6 +138,7 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     base = raw.get("base") if isinstance(raw.get("base"), dict) else {}
     overrides = yaml_files.dotlist(base.get("overrides") or {})
     name = str(raw.get("name") or path.stem)
+    NAME_FIELD.validate("name", name)
     if not check:
         config = (path.parent / str(base["config"])).resolve() if base.get("config") else None
         search = _section(SearchConfig, raw.get("search"), "search", SEARCH_FIELDS)

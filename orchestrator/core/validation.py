@@ -145,9 +145,10 @@ def _ray_address(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}; use auto, host:port or ray://host:port (Ray's address)")
 
 
-def _plain_name(key: str, value: str) -> None:
-    """A name that becomes a folder (a source's under `prepare --out` and the token cache, a
-    run's under train.storage_path): one plain path component, so it cannot reach outside."""
+def plain_name(key: str, value: str) -> None:
+    """The project's one rule for a name that becomes a folder (a source's under `prepare --out`
+    and the token cache, a run's under train.storage_path, a sweep's under runs/sweeps/ and
+    reports/): one plain path component, so it cannot reach outside."""
     if value.startswith(".") or any(c in value for c in "/\\\0"):
         raise ConfigError(key, f"got {value!r}; a plain name (no '/', '\\' or NUL, not starting with '.')")
 
@@ -178,7 +179,7 @@ FIELDS = {
     "model.w_star_norm": number(0),
     "data.seq_len": count(),
     "data.tokenizer": Field("str"),
-    "data.sources.*.name": Field("str", check=_plain_name),
+    "data.sources.*.name": Field("str", check=plain_name),
     "data.sources.*.kind": one_of(*SOURCE_KINDS),
     "data.sources.*.path": Field("str", optional=True),
     "data.sources.*.weight": number(0, low_open=True),
@@ -221,7 +222,7 @@ FIELDS = {
     "train.eval_tokens": count(),
     "train.checkpoint_every_tokens": count(0),
     "train.keep_checkpoints": count(),
-    "train.run_name": Field("str", optional=True, check=_plain_name),
+    "train.run_name": Field("str", optional=True, check=plain_name),
     "train.storage_path": Field("str", check=storage_location),
     "train.max_failures": count(0),
     "train.loss_normalization": one_of("token", "micro_batch"),

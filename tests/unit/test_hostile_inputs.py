@@ -16,6 +16,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.core import config, sweep_file
 from orchestrator.driver import sweep
+from orchestrator.reporting import report
 from orchestrator.tracking import mlflow_runs
 from tests.conftest import TINY, free_ports, sqlite_store, write_sweep
 
@@ -56,10 +57,15 @@ def placed(args, things) -> list:
     return out
 
 
+TRIALS = "trial,status,batch.tokens_per_update,optim.lr,stopped_at\na,FINISHED,4096,0.001,\nb,FINISHED,8192,0.001,\n"
+CURVES = "trial,metric,tokens,value\na,train/loss,0,5.0\na,train/loss,4096,4.0\nb,train/loss,0,5.0\n"
+"""A table folder `report DIR` reads (the rows below make it hostile)."""
+
 REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     # a password inside a URI is never printed, not even in the refusal
     (["plan", TINY, f"tracking.uri=ftp://u:{PASSWORD}@host/x"], "tracking.uri"),
     (["train", TINY, f"train.storage_path=ftp://u:{PASSWORD}@host/runs"], "train.storage_path"),
+    (["report", "EMPTY"], "trials.csv"),  # a folder, not a name the store knows: the file it lacks
 ]
 
 
@@ -78,6 +84,12 @@ def test_bad_input_is_refused_in_one_line_before_anything_starts(args, key, host
 
 
 SWEEP_FILES = [  # (sections of a sweep file, the key the one line names)
+    # a sweep's name is one plain folder name (validation.plain_name), as a run's is
+    ({"name": "/elsewhere/abs-study"}, "name"),
+    ({"name": ".."}, "name"),
+    ({"name": "."}, "name"),
+    ({"name": "a/b"}, "name"),
+    ({"name": ".hidden"}, "name"),
     # the database URL's password is not printed
     ({"search": {"algorithm": "optuna", "optuna_storage": f"ftp://u:{PASSWORD}@h/db"}}, "search.optuna_storage"),
 ]
@@ -132,3 +144,86 @@ def test_a_failure_reaching_the_command_line_is_one_line_without_the_password(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "MlflowException" in err[0] and "u:***@127.0.0.1:9" in err[0], err
     assert PASSWORD not in err[0] and os.listdir(nothing_starts) == []
+
+
+# ---------------------------------------------------------------- where report writes
+
+FOLDERS = [  # (--out, what is in the folders beforehand, the key the one line names)
+    ("USERDIR", {"USERDIR/trials.csv": "the user's own"}, "--out"),  # not a folder a report wrote
+    ("USERDIR", {"USERDIR/notes.txt": "mine", "USERDIR/report.json": "{}"}, "--out"),  # a report's, and a user's file
+    ("TABLES", {}, "--out"),  # DIR is never rewritten
+    (None, {}, "--out"),  # nor when it is the default reports/<its name>
+]
+
+
+@pytest.mark.parametrize("out, files, key", FOLDERS, ids=["user-trials", "user-file", "same", "default-same"])
+def test_report_writes_only_into_a_folder_of_its_own(out, files, key, nothing_starts, capsys):
+    tables = nothing_starts / "reports" / "tables"  # report DIR's default --out is reports/tables
+    tables.mkdir(parents=True)
+    (tables / "trials.csv").write_text(TRIALS)
+    (tables / "curves.csv").write_text(CURVES)
+    for name, text in files.items():
+        (nothing_starts / name).parent.mkdir(parents=True, exist_ok=True)
+        (nothing_starts / name).write_text(text)
+    before = tree(nothing_starts.parent)
+    places = {"USERDIR": nothing_starts / "USERDIR", "TABLES": tables}
+    code = cli(["report", "reports/tables", *(["--out", places[out]] if out else [])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and key in err[0], err
+    assert tree(nothing_starts.parent) == before
+
+
+def test_report_names_that_are_not_plain_folder_names_need_an_out(nothing_starts, capsys):
+    """A run named '..' (from a store written before names were checked) has no default folder."""
+    uri = sqlite_store(nothing_starts.parent / "store")
+    run_id = mlflow_runs.client(uri).create_run("0", run_name="..").info.run_id  # the Default experiment
+    before, _ = tree(nothing_starts.parent), capsys.readouterr()
+    code = cli(["report", run_id, f"tracking.uri={uri}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--out" in err[0] and "'..'" in err[0], err
+    assert tree(nothing_starts.parent) == before
+
+
+def test_a_report_rerun_into_its_default_folder_replaces_its_own_files(tmp_path, monkeypatch, capsys):
+    """`report DIR` twice into its default reports/<name>: the second run replaces the first's
+    files and touches no other."""
+    monkeypatch.chdir(tmp_path)
+    world_tables(tmp_path / "tables")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "mine.txt").write_text("a user's file beside the report")
+    for _ in range(2):
+        assert main(["report", "tables"]) == 0, capsys.readouterr().err
+    out = tmp_path / "reports" / "tables"
+    assert {p.name for p in out.iterdir()} <= set(report.OWNED) and (out / report.MARKER).is_file()
+    assert (tmp_path / "reports" / "mine.txt").read_text() == "a user's file beside the report"
+
+
+def world_tables(folder, renamed=()):
+    """trials.csv and curves.csv of a small known-truth world in `folder`; its first trials renamed."""
+    from tests.known_truth import World
+
+    world = World(draw=1, max_points=60)
+    runs = world.grid(batches=(256, 512, 1024), lrs=(0.004, 0.008), seeds=1)
+    world.write(runs, folder)
+    for name in ("trials.csv", "curves.csv"):  # consistently in both files
+        text = (folder / name).read_text()
+        for run, new in zip(runs, renamed):
+            text = text.replace(run.name, new)
+        (folder / name).write_text(text)
+    return folder
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def test_a_failed_prepare_leaves_no_folder_it_created(tmp_path, capsys):
+    """--out three folders deep, none of them there: a source that fails while it is tokenized
+    (a line that is not JSON) leaves none of them."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "fine"}\nnot json\n')
+    source = f"data.sources=[{{name: mine, kind: files, path: '{corpus}'}}]"
+    before = tree(tmp_path)
+    code = main(["prepare", str(TINY), source, "--out", str(tmp_path / "new" / "deeper" / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "data.sources.0" in err[0], err
+    assert tree(tmp_path) == before
