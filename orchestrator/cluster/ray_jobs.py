@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import ipaddress
 import os
 import re
 import socket
@@ -31,6 +30,7 @@ from urllib.parse import urlparse
 
 from orchestrator.core.config import redact_uri
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.validation import loopback
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 HTTP_TIMEOUT_S = 30.0
@@ -71,7 +71,7 @@ def ray_auth_token(address: str = "") -> Tuple[Optional[str], str]:
             raise ConfigError("RAY_AUTH_TOKEN_PATH", f"{path} is empty")
         return token, f"RAY_AUTH_TOKEN_PATH ({path})"
     default = Path.home() / ".ray" / "auth_token"
-    local = not address or _loopback(urlparse(normalise_address(address)).hostname or "")
+    local = not address or loopback(urlparse(normalise_address(address)).hostname or "")
     with contextlib.suppress(OSError):
         token = default.read_text().strip()
         if token and (local or os.environ.get("RAY_AUTH_MODE", "").lower() == "token"):
@@ -97,16 +97,6 @@ def normalise_address(address: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError("--address", f"got {mask(address)!r}; {valid}")
     return address
-
-
-def _loopback(host: str) -> bool:
-    """localhost, 127.0.0.0/8 or ::1: traffic that never leaves this machine."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def first_line(exc: BaseException) -> str:
@@ -179,7 +169,7 @@ def connect(address: str, insecure: bool = False):
     address = normalise_address(address)
     token, source = ray_auth_token(address)
     host = urlparse(address).hostname or ""
-    if token and address.startswith("http://") and not _loopback(host) and not insecure:
+    if token and address.startswith("http://") and not loopback(host) and not insecure:
         raise ConfigError(
             "--address",
             f"{mask(address)} is plain http to another machine, so the Ray auth token (from {source}) "

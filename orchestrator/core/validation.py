@@ -8,6 +8,7 @@ implies (derived) and the arithmetic; `config.load` calls `validate`.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass, fields
@@ -143,6 +144,17 @@ def token_counts(key: str, value: List[Any]) -> None:
 def _ray_address(key: str, value: str) -> None:
     if not re.fullmatch(r"auto|local|(ray://)?[\w.\-\[\]:]+:\d{1,5}", value):
         raise ConfigError(key, f"got {value!r}; use auto, host:port or ray://host:port (Ray's address)")
+
+
+def loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1: traffic that never leaves this machine (where the Ray token
+    goes without asking, where the MLflow UI binds without a warning)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def plain_name(key: str, value: str) -> None:

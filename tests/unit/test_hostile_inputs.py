@@ -9,6 +9,7 @@ content), no password printed; a failure during a run is exit 1 in one line, wit
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -17,7 +18,7 @@ from orchestrator.cli import main
 from orchestrator.core import config, sweep_file
 from orchestrator.driver import sweep
 from orchestrator.reporting import report
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import mlflow_runs, mlflow_ui
 from tests.conftest import TINY, free_ports, sqlite_store, write_sweep
 
 PASSWORD = "PW-hunter2"
@@ -227,3 +228,35 @@ def test_a_failed_prepare_leaves_no_folder_it_created(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "data.sources.0" in err[0], err
     assert tree(tmp_path) == before
+
+
+# ---------------------------------------------------------------- what a report shows of a name
+
+
+def test_hostile_trial_names_come_out_inert(tmp_path, capsys):
+    """A trial named like a spreadsheet formula or holding HTML: the written tables start it with a
+    quote, summary.md opens no tag, summary.html escapes it."""
+    formula, script = "=cmd|' /C calc'!A0", "<script>alert(1)</script>"
+    folder = world_tables(tmp_path / "tables", renamed=(formula, script))
+    assert main(["report", str(folder), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    out = tmp_path / "out"
+    for name in ("trials.csv", "curves.csv"):
+        cells = (out / name).read_text()
+        assert f"'{formula}" in cells and f"\n{formula}" not in cells and f",{formula}" not in cells, name
+    markdown = (out / "summary.md").read_text()
+    assert "alert(1)" in markdown and "<script" not in markdown
+    assert "<script" not in (out / "summary.html").read_text()
+
+
+def test_ui_on_every_interface_warns_that_it_has_no_authentication(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(mlflow_ui, "_serve_until_stopped", lambda cmd, env: 0)
+    uri = sqlite_store(tmp_path)
+    for host, warned in (("0.0.0.0", "on every interface"), ("127.0.0.1", None)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="orchestrator"):
+            assert main(["ui", "--host", host, "--port", str(free_ports(1)[0]), f"tracking.uri={uri}"]) == 0
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        if warned:
+            assert len(warnings) == 1 and warned in warnings[0] and "no authentication" in warnings[0], warnings
+        else:
+            assert warnings == []
