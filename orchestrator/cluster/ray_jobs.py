@@ -85,8 +85,10 @@ def ray_auth_token(address: str = "") -> Tuple[Optional[str], str]:
 
 
 def normalise_address(address: str) -> str:
+    """http(s)://HOST[:PORT], or HOST:PORT read as http://: its form only (connect probes it)."""
     address = address.strip().rstrip("/")
-    if "://" not in address:
+    schemeless = "://" not in address
+    if schemeless:
         address = "http://" + address
     valid = "use the Ray dashboard's http(s)://HOST:PORT (default port 8265)"
     try:
@@ -94,8 +96,10 @@ def normalise_address(address: str) -> str:
         parsed.port  # noqa: B018  (raises ValueError for a port outside 0..65535)
     except ValueError as exc:
         raise ConfigError("--address", f"got {mask(address)!r} ({exc}); {valid}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError("--address", f"got {mask(address)!r}; {valid}")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or (schemeless and parsed.port is None):
+        raise ConfigError(
+            "--address", f"got {mask(address.removeprefix('http://') if schemeless else address)!r}; {valid}"
+        )
     return address
 
 

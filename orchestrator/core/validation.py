@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from orchestrator.core import registry as workload_registry
+from orchestrator.core import storage
 from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments, zero_extra, zero_stage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, ClusterConfig, Config, OptimConfig
@@ -132,8 +133,9 @@ def _scheme(valid: Tuple[str, ...], what: str) -> Callable[[str, Any], None]:
 
 
 def _exists(key: str, value: str) -> None:
-    if "://" not in value and not Path(value).expanduser().exists():
-        raise ConfigError(key, f"got {value!r}; no such file or folder")
+    """A file or folder on this machine (model.init_from: its loader opens local paths only)."""
+    if "://" in value or not Path(value).expanduser().exists():
+        raise ConfigError(key, f"got {value!r}; no such file or folder here (a local path, not a URI)")
 
 
 def token_counts(key: str, value: List[Any]) -> None:
@@ -238,7 +240,7 @@ FIELDS = {
     "train.storage_path": Field("str", check=storage_location),
     "train.max_failures": count(0),
     "train.loss_normalization": one_of("token", "micro_batch"),
-    "train.start_from_checkpoint": Field("str", optional=True, check=_exists),
+    "train.start_from_checkpoint": Field("str", optional=True, check=storage.checkpoint_folder),
     "train.stop_at_tokens": count(optional=True),
     "train.checkpoint_at_tokens": Field("list", check=token_counts),
     "deepspeed.zero_stage": Field("int", low=0, high=3),

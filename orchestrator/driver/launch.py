@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 def preflight(cfg: Config) -> None:
     """Checks that need the data or the environment; ConfigError (exit 2) before Ray starts."""
+    if cfg.train.start_from_checkpoint:  # its form is validated; what it would unpickle is checked here, first
+        from workloads.train import checkpoint
+
+        checkpoint.check_files(storage.local_path(cfg.train.start_from_checkpoint), "train.start_from_checkpoint")
     plan = batch_plan(cfg)
     if cfg.model.name in ("gpt", "hf"):
         from workloads.text import packing
@@ -249,6 +253,10 @@ def resolve_paths(cfg: Config) -> None:
         cfg.data.tokenizer = str(Path(cfg.data.tokenizer).expanduser().resolve())
     if cfg.model.init_from and "://" not in cfg.model.init_from:
         cfg.model.init_from = str(Path(cfg.model.init_from).expanduser().resolve())
+    if cfg.train.start_from_checkpoint:  # a path or file:// (storage.checkpoint_folder)
+        cfg.train.start_from_checkpoint = str(
+            storage.local_path(cfg.train.start_from_checkpoint).expanduser().resolve()
+        )
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = mlflow_runs.resolve_uri(cfg.tracking.uri)
     # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.

@@ -139,9 +139,8 @@ def _sweep_dir(root: str, name: str, resume: bool) -> str:
 def _preflight(trials: List[search_space.Trial]) -> None:
     seen = set()
     for t in trials:
-        key = json.dumps(
-            [config_lib.to_dict(t.cfg)["data"], t.cfg.batch.tokens_per_update], sort_keys=True, default=str
-        )
+        what = [config_lib.to_dict(t.cfg)["data"], t.cfg.batch.tokens_per_update, t.cfg.train.start_from_checkpoint]
+        key = json.dumps(what, sort_keys=True, default=str)
         if key not in seen:
             seen.add(key)
             launch.resolve_paths(t.cfg)
@@ -256,7 +255,10 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     launch.resolve_paths(base)
     for t in prepared.skipped:
         log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
-    first = prepared.all_trials()
+    first, base_run = prepared.all_trials(), None
+    if sweep.branch and sweep.branch.from_run:  # an existing run: found, with its checkpoints, before Ray starts
+        base_run = branch_study.find_base(base.tracking.uri, base.tracking.experiment, sweep.branch.from_run)
+        trials = first = _from_checkpoints(sweep, base, base_run, trials)
     _preflight(first)
     storage.check_reachable(base.train.storage_path, "train.storage_path")  # once: every trial's lies under it
     report.check_out_folder(report.default_out(sweep.name))  # where the sweep's report goes when it ends
@@ -284,7 +286,9 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         tags = {}
         with _only_our_progress():
             if sweep.branch:
-                trials, base_run = _branch_base(sweep, base, parent, folder, resume, trials, base_trial)
+                if base_run is None:
+                    base_run = _train_base(sweep, base, parent, folder, resume, len(trials), base_trial)
+                    trials = _from_checkpoints(sweep, base, base_run, trials)
                 tags = {mlflow_runs.BRANCH_OF_TAG: base_run}
             _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags).fit()
     except Exception as exc:
@@ -294,27 +298,33 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     return sweep_summary.finish(sweep, base, parent, error, getattr(scheduler, "stopped_at", None))
 
 
-def _branch_base(sweep, base, parent: str, folder: str, resume: bool, branches, base_trial):
-    """A branch study's base run (trained now as its own Tune phase, or `branch.from`) and the
-    branch trials, each with the base's checkpoint at its branch point: (trials, base run id)."""
-    uri, experiment, branch = base.tracking.uri, base.tracking.experiment, sweep.branch
-    if branch.from_run:
-        run_id = branch_study.find_base(uri, experiment, branch.from_run)
-    else:
-        tags = branch_study.base_tags(parent)
+def _train_base(sweep, base, parent: str, folder: str, resume: bool, branches: int, base_trial) -> str:
+    """A branch study's base run, trained now as its own Tune phase (a resumed study finds it
+    finished): its MLflow run id."""
+    uri, experiment, tags = base.tracking.uri, base.tracking.experiment, branch_study.base_tags(parent)
+    run_id = mlflow_runs.find_run(uri, experiment, tags)
+    if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
+        print(f"branch study {sweep.name!r}: the base run first, then {branches} branches")
+        _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base").fit()
         run_id = mlflow_runs.find_run(uri, experiment, tags)
-        if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
-            print(f"branch study {sweep.name!r}: the base run first, then {len(branches)} branches")
-            _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base").fit()
-            run_id = mlflow_runs.find_run(uri, experiment, tags)
-        if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
-            raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
-    checkpoints = branch_study.checkpoints_of(uri, run_id, branch.at_tokens)
-    trials = []
-    for t in branches:
-        at = branch_study.branch_at(t.cfg)
-        trials.append(search_space.resolve(sweep, {**t.values, "train.start_from_checkpoint": checkpoints[at]}))
-    return trials, run_id
+    if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
+        raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
+    return run_id
+
+
+def _from_checkpoints(sweep, base, run_id: str, branches) -> List[search_space.Trial]:
+    """The branch trials, each with the base run's checkpoint at its branch point."""
+    checkpoints = branch_study.checkpoints_of(base.tracking.uri, run_id, sweep.branch.at_tokens)
+    trials = [
+        search_space.resolve(
+            sweep, {**t.values, "train.start_from_checkpoint": checkpoints[branch_study.branch_at(t.cfg)]}
+        )
+        for t in branches
+    ]
+    refused = next((t for t in trials if t.cfg is None), None)
+    if refused is not None:
+        raise ConfigError("branch.at_tokens", f"the base run {run_id}: {refused.problem}")
+    return trials
 
 
 @contextlib.contextmanager

@@ -13,13 +13,14 @@ import logging
 import os
 
 import pytest
+import torch
 
 from orchestrator.cli import main
-from orchestrator.core import config, sweep_file
-from orchestrator.driver import sweep
+from orchestrator.core import config, storage, sweep_file
+from orchestrator.driver import ray_session, sweep
 from orchestrator.reporting import report
 from orchestrator.tracking import mlflow_runs, mlflow_ui
-from tests.conftest import TINY, free_ports, sqlite_store, write_sweep
+from tests.conftest import TINY, free_ports, sqlite_store, touched, write_sweep
 
 PASSWORD = "PW-hunter2"
 """In every URI a row gives a password: it must appear nowhere the command prints or writes."""
@@ -66,6 +67,13 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     # a password inside a URI is never printed, not even in the refusal
     (["plan", TINY, f"tracking.uri=ftp://u:{PASSWORD}@host/x"], "tracking.uri"),
     (["train", TINY, f"train.storage_path=ftp://u:{PASSWORD}@host/runs"], "train.storage_path"),
+    # a checkpoint to start from: validated for every verb, not skipped for containing ://
+    (["plan", TINY, "train.start_from_checkpoint=ftp://host/runs/checkpoint_000001"], "train.start_from_checkpoint"),
+    (["plan", TINY, "train.start_from_checkpoint=s3://bucket/checkpoint_000001"], "train.start_from_checkpoint"),
+    (["plan", TINY, "train.start_from_checkpoint=AFILE"], "train.start_from_checkpoint"),
+    (["plan", TINY, "train.start_from_checkpoint=EMPTY"], "train.start_from_checkpoint"),
+    (["train", TINY, "train.start_from_checkpoint=NOSTATE"], "train.start_from_checkpoint"),
+    (["plan", TINY, "model.init_from=s3://bucket/model.safetensors"], "model.init_from"),
     (["report", "EMPTY"], "trials.csv"),  # a folder, not a name the store knows: the file it lacks
 ]
 
@@ -84,6 +92,7 @@ def test_bad_input_is_refused_in_one_line_before_anything_starts(args, key, host
     assert tree(nothing_starts.parent) == before, "nothing written or removed"
 
 
+BRANCH = {"at_tokens": [16384, 65536], "factors": [1, 2, 4], "tokens": 16384}
 SWEEP_FILES = [  # (sections of a sweep file, the key the one line names)
     # a sweep's name is one plain folder name (validation.plain_name), as a run's is
     ({"name": "/elsewhere/abs-study"}, "name"),
@@ -93,6 +102,8 @@ SWEEP_FILES = [  # (sections of a sweep file, the key the one line names)
     ({"name": ".hidden"}, "name"),
     # the database URL's password is not printed
     ({"search": {"algorithm": "optuna", "optuna_storage": f"ftp://u:{PASSWORD}@h/db"}}, "search.optuna_storage"),
+    # branch.from naming no run: before Ray, before the parent run (with no store: none is created)
+    ({"branch": {**BRANCH, "from": "no-such-run"}}, "branch.from"),
 ]
 
 
@@ -260,3 +271,45 @@ def test_ui_on_every_interface_warns_that_it_has_no_authentication(tmp_path, mon
             assert len(warnings) == 1 and warned in warnings[0] and "no authentication" in warnings[0], warnings
         else:
             assert warnings == []
+
+
+# ---------------------------------------------------------------- checks before Ray
+
+
+def test_branch_from_a_run_the_store_does_not_hold_is_refused_before_ray(nothing_starts, capsys):
+    uri = sqlite_store(nothing_starts.parent / "store")
+    path = write_sweep(nothing_starts.parent, "branches.yaml", branch={**BRANCH, "from": "no-such-run"})
+    before, _ = tree(nothing_starts.parent), capsys.readouterr()  # (MLflow's words when it made the store)
+    code = cli(["sweep", path, f"tracking.uri={uri}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "branch.from" in err[0] and "no-such-run" in err[0], err
+    assert tree(nothing_starts.parent) == before
+    assert mlflow_runs.client(uri).search_runs(["0"]) == [], "no MLflow run"
+
+
+def test_submit_names_a_malformed_address_before_the_sweep_file(nothing_starts, capsys):
+    path = write_sweep(nothing_starts.parent)  # outside the project folder, which submit refuses too
+    code = cli(["submit", path, "--address", "not-a-url"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--address" in err[0] and "not-a-url" in err[0], err
+
+
+def test_a_checkpoint_that_would_unpickle_code_is_refused_before_ray(tmp_path, monkeypatch, capsys):
+    """train.start_from_checkpoint naming a planted pickle: refused by launch.preflight (its
+    first check, before the corpus is read), not by a worker after Ray started and a FAILED run."""
+    from tests.planted_pickle import plant
+
+    state = tmp_path / "checkpoint_000001" / storage.CHECKPOINT_TAG
+    state.mkdir(parents=True)
+    torch.save({"tokens": 65536}, state / "mp_rank_00_model_states.pt")
+    plant(state / "mp_rank_00_model_states.pt", tmp_path / "pwned")
+    monkeypatch.setattr(ray_session, "ray_init", touched("Ray"))
+    monkeypatch.setattr(mlflow_runs, "create_run", touched("MLflow"))
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "token-cache"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code = main(["train", str(TINY), f"train.start_from_checkpoint={state.parent}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "train.start_from_checkpoint" in err[0] and "refusing" in err[0], err
+    assert not (tmp_path / "pwned").exists() and os.listdir(work) == []
