@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -54,6 +55,17 @@ def _port(text: str) -> int:
 
 
 _port.__name__ = "port (1..65535)"  # what argparse names in "invalid port (1..65535) value"
+
+
+def _loss(text: str) -> float:
+    """A target loss: a finite number > 0 (a NaN would compare false everywhere, a negative one is never reached)."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+_loss.__name__ = "loss (a finite number > 0)"
 
 
 def _out_folder(text: str) -> str:
@@ -150,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
     p.add_argument("--out", type=_out_folder, default=None, help="output folder (default reports/<name>)")
-    p.add_argument("--target-loss", type=float, action="append", default=None, help="loss level(s) for B_crit")
+    p.add_argument("--target-loss", type=_loss, action="append", default=None, help="loss level(s) for B_crit")
     p.add_argument(
         "--lr-criterion",
         choices=("final_loss", "steps"),

@@ -75,6 +75,9 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     (["train", TINY, "train.start_from_checkpoint=NOSTATE"], "train.start_from_checkpoint"),
     (["plan", TINY, "model.init_from=s3://bucket/model.safetensors"], "model.init_from"),
     (["report", "EMPTY"], "trials.csv"),  # a folder, not a name the store knows: the file it lacks
+    # report's target losses
+    (["report", "EMPTY", "--target-loss", "nan"], "--target-loss"),
+    (["report", "EMPTY", "--target-loss", "-1"], "--target-loss"),
 ]
 
 
@@ -313,3 +316,46 @@ def test_a_checkpoint_that_would_unpickle_code_is_refused_before_ray(tmp_path, m
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "train.start_from_checkpoint" in err[0] and "refusing" in err[0], err
     assert not (tmp_path / "pwned").exists() and os.listdir(work) == []
+
+
+# ---------------------------------------------------------------- report DIR on hostile tables
+
+HOSTILE_TABLES = [  # (file, what replaces what in it, the row and column the one line names)
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,inf,4.0"), "row 3, column 'tokens'"),
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,1e400,4.0"), "row 3, column 'tokens'"),
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,-4096,4.0"), "row 3, column 'tokens'"),
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,nan,4.0"), "row 3, column 'tokens'"),
+    (
+        "curves.csv",
+        ("a,train/loss,4096,4.0", "a,train/loss,0,4.0"),
+        "row 3, column 'tokens'",
+    ),  # (a, train/loss, 0) twice
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,4096,four"), "row 3, column 'value'"),
+    ("curves.csv", ("b,train/loss,0,5.0", "b,train/loss,0,5.0," + "9" * 140_000), "row 4"),  # a cell past the header
+    ("curves.csv", ("b,train/loss", "b" * 140_000 + ",train/loss"), "row 4, column 'trial'"),  # over 128 KiB
+    ("trials.csv", ("b,FINISHED", "a,FINISHED"), "row 3, column 'trial'"),  # trial names are unique
+    ("trials.csv", ("a,FINISHED,4096", "a,FINISHED,-4096"), "row 2, column 'batch.tokens_per_update'"),
+    ("trials.csv", ("a,FINISHED,4096", "a,FINISHED,1e400"), "row 2, column 'batch.tokens_per_update'"),
+    ("trials.csv", ("a,FINISHED,4096", "a,FINISHED,4096.5"), "row 2, column 'batch.tokens_per_update'"),
+    ("trials.csv", ("4096,0.001,\nb", "4096,-0.001,\nb"), "row 2, column 'optim.lr'"),
+    ("trials.csv", ("4096,0.001,\nb", "4096,inf,\nb"), "row 2, column 'optim.lr'"),
+    ("trials.csv", ("8192,0.001,", "8192,0.001,inf"), "row 3, column 'stopped_at'"),
+    ("trials.csv", (b"a,FINISHED", b"\xff\xfe,FINISHED"), "row 2, column 'trial'"),  # not UTF-8
+]
+
+
+@pytest.mark.parametrize("file, change, where", HOSTILE_TABLES, ids=[f"{f}: {w}" for f, _, w in HOSTILE_TABLES])
+def test_a_hostile_table_is_refused_in_one_line_naming_file_row_and_column(file, change, where, nothing_starts, capsys):
+    folder = nothing_starts.parent / "tables"
+    folder.mkdir()
+    (folder / "trials.csv").write_text(TRIALS)
+    (folder / "curves.csv").write_text(CURVES)
+    text = (folder / file).read_bytes()
+    old, new = (c if isinstance(c, bytes) else c.encode() for c in change)
+    assert old in text
+    (folder / file).write_bytes(text.replace(old, new, 1))
+    before = tree(nothing_starts.parent)
+    code = cli(["report", folder, "--out", nothing_starts.parent / "out"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"orchestrator report: error: {file}: {folder}: {where}")
+    assert len(err[0]) < 400 and tree(nothing_starts.parent) == before
