@@ -91,7 +91,7 @@ BRANCH_FIELDS = {
     "at_tokens": validation.Field("list", check=validation.token_counts),
     "factors": validation.Field("list", check=validation.token_counts),
     "tokens": validation.count(),
-    "lr_scaling": validation.number(also=tuple(ALPHA_PRESETS)),
+    "lr_scaling": validation.LR_SCALING,
     "tolerance": validation.number(0, 1, low_open=True, high_open=True),
     "from_run": validation.Field("str", optional=True),
     "compare_with": validation.Field("str", optional=True),
@@ -196,6 +196,8 @@ def load(path: str | Path, check: bool = True) -> Sweep:
             )
         for key in ("base_lr", "alpha"):
             space[f"lr_scaling.{key}"] = _distribution(f"lr_scaling.{key}", lr_scaling[key], numeric=True)
+        for alpha in next(iter(space["lr_scaling.alpha"].values())):  # each value, or a range's two ends
+            validation.LR_SCALING.validate("lr_scaling.alpha", alpha)
     if search.algorithm == "bracket":
         _check_bracket(space, raw.get("lr_scaling"), search)
     constraints = raw.get("constraints") or []

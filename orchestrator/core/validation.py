@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
@@ -61,6 +62,8 @@ class Field:
             what += f" in {left}{_num(self.low)}, {_num(self.high)}{right}"
         elif self.low is not None:
             what += f" {'>' if self.low_open else '>='} {_num(self.low)}"
+        elif self.high is not None:
+            what += f" {'<' if self.high_open else '<='} {_num(self.high)}"
         return what + "".join(f" or {word!r}" for word in self.also) + (" or null" if self.optional else "")
 
     def validate(self, key: str, value: Any) -> None:
@@ -139,8 +142,13 @@ def _exists(key: str, value: str) -> None:
 
 
 def token_counts(key: str, value: List[Any]) -> None:
+    """A list of distinct whole numbers >= 1 (token counts, batch factors): a repeat would run or
+    keep the same thing twice."""
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in value):
         raise ConfigError(key, f"got {value!r}; must be a list of token counts >= 1")
+    repeated = [t for t, n in Counter(value).items() if n > 1]
+    if repeated:
+        raise ConfigError(key, f"got {value!r}; {repeated[0]:,} is there more than once: give each once")
 
 
 def _ray_address(key: str, value: str) -> None:
@@ -176,6 +184,10 @@ def storage_location(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}, which is a file; give a folder (new or existing) or a URI")
 
 
+LR_SCALING = number(high=2, also=tuple(batching.ALPHA_WORDS))
+"""An lr scaling exponent alpha (lr x (B / B_ref) ** alpha: batch.ramp_lr_scaling, a sweep's
+lr_scaling.alpha and branch.lr_scaling): sqrt, linear or a number up to 2, past which it only overflows."""
+
 FIELDS = {
     "model.name": Field("str", check=_workload_name),
     "model.n_layers": count(),
@@ -208,7 +220,7 @@ FIELDS = {
     "batch.tokens_per_update": count(),
     "batch.micro_batch_size": count(also=(AUTO,)),
     "batch.grad_accum_steps": count(optional=True),
-    "batch.ramp_lr_scaling": number(also=tuple(batching.ALPHA_WORDS)),
+    "batch.ramp_lr_scaling": LR_SCALING,
     "cluster.num_workers": count(),
     "cluster.address": Field("str", optional=True, check=_ray_address),
     "cluster.cpus_per_worker": number(0, low_open=True),
@@ -324,6 +336,13 @@ def _across_fields(cfg: Config) -> None:
             "train.stop_at_tokens",
             f"got {t.stop_at_tokens:,}; no update ends there: valid are {' or '.join(ends)} up to the budget "
             f"{segments[-1].end_tokens:,}",
+        )
+    end = t.stop_at_tokens or segments[-1].end_tokens
+    late = [at for at in t.checkpoint_at_tokens if at > end]
+    if late:
+        ends = "train.stop_at_tokens" if t.stop_at_tokens else "train.total_tokens in whole updates"
+        raise ConfigError(
+            "train.checkpoint_at_tokens", f"got {late[0]:,}; past the run's end at {end:,} tokens ({ends}), never taken"
         )
     if s.warmup_tokens > t.total_tokens:
         raise ConfigError(

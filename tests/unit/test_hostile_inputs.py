@@ -59,6 +59,7 @@ def placed(args, things) -> list:
     return out
 
 
+RAMP = "batch.ramp=[{from_tokens: 0, tokens_per_update: 4096}, {from_tokens: 16384, tokens_per_update: 8192}]"
 TRIALS = "trial,status,batch.tokens_per_update,optim.lr,stopped_at\na,FINISHED,4096,0.001,\nb,FINISHED,8192,0.001,\n"
 CURVES = "trial,metric,tokens,value\na,train/loss,0,5.0\na,train/loss,4096,4.0\nb,train/loss,0,5.0\n"
 """A table folder `report DIR` reads (the rows below make it hostile)."""
@@ -74,6 +75,15 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     (["plan", TINY, "train.start_from_checkpoint=EMPTY"], "train.start_from_checkpoint"),
     (["train", TINY, "train.start_from_checkpoint=NOSTATE"], "train.start_from_checkpoint"),
     (["plan", TINY, "model.init_from=s3://bucket/model.safetensors"], "model.init_from"),
+    # checkpoints repeated or past the end of the run
+    (["plan", TINY, "train.checkpoint_at_tokens=[65536, 65536]"], "train.checkpoint_at_tokens"),
+    (["plan", TINY, "train.checkpoint_at_tokens=[524288]"], "train.checkpoint_at_tokens"),
+    (
+        ["train", TINY, "train.stop_at_tokens=65536", "train.checkpoint_at_tokens=[131072]"],
+        "train.checkpoint_at_tokens",
+    ),
+    # an lr scaling exponent that overflows
+    (["plan", TINY, RAMP, "batch.ramp_lr_scaling=1000"], "batch.ramp_lr_scaling"),
     (["report", "EMPTY"], "trials.csv"),  # a folder, not a name the store knows: the file it lacks
     # report's target losses
     (["report", "EMPTY", "--target-loss", "nan"], "--target-loss"),
@@ -105,6 +115,18 @@ SWEEP_FILES = [  # (sections of a sweep file, the key the one line names)
     ({"name": ".hidden"}, "name"),
     # the database URL's password is not printed
     ({"search": {"algorithm": "optuna", "optuna_storage": f"ftp://u:{PASSWORD}@h/db"}}, "search.optuna_storage"),
+    # lr scaling exponents have an upper bound
+    (
+        {
+            "lr_scaling": {"reference_tokens": 2, "base_lr": 1e-3, "alpha": 5000},
+            "space": {"batch.tokens_per_update": 4096},
+        },
+        "lr_scaling.alpha",
+    ),
+    ({"branch": {**BRANCH, "lr_scaling": 1000}}, "branch.lr_scaling"),
+    # each branch factor and branch point once
+    ({"branch": {**BRANCH, "factors": [1, 2, 2]}}, "branch.factors"),
+    ({"branch": {**BRANCH, "at_tokens": [16384, 16384]}}, "branch.at_tokens"),
     # branch.from naming no run: before Ray, before the parent run (with no store: none is created)
     ({"branch": {**BRANCH, "from": "no-such-run"}}, "branch.from"),
 ]
