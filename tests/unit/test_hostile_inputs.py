@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from orchestrator.cli import main
-from orchestrator.core import config, storage, sweep_file
-from orchestrator.driver import ray_session, sweep
+from orchestrator.core import config, derived, storage, sweep_file
+from orchestrator.driver import plan, ray_session, sweep
 from orchestrator.reporting import report
 from orchestrator.tracking import mlflow_runs, mlflow_ui
 from tests.conftest import TINY, free_ports, sqlite_store, touched, write_sweep
@@ -84,6 +84,13 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     ),
     # an lr scaling exponent that overflows
     (["plan", TINY, RAMP, "batch.ramp_lr_scaling=1000"], "batch.ramp_lr_scaling"),
+    # a ramp's errors name the step's full key; one too long for the command line is refused
+    (["plan", TINY, "batch.ramp=[{from_tokens: abc, tokens_per_update: 4096}]"], "batch.ramp.0.from_tokens"),
+    (["plan", TINY, "batch.ramp=[{from_tokens: 0, tokens_per_updat: 4096}]"], "batch.ramp.0.tokens_per_updat"),
+    (["plan", TINY, "batch.ramp=[{from_tokens: 0}]"], "batch.ramp.0.tokens_per_update"),
+    (["plan", TINY, RAMP, "batch.ramp.1.from_tokens=1.5"], "batch.ramp.1.from_tokens"),
+    (["plan", TINY, RAMP, "batch.ramp.2.from_tokens=0"], "batch.ramp.2.from_tokens"),
+    (["plan", TINY, "batch.ramp=[" + "{from_tokens: 0, tokens_per_update: 4096}, " * 4000 + "]"], "batch.ramp"),
     (["report", "EMPTY"], "trials.csv"),  # a folder, not a name the store knows: the file it lacks
     # report's target losses
     (["report", "EMPTY", "--target-loss", "nan"], "--target-loss"),
@@ -381,3 +388,82 @@ def test_a_hostile_table_is_refused_in_one_line_naming_file_row_and_column(file,
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(f"orchestrator report: error: {file}: {folder}: {where}")
     assert len(err[0]) < 400 and tree(nothing_starts.parent) == before
+
+
+# ---------------------------------------------------------------- plan on ramps: linear, and the same answers
+
+SHORT_RAMPS = {  # overrides of the tiny config -> plan's answers before it was made linear (issue 38)
+    "two": (
+        [RAMP, "batch.ramp_lr_scaling=sqrt"],
+        {
+            "ramp": [(0, 4, 1.0, 0.00075), (16384, 30, 1.4142135623730951, 0.0042321819537997985)],
+            "lr_at": [
+                0.00075,
+                0.0,
+                0.003878018165523355,
+                0.0025330168979652377,
+                0.001055956046924907,
+                0.0004242640687119286,
+            ],
+            "steps": (34, 4, 30, 262144),
+        },
+    ),
+    "three": (
+        [
+            "batch.ramp=[{from_tokens: 0, tokens_per_update: 2048}, {from_tokens: 8192, tokens_per_update: 4096}, "
+            "{from_tokens: 65536, tokens_per_update: 16384}]",
+            "batch.ramp_lr_scaling=linear",
+            "schedule.decay=wsd",
+            "schedule.wsd_decay_share=0.25",
+        ],
+        {
+            "ramp": [(0, 4, 1.0, 0.000375), (8192, 14, 2.0, 0.0045000000000000005), (65536, 12, 8.0, 0.024)],
+            "lr_at": [0.000375, 0.0, 0.006, 0.024, 0.024, 0.0024000000000000002],
+            "steps": (30, 6, 24, 262144),
+        },
+    ),
+    "five": (
+        [
+            "batch.ramp=[{from_tokens: 0, tokens_per_update: 4096}, {from_tokens: 8192, tokens_per_update: 8192}, "
+            "{from_tokens: 24576, tokens_per_update: 4096}, {from_tokens: 32768, tokens_per_update: 12288}, "
+            "{from_tokens: 69632, tokens_per_update: 8192}]",
+            "batch.ramp_lr_scaling=0.7",
+            "schedule.warmup_tokens=40960",
+            "train.total_tokens=200000",
+        ],
+        {
+            "ramp": [
+                (0, 2, 1.0, 0.00030000000000000003),
+                (8192, 2, 1.624504792712471, 0.0019494057512549653),
+                (24576, 2, 1.0, 0.0021000000000000003),
+                (32768, 3, 2.157669279974593, 0.006462514251715341),
+                (69632, 15, 1.624504792712471, 0.004263741439897662),
+            ],
+            "lr_at": [
+                0.00030000000000000003,
+                0.0,
+                0.006440911031806476,
+                0.003583765903036008,
+                0.001491205536546048,
+                0.00048735143781374133,
+            ],
+            "steps": (24, 7, 17, 192512),
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SHORT_RAMPS)
+def test_plan_of_a_ramp_gives_the_answers_it_gave_before_it_was_linear(name):
+    """Exactly (not approximately) what `plan` answered when it recomputed the segments for every
+    lr it printed; the updates before each segment are the running sum of those before."""
+    overrides, before = SHORT_RAMPS[name]
+    cfg = config.load(TINY, overrides)
+    info = plan.describe(cfg)
+    assert [(s["from_tokens"], s["updates"], s["lr_factor"], s["lr_after_change"]) for s in info["ramp"]] == before[
+        "ramp"
+    ]
+    assert list(info["lr_at"].values()) == before["lr_at"]
+    assert (info["total_steps"], info["warmup_steps"], info["decay_steps"], info["total_tokens"]) == before["steps"]
+    segments = derived.batch_segments(cfg)
+    assert [s.start_update for s in segments] == [sum(s.updates for s in segments[:i]) for i in range(len(segments))]
