@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -54,6 +55,17 @@ def _port(text: str) -> int:
 
 
 _port.__name__ = "port (1..65535)"  # what argparse names in "invalid port (1..65535) value"
+
+
+def _loss(text: str) -> float:
+    """A target loss: a finite number > 0 (a NaN would compare false everywhere, a negative one is never reached)."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+_loss.__name__ = "loss (a finite number > 0)"
 
 
 def _out_folder(text: str) -> str:
@@ -150,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
     p.add_argument("--out", type=_out_folder, default=None, help="output folder (default reports/<name>)")
-    p.add_argument("--target-loss", type=float, action="append", default=None, help="loss level(s) for B_crit")
+    p.add_argument("--target-loss", type=_loss, action="append", default=None, help="loss level(s) for B_crit")
     p.add_argument(
         "--lr-criterion",
         choices=("final_loss", "steps"),
@@ -341,11 +353,13 @@ def _prepare(args: argparse.Namespace) -> int:
                 "--train-tokenizer",
                 f"got {args.train_tokenizer}; use 258 (256 bytes + EOS + one merge) to {tokenizer.MAX_TRAINED_VOCAB:,}",
             )
-        path = tokenizer.train_bpe(corpus.training_texts(cfg), args.train_tokenizer, Path(args.out))
-        print(f"trained a {args.train_tokenizer:,}-token BPE tokenizer on the training split: {path}")
-        cfg = config.load(args.config, [*args.overrides, f"data.tokenizer={path}", "model.vocab_size=null"])
-        use = f"data.tokenizer={path} {use}"
-    written = corpus.prepare_shards(cfg, args.out)
+    with corpus.removed_on_failure(Path(args.out)):  # the tokenizer's folder too, if the shards then fail
+        if args.train_tokenizer is not None:
+            path = tokenizer.train_bpe(corpus.training_texts(cfg), args.train_tokenizer, Path(args.out))
+            print(f"trained a {args.train_tokenizer:,}-token BPE tokenizer on the training split: {path}")
+            cfg = config.load(args.config, [*args.overrides, f"data.tokenizer={path}", "model.vocab_size=null"])
+            use = f"data.tokenizer={path} {use}"
+        written = corpus.prepare_shards(cfg, args.out)
     print(f"wrote {written} token shards to {args.out}; train with {use}")
     return 0
 
@@ -383,11 +397,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return VERBS[args.verb](args)
     except ConfigError as exc:
-        print(f"orchestrator {args.verb}: error: {exc}", file=sys.stderr)
+        print(f"orchestrator {args.verb}: error: {_without_secrets(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"orchestrator {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a failure during the run: its reason in one line, not a traceback
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        print(f"orchestrator {args.verb}: error: {_without_secrets(reason)}", file=sys.stderr)
+        return 1
+
+
+def _without_secrets(text: str) -> str:
+    """What the command prints of an error: a URI in it (a tracking store, a storage location, a
+    database) may hold a password, which the config's one rule redacts. Imported here, so that
+    argument errors answer before the config's modules load."""
+    from orchestrator.core.config import redact_uri
+
+    return redact_uri(text)
 
 
 def command() -> None:

@@ -143,3 +143,45 @@ def varied_corpus(folder: Path, docs: int = 400, seed: int = 0) -> Path:
             n = rng.choice([1, 2, 3, 8, 20])
             f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(n))}) + "\n")
     return path
+
+
+def touched(what: str):
+    """A stand-in that fails the test when called: `what` must not start for bad input
+    (pytest.fail, which the command line's catch of any Exception lets through)."""
+
+    def fail(*args, **kwargs):
+        pytest.fail(f"{what} was touched for bad input")
+
+    return fail
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch, tmp_path):
+    """Sentinels in place of Ray, MLflow runs and the corpus; a working directory to keep empty."""
+    from orchestrator.driver import launch, ray_session
+    from orchestrator.tracking import mlflow_runs
+
+    monkeypatch.setattr(ray_session, "ray_init", touched("Ray"))
+    monkeypatch.setattr(launch, "preflight", touched("the corpus"))
+    monkeypatch.setattr(mlflow_runs, "create_run", touched("MLflow"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def write_sweep(folder: Path, source: str = "smoke.yaml", **sections) -> Path:
+    """folder/sweep.yaml: a shipped sweep file (conf/sweep/`source`) on the tiny config, with
+    `sections` put in its place (None: left out)."""
+    import yaml
+
+    body = yaml.safe_load((ROOT / "conf" / "sweep" / source).read_text())
+    body["base"]["config"] = str(TINY)
+    for name, value in sections.items():
+        if value is None:
+            body.pop(name, None)
+        else:
+            body[name] = value
+    path = Path(folder) / "sweep.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path

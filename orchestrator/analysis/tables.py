@@ -11,6 +11,13 @@ docs/critical-batch.md "Analysis from tables"), so curves from any trainer can b
   (`train/loss` required; `eval/loss`, `eval/loss_se`, `gns/b_simple`, `train/clipped` optional); `tokens` the
   tokens the weights that produced the value had seen.
 
+Whatever the analysis could not use is refused in one line naming the file, row and column
+(ConfigError, exit 2): a cell over MAX_CELL characters or not UTF-8, a row longer than the
+header, a repeated trial name or (trial, metric, tokens), tokens that are not a finite whole
+number >= 0, a batch size that is not one >= 1, a config value that is not finite, or negative
+where its rule (validation.FIELDS) allows no negative value. A curve's non-finite values (a
+diverged run's loss) are left out.
+
 Pure Python (csv): no pandas, no MLflow.
 """
 
@@ -18,11 +25,13 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from orchestrator.analysis.trials import BATCH_KEY, Trial
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.validation import FIELDS
 
 TRIALS, CURVES = "trials.csv", "curves.csv"
 CURVE_FIELDS = ("trial", "metric", "tokens", "value")
@@ -34,6 +43,10 @@ METRICS = {
     "eval/loss_se": "eval_se",
 }
 """The curves the analysis reads, and the Trial field each goes to."""
+MAX_CELL = 128 * 1024
+"""The longest cell read, in characters (Python's csv module's own limit, which it enforces with
+an error that names no cell)."""
+_UNDECODABLE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, as surrogateescape reads them
 
 
 def is_table_folder(target: str) -> bool:
@@ -50,8 +63,50 @@ def read(folder: Path) -> List[Trial]:
 
 
 def _rows(path: Path) -> List[Dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    """The rows of a csv file as text; a cell over MAX_CELL characters or not UTF-8, or a row
+    longer than the header, is a ConfigError naming the file, row and column."""
+    where = _Where(path.name, str(path.parent))
+    limit = csv.field_size_limit(2**31 - 1)  # read a long cell whole, to name its row and column
+    try:
+        with path.open(newline="", encoding="utf-8", errors="surrogateescape") as f:
+            reader = csv.DictReader(f)
+            _check_cells(where, 1, {name: name for name in reader.fieldnames or []})  # the header
+            rows = []
+            for i, row in enumerate(reader):
+                _check_cells(where, i + 2, row)
+                rows.append(row)
+            return rows
+    except csv.Error as exc:
+        raise where.error(reader.line_num, None, f"not a csv row ({exc})") from None
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _check_cells(where: "_Where", row: int, cells: Mapping[Optional[str], Any]) -> None:
+    for column, value in cells.items():
+        if column is None:  # csv.DictReader's key for the cells past the header's columns
+            raise where.error(row, None, "more cells than the header has columns")
+        if len(value or "") > MAX_CELL:
+            raise where.error(row, column, f"a cell of {len(value):,} characters; at most {MAX_CELL:,}")
+        if _UNDECODABLE.search(value or ""):
+            raise where.error(row, column, "not UTF-8 text")
+
+
+class _Where:
+    """A table, for refusals that name its file, the row (the header is row 1) and the column."""
+
+    def __init__(self, file: str, folder: str):
+        self.file, self.folder = file, folder
+
+    def error(self, row: int, column: Optional[str], problem: str) -> ConfigError:
+        cell = f"row {row}" + (f", column {_shown(column)}" if column is not None else "")
+        return ConfigError(self.file, f"{self.folder}: {cell}: {problem}")
+
+
+def _shown(value: Any) -> str:
+    """A cell in a one-line message: its repr, undecodable bytes as '?', cut at 60 characters."""
+    text = repr(_UNDECODABLE.sub("?", str(value)))
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def trials_from(
@@ -67,33 +122,80 @@ def trials_from(
         )
     if curve_rows and any(c not in curve_rows[0] for c in CURVE_FIELDS):
         raise ConfigError(CURVES, f"{where}: the columns must be {', '.join(CURVE_FIELDS)}")
-    curves: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
-    for i, r in enumerate(curve_rows):
-        if r["metric"] not in METRICS:
-            continue
-        try:
-            point = (int(float(r["tokens"])), float(r["value"]))
-        except (TypeError, ValueError):
-            raise ConfigError(CURVES, f"{where}: row {i + 2}: tokens and value must be numbers, got {r}") from None
-        if math.isfinite(point[1]):
-            curves.setdefault(str(r["trial"]), {}).setdefault(r["metric"], []).append(point)
-    trials = []
-    for r in trial_rows:
+    curves = _curves(curve_rows, _Where(CURVES, where))
+    table, trials, row_of = _Where(TRIALS, where), [], {}
+    for row, r in enumerate(trial_rows, start=2):
         name = str(r["trial"])
+        if name in row_of:
+            raise table.error(row, "trial", f"{_shown(name)} is also row {row_of[name]}'s; a trial's name is unique")
+        row_of[name] = row
+        params = {k: _param(v) for k, v in r.items() if "." in k and _text(v) is not None}
+        problem = next(((key, p) for key, value in params.items() if (p := _param_problem(key, value))), None)
+        if problem:
+            raise table.error(row, *problem)
+        stopped = _number(r.get("stopped_at"))
+        if stopped is not None and not _is_tokens(stopped):
+            raise table.error(row, "stopped_at", f"got {_shown(r['stopped_at'])}; tokens: a whole number >= 0")
         read = {field: sorted(curves.get(name, {}).get(metric, [])) for metric, field in METRICS.items()}
         trials.append(
             Trial(
                 run_id=_text(r.get("run_id")) or name,
                 name=name,
                 status=str(r["status"]),
-                params={k: _param(v) for k, v in r.items() if "." in k and _text(v) is not None},
+                params=params,
                 duration_s=_number(r.get("wall_s")),
-                stopped_at=_whole(r.get("stopped_at")),
+                stopped_at=int(stopped) if stopped is not None else None,
                 trial_id=_text(r.get("trial_id")),
                 **read,
             )
         )
     return trials
+
+
+def _curves(rows: Sequence[Mapping[str, Any]], where: _Where) -> Dict[str, Dict[str, List[Tuple[int, float]]]]:
+    """{trial: {metric: [(tokens, value)]}} of the metrics the analysis reads (other rows are not
+    read); a row with tokens that are not a whole number >= 0, or a (trial, metric, tokens) seen
+    before, is refused; non-finite values (a diverged run's loss) are left out."""
+    curves: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
+    row_of: Dict[Tuple[str, str, int], int] = {}
+    for row, r in enumerate(rows, start=2):
+        if r["metric"] not in METRICS:
+            continue
+        tokens = _number(r["tokens"])
+        if tokens is None or not _is_tokens(tokens):
+            raise where.error(row, "tokens", f"got {_shown(r['tokens'])}; tokens: a whole number >= 0")
+        try:
+            value = float(r["value"])
+        except (TypeError, ValueError):
+            raise where.error(row, "value", f"got {_shown(r['value'])}; a number") from None
+        point = (str(r["trial"]), r["metric"], int(tokens))
+        if point in row_of:
+            raise where.error(row, "tokens", f"{point} is also row {row_of[point]}'s; a curve has one value per tokens")
+        row_of[point] = row
+        if math.isfinite(value):
+            curves.setdefault(point[0], {}).setdefault(point[1], []).append((point[2], value))
+    return curves
+
+
+def _is_tokens(x: float) -> bool:
+    return math.isfinite(x) and x >= 0 and x.is_integer()
+
+
+def _param_problem(key: str, text: str) -> Optional[str]:
+    """What is wrong with a config value, if anything: a number must be finite (as the config's own
+    values are), not negative where its rule allows no negative value (validation.FIELDS: counts,
+    sizes, rates), and the batch size a whole number >= 1."""
+    number = _number(text)
+    if number is None:
+        return None
+    if key == BATCH_KEY:
+        return None if _is_tokens(number) and number >= 1 else f"got {_shown(text)}; a whole number >= 1"
+    rule = FIELDS.get(re.sub(r"\.\d+\.", ".*.", key))
+    if not math.isfinite(number):
+        return f"got {_shown(text)}; a finite number"
+    if number < 0 and rule is not None and rule.low is not None and rule.low >= 0:
+        return f"got {_shown(text)}; a number >= 0"
+    return None
 
 
 def _text(value: Any) -> Any:
@@ -119,11 +221,6 @@ def _number(value: Any):
         return float(text) if text is not None else None
     except ValueError:
         return None
-
-
-def _whole(value: Any):
-    number = _number(value)
-    return int(number) if number is not None else None
 
 
 def rows_of(trials: Sequence[Trial]) -> Tuple[List[Dict[str, Any]], List[Tuple[str, str, int, float]]]:

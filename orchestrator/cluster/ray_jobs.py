@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import ipaddress
 import os
 import re
 import socket
@@ -29,12 +28,13 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
+from orchestrator.core.config import redact_uri
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.validation import loopback
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 HTTP_TIMEOUT_S = 30.0
 """Timeout of the dashboard requests made here (`get_json`, used by `--follow` and the node check)."""
-_USERINFO_RE = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^\s/@]+@", re.IGNORECASE)
 
 
 class ClusterError(Exception):
@@ -46,8 +46,9 @@ class ContactLost(Exception):
 
 
 def mask(text: str) -> str:
-    """Hide URL credentials (scheme://user:pass@host) in anything printed."""
-    return _USERINFO_RE.sub(r"\1***@", text)
+    """Hide URL credentials (scheme://user:pass@host, scheme://token@host) in anything printed:
+    the config's one rule."""
+    return redact_uri(text)
 
 
 # ---------------------------------------------------------------- talking to the cluster
@@ -70,7 +71,7 @@ def ray_auth_token(address: str = "") -> Tuple[Optional[str], str]:
             raise ConfigError("RAY_AUTH_TOKEN_PATH", f"{path} is empty")
         return token, f"RAY_AUTH_TOKEN_PATH ({path})"
     default = Path.home() / ".ray" / "auth_token"
-    local = not address or _loopback(urlparse(normalise_address(address)).hostname or "")
+    local = not address or loopback(urlparse(normalise_address(address)).hostname or "")
     with contextlib.suppress(OSError):
         token = default.read_text().strip()
         if token and (local or os.environ.get("RAY_AUTH_MODE", "").lower() == "token"):
@@ -84,8 +85,10 @@ def ray_auth_token(address: str = "") -> Tuple[Optional[str], str]:
 
 
 def normalise_address(address: str) -> str:
+    """http(s)://HOST[:PORT], or HOST:PORT read as http://: its form only (connect probes it)."""
     address = address.strip().rstrip("/")
-    if "://" not in address:
+    schemeless = "://" not in address
+    if schemeless:
         address = "http://" + address
     valid = "use the Ray dashboard's http(s)://HOST:PORT (default port 8265)"
     try:
@@ -93,19 +96,11 @@ def normalise_address(address: str) -> str:
         parsed.port  # noqa: B018  (raises ValueError for a port outside 0..65535)
     except ValueError as exc:
         raise ConfigError("--address", f"got {mask(address)!r} ({exc}); {valid}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError("--address", f"got {mask(address)!r}; {valid}")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or (schemeless and parsed.port is None):
+        raise ConfigError(
+            "--address", f"got {mask(address.removeprefix('http://') if schemeless else address)!r}; {valid}"
+        )
     return address
-
-
-def _loopback(host: str) -> bool:
-    """localhost, 127.0.0.0/8 or ::1: traffic that never leaves this machine."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def first_line(exc: BaseException) -> str:
@@ -178,7 +173,7 @@ def connect(address: str, insecure: bool = False):
     address = normalise_address(address)
     token, source = ray_auth_token(address)
     host = urlparse(address).hostname or ""
-    if token and address.startswith("http://") and not _loopback(host) and not insecure:
+    if token and address.startswith("http://") and not loopback(host) and not insecure:
         raise ConfigError(
             "--address",
             f"{mask(address)} is plain http to another machine, so the Ray auth token (from {source}) "

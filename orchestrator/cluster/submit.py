@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.cluster.follow import follow_job
-from orchestrator.cluster.ray_jobs import ClusterError, calls, cluster_nodes, connect, first_line, mask
+from orchestrator.cluster.ray_jobs import (
+    ClusterError,
+    calls,
+    cluster_nodes,
+    connect,
+    first_line,
+    mask,
+    normalise_address,
+)
 from orchestrator.cluster.upload import EXCLUDES, check_upload_size, mib, upload_limit
 from orchestrator.core import schema, sweep_file, yaml_files
 from orchestrator.core.errors import ConfigError
@@ -313,6 +321,7 @@ def submit(
 ) -> int:
     """`orchestrator submit`: check the sweep here, then run it on the cluster at `address`."""
     overrides = overrides or []
+    normalise_address(address)  # its form first: the command line's own argument, before the sweep file's checks
     spec = job_spec("sweep", sweep, overrides, resume=resume, secrets_from=secrets_from)  # before any contact
     shapes = trial_shapes(sweep, overrides) if fit_check else None
     try:

@@ -9,6 +9,7 @@ Pure: the schema and the batch arithmetic only.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List, NamedTuple, Optional
 
 from orchestrator.core.schema import AUTO, DEFAULT_BETA2, DEFAULT_WEIGHT_DECAY, Config, RampStep
@@ -113,8 +114,9 @@ def batch_segments(cfg: Config) -> List[batching.Segment]:
     decomposed by batch_plan's rule, with the lr factor batch.ramp_lr_scaling gives it."""
     steps = cfg.batch.ramp or [RampStep(0, cfg.batch.tokens_per_update)]
     alpha = batching.alpha_of(cfg.batch.ramp_lr_scaling, "batch.ramp_lr_scaling")
+    plan_for = functools.lru_cache(maxsize=None)(lambda B: _plan(cfg, B))  # a ramp repeats its batch sizes
     return batching.segments(
-        [(r.from_tokens, r.tokens_per_update) for r in steps], cfg.train.total_tokens, lambda B: _plan(cfg, B), alpha
+        [(r.from_tokens, r.tokens_per_update) for r in steps], cfg.train.total_tokens, plan_for, alpha
     )
 
 
@@ -142,9 +144,8 @@ def scheduled_lr(cfg: Config, tokens: float, segments: Optional[List[batching.Se
     the schedule over the budget in whole updates, times the batch.ramp segment's factor
     (`segments`: batch_segments(cfg), when the caller has them)."""
     segments = segments or batch_segments(cfg)
-    factor = next((g.lr_factor for g in segments if g.start_tokens < tokens <= g.end_tokens), segments[0].lr_factor)
     s = cfg.schedule
-    return factor * schedules.lr_at(
+    return batching.segment_ending(segments, tokens).lr_factor * schedules.lr_at(
         tokens,
         peak=cfg.optim.lr,
         total_tokens=segments[-1].end_tokens,
@@ -155,11 +156,14 @@ def scheduled_lr(cfg: Config, tokens: float, segments: Optional[List[batching.Se
     )
 
 
-def rounded_budget(cfg: Config) -> int:
-    """train.total_tokens rounded down to whole updates (of the last batch.ramp segment)."""
-    return batch_segments(cfg)[-1].end_tokens
+def rounded_budget(cfg: Config, segments: Optional[List[batching.Segment]] = None) -> int:
+    """train.total_tokens rounded down to whole updates (of the last batch.ramp segment;
+    `segments`: batch_segments(cfg), when the caller has them)."""
+    return (segments or batch_segments(cfg))[-1].end_tokens
 
 
-def total_updates(cfg: Config) -> int:
-    """Optimizer updates over the rounded budget, along every batch.ramp segment."""
-    return sum(s.updates for s in batch_segments(cfg))
+def total_updates(cfg: Config, segments: Optional[List[batching.Segment]] = None) -> int:
+    """Optimizer updates over the rounded budget, along every batch.ramp segment (`segments` as
+    for rounded_budget)."""
+    last = (segments or batch_segments(cfg))[-1]
+    return last.start_update + last.updates

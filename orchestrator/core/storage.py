@@ -47,6 +47,18 @@ def local_path(location: str) -> Optional[Path]:
     return Path(location[len("file://") :]) if str(location).startswith("file://") else None
 
 
+def checkpoint_folder(key: str, value: str) -> None:
+    """train.start_from_checkpoint's rule (validation.FIELDS): a folder on this machine (a path or
+    file://: DeepSpeed loads local files) holding a checkpoint of this trainer, its CHECKPOINT_TAG folder."""
+    folder = local_path(value)
+    if folder is None:
+        raise ConfigError(key, f"got {value!r}; use a local checkpoint folder (a path or file://), not a URI")
+    folder = folder.expanduser()
+    if not (folder / CHECKPOINT_TAG).is_dir():
+        what = "a file" if folder.is_file() else "no such folder" if not folder.exists() else "holds no checkpoint"
+        raise ConfigError(key, f"got {value!r}; {what}; give a run's checkpoint_* folder (it holds {CHECKPOINT_TAG}/)")
+
+
 def filesystem(location: str):
     """(pyarrow filesystem, path within it) of a path or URI."""
     import pyarrow.fs as pafs

@@ -86,11 +86,14 @@ def _database_url(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}; use a database URL ({valid}), e.g. sqlite:///optuna.db")
 
 
+NAME_FIELD = validation.Field("str", check=validation.plain_name)
+"""The sweep's `name` (default: the file's stem), a folder under train.storage_path/sweeps/ and reports/."""
+
 BRANCH_FIELDS = {
     "at_tokens": validation.Field("list", check=validation.token_counts),
     "factors": validation.Field("list", check=validation.token_counts),
     "tokens": validation.count(),
-    "lr_scaling": validation.number(also=tuple(ALPHA_PRESETS)),
+    "lr_scaling": validation.LR_SCALING,
     "tolerance": validation.number(0, low_open=True),
     "tolerance_kind": validation.one_of(*TOLERANCE_KINDS),
     "compare": validation.one_of(*COMPARES),
@@ -139,6 +142,7 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     base = raw.get("base") if isinstance(raw.get("base"), dict) else {}
     overrides = yaml_files.dotlist(base.get("overrides") or {})
     name = str(raw.get("name") or path.stem)
+    NAME_FIELD.validate("name", name)
     if not check:
         config = (path.parent / str(base["config"])).resolve() if base.get("config") else None
         search = _section(SearchConfig, raw.get("search"), "search", SEARCH_FIELDS)
@@ -196,6 +200,8 @@ def load(path: str | Path, check: bool = True) -> Sweep:
             )
         for key in ("base_lr", "alpha"):
             space[f"lr_scaling.{key}"] = _distribution(f"lr_scaling.{key}", lr_scaling[key], numeric=True)
+        for alpha in next(iter(space["lr_scaling.alpha"].values())):  # each value, or a range's two ends
+            validation.LR_SCALING.validate("lr_scaling.alpha", alpha)
     if search.algorithm == "bracket":
         _check_bracket(space, raw.get("lr_scaling"), search)
     constraints = raw.get("constraints") or []

@@ -8,13 +8,16 @@ implies (derived) and the arithmetic; `config.load` calls `validate`.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from orchestrator.core import registry as workload_registry
+from orchestrator.core import storage
 from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments, zero_extra, zero_stage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, ClusterConfig, Config, OptimConfig
@@ -59,6 +62,8 @@ class Field:
             what += f" in {left}{_num(self.low)}, {_num(self.high)}{right}"
         elif self.low is not None:
             what += f" {'>' if self.low_open else '>='} {_num(self.low)}"
+        elif self.high is not None:
+            what += f" {'<' if self.high_open else '<='} {_num(self.high)}"
         return what + "".join(f" or {word!r}" for word in self.also) + (" or null" if self.optional else "")
 
     def validate(self, key: str, value: Any) -> None:
@@ -131,13 +136,19 @@ def _scheme(valid: Tuple[str, ...], what: str) -> Callable[[str, Any], None]:
 
 
 def _exists(key: str, value: str) -> None:
-    if "://" not in value and not Path(value).expanduser().exists():
-        raise ConfigError(key, f"got {value!r}; no such file or folder")
+    """A file or folder on this machine (model.init_from: its loader opens local paths only)."""
+    if "://" in value or not Path(value).expanduser().exists():
+        raise ConfigError(key, f"got {value!r}; no such file or folder here (a local path, not a URI)")
 
 
 def token_counts(key: str, value: List[Any]) -> None:
+    """A list of distinct whole numbers >= 1 (token counts, batch factors): a repeat would run or
+    keep the same thing twice."""
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in value):
         raise ConfigError(key, f"got {value!r}; must be a list of token counts >= 1")
+    repeated = [t for t, n in Counter(value).items() if n > 1]
+    if repeated:
+        raise ConfigError(key, f"got {value!r}; {repeated[0]:,} is there more than once: give each once")
 
 
 def _ray_address(key: str, value: str) -> None:
@@ -145,9 +156,21 @@ def _ray_address(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}; use auto, host:port or ray://host:port (Ray's address)")
 
 
-def _plain_name(key: str, value: str) -> None:
-    """A name that becomes a folder (a source's under `prepare --out` and the token cache, a
-    run's under train.storage_path): one plain path component, so it cannot reach outside."""
+def loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1: traffic that never leaves this machine (where the Ray token
+    goes without asking, where the MLflow UI binds without a warning)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def plain_name(key: str, value: str) -> None:
+    """The project's one rule for a name that becomes a folder (a source's under `prepare --out`
+    and the token cache, a run's under train.storage_path, a sweep's under runs/sweeps/ and
+    reports/): one plain path component, so it cannot reach outside."""
     if value.startswith(".") or any(c in value for c in "/\\\0"):
         raise ConfigError(key, f"got {value!r}; a plain name (no '/', '\\' or NUL, not starting with '.')")
 
@@ -160,6 +183,10 @@ def storage_location(key: str, value: str) -> None:
     if "://" not in local and Path(local).expanduser().is_file():
         raise ConfigError(key, f"got {value!r}, which is a file; give a folder (new or existing) or a URI")
 
+
+LR_SCALING = number(high=2, also=tuple(batching.ALPHA_WORDS))
+"""An lr scaling exponent alpha (lr x (B / B_ref) ** alpha: batch.ramp_lr_scaling, a sweep's
+lr_scaling.alpha and branch.lr_scaling): sqrt, linear or a number up to 2, past which it only overflows."""
 
 FIELDS = {
     "model.name": Field("str", check=_workload_name),
@@ -178,7 +205,7 @@ FIELDS = {
     "model.w_star_norm": number(0),
     "data.seq_len": count(),
     "data.tokenizer": Field("str"),
-    "data.sources.*.name": Field("str", check=_plain_name),
+    "data.sources.*.name": Field("str", check=plain_name),
     "data.sources.*.kind": one_of(*SOURCE_KINDS),
     "data.sources.*.path": Field("str", optional=True),
     "data.sources.*.weight": number(0, low_open=True),
@@ -193,7 +220,7 @@ FIELDS = {
     "batch.tokens_per_update": count(),
     "batch.micro_batch_size": count(also=(AUTO,)),
     "batch.grad_accum_steps": count(optional=True),
-    "batch.ramp_lr_scaling": number(also=tuple(batching.ALPHA_WORDS)),
+    "batch.ramp_lr_scaling": LR_SCALING,
     "cluster.num_workers": count(),
     "cluster.address": Field("str", optional=True, check=_ray_address),
     "cluster.cpus_per_worker": number(0, low_open=True),
@@ -221,11 +248,11 @@ FIELDS = {
     "train.eval_tokens": count(),
     "train.checkpoint_every_tokens": count(0),
     "train.keep_checkpoints": count(),
-    "train.run_name": Field("str", optional=True, check=_plain_name),
+    "train.run_name": Field("str", optional=True, check=plain_name),
     "train.storage_path": Field("str", check=storage_location),
     "train.max_failures": count(0),
     "train.loss_normalization": one_of("token", "micro_batch"),
-    "train.start_from_checkpoint": Field("str", optional=True, check=_exists),
+    "train.start_from_checkpoint": Field("str", optional=True, check=storage.checkpoint_folder),
     "train.stop_at_tokens": count(optional=True),
     "train.checkpoint_at_tokens": Field("list", check=token_counts),
     "deepspeed.zero_stage": Field("int", low=0, high=3),
@@ -309,6 +336,13 @@ def _across_fields(cfg: Config) -> None:
             "train.stop_at_tokens",
             f"got {t.stop_at_tokens:,}; no update ends there: valid are {' or '.join(ends)} up to the budget "
             f"{segments[-1].end_tokens:,}",
+        )
+    end = t.stop_at_tokens or segments[-1].end_tokens
+    late = [at for at in t.checkpoint_at_tokens if at > end]
+    if late:
+        ends = "train.stop_at_tokens" if t.stop_at_tokens else "train.total_tokens in whole updates"
+        raise ConfigError(
+            "train.checkpoint_at_tokens", f"got {late[0]:,}; past the run's end at {end:,} tokens ({ends}), never taken"
         )
     if s.warmup_tokens > t.total_tokens:
         raise ConfigError(

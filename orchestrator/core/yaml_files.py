@@ -20,6 +20,9 @@ from orchestrator.core.errors import ConfigError
 # `eval` (or any code-running) resolver, and reject any resolver outside this list.
 ALLOWED_RESOLVERS = ("oc.env", "oc.select", "oc.decode", "oc.create", "oc.dict.keys", "oc.dict.values")
 _RESOLVER_RE = re.compile(r"\$\{([\w.]+):")
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""yaml.safe_load's loader, in C where PyYAML has libyaml: ten times faster on a long file (a
+ramp of 10,000 steps)."""
 
 
 def read_mapping(
@@ -31,7 +34,7 @@ def read_mapping(
         raise ConfigError(what, f"{kind} file {str(path)!r} not found")
     text = path.read_text()
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.load(text, Loader=SAFE_LOADER) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -95,7 +98,7 @@ def parse_overrides(overrides: List[str]) -> List[tuple]:
         try:
             # resolve=False keeps `${oc.env:...}` as written, so it can be redacted later.
             value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
-        except OmegaConfBaseException as exc:
+        except (OmegaConfBaseException, yaml.YAMLError) as exc:  # YAML: e.g. over OmegaConf's 10,000 nodes
             raise ConfigError(key, str(exc).splitlines()[0]) from None
         for part in key.split("."):
             value = value[part]

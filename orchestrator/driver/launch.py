@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
 from orchestrator.core import ds_config, registry, storage
-from orchestrator.core.config import flatten, to_dict, to_yaml
+from orchestrator.core.config import flatten, redact_uri, to_dict, to_yaml
 from orchestrator.core.derived import (
     adamw_constants,
     batch_plan,
@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 def preflight(cfg: Config) -> None:
     """Checks that need the data or the environment; ConfigError (exit 2) before Ray starts."""
+    if cfg.train.start_from_checkpoint:  # its form is validated; what it would unpickle is checked here, first
+        from workloads.train import checkpoint
+
+        checkpoint.check_files(storage.local_path(cfg.train.start_from_checkpoint), "train.start_from_checkpoint")
     plan = batch_plan(cfg)
     if cfg.model.name in ("gpt", "hf"):
         from workloads.text import packing
@@ -249,6 +253,10 @@ def resolve_paths(cfg: Config) -> None:
         cfg.data.tokenizer = str(Path(cfg.data.tokenizer).expanduser().resolve())
     if cfg.model.init_from and "://" not in cfg.model.init_from:
         cfg.model.init_from = str(Path(cfg.model.init_from).expanduser().resolve())
+    if cfg.train.start_from_checkpoint:  # a path or file:// (storage.checkpoint_folder)
+        cfg.train.start_from_checkpoint = str(
+            storage.local_path(cfg.train.start_from_checkpoint).expanduser().resolve()
+        )
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = mlflow_runs.resolve_uri(cfg.tracking.uri)
     # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.
@@ -353,7 +361,7 @@ def train(cfg: Config, resume: bool = False) -> int:
     micro_batch.resolve(cfg)
     if run_id:
         mlflow_runs.reopen_run(cfg.tracking.uri, run_id)  # RUNNING again, so system metrics resume
-        print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {folder}")
+        print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {redact_uri(folder)}")
     else:
         run_id = open_run(cfg, name, {mlflow_runs.CHECKPOINTS_TAG: folder})  # for `orchestrator export`
         record = {
@@ -363,7 +371,7 @@ def train(cfg: Config, resume: bool = False) -> int:
             "started": time.time(),
         }
         storage.write_json(storage.join(folder, RUN_RECORD), record)
-        print(f"run {name!r}: MLflow run {run_id}, checkpoints in {folder}")
+        print(f"run {name!r}: MLflow run {run_id}, checkpoints in {redact_uri(folder)}")
         print("  interrupted? the same command with --resume continues it")
     print(planning.format_table(planning.describe(cfg)), flush=True)
 
@@ -384,7 +392,7 @@ def train(cfg: Config, resume: bool = False) -> int:
     link = mlflow_ui.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
     if outcome != "FINISHED":
         print(
-            f"run {name!r} failed: {outcome}\n"
+            f"run {name!r} failed: {redact_uri(outcome)}\n"
             f"MLflow run {run_id}: open with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}",
             file=sys.stderr,
         )

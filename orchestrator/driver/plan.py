@@ -35,10 +35,9 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         cfg = copy.deepcopy(cfg)
         answer = micro_batch.from_model(cfg, capacity, micro_batch.per_worker_share(cfg))
         cfg.batch.micro_batch_size = micro_batch.fitting(cfg, answer["micro_batch_size"], capacity, capacity_from)
-    plan = batch_plan(cfg)
-    steps, total = derived.total_updates(cfg), derived.rounded_budget(cfg)
-    tpu = plan.tokens_per_update
-    segments, warmup = batch_segments(cfg), cfg.schedule.warmup_tokens
+    plan, segments = batch_plan(cfg), batch_segments(cfg)  # computed once: a ramp may have 10,000 segments
+    steps, total = derived.total_updates(cfg, segments), derived.rounded_budget(cfg, segments)
+    tpu, warmup = plan.tokens_per_update, cfg.schedule.warmup_tokens
     warmup_steps = sum(
         min(s.updates, max(0, math.ceil((warmup - s.start_tokens) / s.plan.tokens_per_update))) for s in segments
     )
@@ -64,11 +63,11 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "peak_lr": cfg.optim.lr,
         **_optimizer(cfg),
         "gns": gns_note(cfg, plan),
-        "ramp": _ramp(cfg) if cfg.batch.ramp else [],
+        "ramp": _ramp(cfg, segments) if cfg.batch.ramp else [],
         # The LR of the first and last update and at quarters of the budget.
         "lr_at": {
-            "first update": scheduled_lr(cfg, tpu),
-            **{k: scheduled_lr(cfg, v) for k, v in quarter_points.items()},
+            "first update": scheduled_lr(cfg, tpu, segments),
+            **{k: scheduled_lr(cfg, v, segments) for k, v in quarter_points.items()},
         },
         "deepspeed_train_batch_size": ds["train_batch_size"],
         "deepspeed_micro_batch_per_gpu": ds["train_micro_batch_size_per_gpu"],
@@ -80,8 +79,9 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
     }
 
 
-def _ramp(cfg: Config) -> List[Dict[str, Any]]:
-    """Each batch.ramp segment: where it starts, its split, its updates and the lr right after the change."""
+def _ramp(cfg: Config, segments: List[batching.Segment]) -> List[Dict[str, Any]]:
+    """Each batch.ramp segment (`segments`: batch_segments(cfg)): where it starts, its split, its
+    updates and the lr right after the change."""
     return [
         {
             "from_tokens": s.start_tokens,
@@ -90,9 +90,9 @@ def _ramp(cfg: Config) -> List[Dict[str, Any]]:
             "grad_accum_steps": s.plan.grad_accum_steps,
             "updates": s.updates,
             "lr_factor": s.lr_factor,
-            "lr_after_change": scheduled_lr(cfg, s.start_tokens + s.plan.tokens_per_update),
+            "lr_after_change": scheduled_lr(cfg, s.start_tokens + s.plan.tokens_per_update, segments),
         }
-        for s in batch_segments(cfg)
+        for s in segments
     ]
 
 

@@ -25,6 +25,7 @@ from orchestrator.core import storage, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.phases import Phases
 from orchestrator.driver import launch, micro_batch, ray_session
+from orchestrator.reporting import report
 from orchestrator.sweeps import branch_study, placement, search_space
 from orchestrator.tracking import mlflow_runs
 
@@ -138,9 +139,8 @@ def _sweep_dir(root: str, name: str, resume: bool) -> str:
 def _preflight(trials: List[search_space.Trial]) -> None:
     seen = set()
     for t in trials:
-        key = json.dumps(
-            [config_lib.to_dict(t.cfg)["data"], t.cfg.batch.tokens_per_update], sort_keys=True, default=str
-        )
+        what = [config_lib.to_dict(t.cfg)["data"], t.cfg.batch.tokens_per_update, t.cfg.train.start_from_checkpoint]
+        key = json.dumps(what, sort_keys=True, default=str)
         if key not in seen:
             seen.add(key)
             launch.resolve_paths(t.cfg)
@@ -159,7 +159,7 @@ def _open_parent(sweep: sweep_schema.Sweep, cfg, trials) -> str:
     params = config_lib.flatten({k: v for k, v in sweep.raw.items() if k != "description"})
     params["trials"] = len(trials) if trials is not None else sweep.search.num_samples
     mlflow_runs.log_params(uri, run_id, {f"sweep.{k}": v for k, v in params.items()})
-    mlflow_runs.log_file(uri, run_id, sweep.path)
+    mlflow_runs.log_text(uri, run_id, sweep.text, sweep.path.name)  # the door redacts its URIs' passwords
     return run_id
 
 
@@ -255,9 +255,13 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     launch.resolve_paths(base)
     for t in prepared.skipped:
         log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
-    first = prepared.all_trials()
+    first, base_run = prepared.all_trials(), None
+    if sweep.branch and sweep.branch.from_run:  # an existing run: found, with its checkpoints, before Ray starts
+        base_run = branch_study.find_base(base.tracking.uri, base.tracking.experiment, sweep.branch.from_run)
+        trials = first = _from_checkpoints(sweep, base, base_run, trials)
     _preflight(first)
     storage.check_reachable(base.train.storage_path, "train.storage_path")  # once: every trial's lies under it
+    report.check_out_folder(report.default_out(sweep.name))  # where the sweep's report goes when it ends
     _say_how_early_stopping_compares(sweep, trials)
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume and storage.local_path(folder) is not None:  # remote ones: each trial checks what it loads
@@ -269,11 +273,12 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     micro_batch.resolve_all([t.cfg for t in first])
     if resume:
         parent = storage.read_json(storage.join(folder, RECORD))["parent_run_id"]
-        print(f"resuming sweep {sweep.name!r} from {folder} (MLflow parent run {parent})")
+        print(f"resuming sweep {sweep.name!r} from {config_lib.redact_uri(folder)} (MLflow parent run {parent})")
     else:
         parent = _open_parent(sweep, base, trials)
         storage.write_json(storage.join(folder, RECORD), {"parent_run_id": parent, "sweep": str(sweep.path)})
-        print(f"sweep {sweep.name!r}: {_how_many(sweep, trials)}, MLflow parent run {parent}, results in {folder}")
+        where = config_lib.redact_uri(folder)
+        print(f"sweep {sweep.name!r}: {_how_many(sweep, trials)}, MLflow parent run {parent}, results in {where}")
 
     # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
     scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
@@ -281,7 +286,9 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         tags = {}
         with _only_our_progress():
             if sweep.branch:
-                trials, base_run = _branch_base(sweep, base, parent, folder, resume, trials, base_trial)
+                if base_run is None:
+                    base_run = _train_base(sweep, base, parent, folder, resume, len(trials), base_trial)
+                    trials = _from_checkpoints(sweep, base, base_run, trials)
                 tags = {mlflow_runs.BRANCH_OF_TAG: base_run}
             _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags).fit()
     except Exception as exc:
@@ -291,27 +298,33 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     return sweep_summary.finish(sweep, base, parent, error, getattr(scheduler, "stopped_at", None))
 
 
-def _branch_base(sweep, base, parent: str, folder: str, resume: bool, branches, base_trial):
-    """A branch study's base run (trained now as its own Tune phase, or `branch.from`) and the
-    branch trials, each with the base's checkpoint at its branch point: (trials, base run id)."""
-    uri, experiment, branch = base.tracking.uri, base.tracking.experiment, sweep.branch
-    if branch.from_run:
-        run_id = branch_study.find_base(uri, experiment, branch.from_run)
-    else:
-        tags = branch_study.base_tags(parent)
+def _train_base(sweep, base, parent: str, folder: str, resume: bool, branches: int, base_trial) -> str:
+    """A branch study's base run, trained now as its own Tune phase (a resumed study finds it
+    finished): its MLflow run id."""
+    uri, experiment, tags = base.tracking.uri, base.tracking.experiment, branch_study.base_tags(parent)
+    run_id = mlflow_runs.find_run(uri, experiment, tags)
+    if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
+        print(f"branch study {sweep.name!r}: the base run first, then {branches} branches")
+        _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base").fit()
         run_id = mlflow_runs.find_run(uri, experiment, tags)
-        if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
-            print(f"branch study {sweep.name!r}: the base run first, then {len(branches)} branches")
-            _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base").fit()
-            run_id = mlflow_runs.find_run(uri, experiment, tags)
-        if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
-            raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
-    checkpoints = branch_study.checkpoints_of(uri, run_id, branch.at_tokens)
-    trials = []
-    for t in branches:
-        at = branch_study.branch_at(t.cfg)
-        trials.append(search_space.resolve(sweep, {**t.values, "train.start_from_checkpoint": checkpoints[at]}))
-    return trials, run_id
+    if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
+        raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
+    return run_id
+
+
+def _from_checkpoints(sweep, base, run_id: str, branches) -> List[search_space.Trial]:
+    """The branch trials, each with the base run's checkpoint at its branch point."""
+    checkpoints = branch_study.checkpoints_of(base.tracking.uri, run_id, sweep.branch.at_tokens)
+    trials = [
+        search_space.resolve(
+            sweep, {**t.values, "train.start_from_checkpoint": checkpoints[branch_study.branch_at(t.cfg)]}
+        )
+        for t in branches
+    ]
+    refused = next((t for t in trials if t.cfg is None), None)
+    if refused is not None:
+        raise ConfigError("branch.at_tokens", f"the base run {run_id}: {refused.problem}")
+    return trials
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ray import tune
 
 from orchestrator.core import derived, sweep_schema
+from orchestrator.core.config import redact_uri
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch
 from orchestrator.formulas import cost
@@ -326,17 +327,17 @@ def finish(
             try:
                 compare = report_inputs.compared_sweep(sweep.raw, uri, base.tracking.experiment)
             except ConfigError as exc:  # the sweep to compare with may not have run yet: `report` later
-                print(f"no comparison: {exc}")
+                print(f"no comparison: {redact_uri(str(exc))}")
                 compare = None
             options = report.sweep_options(sweep.search, raw=sweep.raw)
             result = report_inputs.analyse(uri, parent, trials, compare_with=compare, **options)
             report.write_run_report(uri, sweep.name, parent, trials, curves, result, out=None)
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
-            print(f"no analysis: {exc}")
+            print(f"no analysis: {redact_uri(str(exc))}")
     status = "FAILED" if error is not None or not finished else "FINISHED"
     mlflow_runs.finish_run(uri, parent, status)
     if error is not None:
-        print(f"sweep {sweep.name} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"sweep {sweep.name} failed: {type(error).__name__}: {redact_uri(str(error))}", file=sys.stderr)
         return 1
     return 0 if finished else 1
 

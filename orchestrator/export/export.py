@@ -146,6 +146,12 @@ def checkpoints_of(uri: str, run_id: str) -> str:
         location = storage.join(params["train.storage_path"], params.get("train.run_name", ""))
     if not location:
         raise ConfigError("--checkpoint", f"run {run_id} records no checkpoint location; give --checkpoint PATH_OR_URI")
+    if f"{config.REDACTED}@" in location:  # MLflow keeps no password (mlflow_runs redacts every tag)
+        raise ConfigError(
+            "--checkpoint",
+            f"run {run_id} keeps its checkpoints at {location}, whose credentials MLflow does not hold; give "
+            "--checkpoint PATH_OR_URI, with the credentials in the environment (AWS_ACCESS_KEY_ID, ...)",
+        )
     return location
 
 

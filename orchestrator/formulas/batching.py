@@ -17,6 +17,7 @@ Pure Python: no Ray, DeepSpeed or MLflow here.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -193,7 +194,7 @@ def segments(
         )
     ends.append(last_start + (total_tokens - last_start) // last * last)
     out: List[Segment] = []
-    first_b = plans[0].tokens_per_update
+    first_b, updates = plans[0].tokens_per_update, 0
     for i, ((start, _), end, plan) in enumerate(zip(changes, ends, plans)):
         B = plan.tokens_per_update
         if end <= start or (end - start) % B:
@@ -204,7 +205,8 @@ def segments(
                 f"got {end:,}; segment {i} (B = {B:,} from {start:,} tokens) must be whole updates: "
                 f"valid from_tokens {' or '.join(valid)}",
             )
-        out.append(Segment(start, end, plan, sum(s.updates for s in out), (B / first_b) ** alpha))
+        out.append(Segment(start, end, plan, updates, (B / first_b) ** alpha))
+        updates += (end - start) // B  # the updates before the next segment: a running sum, linear in the ramp
     return out
 
 
@@ -219,3 +221,10 @@ def updates_until(run: Sequence[Segment], tokens: int) -> Optional[int]:
 def segment_at(run: Sequence[Segment], tokens: int) -> Segment:
     """The segment whose next update starts at `tokens` (the last one at or past the end)."""
     return next((s for s in run if s.start_tokens <= tokens < s.end_tokens), run[-1])
+
+
+def segment_ending(run: Sequence[Segment], tokens: float) -> Segment:
+    """The segment an update that ends at `tokens` belongs to (start < tokens <= end; the first at
+    or before 0, the last past the end): by bisection, so a long ramp's lrs cost log time each."""
+    i = bisect.bisect_left(run, tokens, key=lambda s: s.end_tokens)
+    return run[min(i, len(run) - 1)]

@@ -20,12 +20,63 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from orchestrator.analysis import branch_analysis, branch_cbs, sweep_analysis, tables
 from orchestrator.analysis.trials import Trial
-from orchestrator.core import sweep_file, sweep_schema
+from orchestrator.core import sweep_file, sweep_schema, validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
 from orchestrator.reporting.report_render import document, summary_lines
 from orchestrator.tracking import mlflow_runs, mlflow_ui
+
+# ---------------------------------------------------------------- where
+
+MARKER = "report.json"
+"""Written first into a report's folder: a folder holding it is one a report wrote."""
+OWNED = (MARKER, "summary.md", "summary.html", tables.TRIALS, tables.CURVES) + (
+    "loss_vs_tokens.png",
+    "loss_vs_steps.png",
+    "branch_cbs.png",
+    "eval_heatmap.png",
+    "critical_batch.png",
+    "lr_vs_batch.png",
+    "loss_vs_tokens_best.png",
+    "critical_batch_vs_loss.png",
+    "b_simple_vs_tokens.png",
+    "loss_vs_lr.png",
+)
+"""The files a report writes into its folder: the only ones it writes or replaces there (docs/security.md)."""
+
+
+def default_out(name: str) -> Path:
+    """reports/<name>, the name made one plain folder name (validation.plain_name: the project's
+    rule for a name that becomes a folder)."""
+    folder = re.sub(r"[^\w.-]+", "_", name)
+    try:
+        validation.plain_name("--out", folder)
+    except ConfigError as exc:
+        raise ConfigError("--out", f"no default folder for the name {name!r} ({exc.message}); give --out DIR") from None
+    return Path("reports") / folder
+
+
+def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
+    """Before anything is written: `out` is new, empty, or a folder a report wrote (it holds
+    MARKER) with nothing in it but the files a report writes; never the folder the tables are
+    read from. So a report replaces only its own files, and a re-run into the same folder works."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file; give a new folder, an empty one or one a report wrote")
+    if tables_folder is not None and out.resolve() == tables_folder.resolve():
+        raise ConfigError(
+            "--out", f"{out} is the folder the tables are read from, which report never rewrites; give another"
+        )
+    ours = (out / MARKER).is_file()
+    entries = sorted(out.iterdir()) if out.is_dir() else []
+    foreign = [e for e in entries if not ours or e.name not in OWNED or e.is_symlink() or not e.is_file()]
+    if foreign:
+        raise ConfigError(
+            "--out",
+            f"{foreign[0]} is not a file a report wrote there ({MARKER} marks its folder); give a new folder, an "
+            "empty one or one a report wrote",
+        )
+
 
 # ---------------------------------------------------------------- writing
 
@@ -87,20 +138,20 @@ def comparison_figures(usable: Sequence[Trial], result: Dict[str, Any]) -> Dict[
 
 
 def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out: Path) -> List[Path]:
+    """report.json (first: it marks the folder as a report's), the figures and the summaries in
+    `out`, which check_out_folder has accepted."""
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    (out / MARKER).write_text(json.dumps(json_safe({"name": name, **result}), indent=2))
+    written = [out / MARKER]
     for file, fig in figures(trials, result, name).items():
+        assert file in OWNED, f"{file} is not in report.OWNED: a re-run would refuse the folder"
         fig.savefig(out / file, dpi=120)
         plt.close(fig)
         written.append(out / file)
-    doc = document(result, name, [p.name for p in written])
-    for file, text in (
-        ("summary.md", to_markdown(doc)),
-        ("summary.html", to_html(doc, f"Report: {name}")),
-        ("report.json", json.dumps(json_safe({"name": name, **result}), indent=2)),
-    ):
+    doc = document(result, name, [p.name for p in written[1:]])
+    for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}"))):
         (out / file).write_text(text)
         written.append(out / file)
     return written
@@ -145,7 +196,9 @@ def run(
     )
     if tables.is_table_folder(target):
         return _run_tables(Path(target), out, target_losses, options)
-    uri, name, run_id = report_inputs.resolve(target, list(overrides))
+    uri, name, run_id = _resolve(target, list(overrides))
+    out_dir = Path(out) if out else default_out(name)
+    check_out_folder(out_dir)  # before reading the runs: a refusal costs nothing
     runs = report_inputs.sweep_runs(uri, run_id)
     curves = report_inputs.read_curves(uri, runs, results.METRICS)
     trials = report_inputs.trials_of(uri, runs, curves)
@@ -158,8 +211,19 @@ def run(
         experiment = report_inputs.tracking_for(target, list(overrides))[2]
         options["compare_with"] = report_inputs.compared_sweep(read.raw, uri, experiment)
     result = report_inputs.analyse(uri, run_id, trials, target_losses, **options)
-    write_run_report(uri, name, run_id, trials, curves, result, Path(out) if out else None)
+    write_run_report(uri, name, run_id, trials, curves, result, out_dir)
     return 0
+
+
+def _resolve(target: str, overrides: List[str]):
+    """report_inputs.resolve; a folder that is neither a table folder nor a name MLflow knows is
+    answered by the table file it lacks, not by the store."""
+    try:
+        return report_inputs.resolve(target, overrides)
+    except ConfigError:
+        if Path(target).is_dir():
+            tables.read(Path(target))  # raises, naming trials.csv or curves.csv
+        raise
 
 
 def write_run_report(
@@ -170,7 +234,8 @@ def write_run_report(
     summary printed. `report` and the end of `sweep` both call it, so they write the same."""
     from orchestrator.reporting import results
 
-    out_dir = out or _default_out(name)
+    out_dir = out or default_out(name)
+    check_out_folder(out_dir)
     tables_ = results.build(name, run_id, trials, curves, result, results.METRICS, uri)
     for path in write_report(trials, result, name, out_dir) + tables_.to_csv(out_dir):
         mlflow_runs.log_file(uri, run_id, path, "report")
@@ -182,26 +247,22 @@ def write_run_report(
     return out_dir
 
 
-def _default_out(name: str) -> Path:
-    return Path("reports") / re.sub(r"[^\w.-]+", "_", name)
-
-
 def _run_tables(folder: Path, out: Optional[str], target_losses, options) -> int:
     """`report DIR`: the same analysis and outputs from a folder's tables (nothing goes to MLflow;
-    the tables are rewritten only into another folder, never over themselves)."""
+    DIR is never written to)."""
     from orchestrator.reporting import results
 
+    name = folder.resolve().name
+    out_dir = Path(out) if out else default_out(name)
+    check_out_folder(out_dir, tables_folder=folder)
     trials = tables.read(folder)
     if not any(t.batch and t.train for t in trials):
         raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
-    name = folder.resolve().name
     result = sweep_analysis.analyse(trials, target_losses, **options)
     result["source"] = {"uri": str(folder), "run_id": None, "kind": "tables"}
-    out_dir = Path(out) if out else _default_out(name)
-    written = write_report(trials, result, name, out_dir)
-    if out_dir.resolve() != folder.resolve():
-        curves = {t.run_id: {m: getattr(t, f) for m, f in tables.METRICS.items()} for t in trials}
-        written += results.build(name, "", trials, curves, result, tuple(tables.METRICS)).to_csv(out_dir)
+    write_report(trials, result, name, out_dir)
+    curves = {t.run_id: {m: getattr(t, f) for m, f in tables.METRICS.items()} for t in trials}
+    results.build(name, "", trials, curves, result, tuple(tables.METRICS)).to_csv(out_dir)
     _say_written(out_dir, f"read from {folder}")
     print("\n".join(summary_lines(result)))
     return 0

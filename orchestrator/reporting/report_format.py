@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -40,18 +41,27 @@ def table(rows: Sequence[Dict[str, Any]], columns: Sequence[Tuple[str, str, str]
     return ("table", [c[0] for c in columns], [[cell(row.get(key), fmt) for _, key, fmt in columns] for row in rows])
 
 
+_TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
+"""A '<' that would open an HTML tag or comment: Markdown passes raw HTML through."""
+
+
+def _inert(text: Any) -> str:
+    """Text in Markdown that opens no HTML tag (a trial's name may hold `<script>`)."""
+    return _TAG_START.sub("&lt;", str(text))
+
+
 def to_markdown(doc: Sequence[tuple]) -> str:
     lines = []
     for kind, *rest in doc:
         if kind == "table":
             lines += ["| " + " | ".join(rest[0]) + " |", "|" + " --- |" * len(rest[0])]
-            lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rest[1]]
+            lines += ["| " + " | ".join(_inert(c).replace("|", "/") for c in row) + " |" for row in rest[1]]
         elif kind == "img":
             lines.append(f"![{rest[0]}]({rest[0]})")
         elif kind == "pre":
             lines.append(f"```yaml\n{rest[0].rstrip()}\n```")
         else:
-            lines.append(rest[0] if kind == "p" else "#" * int(kind[1]) + " " + rest[0])
+            lines.append(_inert(rest[0]) if kind == "p" else "#" * int(kind[1]) + " " + _inert(rest[0]))
         lines.append("")
     return "\n".join(lines)
 

@@ -118,5 +118,6 @@ def analyse(
 ) -> Dict[str, Any]:
     """`analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
     result = sweep_analysis.analyse(trials, target_losses, **options)
-    result["source"] = {"uri": uri, "run_id": run_id, "kind": "single" if trials[0].run_id == run_id else "sweep"}
+    kind = "single" if trials[0].run_id == run_id else "sweep"
+    result["source"] = {"uri": config.redact_uri(uri), "run_id": run_id, "kind": kind}  # report.json is shared
     return result

@@ -113,13 +113,27 @@ class SweepResults:
     tracking_uri: str = ""
 
     def to_csv(self, folder: Union[str, os.PathLike]) -> List[Path]:
-        """trials.csv and curves.csv in folder (read back with pandas.read_csv)."""
+        """trials.csv and curves.csv in folder (read back with pandas.read_csv), text that a
+        spreadsheet would run as a formula made inert (_inert)."""
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         paths = [out / "trials.csv", out / "curves.csv"]
-        self.trials.to_csv(paths[0], index=False)
-        self.curves.to_csv(paths[1], index=False)
+        _inert(self.trials).to_csv(paths[0], index=False)
+        _inert(self.curves).to_csv(paths[1], index=False)
         return paths
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What makes a spreadsheet read a cell as a formula (a trial named `=cmd|' /C calc'!A0`)."""
+
+
+def _inert(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with each text cell that starts like a formula behind a quote ('=...): OWASP's
+    advice for CSV files. Numbers stay as they are (and no text reads as one: _scalar made those numbers)."""
+    out = frame.copy()
+    for column in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
+        out[column] = out[column].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(FORMULA_START) else v)
+    return out
 
 
 def load_sweep(

@@ -98,7 +98,10 @@ def find_base(uri: str, experiment: str, target: str) -> str:
     """`branch.from`: the run id of an existing run named by id or name."""
     from orchestrator.export import export
 
-    run_id, _ = export.find_run(uri, experiment, target)
+    try:
+        run_id, _ = export.find_run(uri, experiment, target)
+    except ConfigError as exc:  # export's words name its own argument; here the study's key is at fault
+        raise ConfigError("branch.from", exc.message) from None
     return run_id
 
 

@@ -4,6 +4,8 @@ MLflow.
 
 Runs: one per `orchestrator train`; for a sweep one parent run and one child run per trial
 (tag `mlflow.parentRunId`). The x axis of every training curve is tokens: `step` = tokens seen.
+Every param, tag and text logged here passes the config's one redaction rule (`redact_uri`):
+whatever a config, a sweep file or an error holds, no URI's password reaches the store.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from orchestrator.core.config import redact_uri
 from orchestrator.tracking.metric_logger import is_local
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -79,7 +82,8 @@ def ensure_experiment(uri: str, name: str) -> str:
 
 def create_run(uri: str, experiment: str, name: str, tags: Optional[Dict[str, str]] = None) -> str:
     exp_id = ensure_experiment(uri, experiment)
-    return client(uri).create_run(exp_id, run_name=name, tags=tags or {}).info.run_id
+    tags = {k: redact_uri(str(v)) for k, v in (tags or {}).items()}
+    return client(uri).create_run(exp_id, run_name=name, tags=tags).info.run_id
 
 
 def find_run(uri: str, experiment: str, tags: Dict[str, str]) -> Optional[str]:
@@ -99,13 +103,13 @@ def log_params(uri: str, run_id: str, params: Dict[str, Any]) -> None:
     """Params once per run; a resumed run re-logging identical values is skipped."""
     c = client(uri)
     existing = c.get_run(run_id).data.params
-    todo = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k not in existing]
+    todo = [Param(k, redact_uri(str(v))[:6000]) for k, v in sorted(params.items()) if k not in existing]
     for i in range(0, len(todo), MAX_PARAMS):
         c.log_batch(run_id, params=todo[i : i + MAX_PARAMS])
 
 
 def set_tags(uri: str, run_id: str, tags: Dict[str, str]) -> None:
-    client(uri).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+    client(uri).log_batch(run_id, tags=[RunTag(k, redact_uri(str(v))) for k, v in tags.items()])
 
 
 def warning_tags(messages: Dict[int, str]) -> Dict[str, str]:
@@ -149,7 +153,7 @@ def reopen_run(uri: str, run_id: str) -> None:
 
 
 def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
-    client(uri).log_text(run_id, text, artifact_file)
+    client(uri).log_text(run_id, redact_uri(text), artifact_file)
 
 
 def log_dict(uri: str, run_id: str, data: Dict[str, Any], artifact_file: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,7 +16,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from orchestrator.core.config import redact_uri
+from orchestrator.core.validation import loopback
 from orchestrator.tracking.mlflow_runs import client, ensure_experiment, resolve_uri
+
+log = logging.getLogger(__name__)
 
 
 def ui_link(uri: str, experiment: str, port: int = 5000, run_id: Optional[str] = None) -> str:
@@ -61,6 +65,17 @@ def ui_command(uri: str, port: int = 5000) -> str:
 
 def serve_ui(cfg: Any, host: str = "127.0.0.1", port: int = 5000) -> int:
     """`mlflow ui` over the configured store, bound to 127.0.0.1 unless asked otherwise."""
+    if not loopback(host):  # MLflow's UI has no login: whoever reaches it reads, changes and deletes every run
+        where = "on every interface" if host in ("0.0.0.0", "::", "") else f"on {host}, beyond this machine"
+        log.warning(
+            "the MLflow UI has no authentication and --host %s serves it %s: anyone who reaches port %d can read, "
+            "change and delete every run; keep --host 127.0.0.1 and tunnel to it (ssh -L %d:127.0.0.1:%d HOST)",
+            host,
+            where,
+            port,
+            port,
+            port,
+        )
     uri = resolve_uri(cfg.tracking.uri)
     ensure_experiment(uri, cfg.tracking.experiment)
     print(f"MLflow UI on http://{host}:{port} over {redact_uri(uri)}")

@@ -7,7 +7,6 @@ import os
 from dataclasses import fields, is_dataclass
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +17,7 @@ from orchestrator.core.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
 from orchestrator.core.validation import FIELDS, Field
 from orchestrator.driver import launch, ray_session
 from orchestrator.tracking import mlflow_runs
-from tests.conftest import ROOT, TINY, run_cli
+from tests.conftest import ROOT, TINY, run_cli, write_sweep
 
 
 def leaf_keys(section=schema.Config, prefix=""):
@@ -103,25 +102,6 @@ def invalid(rule: Field, key: str):
 
 def concrete(key: str) -> str:
     return key.replace(".*.", ".0.")
-
-
-@pytest.fixture
-def nothing_starts(monkeypatch, tmp_path):
-    """Sentinels in place of Ray, MLflow runs and the corpus; a working directory to keep empty."""
-
-    def touched(what):
-        def fail(*args, **kwargs):
-            raise AssertionError(f"{what} was touched for bad input")
-
-        return fail
-
-    monkeypatch.setattr(ray_session, "ray_init", touched("Ray"))
-    monkeypatch.setattr(launch, "preflight", touched("the corpus"))
-    monkeypatch.setattr(mlflow_runs, "create_run", touched("MLflow"))
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
 
 
 KEYS = sorted(FIELDS)
@@ -242,19 +222,6 @@ def test_ui_port_out_of_range_or_in_use_is_exit_2(tmp_path, capsys, monkeypatch)
 # ---------------------------------------------------------------- sweep files
 
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
-
-
-def write_sweep(tmp_path, **sections):
-    body = yaml.safe_load(SMOKE.read_text())
-    body["base"]["config"] = str(TINY)
-    for name, value in sections.items():
-        if value is None:
-            body.pop(name, None)
-        else:
-            body[name] = value
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(body))
-    return path
 
 
 SECTIONS = [("search", k, r) for k, r in SEARCH_FIELDS.items()] + [

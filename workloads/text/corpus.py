@@ -10,6 +10,7 @@ memory-mapped token file plus document offsets, so training never holds a corpus
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -353,22 +354,31 @@ def prepare_shards(cfg: Config, out_dir: str | Path) -> int:
 
     Only what prepare wrote is ever replaced: `out_dir` must be new, empty, or hold nothing but
     shard folders of its own (each has a meta.json, written last); anything else is refused
-    before a byte is written. A failure leaves no `out_dir` it created."""
+    before a byte is written. A failure leaves no folder it created."""
     out = Path(out_dir)
     check_prepare_folder(out)
-    tok, created = tokenizers.load(cfg.data.tokenizer), not out.exists()
-    try:
+    tok = tokenizers.load(cfg.data.tokenizer)
+    with removed_on_failure(out):
         for i, src in enumerate(cfg.data.sources):
             final, cap = out / _folder_name(src), cfg.data.max_documents_per_source
             if _meta_hash(final) != _config_hash(src, cap, tok):
                 if final.exists():
                     shutil.rmtree(final)  # stale shards of an older config: prepare's own (checked above)
                 _build(src, f"data.sources.{i}", cap, final, tok)
-    except BaseException:
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        raise
     return len(cfg.data.sources)
+
+
+@contextlib.contextmanager
+def removed_on_failure(out: Path) -> Iterator[None]:
+    """If the block fails, remove the folders it created on the way to `out`: the outermost one
+    missing now, with all below it (`--out a/b/c` where only `a` exists: `a/b`)."""
+    missing = next((folder for folder in reversed([out, *out.parents]) if not folder.exists()), None)
+    try:
+        yield
+    except BaseException:
+        if missing is not None:
+            shutil.rmtree(missing, ignore_errors=True)
+        raise
 
 
 def check_prepare_folder(out: Path) -> None:

@@ -1,0 +1,469 @@
+"""Hostile input to the surfaces a security review tried (issue 38): sweep names that become
+folders, the `branch:` section, `batch.ramp`, `optuna_storage`, checkpoints to start from,
+`report DIR` on hostile tables, report folders holding a user's files, `ui`, `prepare`, `submit`.
+Each case is a row, run through the CLI's entry in-process with Ray, MLflow runs and the corpus
+replaced by sentinels that fail the test when touched (`nothing_starts`): bad input is exit 2
+with one line on stderr naming the key, nothing written or removed (every file compared by
+content), no password printed; a failure during a run is exit 1 in one line, without one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+from orchestrator.cli import main
+from orchestrator.core import config, derived, storage, sweep_file
+from orchestrator.driver import plan, ray_session, sweep
+from orchestrator.reporting import report
+from orchestrator.tracking import mlflow_runs, mlflow_ui
+from tests.conftest import TINY, free_ports, sqlite_store, touched, write_sweep
+
+PASSWORD = "PW-hunter2"
+"""In every URI a row gives a password: it must appear nowhere the command prints or writes."""
+
+
+def tree(folder) -> list:
+    """Every file and folder under `folder` with its bytes: what "nothing written or removed" compares."""
+    return sorted((str(p.relative_to(folder)), p.read_bytes() if p.is_file() else None) for p in folder.rglob("*"))
+
+
+def cli(args) -> int:
+    """The exit code of the command line's entry in-process (argparse's own refusals end in SystemExit)."""
+    try:
+        return main([str(a) for a in args])
+    except SystemExit as stop:
+        return stop.code
+
+
+@pytest.fixture
+def hostile(nothing_starts, tmp_path, monkeypatch):
+    """What a row names, outside the working directory: a plain file, an empty folder, a
+    checkpoint folder without its state/."""
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "no-state" / "other").mkdir(parents=True)
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "token-cache"))  # `train` names it (and reads nothing)
+    return {"AFILE": tmp_path / "a-file", "EMPTY": tmp_path / "empty", "NOSTATE": tmp_path / "no-state"}
+
+
+def placed(args, things) -> list:
+    out = []
+    for a in args:
+        for name, value in things.items():
+            a = str(a).replace(name, str(value))
+        out.append(a)
+    return out
+
+
+RAMP = "batch.ramp=[{from_tokens: 0, tokens_per_update: 4096}, {from_tokens: 16384, tokens_per_update: 8192}]"
+TRIALS = "trial,status,batch.tokens_per_update,optim.lr,stopped_at\na,FINISHED,4096,0.001,\nb,FINISHED,8192,0.001,\n"
+CURVES = "trial,metric,tokens,value\na,train/loss,0,5.0\na,train/loss,4096,4.0\nb,train/loss,0,5.0\n"
+"""A table folder `report DIR` reads (the rows below make it hostile)."""
+
+REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
+    # a password inside a URI is never printed, not even in the refusal
+    (["plan", TINY, f"tracking.uri=ftp://u:{PASSWORD}@host/x"], "tracking.uri"),
+    (["train", TINY, f"train.storage_path=ftp://u:{PASSWORD}@host/runs"], "train.storage_path"),
+    # a checkpoint to start from: validated for every verb, not skipped for containing ://
+    (["plan", TINY, "train.start_from_checkpoint=ftp://host/runs/checkpoint_000001"], "train.start_from_checkpoint"),
+    (["plan", TINY, "train.start_from_checkpoint=s3://bucket/checkpoint_000001"], "train.start_from_checkpoint"),
+    (["plan", TINY, "train.start_from_checkpoint=AFILE"], "train.start_from_checkpoint"),
+    (["plan", TINY, "train.start_from_checkpoint=EMPTY"], "train.start_from_checkpoint"),
+    (["train", TINY, "train.start_from_checkpoint=NOSTATE"], "train.start_from_checkpoint"),
+    (["plan", TINY, "model.init_from=s3://bucket/model.safetensors"], "model.init_from"),
+    # checkpoints repeated or past the end of the run
+    (["plan", TINY, "train.checkpoint_at_tokens=[65536, 65536]"], "train.checkpoint_at_tokens"),
+    (["plan", TINY, "train.checkpoint_at_tokens=[524288]"], "train.checkpoint_at_tokens"),
+    (
+        ["train", TINY, "train.stop_at_tokens=65536", "train.checkpoint_at_tokens=[131072]"],
+        "train.checkpoint_at_tokens",
+    ),
+    # an lr scaling exponent that overflows
+    (["plan", TINY, RAMP, "batch.ramp_lr_scaling=1000"], "batch.ramp_lr_scaling"),
+    # a ramp's errors name the step's full key; one too long for the command line is refused
+    (["plan", TINY, "batch.ramp=[{from_tokens: abc, tokens_per_update: 4096}]"], "batch.ramp.0.from_tokens"),
+    (["plan", TINY, "batch.ramp=[{from_tokens: 0, tokens_per_updat: 4096}]"], "batch.ramp.0.tokens_per_updat"),
+    (["plan", TINY, "batch.ramp=[{from_tokens: 0}]"], "batch.ramp.0.tokens_per_update"),
+    (["plan", TINY, RAMP, "batch.ramp.1.from_tokens=1.5"], "batch.ramp.1.from_tokens"),
+    (["plan", TINY, RAMP, "batch.ramp.2.from_tokens=0"], "batch.ramp.2.from_tokens"),
+    (["plan", TINY, "batch.ramp=[" + "{from_tokens: 0, tokens_per_update: 4096}, " * 4000 + "]"], "batch.ramp"),
+    (["report", "EMPTY"], "trials.csv"),  # a folder, not a name the store knows: the file it lacks
+    # report's target losses
+    (["report", "EMPTY", "--target-loss", "nan"], "--target-loss"),
+    (["report", "EMPTY", "--target-loss", "-1"], "--target-loss"),
+]
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    REFUSED_BEFORE_ANYTHING_STARTS,
+    ids=[" ".join(str(x) for x in a if x != TINY)[:120] for a, _ in REFUSED_BEFORE_ANYTHING_STARTS],
+)
+def test_bad_input_is_refused_in_one_line_before_anything_starts(args, key, hostile, nothing_starts, capsys):
+    before = tree(nothing_starts.parent)
+    code = cli(placed(args, hostile))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and key in err[0], err
+    assert PASSWORD not in err[0]
+    assert tree(nothing_starts.parent) == before, "nothing written or removed"
+
+
+BRANCH = {"at_tokens": [16384, 65536], "factors": [1, 2, 4], "tokens": 16384}
+SWEEP_FILES = [  # (sections of a sweep file, the key the one line names)
+    # a sweep's name is one plain folder name (validation.plain_name), as a run's is
+    ({"name": "/elsewhere/abs-study"}, "name"),
+    ({"name": ".."}, "name"),
+    ({"name": "."}, "name"),
+    ({"name": "a/b"}, "name"),
+    ({"name": ".hidden"}, "name"),
+    # the database URL's password is not printed
+    ({"search": {"algorithm": "optuna", "optuna_storage": f"ftp://u:{PASSWORD}@h/db"}}, "search.optuna_storage"),
+    # lr scaling exponents have an upper bound
+    (
+        {
+            "lr_scaling": {"reference_tokens": 2, "base_lr": 1e-3, "alpha": 5000},
+            "space": {"batch.tokens_per_update": 4096},
+        },
+        "lr_scaling.alpha",
+    ),
+    ({"branch": {**BRANCH, "lr_scaling": 1000}}, "branch.lr_scaling"),
+    # each branch factor and branch point once
+    ({"branch": {**BRANCH, "factors": [1, 2, 2]}}, "branch.factors"),
+    ({"branch": {**BRANCH, "at_tokens": [16384, 16384]}}, "branch.at_tokens"),
+    # branch.from naming no run: before Ray, before the parent run (with no store: none is created)
+    ({"branch": {**BRANCH, "from": "no-such-run"}}, "branch.from"),
+]
+
+
+@pytest.mark.parametrize("sections, key", SWEEP_FILES, ids=[k for _, k in SWEEP_FILES])
+def test_a_bad_sweep_file_is_refused_in_one_line_before_anything_starts(sections, key, nothing_starts, capsys):
+    source = "branches.yaml" if "branch" in sections else "smoke.yaml"
+    path = write_sweep(nothing_starts.parent, source, **sections)
+    before = tree(nothing_starts.parent)
+    for verb in (["sweep"], ["sweep", "--dry-run"], ["report"]) if key == "name" else (["sweep"],):
+        code = cli([verb[0], path, *verb[1:]])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and key in err[0], (verb, err)
+        assert PASSWORD not in err[0]
+    assert tree(nothing_starts.parent) == before, "nothing written or removed"
+
+
+# ---------------------------------------------------------------- passwords in what is logged and printed
+
+
+def test_no_password_reaches_the_store_from_a_sweep_file_or_a_config(tmp_path):
+    """The sweep's parent run: its params and its sweep-file artifact; and every param, tag and
+    text logged through the one door (a storage URI in the checkpoints tag, a failure reason)."""
+    uri = sqlite_store(tmp_path)
+    secret_uri = f"postgresql://u:{PASSWORD}@127.0.0.1:9/db"
+    path = write_sweep(
+        tmp_path,
+        base={"config": str(TINY), "overrides": {"train.storage_path": f"s3://k:{PASSWORD}@b/r"}},
+        search={"algorithm": "optuna", "optuna_storage": secret_uri, "num_samples": 2},
+        space={"optim.lr": {"loguniform": [1e-4, 1e-2]}},
+    )
+    parent = sweep._open_parent(sweep_file.load(path), config.load(TINY, [f"tracking.uri={uri}"]), None)
+    mlflow_runs.set_tags(uri, parent, {mlflow_runs.CHECKPOINTS_TAG: f"s3://k:{PASSWORD}@b/r/x"})
+    mlflow_runs.set_tags(uri, parent, {mlflow_runs.FAILURE_TAG: f"OSError: cannot open {secret_uri}"})
+    run = mlflow_runs.get_run(uri, parent)
+    stored = json.dumps([run.data.params, run.data.tags])
+    stored += mlflow_runs.read_text_artifact(uri, parent, path.name)
+    assert PASSWORD not in stored and "u:***@127.0.0.1:9/db" in stored and "k:***@b/r" in stored
+    assert run.data.params["sweep.search.optuna_storage"] == "postgresql://u:***@127.0.0.1:9/db"
+
+
+@pytest.mark.parametrize("verb", [["ui", "--port", "PORT"], ["report", "some-sweep"]])
+def test_a_failure_reaching_the_command_line_is_one_line_without_the_password(
+    verb, nothing_starts, monkeypatch, capsys
+):
+    """A tracking server that refuses the connection: MLflow's exception names the URI with its
+    password; the command prints its first line, redacted, and exits 1."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow retries for minutes otherwise
+    args = [a.replace("PORT", str(free_ports(1)[0])) for a in verb]
+    code = cli([*args, f"tracking.uri=http://u:{PASSWORD}@127.0.0.1:9"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "MlflowException" in err[0] and "u:***@127.0.0.1:9" in err[0], err
+    assert PASSWORD not in err[0] and os.listdir(nothing_starts) == []
+
+
+# ---------------------------------------------------------------- where report writes
+
+FOLDERS = [  # (--out, what is in the folders beforehand, the key the one line names)
+    ("USERDIR", {"USERDIR/trials.csv": "the user's own"}, "--out"),  # not a folder a report wrote
+    ("USERDIR", {"USERDIR/notes.txt": "mine", "USERDIR/report.json": "{}"}, "--out"),  # a report's, and a user's file
+    ("TABLES", {}, "--out"),  # DIR is never rewritten
+    (None, {}, "--out"),  # nor when it is the default reports/<its name>
+]
+
+
+@pytest.mark.parametrize("out, files, key", FOLDERS, ids=["user-trials", "user-file", "same", "default-same"])
+def test_report_writes_only_into_a_folder_of_its_own(out, files, key, nothing_starts, capsys):
+    tables = nothing_starts / "reports" / "tables"  # report DIR's default --out is reports/tables
+    tables.mkdir(parents=True)
+    (tables / "trials.csv").write_text(TRIALS)
+    (tables / "curves.csv").write_text(CURVES)
+    for name, text in files.items():
+        (nothing_starts / name).parent.mkdir(parents=True, exist_ok=True)
+        (nothing_starts / name).write_text(text)
+    before = tree(nothing_starts.parent)
+    places = {"USERDIR": nothing_starts / "USERDIR", "TABLES": tables}
+    code = cli(["report", "reports/tables", *(["--out", places[out]] if out else [])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and key in err[0], err
+    assert tree(nothing_starts.parent) == before
+
+
+def test_report_names_that_are_not_plain_folder_names_need_an_out(nothing_starts, capsys):
+    """A run named '..' (from a store written before names were checked) has no default folder."""
+    uri = sqlite_store(nothing_starts.parent / "store")
+    run_id = mlflow_runs.client(uri).create_run("0", run_name="..").info.run_id  # the Default experiment
+    before, _ = tree(nothing_starts.parent), capsys.readouterr()
+    code = cli(["report", run_id, f"tracking.uri={uri}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--out" in err[0] and "'..'" in err[0], err
+    assert tree(nothing_starts.parent) == before
+
+
+def test_a_report_rerun_into_its_default_folder_replaces_its_own_files(tmp_path, monkeypatch, capsys):
+    """`report DIR` twice into its default reports/<name>: the second run replaces the first's
+    files and touches no other."""
+    monkeypatch.chdir(tmp_path)
+    world_tables(tmp_path / "tables")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "mine.txt").write_text("a user's file beside the report")
+    for _ in range(2):
+        assert main(["report", "tables"]) == 0, capsys.readouterr().err
+    out = tmp_path / "reports" / "tables"
+    assert {p.name for p in out.iterdir()} <= set(report.OWNED) and (out / report.MARKER).is_file()
+    assert (tmp_path / "reports" / "mine.txt").read_text() == "a user's file beside the report"
+
+
+def world_tables(folder, renamed=()):
+    """trials.csv and curves.csv of a small known-truth world in `folder`; its first trials renamed."""
+    from tests.known_truth import World
+
+    world = World(draw=1, max_points=60)
+    runs = world.grid(batches=(256, 512, 1024), lrs=(0.004, 0.008), seeds=1)
+    world.write(runs, folder)
+    for name in ("trials.csv", "curves.csv"):  # consistently in both files
+        text = (folder / name).read_text()
+        for run, new in zip(runs, renamed):
+            text = text.replace(run.name, new)
+        (folder / name).write_text(text)
+    return folder
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def test_a_failed_prepare_leaves_no_folder_it_created(tmp_path, capsys):
+    """--out three folders deep, none of them there: a source that fails while it is tokenized
+    (a line that is not JSON) leaves none of them."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "fine"}\nnot json\n')
+    source = f"data.sources=[{{name: mine, kind: files, path: '{corpus}'}}]"
+    before = tree(tmp_path)
+    code = main(["prepare", str(TINY), source, "--out", str(tmp_path / "new" / "deeper" / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "data.sources.0" in err[0], err
+    assert tree(tmp_path) == before
+
+
+# ---------------------------------------------------------------- what a report shows of a name
+
+
+def test_hostile_trial_names_come_out_inert(tmp_path, capsys):
+    """A trial named like a spreadsheet formula or holding HTML: the written tables start it with a
+    quote, summary.md opens no tag, summary.html escapes it."""
+    formula, script = "=cmd|' /C calc'!A0", "<script>alert(1)</script>"
+    folder = world_tables(tmp_path / "tables", renamed=(formula, script))
+    assert main(["report", str(folder), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    out = tmp_path / "out"
+    for name in ("trials.csv", "curves.csv"):
+        cells = (out / name).read_text()
+        assert f"'{formula}" in cells and f"\n{formula}" not in cells and f",{formula}" not in cells, name
+    markdown = (out / "summary.md").read_text()
+    assert "alert(1)" in markdown and "<script" not in markdown
+    assert "<script" not in (out / "summary.html").read_text()
+
+
+def test_ui_on_every_interface_warns_that_it_has_no_authentication(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(mlflow_ui, "_serve_until_stopped", lambda cmd, env: 0)
+    uri = sqlite_store(tmp_path)
+    for host, warned in (("0.0.0.0", "on every interface"), ("127.0.0.1", None)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="orchestrator"):
+            assert main(["ui", "--host", host, "--port", str(free_ports(1)[0]), f"tracking.uri={uri}"]) == 0
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        if warned:
+            assert len(warnings) == 1 and warned in warnings[0] and "no authentication" in warnings[0], warnings
+        else:
+            assert warnings == []
+
+
+# ---------------------------------------------------------------- checks before Ray
+
+
+def test_branch_from_a_run_the_store_does_not_hold_is_refused_before_ray(nothing_starts, capsys):
+    uri = sqlite_store(nothing_starts.parent / "store")
+    path = write_sweep(nothing_starts.parent, "branches.yaml", branch={**BRANCH, "from": "no-such-run"})
+    before, _ = tree(nothing_starts.parent), capsys.readouterr()  # (MLflow's words when it made the store)
+    code = cli(["sweep", path, f"tracking.uri={uri}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "branch.from" in err[0] and "no-such-run" in err[0], err
+    assert tree(nothing_starts.parent) == before
+    assert mlflow_runs.client(uri).search_runs(["0"]) == [], "no MLflow run"
+
+
+def test_submit_names_a_malformed_address_before_the_sweep_file(nothing_starts, capsys):
+    path = write_sweep(nothing_starts.parent)  # outside the project folder, which submit refuses too
+    code = cli(["submit", path, "--address", "not-a-url"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--address" in err[0] and "not-a-url" in err[0], err
+
+
+def test_a_checkpoint_that_would_unpickle_code_is_refused_before_ray(tmp_path, monkeypatch, capsys):
+    """train.start_from_checkpoint naming a planted pickle: refused by launch.preflight (its
+    first check, before the corpus is read), not by a worker after Ray started and a FAILED run."""
+    from tests.planted_pickle import plant
+
+    state = tmp_path / "checkpoint_000001" / storage.CHECKPOINT_TAG
+    state.mkdir(parents=True)
+    torch.save({"tokens": 65536}, state / "mp_rank_00_model_states.pt")
+    plant(state / "mp_rank_00_model_states.pt", tmp_path / "pwned")
+    monkeypatch.setattr(ray_session, "ray_init", touched("Ray"))
+    monkeypatch.setattr(mlflow_runs, "create_run", touched("MLflow"))
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "token-cache"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code = main(["train", str(TINY), f"train.start_from_checkpoint={state.parent}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "train.start_from_checkpoint" in err[0] and "refusing" in err[0], err
+    assert not (tmp_path / "pwned").exists() and os.listdir(work) == []
+
+
+# ---------------------------------------------------------------- report DIR on hostile tables
+
+HOSTILE_TABLES = [  # (file, what replaces what in it, the row and column the one line names)
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,inf,4.0"), "row 3, column 'tokens'"),
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,1e400,4.0"), "row 3, column 'tokens'"),
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,-4096,4.0"), "row 3, column 'tokens'"),
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,nan,4.0"), "row 3, column 'tokens'"),
+    (
+        "curves.csv",
+        ("a,train/loss,4096,4.0", "a,train/loss,0,4.0"),
+        "row 3, column 'tokens'",
+    ),  # (a, train/loss, 0) twice
+    ("curves.csv", ("a,train/loss,4096,4.0", "a,train/loss,4096,four"), "row 3, column 'value'"),
+    ("curves.csv", ("b,train/loss,0,5.0", "b,train/loss,0,5.0," + "9" * 140_000), "row 4"),  # a cell past the header
+    ("curves.csv", ("b,train/loss", "b" * 140_000 + ",train/loss"), "row 4, column 'trial'"),  # over 128 KiB
+    ("trials.csv", ("b,FINISHED", "a,FINISHED"), "row 3, column 'trial'"),  # trial names are unique
+    ("trials.csv", ("a,FINISHED,4096", "a,FINISHED,-4096"), "row 2, column 'batch.tokens_per_update'"),
+    ("trials.csv", ("a,FINISHED,4096", "a,FINISHED,1e400"), "row 2, column 'batch.tokens_per_update'"),
+    ("trials.csv", ("a,FINISHED,4096", "a,FINISHED,4096.5"), "row 2, column 'batch.tokens_per_update'"),
+    ("trials.csv", ("4096,0.001,\nb", "4096,-0.001,\nb"), "row 2, column 'optim.lr'"),
+    ("trials.csv", ("4096,0.001,\nb", "4096,inf,\nb"), "row 2, column 'optim.lr'"),
+    ("trials.csv", ("8192,0.001,", "8192,0.001,inf"), "row 3, column 'stopped_at'"),
+    ("trials.csv", (b"a,FINISHED", b"\xff\xfe,FINISHED"), "row 2, column 'trial'"),  # not UTF-8
+]
+
+
+@pytest.mark.parametrize("file, change, where", HOSTILE_TABLES, ids=[f"{f}: {w}" for f, _, w in HOSTILE_TABLES])
+def test_a_hostile_table_is_refused_in_one_line_naming_file_row_and_column(file, change, where, nothing_starts, capsys):
+    folder = nothing_starts.parent / "tables"
+    folder.mkdir()
+    (folder / "trials.csv").write_text(TRIALS)
+    (folder / "curves.csv").write_text(CURVES)
+    text = (folder / file).read_bytes()
+    old, new = (c if isinstance(c, bytes) else c.encode() for c in change)
+    assert old in text
+    (folder / file).write_bytes(text.replace(old, new, 1))
+    before = tree(nothing_starts.parent)
+    code = cli(["report", folder, "--out", nothing_starts.parent / "out"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"orchestrator report: error: {file}: {folder}: {where}")
+    assert len(err[0]) < 400 and tree(nothing_starts.parent) == before
+
+
+# ---------------------------------------------------------------- plan on ramps: linear, and the same answers
+
+SHORT_RAMPS = {  # overrides of the tiny config -> plan's answers before it was made linear (issue 38)
+    "two": (
+        [RAMP, "batch.ramp_lr_scaling=sqrt"],
+        {
+            "ramp": [(0, 4, 1.0, 0.00075), (16384, 30, 1.4142135623730951, 0.0042321819537997985)],
+            "lr_at": [
+                0.00075,
+                0.0,
+                0.003878018165523355,
+                0.0025330168979652377,
+                0.001055956046924907,
+                0.0004242640687119286,
+            ],
+            "steps": (34, 4, 30, 262144),
+        },
+    ),
+    "three": (
+        [
+            "batch.ramp=[{from_tokens: 0, tokens_per_update: 2048}, {from_tokens: 8192, tokens_per_update: 4096}, "
+            "{from_tokens: 65536, tokens_per_update: 16384}]",
+            "batch.ramp_lr_scaling=linear",
+            "schedule.decay=wsd",
+            "schedule.wsd_decay_share=0.25",
+        ],
+        {
+            "ramp": [(0, 4, 1.0, 0.000375), (8192, 14, 2.0, 0.0045000000000000005), (65536, 12, 8.0, 0.024)],
+            "lr_at": [0.000375, 0.0, 0.006, 0.024, 0.024, 0.0024000000000000002],
+            "steps": (30, 6, 24, 262144),
+        },
+    ),
+    "five": (
+        [
+            "batch.ramp=[{from_tokens: 0, tokens_per_update: 4096}, {from_tokens: 8192, tokens_per_update: 8192}, "
+            "{from_tokens: 24576, tokens_per_update: 4096}, {from_tokens: 32768, tokens_per_update: 12288}, "
+            "{from_tokens: 69632, tokens_per_update: 8192}]",
+            "batch.ramp_lr_scaling=0.7",
+            "schedule.warmup_tokens=40960",
+            "train.total_tokens=200000",
+        ],
+        {
+            "ramp": [
+                (0, 2, 1.0, 0.00030000000000000003),
+                (8192, 2, 1.624504792712471, 0.0019494057512549653),
+                (24576, 2, 1.0, 0.0021000000000000003),
+                (32768, 3, 2.157669279974593, 0.006462514251715341),
+                (69632, 15, 1.624504792712471, 0.004263741439897662),
+            ],
+            "lr_at": [
+                0.00030000000000000003,
+                0.0,
+                0.006440911031806476,
+                0.003583765903036008,
+                0.001491205536546048,
+                0.00048735143781374133,
+            ],
+            "steps": (24, 7, 17, 192512),
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SHORT_RAMPS)
+def test_plan_of_a_ramp_gives_the_answers_it_gave_before_it_was_linear(name):
+    """Exactly (not approximately) what `plan` answered when it recomputed the segments for every
+    lr it printed; the updates before each segment are the running sum of those before."""
+    overrides, before = SHORT_RAMPS[name]
+    cfg = config.load(TINY, overrides)
+    info = plan.describe(cfg)
+    assert [(s["from_tokens"], s["updates"], s["lr_factor"], s["lr_after_change"]) for s in info["ramp"]] == before[
+        "ramp"
+    ]
+    assert list(info["lr_at"].values()) == before["lr_at"]
+    assert (info["total_steps"], info["warmup_steps"], info["decay_steps"], info["total_tokens"]) == before["steps"]
+    segments = derived.batch_segments(cfg)
+    assert [s.start_update for s in segments] == [sum(s.updates for s in segments[:i]) for i in range(len(segments))]
