@@ -30,8 +30,9 @@ check that the two agree.
 A ladder writes what a trainer would: trials.csv rows carrying `model.params` and
 `train.total_tokens`, curves.csv rows, read back through orchestrator/analysis/tables.trials_from.
 Per rung: batch sizes in powers of two from below B_opt / 12 to above 3 B_noise; per batch size the
-three values of one lr grid, fixed across rungs and batch sizes (factor sqrt(2)), around its best lr
-(as a bracket search ends, the best interior); `seeds` replicates. Pure numpy.
+three values of one lr grid, fixed across rungs and batch sizes (factor sqrt(2)), around its best
+lr, extended as a bracket search extends them until the seeds' best is interior; `seeds`
+replicates. Pure numpy.
 
 What the runs do not have, and a real ladder does: seed noise as large as the tolerance (here a
 seed moves the final loss by about 0.02% of it, the tolerance is 0.5%), a best lr that drifts
@@ -50,6 +51,7 @@ import numpy as np
 from tests.known_truth import Run, World, factor_grid
 
 GOLDEN = (math.sqrt(5) - 1) / 2
+MAX_EXTENSIONS = 3
 
 
 @dataclass(frozen=True)
@@ -221,11 +223,10 @@ class LadderWorld:
         high = 2 ** math.ceil(math.log2(3 * self.b_noise(tokens)))
         return [int(b) for b in factor_grid(low, high)]
 
-    def lrs(self, params: float, tokens: int, batch: float) -> List[float]:
-        """The three values of the lr grid (powers of lr_factor) around the best lr at `batch`."""
-        best, half = self.lr_law(params, tokens, batch), self.lr_factor**1.5
-        grid = self.lr_factor ** np.arange(-80.0, 1.0)
-        return [float(lr) for lr in grid if best / half <= lr < best * half]
+    def lr_steps(self, params: float, tokens: int, batch: float) -> List[int]:
+        """The three steps k of the lr grid (lr = lr_factor^k) around the best lr at `batch`."""
+        nearest = round(math.log(self.lr_law(params, tokens, batch)) / math.log(self.lr_factor))
+        return [nearest - 1, nearest, nearest + 1]
 
     def run(self, params: float, tokens: int, batch: int, lr: float, seed: int) -> Run:
         rng = np.random.default_rng(
@@ -254,12 +255,23 @@ class LadderWorld:
         return Run(batch, lr, seed, train, evals, [], "FAILED" if failed else "FINISHED", name)
 
     def rung_runs(self, params: float, tokens: int) -> List[Run]:
-        return [
-            self.run(params, tokens, b, lr, seed)
-            for b in self.batches(params, tokens)
-            for lr in self.lrs(params, tokens, b)
-            for seed in range(self.seeds)
-        ]
+        """Per batch size the three lrs around its best; then, as a bracket search does, one more lr
+        beyond whichever edge the seeds' mean final loss puts the best at, until it is interior (at
+        most MAX_EXTENSIONS more)."""
+        runs = []
+        for b in self.batches(params, tokens):
+            tried = {k: self._seeds(params, tokens, b, k) for k in self.lr_steps(params, tokens, b)}
+            for _ in range(MAX_EXTENSIONS):
+                best = min(tried, key=lambda k: np.mean([r.final_loss for r in tried[k]]))
+                if min(tried) < best < max(tried):
+                    break
+                outward = best - 1 if best == min(tried) else best + 1
+                tried[outward] = self._seeds(params, tokens, b, outward)
+            runs += [r for k in sorted(tried) for r in tried[k]]
+        return runs
+
+    def _seeds(self, params: float, tokens: int, batch: int, step: int) -> List[Run]:
+        return [self.run(params, tokens, batch, float(self.lr_factor**step), s) for s in range(self.seeds)]
 
     def tables(self, rungs: Sequence[Tuple[float, int]] = ()) -> Tuple[List[Dict[str, object]], List[tuple]]:
         """(rows of trials.csv, rows of curves.csv) of every rung (or of `rungs`)."""
