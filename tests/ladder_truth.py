@@ -34,9 +34,9 @@ three values of one lr grid, fixed across rungs and batch sizes (factor sqrt(2))
 lr, extended as a bracket search extends them until the seeds' best is interior; `seeds`
 replicates. Pure numpy.
 
-What the runs do not have, and a real ladder does: seed noise as large as the tolerance (here a
-seed moves the final loss by about 0.02% of it, the tolerance is 0.5%), a best lr that drifts
-along training, and laws that bend (but `curvature`).
+Not here, and in a real ladder: seeds that move the final loss by as much as the tolerance (here
+0.02% of it, the tolerance 0.5%), a best lr that drifts along training, laws that bend (but
+`curvature`).
 """
 
 from __future__ import annotations
@@ -61,8 +61,7 @@ class Truth:
     b_opt: float
     lr_opt: float
     b_crit: float
-    final_loss: float
-    """The noise-free final loss at the best batch size and lr (the reference of B_opt)."""
+    final_loss: float  # noise-free, at the best batch size and lr: the reference of B_opt
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,8 @@ class LadderWorld:
     seed_noise: float = 0.02
     """Log-normal spread of a seed's rate."""
     eval_noise: float = 0.0002
+    """Independent noise of each eval/loss point: small, since the eval set is the same for every
+    run and its own sampling error is shared by all of them."""
     update_noise: float = 0.3
     """A train/loss point's noise is update_noise / sqrt(B)."""
     max_points: int = 120

@@ -294,7 +294,7 @@ def _held(rungs: Sequence[Rung], key: str) -> Optional[float]:
 
 
 def to_json(ladder: Ladder) -> Dict[str, Any]:
-    """report.json's `ladder` (docs/design.md 3)."""
+    """report.json's `ladder` (its keys: docs/ladders.md)."""
     return {
         "tolerance": ladder.tolerance,
         "design": {"variables": list(ladder.design.variables), "note": ladder.design.note},
