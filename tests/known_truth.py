@@ -6,15 +6,18 @@ learning rate lr lowers the loss by
 
     rate x luck x (L - floor)^exponent x gain(f) / knee(B_noise(L) / B),   f = lr / lr_opt(B, L)
 
-with gain(f) = 2 f - f^2 (or a parabola in log lr: `gain`), lr_opt(B, L) = lr_max / knee(B_noise(L) / B)
-and knee(x) = (1 + x^k)^(1/k): k = 1 is the
-model the analysis assumes, k > 1 a sharper knee, k < 1 a softer one. The learning rate follows
+with gain(f) = 2 f - f^2 (or a response smooth in log lr, or log-normal: `gain`), lr_opt(B, L) =
+lr_max / knee(B_noise(L) / B) and knee(x) = (1 + x^k)^(1/k): k = 1 is the model the analysis
+assumes, k > 1 a sharper knee, k < 1 a softer one. `shape: stretched` replaces the power law
+(L - floor)^exponent by the rate of a stretched exponential, L - floor = A exp(-(P / tau)^beta) in
+the progress P, so the curves are not power laws either. The learning rate follows
 a real schedule in tokens (linear warmup, then constant, wsd or cosine), so warmup steps make
 less progress and an lr grid fixed across B misses lr_opt by a different factor at every B.
 B_noise may rise as the loss falls: B_noise(L) = b_noise x ((loss_start - floor) / (L - floor))^rise.
 A seed's luck multiplies its rate (log-normal; its spread may grow with B); every logged
 `train/loss` point carries its own noise (update_noise / sqrt(B): a mean over B tokens). An lr
-with f > 2 makes no progress and then diverges: the run fails.
+with f > 2 makes no progress and then diverges: the run fails; with `diverge_above` a run fails as
+soon as f passes it (a run that diverges above 1.5x the optimal lr, say).
 
 At the best lr and with a constant B_noise, the steps between two loss levels after warmup are
 exactly S_min (1 + B_noise / B) for k = 1, so the truth is B_crit = B_noise; with a rising B_noise
@@ -45,7 +48,14 @@ class World:
     gain: str = "quadratic"
     """quadratic: McCandlish's 2f - f^2 (progress quadratic in lr); log: smooth in log lr (a
     Gaussian of width 1 in ln f below the optimum, 1 - (ln f / ln 3)^2 above), so the analysis's
-    lr interpolation is not the world's model either."""
+    lr interpolation is not the world's model either; lognormal: exp(-(ln f)^2 / (2 lr_width^2))."""
+    lr_width: float = 1.0
+    """The log-normal response's width in ln f."""
+    diverge_above: float = math.inf
+    """A run fails as soon as f = lr / lr_opt (with its schedule) passes this."""
+    shape: str = "power"
+    """power: progress rate (L - floor)^exponent; stretched: a stretched exponential's (`stretch`)."""
+    stretch: float = 0.5
     lr_max: float = 0.02
     loss_start: float = 5.5
     floor: float = 2.0
@@ -82,7 +92,20 @@ class World:
         if self.gain == "quadratic":
             return 2 * f - f * f
         log_f = np.log(np.maximum(f, 1e-12))
+        if self.gain == "lognormal":
+            return np.exp(-0.5 * (log_f / self.lr_width) ** 2)
         return np.where(log_f < 0, np.exp(-0.5 * log_f**2), 1 - (log_f / math.log(3)) ** 2)
+
+    def rate_of(self, loss: np.ndarray) -> np.ndarray:
+        """Progress per unit of ideal progress at loss L (before the lr and batch factors)."""
+        gap = np.maximum(loss - self.floor, 0.0)
+        if self.shape == "power":
+            return gap**self.exponent
+        # L - floor = A exp(-(P / tau)^beta): dL/dP = -(L - floor) beta / tau (ln(A / (L - floor)))^(1 - 1/beta),
+        # A = e (loss_start - floor) so the log is 1 at the start; scaled to the power law's rate there.
+        span = self.loss_start - self.floor
+        log_ratio = np.log(math.e * span / np.maximum(gap, 1e-12))
+        return span**self.exponent * (gap / span) * log_ratio ** (1 - 1 / self.stretch)
 
     def lr_opt(self, batch: float, loss: Optional[float] = None) -> float:
         """The best learning rate at batch B and loss L (at loss_start by default)."""
@@ -120,17 +143,24 @@ class World:
         loss = np.full(len(specs), self.loss_start)
         history = np.full((int(steps.max()) + 1, len(specs)), np.nan)
         failed = np.zeros(len(specs), bool)
+        updates = np.arange(1, int(steps.max()) + 1)[:, None]
+        within = updates <= steps  # [updates, specs]: the spec makes update s + 1
+        multiplier = self.schedule(updates * batch)
         knee = self.knee_of(self.b_noise / batch)  # constant unless B_noise rises
-        for s in range(int(steps.max())):
-            active = (s < steps) & ~failed
-            history[s, active] = loss[active]
+        if not self.rise:  # everything but the loss known ahead: one array op per update below
+            f = lr * multiplier * knee / self.lr_max
+            gains, diverging = self.rate * luck * self.gain_of(f) / knee, f > self.diverge_above
+        for s in range(len(updates)):
+            active = within[s] & ~failed
+            history[s] = np.where(active, loss, np.nan)
             if self.rise:
                 knee = self.knee_of(self.b_noise_at(loss) / batch)
-            f = lr * self.schedule((s + 1) * batch) * knee / self.lr_max
-            gain = self.gain_of(f) / knee
-            step = self.rate * luck * np.maximum(loss - self.floor, 0.0) ** self.exponent * gain
-            loss = np.where(active, loss - step, loss)
-            failed |= active & ~(loss < self.loss_start + 1.0)
+                f = lr * multiplier[s] * knee / self.lr_max
+                gain, diverged = self.rate * luck * self.gain_of(f) / knee, f > self.diverge_above
+            else:
+                gain, diverged = gains[s], diverging[s]
+            loss = np.where(active, loss - gain * self.rate_of(loss), loss)
+            failed |= active & (~(loss < self.loss_start + 1.0) | diverged)
         history[steps, np.arange(len(specs))] = np.where(failed, np.nan, loss)
         return [self._run(spec, history[: steps[i] + 1, i], rngs[i], bool(failed[i])) for i, spec in enumerate(specs)]
 
@@ -235,3 +265,42 @@ def factor_grid(low: float, high: float, factor: float = 2.0) -> List[float]:
     """low, low x factor, ... up to high (inclusive, to rounding)."""
     n = int(math.floor(math.log(high / low) / math.log(factor) + 1e-9))
     return [low * factor**i for i in range(n + 1)]
+
+
+REVIEW_WORLDS = {
+    "log-normal lr response": World(gain="lognormal", b_noise=1000.0),
+    "stretched-exponential loss": World(shape="stretched", b_noise=600.0),
+    "runs diverge above 1.5x the optimal lr": World(diverge_above=1.5, b_noise=1200.0),
+    "seed noise growing at small B": World(seed_noise=0.1, seed_noise_growth=-0.5, b_noise=1200.0),
+}
+"""Worlds a review found the analysis biased on: an lr response that is log-normal, not quadratic;
+a loss that is no power law; runs that fail above 1.5x the optimal lr (so the lr above the best
+tried usually failed); seed noise that grows at small B. Each has B_crit = b_noise exactly."""
+
+
+def offset_grid(draw: int, lrs: Sequence[float]) -> List[float]:
+    """`lrs` shifted by a draw's own fraction of their factor-2 step, so draws put the grid at every
+    offset from the optimum (a fixed grid leaves each batch size at one offset in every draw)."""
+    return [lr * 2.0 ** ((draw * 0.37) % 1.0) for lr in lrs]
+
+
+def _primary(job: Tuple["World", Sequence[float], int]) -> Dict[str, object]:
+    from orchestrator.analysis import sweep_analysis
+
+    world, lrs, seeds = job
+    result = sweep_analysis.analyse(world.trials(world.grid(lrs=lrs, seeds=seeds)))
+    return {**result["primary"], "points": None}
+
+
+def primaries(
+    world: "World", lrs: Sequence[float], draws: int, seeds: int = 2, workers: int = 2
+) -> List[Dict[str, object]]:
+    """The primary critical_batch entry of each of `draws` draws of `world` (its lr grid
+    `offset_grid` per draw), analysed in `workers` fresh processes (draws are independent, and a
+    2-core machine then takes half the time)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(world.with_(draw=d), offset_grid(d, lrs), seeds) for d in range(draws)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_primary, jobs))

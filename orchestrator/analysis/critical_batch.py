@@ -6,23 +6,15 @@ S = S_min + E_min / B = S_min (1 + B_crit / B), is fitted to the steps S_j of ea
 B_j in log steps (seed noise is multiplicative), weighted by each point's seed spread, by
 profiling B_crit over a log grid (S_min then has a closed form), so B_crit = 0 or infinity are
 edges of the grid, never a division by zero. Everything that takes a vector of points also takes
-a matrix of bootstrap resamples, one per row.
-
-The best over learning rate at one batch size comes from a parabola through the best grid point
-and its two neighbours, not from the best grid point: an lr grid of factor 2 misses the optimum
-by up to a factor sqrt(2), differently at every B, which would bend the fit. For steps to a
-target the parabola is of the speed 1 / S in the lr itself: progress per step is quadratic in
-the lr in the second-order model the hyperbola comes from (McCandlish et al.: lr |G|^2 -
-lr^2 (G'HG + tr(H Sigma) / B) / 2), and on worlds whose lr response is smooth in log lr instead
-it still did better than a parabola in log lr (docs/critical-batch.md). For final losses
-the parabola is in log lr.
+a matrix of bootstrap resamples, one per row. The best over learning rate at one batch size is
+orchestrator/analysis/lr_optimum.py.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import optimize, stats
@@ -80,72 +72,6 @@ def smooth(tokens: Sequence[float], values: Sequence[float], width: float) -> np
     return (cum[hi] - cum[lo]) / (hi - lo)
 
 
-# ---------------------------------------------------------------- the best learning rate
-
-
-@dataclass
-class Optimum:
-    """The best of a function over a grid of learning rates, per row (bootstrap resamples)."""
-
-    value: np.ndarray
-    position: np.ndarray
-    """Where on the grid's axis (lr or log lr, as given) the refined best lies."""
-    index: np.ndarray
-    """The best grid point."""
-    at_index: np.ndarray
-    """The value at the best grid point: how far the parabola moved it is the scale of its error."""
-    edge: np.ndarray
-    """-1: the best is the lowest lr tried; 1: the highest; 0: interior (2: the only one)."""
-
-    def edge_word(self, i: Any = ()) -> Optional[str]:
-        """The edge (of row or target i) as the report says it: lowest, highest, only, or None."""
-        return {-1: "lowest", 1: "highest", 2: "only"}.get(int(self.edge[i]))
-
-
-def best_over(positions: Sequence[float], values: np.ndarray, maximize: bool) -> Optimum:
-    """The extreme of `values` [..., L] over the sorted grid `positions` [L], refined by the
-    vertex of the parabola through the best point and its neighbours (the vertex kept between
-    the neighbours). NaN marks a point worse than any number (a run that failed, or never
-    reached the target): it counts as tried, so it brackets the best, but it has no value, so
-    the parabola then takes the next point on the other side instead, and its vertex may not
-    pass the best point towards it."""
-    x = np.asarray(positions, np.float64)
-    y = np.asarray(values, np.float64)
-    sign = 1.0 if maximize else -1.0
-    s = np.where(np.isnan(y), -np.inf, sign * y)  # maximise s; -inf: worse than any
-    n = len(x)
-    best = np.argmax(s, axis=-1)
-    value = np.take_along_axis(y, best[..., None], -1)[..., 0]
-    edge = np.where(best == 0, -1, np.where(best == n - 1, 1, 0))
-    if n == 1:
-        return Optimum(value, x[best], best, value, np.full(best.shape, 2))
-
-    def at(i):
-        return np.take_along_axis(s, np.clip(i, 0, n - 1)[..., None], -1)[..., 0]
-
-    left_ok = (best > 0) & np.isfinite(at(best - 1))
-    right_ok = (best < n - 1) & np.isfinite(at(best + 1))
-    # The three points: centred on the best, else shifted away from a neighbour without a value.
-    centre = np.where(left_ok & right_ok, best, np.where(left_ok, best - 1, best + 1))
-    i = np.clip(centre, 1, n - 2)
-    x0, x1, x2 = x[i - 1], x[i], x[i + 1]
-    y0, y1, y2 = at(i - 1), at(i), at(i + 1)
-    # The vertex stays between the neighbours, and on the side of a neighbour without a value it
-    # goes no further than the best point: what lies beyond it is unmeasured.
-    low = np.where(left_ok, x[np.clip(best - 1, 0, n - 1)], x[best])
-    high = np.where(right_ok, x[np.clip(best + 1, 0, n - 1)], x[best])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        # Parabola through the three points in divided differences: s = y1 + b (x - x1) + c (x - x1)^2.
-        d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
-        c = (d12 - d01) / (x2 - x0)
-        b = d01 + c * (x1 - x0)
-        vertex = np.clip(x1 - b / (2 * c), low, high)
-        peak = y1 + b * (vertex - x1) + c * (vertex - x1) ** 2
-    ok = (left_ok | right_ok) & (centre == i) & np.isfinite(y0 + y1 + y2)
-    ok &= (c < 0) & np.isfinite(peak) & (peak >= at(best))
-    return Optimum(np.where(ok, sign * peak, value), np.where(ok, vertex, x[best]), best, value, edge)
-
-
 # ---------------------------------------------------------------- the fit
 
 
@@ -185,11 +111,13 @@ def fit(batches: Sequence[float], steps: np.ndarray, weights: Optional[Sequence[
     z = np.log1p(grid[:, None] / b[None, :])  # [G, J]
     sw = w.sum()
 
-    def sse_and_mean(r):  # residuals [..., J] -> weighted SSE about the mean, the mean (log S_min)
-        mean = (r * w).sum(-1) / sw
-        return ((r - mean[..., None]) ** 2 * w).sum(-1), mean
+    def centred(v):  # minus its weighted mean over the batch sizes
+        return v - ((v * w).sum(-1) / sw)[..., None]
 
-    sse, _ = sse_and_mean(y[..., None, :] - z)  # [..., G]
+    # SSE about the weighted mean, for every grid point at once: with y and z centred,
+    # sum w (y - z)^2 = sum w y^2 - 2 (w y) . z + sum w z^2, one matrix product for all rows.
+    yc, zc = centred(y), centred(z)
+    sse = ((yc**2 * w).sum(-1))[..., None] - 2 * (yc * w) @ zc.T + (zc**2 * w).sum(-1)  # [..., G]
     g = np.argmin(sse, axis=-1)
     gi = np.clip(g, 1, len(grid) - 2)
     u = np.log(grid)
@@ -199,7 +127,9 @@ def fit(batches: Sequence[float], steps: np.ndarray, weights: Optional[Sequence[
         shift = 0.5 * step * (s0 - s2) / (s0 - 2 * s1 + s2)
     shift = np.where((g == gi) & np.isfinite(shift) & (np.abs(shift) <= step), shift, 0.0)
     b_crit = np.exp(u[g] + shift)
-    best_sse, mean = sse_and_mean(y - np.log1p(b_crit[..., None] / b))
+    r = y - np.log1p(b_crit[..., None] / b)
+    mean = (r * w).sum(-1) / sw
+    best_sse = ((r - mean[..., None]) ** 2 * w).sum(-1)
     edge = np.where(g == 0, -1, np.where(g == len(grid) - 1, 1, 0))
     return Fit(np.exp(mean), b_crit, best_sse, edge)
 

@@ -16,6 +16,12 @@ from orchestrator.formulas.schedules import TRUSTED_SHARE
 CLIP_SPREAD = 0.25
 """Warn when the share of clipped updates before a target differs by more than this between B."""
 WARMUP_FACTOR = 3.0
+UNINTERPOLATED = {
+    "one-sided": "a neighbouring lr failed or never reached this loss, so the optimum was extrapolated from "
+    "the other side (at most half a grid step past the best lr tried)",
+    "not interpolated": "no concave parabola passes through the best lr and its neighbours, so it is the best lr tried",
+}
+"""Why an lr optimum inside the grid is no interpolation (orchestrator/analysis/lr_optimum.py)."""
 """Warn when E_min is within this many times the warmup tokens."""
 
 
@@ -28,6 +34,13 @@ def notes(usable: Sequence[Trial], entry: Dict[str, Any], missing: Sequence[int]
             notes.append(
                 f"steps at B = {', '.join(at)} are upper bounds: the best lr there is the {side} tried "
                 f"(search.algorithm: bracket extends the lrs until the best is inside)"
+            )
+    for word, why in UNINTERPOLATED.items():
+        at = [f"{p['batch']:,}" for p in points if p["lr_edge"] == word]
+        if at:
+            notes.append(
+                f"the best lr at B = {', '.join(at)} is {word}: {why}; the steps there carry the lr grid's spacing "
+                "as their uncertainty, in the fit and in the interval"
             )
     if missing:
         notes.append("not reached by batch sizes " + ", ".join(f"{b:,}" for b in missing))
@@ -60,6 +73,20 @@ def notes(usable: Sequence[Trial], entry: Dict[str, Any], missing: Sequence[int]
     if not any(p["b_simple"] is not None for p in points):
         notes.append("no gns/b_simple at this loss (gns.enabled=false, or B_simple was not measured)")
     return notes
+
+
+def flags(entry: Dict[str, Any]) -> List[str]:
+    """What marks a B_crit, for machines (the notes say it for people): `lack_of_fit` (the
+    hyperbola does not describe the points), `lr_bound` (the best lr of a point is at an edge of
+    the lrs tried: its steps are an upper bound), `lr_not_interpolated` (a point's best lr is
+    one-sided or the best tried: its steps carry the grid's spacing as their uncertainty)."""
+    words = {p["lr_edge"] for p in entry["points"]}
+    marks = [("lack_of_fit", entry["lack_of_fit"]["flagged"])]
+    marks += [
+        ("lr_bound", bool(words & {"lowest", "highest"})),
+        ("lr_not_interpolated", bool(words & set(UNINTERPOLATED))),
+    ]
+    return [name for name, on in marks if on]
 
 
 def trend(fits, resolved: List[int], boot, targets) -> Dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator.analysis import critical_batch as cb
-from orchestrator.analysis import diagnostics
+from orchestrator.analysis import diagnostics, lr_optimum
 from orchestrator.analysis.trials import Config, Trial, by_batch, lr_scans
 
 TARGET_FRACTIONS = (0.1, 0.3, 0.6)
@@ -21,6 +21,8 @@ END_SHARE = 0.1
 MIN_BATCH_SIZES = 3
 LACK_OF_FIT_P = 0.05
 RESAMPLES, SEED = 1000, 0
+PRIOR_DOF = 4
+"""Degrees of freedom the pooled seed variance counts for in each point's own (steps_to_target._variances)."""
 
 
 # ---------------------------------------------------------------- levels
@@ -129,6 +131,11 @@ def batch_table(
     return Batch(b, scans, log_steps, reached_at)
 
 
+STEP_FORMS = (("lin", "lin"), ("log", "log"))
+"""The lr parabolas of fewest steps: the speed 1 / S in the lr (progress per step is quadratic in
+the lr in McCandlish et al.'s model), or log speed in log lr (exact for a log-normal response)."""
+
+
 @dataclass
 class Best:
     """The fewest steps over lr at one batch size, per target (leading axes: resamples)."""
@@ -136,30 +143,37 @@ class Best:
     steps: np.ndarray
     """[..., targets]; inf where no configuration reaches the target."""
     interpolation: np.ndarray
-    """[..., targets] log(steps of the best configuration tried / steps): how far the lr parabola
-    moved the answer, the scale of its own error (its error over grid offsets has about this
-    size: docs/critical-batch.md)."""
+    """[..., targets] the scale of the lr refinement's error in log steps: how far the parabola
+    moved the answer from the best configuration tried (its error over grid offsets has about
+    this size: docs/critical-batch.md), and at least what half a grid step costs where the
+    optimum is flagged (lr_optimum.grid_error)."""
     scan: np.ndarray
-    optimum: List[cb.Optimum]
+    optimum: List[lr_optimum.Optimum]
     """Per scan, over [..., targets]."""
 
 
 def fewest_steps(batch: Batch, means: List[np.ndarray]) -> Best:
     """means: [scan] -> [..., configs, targets] mean log steps. The speed 1 / S (NaN when not
-    reached) is maximised over the lr by critical_batch.best_over, then over the scans."""
+    reached) is maximised over the lr by lr_optimum.best_over, then over the scans."""
     optima, speeds = [], []
     for scan, m in zip(batch.scans, means):
-        opt = cb.best_over([c.lr or 0.0 for c in scan], np.moveaxis(np.exp(-m), -2, -1), maximize=True)
+        lrs = [c.lr or 1.0 for c in scan]
+        opt = lr_optimum.best_over(lrs, np.moveaxis(np.exp(-m), -2, -1), maximize=True, forms=STEP_FORMS)
         optima.append(opt)
         speeds.append(np.nan_to_num(opt.value, nan=0.0))
     speeds = np.stack(speeds)  # [scans, ..., targets]
     scan = np.argmax(speeds, axis=0)
-    best = np.take_along_axis(speeds, scan[None], 0)[0]
-    tried = np.nan_to_num(np.take_along_axis(np.stack([o.at_index for o in optima]), scan[None], 0)[0], nan=0.0)
+
+    def chosen(values):
+        return np.take_along_axis(np.stack(values), scan[None], 0)[0]
+
+    best = chosen(speeds)
+    tried = np.nan_to_num(chosen([o.at_index for o in optima]), nan=0.0)
+    floor = np.where(chosen([o.flagged for o in optima]), lr_optimum.grid_error(chosen([o.step for o in optima])), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         steps = np.where(best > 0, 1.0 / best, np.inf)
         gap = np.where((best > 0) & (tried > 0), np.log(best / np.where(tried > 0, tried, 1.0)), 0.0)
-    return Best(steps, gap, scan, optima)
+    return Best(steps, np.maximum(gap, floor), scan, optima)
 
 
 # ---------------------------------------------------------------- the study
@@ -229,6 +243,7 @@ def _entry(target, status, fit, points, missing, **extra) -> Dict[str, Any]:
         "e_min": None if fit is None else float(fit.e_min),
         "b_simple": None,
         "lack_of_fit": {"p": None, "flagged": False, "dof": None},
+        "flags": [],
         "points": points,
         "missing": missing,
         "notes": [],
@@ -249,7 +264,7 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
         rows.append(_point(b, best, k))
         sq, n = b.pure_error(k)
         gap = float(best.interpolation[k])
-        spreads.append((sq, n, rows[-1]["seeds"], gap))
+        spreads.append(Spread(sq, n, rows[-1]["seeds"], gap))
         dof += n
         if boot is not None:
             boot = boot[:, k] * np.exp(gap * jitter.standard_normal(len(boot)))
@@ -257,7 +272,7 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
     sizes = [r["batch"] for r in rows]
     variances = _variances(spreads)
     weighted = variances is not None
-    weights = [1 / v for v in variances[0]] if weighted else None
+    weights = [1 / v for v in variances] if weighted else None
     fit = None
     if len(set(sizes)) >= 2:
         one = cb.fit(sizes, [[r["steps"] for r in rows]], weights)
@@ -294,7 +309,7 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
     if weighted and fit is not None:
         predicted = np.log(fit.s_min * (1 + fit.b_crit / np.asarray(sizes, np.float64)))
         residuals = np.log([r["steps"] for r in rows]) - predicted
-        p = cb.lack_of_fit(float(np.sum(residuals**2 / np.asarray(variances[1]))), len(rows), dof)
+        p = cb.lack_of_fit(float(np.sum(residuals**2 / np.asarray(variances))), len(rows), dof)
         flagged = p is not None and p < LACK_OF_FIT_P
         entry["lack_of_fit"] = {"p": p, "flagged": flagged, "dof": dof}
         if flagged:
@@ -303,20 +318,43 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
                 f"(p = {p:.2g}); B_crit is a summary, not a measurement"
             )
     entry["notes"] = notes + diagnostics.notes(usable, entry, missing)
+    entry["flags"] = diagnostics.flags(entry)
     measured = [p["b_simple"] for p in rows if p["b_simple"] is not None]
     entry["b_simple"] = float(np.median(measured)) if measured else None
     return entry, boot_b_crit
 
 
-def _variances(spreads) -> Optional[Tuple[List[float], List[float]]]:
-    """(variance of each point's seed mean of log steps, the same plus the square of the lr
-    interpolation's error scale); None without replicates. The fit weighs by the first: on the
-    known-truth worlds weighing by the second biased B_crit (the interpolation's error is not
-    noise of the point's own); the lack-of-fit test and the bootstrap use the second."""
-    if not spreads or any(n == 0 or sq <= 0 for sq, n, _, _ in spreads):
+@dataclass(frozen=True)
+class Spread:
+    """What one point's uncertainty is made of."""
+
+    squares: float
+    """Sum of squared seed deviations of log steps from their configuration's mean."""
+    dof: int
+    seeds: int
+    """Seeds averaged into the point."""
+    gap: float
+    """The lr refinement's error scale (Best.interpolation)."""
+
+
+def _variances(spreads: Sequence[Spread]) -> Optional[List[float]]:
+    """The variance of each point's log steps, which the fit weighs it by and the lack-of-fit
+    test reads; None without replicates.
+
+    The seed variance of log steps per seed is each point's own, shrunk toward the one pooled
+    over the batch sizes of this target as if the pooled value were PRIOR_DOF more degrees of
+    freedom of it (the moderated variance of Smyth 2004): a point's own spread from one or two
+    degrees of freedom can be a tenth of the truth by luck, and its weight would then be ten
+    times too large; where the noise differs between batch sizes, enough seeds still show it.
+    A point's variance is that over its seeds, plus the square of its lr refinement's error
+    scale: a point whose parabola moved it far, or whose optimum is only the grid's (flagged),
+    is less certain than its seeds say (docs/critical-batch.md gives the figures)."""
+    dof = sum(p.dof for p in spreads)
+    squares = sum(p.squares for p in spreads)
+    if not spreads or dof == 0 or squares <= 0:
         return None
-    seeds = [sq / n / k for sq, n, k, _ in spreads]
-    return seeds, [v + g * g for v, (_, _, _, g) in zip(seeds, spreads)]
+    pooled = squares / dof
+    return [(p.squares + PRIOR_DOF * pooled) / (p.dof + PRIOR_DOF) / p.seeds + p.gap**2 for p in spreads]
 
 
 def _point(b: Batch, best: Best, k: int) -> Dict[str, Any]:
@@ -332,8 +370,8 @@ def _point(b: Batch, best: Best, k: int) -> Dict[str, Any]:
         "steps": float(best.steps[k]),
         "tokens": float(best.steps[k] * b.batch),
         "tokens_to_target": float(np.mean(crossings)),
-        "lr": float(opt.position[k]) or None,
-        "lr_edge": opt.edge_word(k),
+        "lr": float(opt.position[k]) if config.lr else None,
+        "lr_edge": opt.flag_word(k),
         "seeds": len(config.trials),
         "run_id": config.trials[0].run_id,
         "run_name": config.trials[0].name,

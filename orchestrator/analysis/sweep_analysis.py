@@ -54,11 +54,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator.analysis import branch_analysis, branch_cbs, steps_to_target
-from orchestrator.analysis import critical_batch as cb
+from orchestrator.analysis import branch_analysis, branch_cbs, lr_optimum, steps_to_target
 from orchestrator.analysis.trials import LR_KEY, SEED_KEY, Trial, by_batch, lr_scans, settings, swept_axes
 
 # ---------------------------------------------------------------- best configurations
+
+LOSS_FORMS = (("log", "lin"), ("lin", "lin"))
+"""The lr parabolas of the final loss: in log lr, or in the lr."""
 
 
 def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) -> List[Dict[str, Any]]:
@@ -73,7 +75,8 @@ def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) ->
             finals = [[t.final(metric) if t.outcome == "finished" else None for t in c.trials] for c in scan]
             losses = [float(np.mean(f)) if all(x is not None for x in f) else math.nan for f in finals]
             if scan and any(math.isfinite(x) for x in losses):
-                opt = cb.best_over([c.log_lr for c in scan], np.array(losses), maximize=False)
+                lrs = [c.lr or 1.0 for c in scan]
+                opt = lr_optimum.best_over(lrs, np.array(losses), maximize=False, forms=LOSS_FORMS)
                 scored.append((float(losses[opt.index]), opt, scan, finals))
         if not scored:
             continue
@@ -88,8 +91,8 @@ def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) ->
                 "final_loss": loss,
                 "spread": spread,
                 "seeds": len(chosen.trials),
-                "lr": _lr(opt),
-                "lr_edge": opt.edge_word(),
+                "lr": float(opt.position) if chosen.lr else None,
+                "lr_edge": opt.flag_word(),
                 "run_id": best.run_id,
                 "run_name": best.name,
                 "configurations": sum(len(s[2]) for s in scored),
@@ -97,10 +100,6 @@ def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) ->
             }
         )
     return rows
-
-
-def _lr(opt: cb.Optimum) -> Optional[float]:
-    return float(math.exp(opt.position)) if math.isfinite(float(opt.position)) else None
 
 
 def _edges(best: Trial, tried: Sequence[Trial], axes: Sequence[str]) -> Dict[str, str]:

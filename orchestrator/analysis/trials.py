@@ -53,7 +53,8 @@ class Trial:
     """The Ray Tune trial the run belongs to (sweeps only)."""
     checkpoints: Optional[str] = None
     """Where the run's checkpoint_* folders live (path or URI), when it kept any."""
-    _fits: Dict[float, Any] = field(default_factory=dict, repr=False)
+    _fits: Dict[Any, Any] = field(default_factory=dict, repr=False)
+    """Monotone fits of train/loss: by pre-smoothing width over the trusted part, `whole` over all of it."""
 
     def number(self, key: str, kind=float) -> Any:
         try:
@@ -136,7 +137,11 @@ class Trial:
     def final(self, metric: str) -> Optional[float]:
         if metric == "eval/loss":
             return self.eval[-1][1] if self.eval else None
-        return float(cb.monotone(*map(np.asarray, zip(*self.train)))[1][-1]) if self.train else None
+        if not self.train:
+            return None
+        if "whole" not in self._fits:  # the monotone fit of the whole curve, decay included
+            self._fits["whole"] = cb.monotone(*map(np.asarray, zip(*self.train)))
+        return float(self._fits["whole"][1][-1])
 
     def b_simple_at(self, tokens: float) -> Optional[float]:
         return float(np.interp(tokens, *zip(*self.b_simple))) if self.b_simple else None

@@ -51,55 +51,6 @@ def test_presmoothing_is_a_centred_window_in_tokens():
     assert np.array_equal(cb.smooth(t, v, 0), v)
 
 
-# ---------------------------------------------------------------- the best over lr
-
-
-@given(vertex=st.floats(-2.0, 2.0), curvature=st.floats(0.1, 5.0), peak=st.floats(-3.0, 3.0))
-@settings(max_examples=60, deadline=None)
-def test_the_vertex_of_an_exact_parabola_is_found_between_the_neighbours(vertex, curvature, peak):
-    x = np.arange(-4.0, 4.5, 1.0)
-    y = peak - curvature * (x - vertex) ** 2
-    best = cb.best_over(x, y, maximize=True)
-    assert float(best.position) == pytest.approx(vertex, abs=1e-9)
-    assert float(best.value) == pytest.approx(peak, abs=1e-9)
-    assert float(best.at_index) == pytest.approx(y.max()) and int(best.edge) == 0
-    low = cb.best_over(x, -y, maximize=False)  # a minimum the same way
-    assert float(low.position) == pytest.approx(vertex, abs=1e-9) and float(low.value) == pytest.approx(-peak)
-
-
-def test_a_neighbour_without_a_value_brackets_the_best_but_the_parabola_takes_the_other_side():
-    x = np.array([1.0, 2.0, 3.0, 4.0])
-    y = 10 - (x - 2.6) ** 2  # exact parabola, vertex between 2 and 3
-    y_missing = y.copy()
-    y_missing[3] = np.nan  # the neighbour above the best (3) failed
-    best = cb.best_over(x, y_missing, maximize=True)
-    assert int(best.edge) == 0, "a failed lr above the best still brackets it"
-    assert float(best.position) == pytest.approx(2.6) and float(best.value) == pytest.approx(10.0)
-    y_past = 10 - (x - 3.4) ** 2
-    y_past[3] = np.nan  # the vertex of the lower three lies past the best, towards the failure
-    best = cb.best_over(x, y_past, maximize=True)
-    assert float(best.position) == 3.0, "no further than the best point towards what is unmeasured"
-
-
-def test_edges_and_a_single_lr():
-    x = np.log([1e-3, 2e-3, 4e-3])
-    assert int(cb.best_over(x, np.array([3.0, 2.0, 1.0]), maximize=False).edge) == 1
-    assert int(cb.best_over(x, np.array([1.0, 2.0, np.nan]), maximize=False).edge) == -1
-    only = cb.best_over(x[:1], np.array([5.0]), maximize=True)
-    assert int(only.edge) == 2 and float(only.value) == 5.0
-
-
-def test_rows_are_resamples_each_refined_as_alone():
-    rng = np.random.default_rng(1)
-    x = np.arange(6.0)
-    rows = rng.normal(size=(50, 6))
-    rows[rng.random((50, 6)) < 0.2] = np.nan
-    together = cb.best_over(x, rows, maximize=True)
-    for i, row in enumerate(rows):
-        alone = cb.best_over(x, row, maximize=True)
-        assert np.allclose([together.value[i], together.position[i]], [alone.value, alone.position], equal_nan=True)
-
-
 # ---------------------------------------------------------------- the fit
 
 
