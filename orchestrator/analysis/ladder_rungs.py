@@ -4,10 +4,10 @@
 Per rung (each a from-scratch sweep over batch size and learning rate):
 - per batch size, the best lr and the final loss there, as sweep_analysis.best_per_batch gives
   them: the mean final loss over seeds of the best configuration tried, and the best lr from the
-  parabola in log lr through it and its neighbours. (The parabola's minimum as the loss was tried
-  and left: where the loss climbs steeply on one side of the optimum, as it does above the best
-  lr, the parabola through three points of a factor-2 grid dips far below every point; on the
-  known-truth ladder with such a response it put B_opt at 4x the truth.);
+  parabola through it and its neighbours (lr_optimum). The loss is the best grid point's, not the
+  parabola's minimum: where the loss climbs steeply on one side of the optimum, as it does above
+  the best lr, a parabola through three points of a factor-2 grid dips far below every point (on
+  the known-truth ladder with such a response it put a rung's B_opt at 4x the truth);
 - B_opt by the rule of optimal_batch.py, and lr_opt = the best lr at B_opt, read off a straight
   line in log-log through the best lrs of the batch sizes near it (LrNear);
 - B_crit, its interval and status at steps_to_target.study's primary target (the lowest chosen loss
@@ -16,7 +16,7 @@ Per rung (each a from-scratch sweep over batch size and learning rate):
 
 Intervals: a 90% bootstrap over seeds, as steps_to_target's: each resample redraws every
 configuration's seeds from its batch size's pooled deviations (scaled by sqrt(K / (K - 1))) and
-redoes the choice of the best configuration, the lr parabola (critical_batch.best_over, as
+redoes the choice of the best configuration, the lr parabola (lr_optimum.best_over, as
 best_per_batch calls it) and the rule. B_crit's resamples, which the study keeps to itself, are drawn
 log-normal from its interval (one-sided statuses have none). Seeded: the same tables give the same
 intervals.
@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator.analysis import critical_batch as cb
-from orchestrator.analysis import optimal_batch, steps_to_target, sweep_analysis
+from orchestrator.analysis import lr_optimum, optimal_batch, steps_to_target, sweep_analysis
 from orchestrator.analysis.trials import LR_KEY, Trial, by_batch, lr_scans, swept_axes
 
 PARAMS_KEY, TOKENS_KEY = "model.params", "train.total_tokens"
@@ -244,13 +244,15 @@ def _chosen_scan(group: Sequence[Trial], axes: Sequence[str], row: Dict[str, Any
 
 def _resampled(scan, metric: str, rng: np.random.Generator, resamples: int):
     """(final loss of the best configuration [R], log of the best lr [R], seeded) of one batch size
-    over seed resamples: best_per_batch's choice, redone on redrawn seed means."""
+    over seed resamples: best_per_batch's choice (lr_optimum.best_over in its LOSS_FORMS), redone on
+    redrawn seed means."""
     finals = [np.array([t.final(metric) if t.outcome == "finished" else np.nan for t in c.trials], float) for c in scan]
     means = np.array([f.mean() for f in finals])  # NaN unless every seed finished: worse than any
     pool = [(f - f.mean()) * math.sqrt(len(f) / (len(f) - 1)) for f in finals if len(f) > 1 and np.isfinite(f).all()]
+    lrs = [c.lr or 1.0 for c in scan]
     if not pool:
-        optimum = cb.best_over([c.log_lr for c in scan], means, maximize=False)
-        return np.full(resamples, float(optimum.at_index)), np.full(resamples, float(optimum.position)), False
+        optimum = lr_optimum.best_over(lrs, means, maximize=False, forms=sweep_analysis.LOSS_FORMS)
+        return np.full(resamples, float(optimum.at_index)), np.full(resamples, math.log(optimum.position)), False
     deviations = np.concatenate(pool)
     draws = np.stack(
         [
@@ -259,8 +261,8 @@ def _resampled(scan, metric: str, rng: np.random.Generator, resamples: int):
         ],
         axis=-1,
     )
-    optimum = cb.best_over([c.log_lr for c in scan], draws, maximize=False)
-    return optimum.at_index, optimum.position, True
+    optimum = lr_optimum.best_over(lrs, draws, maximize=False, forms=sweep_analysis.LOSS_FORMS)
+    return optimum.at_index, np.log(optimum.position), True
 
 
 def _interp_log(x: Any, xp: np.ndarray, fp: np.ndarray) -> Any:
