@@ -402,11 +402,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"orchestrator {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `orchestrator plan ... | head`: the reader has what it wanted
+        _stdout_to_devnull()
+        return 0
     except Exception as exc:  # a failure during the run: its reason in one line, not a traceback
+        if os.environ.get(TRACEBACK_ENV):
+            raise
         lines = str(exc).strip().splitlines()
         reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
         print(f"orchestrator {args.verb}: error: {_without_secrets(reason)}", file=sys.stderr)
         return 1
+
+
+TRACEBACK_ENV = "ORCHESTRATOR_TRACEBACK"
+"""Set (to anything) to see a failure's whole traceback instead of its one line: for reporting a
+bug. A traceback can hold what the one line redacts (a URI's password), so it is off by default."""
+
+
+def _stdout_to_devnull() -> None:
+    """After the reader of our output went away, the rest goes nowhere, so no later flush fails."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _without_secrets(text: str) -> str:
@@ -422,7 +439,12 @@ def command() -> None:
     """The `orchestrator` command: main(), then a quick exit. When main returns, the work is done
     and recorded; Python's own finalization of what a run imports (torch, DeepSpeed, SciPy,
     matplotlib) would take seconds more, so the command stops Ray, flushes its output and ends."""
-    code = main()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the output's reader went away while the last lines were flushed
+        _stdout_to_devnull()
+        code = 0
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()

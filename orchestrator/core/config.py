@@ -14,14 +14,19 @@ Pure: imports no Ray, DeepSpeed or MLflow.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from dataclasses import field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from orchestrator.core import registry, validation
 from orchestrator.core.errors import ConfigError
@@ -52,13 +57,47 @@ def schema_keys(schema: Any = Config, prefix: str = "") -> List[str]:
     return keys
 
 
+UNKNOWN_KEY = (ConfigKeyError, ConfigAttributeError)
+"""What OmegaConf raises for a key the schema does not have (by item, by attribute)."""
+
+
 def did_you_mean(key: str) -> str:
     """`; did you mean <closest schema key>?` (or the valid sections), to end an unknown-key message."""
-    close = difflib.get_close_matches(key, schema_keys(), n=1, cutoff=0.6)
-    if close:
-        return f"; did you mean {close[0]}?"
+    scored = sorted((_distance(key, known), known) for known in schema_keys())
+    if scored and scored[0][0] <= 0.5:
+        return f"; did you mean {scored[0][1]}?"
     sections = [f.name for f in fields(Config)]
     return f"; valid sections: {', '.join(sections)}"
+
+
+def _distance(key: str, known: str) -> float:
+    """How far an unknown dotted key is from a schema key, 0 (the same) to about 1: the edit
+    distance of their last parts over the longer one's length, or less where one is the other's
+    abbreviation (learning_rate -> lr: the initials of its words) or its start (warmup ->
+    warmup_tokens); 0.3 more when the sections differ, so a right name in the wrong section is
+    still found."""
+    section, _, leaf = key.rpartition(".")
+    known_section, _, known_leaf = known.rpartition(".")
+    edits = _edits(leaf, known_leaf) / max(len(leaf), len(known_leaf), 1)
+    if known_leaf in (_initials(leaf), leaf[:2]) or leaf == _initials(known_leaf):
+        edits = min(edits, 0.1)
+    elif known_leaf.startswith(leaf) or leaf.startswith(known_leaf):
+        edits = min(edits, 0.2)
+    return edits + (0.0 if section == known_section else 0.3)
+
+
+def _initials(name: str) -> str:
+    return "".join(word[0] for word in name.split("_") if word)
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions that turn a into b."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    return row[-1]
 
 
 def _read_yaml(path: Path) -> Tuple[DictConfig, Any]:
@@ -143,7 +182,7 @@ def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
         try:
             OmegaConf.update(merged, key, value, merge=isinstance(value, (dict, list)))
         except (OmegaConfBaseException, TypeError, IndexError) as exc:
-            if isinstance(exc, OmegaConfBaseException) and not isinstance(exc, ConfigKeyError):
+            if isinstance(exc, OmegaConfBaseException) and not isinstance(exc, UNKNOWN_KEY):
                 raise
             inner = getattr(exc, "full_key", None)
             if inner and not key.startswith(inner):  # an unknown key inside a list or dict value
@@ -154,7 +193,7 @@ def _apply_overrides(merged: DictConfig, overrides: List[tuple]) -> None:
 def _omegaconf_error(exc: OmegaConfBaseException) -> ConfigError:
     key = re.sub(r"\[(\d+)\]", r".\1", getattr(exc, "full_key", None) or "")  # sources[0].kind -> sources.0.kind
     first = str(exc).splitlines()[0]
-    if isinstance(exc, ConfigKeyError):
+    if isinstance(exc, UNKNOWN_KEY):
         return ConfigError(key, f"unknown key{did_you_mean(key)}")
     if isinstance(exc, ValidationError):
         return ConfigError(key, f"{first}")

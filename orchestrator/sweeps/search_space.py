@@ -38,7 +38,8 @@ class Trial:
 
     @property
     def name(self) -> str:
-        """Short, config-revealing run name, e.g. `B=64Ki lr=3e-4 wu=2%`."""
+        """Short, config-revealing run name, e.g. `B=64Ki lr=3e-4 wu=2.5%` (the warmup as a share of
+        the budget, to three digits)."""
         if self.cfg is None:
             return " ".join(f"{k}={v}" for k, v in self.overrides.items())
         c = self.cfg
@@ -54,7 +55,7 @@ class Trial:
                 + [f"{_binary(s.tokens_per_update)}@{_binary(s.from_tokens)}" for s in c.batch.ramp[1:]]
             )
         parts += [f"B={batch}", f"lr={_short(c.optim.lr)}"]
-        parts.append(f"wu={100 * c.schedule.warmup_tokens / c.train.total_tokens:.0f}%")
+        parts.append(f"wu={100 * c.schedule.warmup_tokens / c.train.total_tokens:.3g}%")  # 2.5%, not 2%
         if any(k.startswith("schedule.decay") for k in self.overrides):
             parts.append(c.schedule.decay)
         if "train.seed" in self.values:

@@ -203,3 +203,17 @@ def test_a_shape_ray_can_never_place_exits_2_before_any_run(
     assert_one_clean_line(code, err, shape)
     assert hint in err, err
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists(), "something was written"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`orchestrator plan ... | head`: the reader closes the pipe before the table is written; the
+    command exits 0 with nothing on stderr (it was a BrokenPipeError traceback)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "plan", str(TINY)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # before the command has written anything
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and err == b"", err.decode()

@@ -106,7 +106,7 @@ def test_gpt_350m_cluster(dry_run):
 def test_auto_micro_batch_from_the_memory_model(dry_run):
     out, _ = dry_run(DEMO, "batch.micro_batch_size=auto", "--device-memory", "2GiB")
     lines = out.splitlines()
-    b2k = next(line for line in lines if line.startswith("B=2Ki lr=5e-4 wu=2% seed=0"))
+    b2k = next(line for line in lines if line.startswith("B=2Ki lr=5e-4 wu=2.5% seed=0"))
     # half the update (32 sequences) in a micro-batch: it would fit 2 GiB whole, but gns.enabled
     # splits every update in at least two micro-batches to measure B_simple
     assert b2k.split()[6:9] == ["16*", "2", "1"]

@@ -340,3 +340,22 @@ def test_a_config_error_raised_on_a_worker_reaches_the_driver_whole():
     error = WorkerGroupError("rank 1 failed", {1: wrapped})
     assert launch.failure_cause(error) == f"ConfigError: {raised}"
     assert launch.failure_cause(ValueError("plain")) == "ValueError: plain"
+
+
+@pytest.mark.parametrize(
+    "override, suggested",
+    [
+        ("optim.learning_rate=1e-3", "optim.lr"),  # an abbreviation: the initials of the words
+        ("optim.lrr=1e-3", "optim.lr"),  # a typo
+        ("optim.betas2=0.9", "optim.beta2"),
+        ("batch.micro_batch=4", "batch.micro_batch_size"),
+        ("train.total_token=65536", "train.total_tokens"),
+        ("schedule.warmup=8192", "schedule.warmup_tokens"),
+        ("train.warmup_tokens=8192", "schedule.warmup_tokens"),  # the right key in another section
+    ],
+)
+def test_an_unknown_key_gets_the_key_it_was_meant_to_be(override, suggested):
+    with pytest.raises(ConfigError) as info:
+        config.load(TINY, [override])
+    assert info.value.key == override.split("=")[0]
+    assert str(info.value).endswith(f"did you mean {suggested}?"), str(info.value)

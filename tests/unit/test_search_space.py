@@ -456,3 +456,10 @@ def test_a_branch_study_that_cannot_run_names_its_key(tmp_path, branch, base, ke
     with pytest.raises(ConfigError) as info:
         search_space.expand(sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**good, **branch}, **base)))
     assert info.value.key == key and says in str(info.value), str(info.value)
+
+
+def test_a_trial_name_states_its_warmup_as_it_is(tmp_path):
+    """8,192 of 327,680 tokens is 2.5 %, which the name said as 2 %."""
+    base = {"config": TINY, "overrides": {"train.total_tokens": 327680, "schedule.warmup_tokens": 8192}}
+    sweep = sweep_file.load(write(tmp_path, base=base, space={"optim.lr": {"grid": [1e-3]}}))
+    assert search_space.expand(sweep)[0].name.endswith("wu=2.5%")
