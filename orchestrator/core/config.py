@@ -19,6 +19,7 @@ from dataclasses import field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -311,6 +312,51 @@ def flatten(data: Any, prefix: str = "") -> Dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def from_params(params: Dict[str, Any]) -> Dict[str, Any]:
+    """A run's MLflow params (the resolved config flattened by dotted key, values as text, and
+    derived values beside) back into a nested config dict: only the schema's keys (a list's items
+    by index, `data.sources.0.name`), each value read as YAML ('None' as null). Derived params
+    that are no schema key (`train.total_steps`, `optim.beta2_effective`, ...) are left out."""
+    known = set(schema_keys())
+    out: Dict[str, Any] = {}
+    for key in sorted(params, key=_index_order):
+        parts = key.split(".")
+        stem = next((i for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in known), None)
+        if stem is None:
+            continue
+        node: Any = out
+        for part, following in zip(parts[:-1], parts[1:]):
+            child: Any = [] if following.isdigit() else {}
+            if isinstance(node, list):
+                if int(part) == len(node):
+                    node.append(child)
+                node = node[int(part)]
+            else:
+                node = node.setdefault(part, child)
+        value = _param_value(params[key])
+        if isinstance(node, list):
+            node.append(value)
+        else:
+            node[parts[-1]] = value
+    return out
+
+
+def _index_order(key: str) -> Tuple[Any, ...]:
+    """Dotted keys in an order that builds lists from item 0 on (`x.10` after `x.9`)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("."))
+
+
+def _param_value(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    if text == "None":
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def to_yaml(cfg: Config) -> str:

@@ -1,0 +1,89 @@
+"""What to run (orchestrator/analysis/recommend.py) and the file that launches it
+(orchestrator/reporting/recommended.py): the B_opt rule on hand-computed rows, the lr at that batch
+size, and a recommended.yaml that `orchestrator plan` accepts, made from a run's params as MLflow
+holds them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import yaml
+
+from orchestrator import cli
+from orchestrator.analysis import recommend
+from orchestrator.core import config, derived
+from orchestrator.driver import launch
+from orchestrator.reporting import recommended
+from tests.conftest import TINY
+
+ROWS = [  # final losses at the best lr per batch size; 1,024 is 0.3 % over the best, 2,048 1 %
+    {"batch": 256, "final_loss": 2.000, "lr": 1.0e-3, "run_id": "r256"},
+    {"batch": 512, "final_loss": 2.002, "lr": 1.4e-3, "run_id": "r512"},
+    {"batch": 1024, "final_loss": 2.006, "lr": 2.0e-3, "run_id": "r1024"},
+    {"batch": 2048, "final_loss": 2.020, "lr": 2.8e-3, "run_id": "r2048"},
+]
+
+
+def test_the_batch_is_b_opt_rounded_down_to_whole_sequences_and_its_lr_interpolated():
+    rec = recommend.for_sweep(ROWS, lr_law=None, unit=64)
+    threshold = 2.000 * 1.005  # the crossing of 1.005 x the best, linear in B between 1,024 and 2,048
+    b_opt = 1024 + (threshold - 2.006) / (2.020 - 2.006) * 1024
+    assert rec.b_opt.batch == pytest.approx(b_opt) and rec.b_opt.status == "resolved"
+    assert rec.tokens_per_update == int(b_opt // 64) * 64 == 1280
+    share = math.log(1280 / 1024) / math.log(2)
+    assert rec.lr == pytest.approx(math.exp(math.log(2.0e-3) + share * math.log(2.8e-3 / 2.0e-3)))
+    assert rec.lr_from == "interpolated" and rec.template_run == "r1024"
+    assert rec.overrides() == {"batch.tokens_per_update": 1280, "optim.lr": rec.lr}
+    law = recommend.for_sweep(ROWS, lr_law=(5e-5, 0.5), unit=64)
+    assert law.lr == pytest.approx(5e-5 * 1280**0.5) and law.lr_from == "power law"
+
+
+def test_every_batch_within_the_tolerance_recommends_the_largest_and_says_it_is_a_bound():
+    flat = [{**r, "final_loss": 2.0 + 0.001 * i} for i, r in enumerate(ROWS)]
+    rec = recommend.for_sweep(flat, lr_law=None, unit=64)
+    assert rec.b_opt.status == "above" and rec.tokens_per_update == 2048 and rec.lr == 2.8e-3
+    assert any("larger batch sizes were not tried" in s for s in rec.rule)
+    assert recommend.for_sweep([{"batch": 256, "final_loss": None}], None, 64) is None
+
+
+def params_of(cfg) -> dict:
+    """A run's params as MLflow holds them: the resolved config flattened, every value as text."""
+    return {k: str(v) for k, v in launch.run_params(cfg).items()}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["data.sources=[{name: a, kind: prose, weight: 2}, {name: b, kind: code}]", "schedule.decay=cosine"],
+        ["batch.ramp=[{from_tokens: 0, tokens_per_update: 1024}, {from_tokens: 8192, tokens_per_update: 2048}]"],
+    ],
+)
+def test_a_runs_params_read_back_are_its_config(overrides):
+    """Every schema key comes back with its type; the derived split b x A is logged resolved."""
+    cfg = config.load(TINY, overrides)
+    data = config.from_params(params_of(cfg))
+    plan = derived.batch_plan(cfg)
+    split = dataclasses.replace(
+        cfg.batch, micro_batch_size=plan.micro_batch_size, grad_accum_steps=plan.grad_accum_steps
+    )
+    assert config.from_dict(data) == dataclasses.replace(cfg, batch=split)
+
+
+def test_recommended_yaml_from_a_runs_params_passes_plan(tmp_path, capsys):
+    """A branch run's params (a checkpoint, a stop, its own micro-batch split) with the
+    recommendation on top: the file loads as plan loads it, with B and lr set and the rest reset."""
+    run = config.load(TINY, ["batch.tokens_per_update=2048", "train.stop_at_tokens=16384"])
+    path = recommended.write(
+        tmp_path / recommended.FILE, params_of(run), {"batch.tokens_per_update": 1280, "optim.lr": 1.7e-3}, ["why"]
+    )
+    assert cli.main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1,280" in out
+    cfg = config.load(path)
+    assert (cfg.batch.tokens_per_update, cfg.optim.lr, cfg.train.stop_at_tokens) == (1280, 1.7e-3, None)
+    assert cfg.model == run.model and cfg.data == run.data and cfg.schedule == run.schedule
+    assert path.read_text().startswith("# Written by `orchestrator report`")
+    assert yaml.safe_load(path.read_text())["batch"]["micro_batch_size"] == "auto"
