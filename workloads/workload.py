@@ -123,6 +123,7 @@ class GPTWorkload:
             params=gpt.count_params(shape, exclude_embeddings=False),
             flops_per_token=gpt.flops_per_token(shape, S),
             activation_bytes_per_sequence=gpt.activation_bytes(shape, S, dtype_bytes, dense_mask),
+            compute_params=gpt.count_params(shape),  # no position table; the tied head once
         )
 
     def param_groups(self) -> List[Dict[str, Any]]:
@@ -162,7 +163,7 @@ class LinRegWorkload:
     @staticmethod
     def costs(cfg: Config) -> ModelCosts:
         dim = cfg.model.dim  # a "sequence" is seq_len examples of dim inputs and one label
-        return ModelCosts(dim, 6.0 * dim, cfg.data.seq_len * (dim + 2) * 4.0)
+        return ModelCosts(dim, 6.0 * dim, cfg.data.seq_len * (dim + 2) * 4.0, compute_params=dim)
 
     def param_groups(self) -> List[Dict[str, Any]]:
         return [{"params": list(self.model.parameters()), "weight_decay": 0.0}]

@@ -68,6 +68,10 @@ class ModelCosts:
     """Training FLOPs per token (forward + backward)."""
     activation_bytes_per_sequence: float
     """Bytes autograd keeps for one sequence of a micro-batch, at the config's S and precision."""
+    compute_params: int = 0
+    """The parameters that multiply every token, the N of 6 N D (embedding lookups left out, a
+    tied output head once; 0: the workload does not say): the MLflow param `model.params`, which
+    a ladder's laws use (docs/ladders.md)."""
 
 
 @dataclass(frozen=True)

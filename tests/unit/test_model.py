@@ -11,6 +11,7 @@ import torch
 from orchestrator.core.schema import ModelConfig
 from workloads.builtin.gpt import (
     GPT,
+    GPTConfig,
     HAS_FLEX,
     CausalSelfAttention,
     count_params,
@@ -203,3 +204,20 @@ def test_forward_shape_and_backward():
     # At init the loss is close to uniform over the vocabulary.
     assert (summed / count).item() == pytest.approx(math.log(CFG.vocab_size), rel=0.05)
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("overrides", [[], ["model.d_model=96", "model.n_layers=3", "model.n_heads=4"]])
+def test_model_params_is_what_multiplies_every_token(overrides):
+    """`model.params` (the N of a ladder's laws): every parameter of the built model but the
+    position table (a lookup), the tied token table once as the output head; for linear regression
+    its weights."""
+    from orchestrator.core import config
+    from orchestrator.driver import launch
+    from tests.conftest import ROOT, TINY
+
+    cfg = config.load(TINY, overrides)
+    model = GPT(GPTConfig.of(cfg.model))
+    counted = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+    assert launch.run_params(cfg)["model.params"] == counted
+    linreg = config.load(ROOT / "conf" / "train" / "linreg.yaml")
+    assert launch.run_params(linreg)["model.params"] == linreg.model.dim

@@ -92,7 +92,7 @@ class HFWorkload:
         per_block = (10 * m.d_model + 4 * m.mlp_ratio * m.d_model) * S * dtype_bytes + m.n_heads * S * 4
         top = 2 * S * m.d_model * dtype_bytes + S * m.vocab_size * (12 + (dtype_bytes if dtype_bytes != 4 else 0))
         activations = m.n_layers * per_block + top + S * S  # the dense document mask
-        return ModelCosts(params, flops, float(activations))
+        return ModelCosts(params, flops, float(activations), compute_params=matmul_params)
 
     @staticmethod
     def export(cfg: Config, state_dict: Dict[str, Any], folder) -> None:
