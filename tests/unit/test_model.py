@@ -11,9 +11,9 @@ import torch
 from orchestrator.core.schema import ModelConfig
 from workloads.builtin.gpt import (
     GPT,
-    GPTConfig,
     HAS_FLEX,
     CausalSelfAttention,
+    GPTConfig,
     count_params,
     document_mask,
     flops_per_token,
