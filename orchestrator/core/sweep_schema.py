@@ -152,7 +152,9 @@ class Sweep:
     """error: an infeasible trial (no exact S x b x D x A, a constraint) stops the sweep before it
     starts; skip: it is left out and listed."""
     search: SearchConfig = field(default_factory=SearchConfig)
+    """How the space is searched, how many trials run at once, replicates over seeds."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Early stopping (within a batch size: sweeps.grouped_asha)."""
     max_failures: int = 1
     """Tune's retries of a failed trial, from its latest checkpoint."""
     local_mode: bool = True
