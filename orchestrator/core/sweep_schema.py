@@ -137,8 +137,8 @@ class Sweep:
     name: str = ""
     """A folder under train.storage_path/sweeps/ and reports/, and the parent run's tag (default:
     the file's stem)."""
-    description: Optional[str] = None
-    """What the study is for, in words."""
+    description: Any = None
+    """What the study is for, in words (prose: read as written, checked by no rule)."""
     base: BaseConfig = field(default_factory=BaseConfig)
     """The base config and its overrides, as written (base_config and base_overrides: as used)."""
     space: Dict[str, Dict[str, Any]] = field(default_factory=dict)

@@ -31,10 +31,13 @@ def file_key(f: DataclassField) -> Optional[str]:
 
 
 def file_keys(cls: type) -> Dict[str, DataclassField]:
+    """{key in the file: field} of a dataclass, in its order."""
     return {key: f for f in fields(cls) if (key := file_key(f))}
 
 
-def read(cls: type, data: Mapping[str, Any], rows: Mapping[str, Field], only: Optional[Sequence[str]] = None):
+def read(
+    cls: type, data: Mapping[str, Any], rows: Mapping[str, Field], only: Optional[Sequence[str]] = None
+) -> Dict[str, Any]:
     """The keyword arguments of `cls` from `data`: each key it sets, a section read in turn or a
     value checked by its row; the keys it leaves out keep their defaults. `only`: the top-level
     keys to read, the others neither read nor checked. Every error is a one-line ConfigError that
@@ -49,9 +52,9 @@ def _section(cls: type, data: Any, key: str, row: str, rows: Mapping[str, Field]
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(key.rstrip("."), f"got {data!r}; must be a mapping with keys {', '.join(known)}")
-    for name in data if only is None else ():
-        if name not in known:
-            raise ConfigError(f"{key}{name}", f"unknown key; valid: {', '.join(known)}")
+    unknown = [name for name in data if name not in known]
+    if unknown and only is None:
+        raise ConfigError(f"{key}{unknown[0]}", f"unknown key; valid: {', '.join(known)}")
     hints = get_type_hints(cls)
     return {
         f.name: _value(hints[f.name], data[name], key + name, row + name, rows)
@@ -67,13 +70,13 @@ def _value(hint: Any, value: Any, key: str, row: str, rows: Mapping[str, Field])
         if value is None:
             return []
         if not isinstance(value, list):
-            keys = ", ".join(file_keys(section))
-            raise ConfigError(key, f"got {value!r}; must be a list of mappings with keys {keys}")
+            valid = ", ".join(file_keys(section))
+            raise ConfigError(key, f"got {value!r}; must be a list of mappings with keys {valid}")
         return [section(**_section(section, v, f"{key}.{i}.", f"{row}.*.", rows)) for i, v in enumerate(value)]
     if section:
         return section(**_section(section, value, key + ".", row + ".", rows))
     rule = rows[row]
-    value = as_kind(rule, key, value)
+    value = _as_kind(rule, key, value)
     rule.validate(key, value)
     return float(value) if rule.kind == "float" and type(value) is int else value  # checked as written
 
@@ -98,12 +101,12 @@ def keys(cls: type, prefix: str = "") -> List[str]:
     return out
 
 
-def as_kind(rule: Field, key: str, value: Any) -> Any:
+def _as_kind(rule: Field, key: str, value: Any) -> Any:
     """Text read as OmegaConf reads it into a field of the rule's kind, as the train config's values
-    are read: `${oc.env:X}` resolved, and a number in text ('1e-3', which YAML 1.1 reads as text) a
-    number; a number is a text field's text. What does not convert stays as written, for the rule
-    to refuse; a bool or a float is never read as an integer, nor text as a bool (OmegaConf would
-    read true as 1 and 'yes' as true)."""
+    are read: `${oc.env:X}` resolved, a number in text ('1e-3', which YAML 1.1 reads as text) a
+    number; and a number given to a text field is its text. Nothing else is converted: a bool or a
+    float given to an integer field, text given to a bool, or text that does not convert stays as
+    written for the rule to refuse (OmegaConf would read true as 1 and 'yes' as true)."""
     node = _NODES.get(rule.kind)
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if node is None or not (isinstance(value, str) or number and rule.kind == "str"):

@@ -31,17 +31,6 @@ TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "m
 """What MLflow's tracking stores accept (a plain path is a file store)."""
 
 
-KIND_WORDS = {
-    "int": "an integer",
-    "float": "a finite number",
-    "bool": "true or false",
-    "str": "non-empty text",
-    "dict": "a mapping",
-    "list": "a list",
-    "any": "a value its check accepts",
-}
-
-
 @dataclass(frozen=True)
 class Field:
     """The values one config key takes."""
@@ -68,7 +57,9 @@ class Field:
     def describe(self) -> str:
         if self.choices is not None:
             return "one of " + ", ".join(map(str, self.choices()))
-        what = self.what or KIND_WORDS[self.kind]
+        what = {"int": "an integer", "float": "a finite number", "bool": "true or false"}.get(self.kind, "")
+        what = what or {"str": "non-empty text", "dict": "a mapping", "list": "a list", "any": "a value"}[self.kind]
+        what = self.what or what
         if self.low is not None and self.high is not None:
             left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
             what += f" in {left}{_num(self.low)}, {_num(self.high)}{right}"
