@@ -94,7 +94,7 @@ def _inside(path: Path, root: Path, what: str) -> str:
 
 def _base_config(sweep: Any, root: Path) -> Optional[Path]:
     """The train config a sweep builds on (`base.config`), which the job must find too."""
-    name = sweep.raw["base"].get("config") if sweep.base_config else None
+    name = sweep.base.config
     if not name:
         return None
     name = str(name)

@@ -1,45 +1,26 @@
-"""The sweep file: its typed schema and its one reader, used by `sweep`, `report` and `submit`
-(pure: no Ray, no MLflow). Expanding it into trials is orchestrator.sweeps.search_space.
+"""Reading a sweep file (docs/sweeps.md): `load`, its one reader, used by `sweep`, `report` and
+`submit`. FIELDS holds one row per key of the file, the values it takes and the error a bad one
+gets, as validation.FIELDS does for the train config; RULES, the checks that span keys, run once
+every key has passed its row. The keys themselves, with their types, defaults and docstrings, are
+orchestrator/core/sweep_schema.py, and orchestrator/core/table_reader.py reads a file by the two:
+a new section is a dataclass there, its rows in FIELDS and its rules in RULES. Pure: no Ray, no
+MLflow. Expanding a sweep into trials is orchestrator.sweeps.search_space.
 
-A sweep file (conf/sweep/*.yaml):
-
-    name: demo
-    base:
-      config: ../train/tiny.yaml        # relative to the sweep file
-      overrides: {train.total_tokens: 393216}
-    space:                              # train-config keys with a distribution
-      batch.tokens_per_update: {grid: [2048, 4096, 8192]}
-      optim.lr: {loguniform: [1.0e-4, 3.0e-3]}
-      schedule.warmup_share: {choice: [0.02, 0.1]}   # warmup as a share of the budget
-    lr_scaling:                         # optional: optim.lr = base_lr x (B / reference_tokens)^alpha
-      reference_tokens: 4096
-      base_lr: {grid: [1.0e-3, 3.0e-3]} # swept or fixed
-      alpha: sqrt                       # sqrt (0.5), linear (1), a number, or a distribution
-    constraints:                        # joint constraints, no eval: KEY <= / >= factor x OF
-      - {key: schedule.warmup_tokens, max: 0.1, of: train.total_tokens}
-    infeasible: error                   # or skip: drop combinations with no exact S x b x D x A
-    search: {algorithm: grid, num_samples: 1, max_concurrent: 2, seed: 0}
-    # or {algorithm: bracket, criterion: final_loss, lr_step: 2.0, max_lrs_per_batch: 7}: the lr
-    # found per batch size (and group of the other grid axes), from optim.lr's grid or lr_scaling
-    scheduler: {type: asha, grace_period_tokens: 65536, reduction_factor: 2}
-
-Distributions: grid (every value), choice, uniform [low, high], loguniform [low, high],
-randint [low, high] (inclusive). Grid keys form a product; the other keys are drawn
-`num_samples` times per grid point (seeded, so the list of trials is reproducible).
-Every trial shares the base's `train.total_tokens`, so curves compare at equal tokens.
+Distributions (space, lr_scaling.base_lr and lr_scaling.alpha): grid (every value), choice,
+uniform [low, high], loguniform [low, high], randint [low, high] (inclusive); a bare value is a
+one-value grid. Grid keys form a product; the other keys are drawn `num_samples` times per grid
+point (seeded, so the list of trials is reproducible). Every trial shares the base's
+`train.total_tokens`, so curves compare at equal tokens.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Dict
-
-from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from typing import Any, Dict, Optional
 
 from orchestrator.core import config as config_lib
-from orchestrator.core import validation, yaml_files
+from orchestrator.core import table_reader, validation, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import (
     ALGORITHMS,
@@ -47,16 +28,17 @@ from orchestrator.core.sweep_schema import (
     COMPARES,
     CRITERIA,
     DISTRIBUTIONS,
+    INFEASIBLE,
+    LR_KEYS,
     OPTUNA_STORAGE_SCHEMES,
     SCHEDULERS,
     SHARE_KEYS,
     TOLERANCE_KINDS,
-    TOP_KEYS,
-    BranchConfig,
-    SchedulerConfig,
-    SearchConfig,
+    BaseConfig,
+    LrScalingConfig,
     Sweep,
 )
+from orchestrator.core.validation import Field, count, number, one_of
 
 
 def is_number(x: Any) -> bool:
@@ -64,19 +46,67 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-SEARCH_FIELDS = {
-    "algorithm": validation.one_of(*ALGORITHMS),
-    "num_samples": validation.count(),
-    "max_concurrent": validation.count(),
-    "seed": validation.count(0),
-    "metric": validation.one_of("eval_loss", "loss"),  # what the trials report to Tune
-    "seeds": validation.count(),
-    "criterion": validation.one_of(*CRITERIA),
-    "target_loss": validation.number(0, low_open=True, optional=True),
-    "max_lrs_per_batch": validation.count(3),  # a lower, a best and a higher lr at least
-    "lr_step": validation.number(1, low_open=True),
-    "optuna_storage": validation.Field("str", optional=True, check=lambda k, v: _database_url(k, v)),
-}
+# ---------------------------------------------------------------- the checks of one key's value
+
+
+def _spec(value: Any) -> Dict[str, Any]:
+    """A space entry as {distribution: args}: a bare value is a one-value grid."""
+    return value if isinstance(value, dict) and len(value) == 1 else {"grid": [value]}
+
+
+def _distribution(key: str, value: Any, numeric: bool = False) -> None:
+    """One entry of space (named space.<key>). `numeric`: keys that only the sweep computes with
+    (shares, lr scaling), so their values must be numbers."""
+    ((kind, args),) = _spec(value).items()
+    if kind not in DISTRIBUTIONS:
+        raise ConfigError(f"space.{key}", f"unknown distribution {kind!r}; valid: {', '.join(DISTRIBUTIONS)}")
+    if kind in ("grid", "choice"):
+        if not isinstance(args, list) or not args:
+            raise ConfigError(f"space.{key}", f"{kind} needs a non-empty list of values, got {args!r}")
+        if numeric and not all(is_number(a) for a in args):
+            raise ConfigError(f"space.{key}", f"values must be numbers, got {args!r}")
+        return
+    if not (isinstance(args, list) and len(args) == 2 and all(is_number(a) for a in args)):
+        raise ConfigError(f"space.{key}", f"{kind} needs [low, high], got {args!r}")
+    low, high = args
+    if low > high:
+        raise ConfigError(f"space.{key}", f"{kind} range has low {low} > high {high}")
+    if kind == "loguniform" and low <= 0:
+        raise ConfigError(f"space.{key}", f"loguniform needs low > 0, got {low}")
+
+
+def _space(key: str, space: Dict[Any, Any]) -> None:
+    """Each entry a distribution of a train-config key (or of a share of the budget)."""
+    for name, value in space.items():
+        _distribution(name, value, numeric=name in SHARE_KEYS)
+    for name in space:
+        _train_key(f"space.{name}", name)
+
+
+def _train_key(key: str, name: Any) -> None:
+    """A key of the train config, or a share of the budget that the sweep turns into tokens."""
+    if name not in set(config_lib.schema_keys()) | set(SHARE_KEYS):
+        raise ConfigError(key, f"{name!r} is not a train-config key{config_lib.did_you_mean(str(name))}")
+
+
+def _overrides(key: str, value: Any) -> None:
+    """What yaml_files.dotlist turns into key=value strings."""
+    if not isinstance(value, dict) and not (isinstance(value, list) and all(isinstance(o, str) for o in value)):
+        raise ConfigError(key, f"got {value!r}; valid: a mapping of key: value or a list of key=value")
+
+
+def _alpha(value: Any) -> Any:
+    """lr_scaling.alpha with a preset (sqrt, linear) as its number."""
+    return ALPHA_PRESETS.get(value, value) if isinstance(value, str) else value
+
+
+def _lr_exponent(key: str, value: Any) -> None:
+    """A preset, or numbers up to 2: a fixed one, a grid's values or a range's two ends."""
+    if isinstance(_alpha(value), str):
+        raise ConfigError(key, f"got {value!r}; valid presets: {', '.join(ALPHA_PRESETS)} or a number")
+    _distribution(key, _alpha(value), numeric=True)
+    for alpha in next(iter(_spec(_alpha(value)).values())):
+        validation.LR_SCALING.validate(key, alpha)
 
 
 def _database_url(key: str, value: str) -> None:
@@ -86,199 +116,122 @@ def _database_url(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}; use a database URL ({valid}), e.g. sqlite:///optuna.db")
 
 
-NAME_FIELD = validation.Field("str", check=validation.plain_name)
-"""The sweep's `name` (default: the file's stem), a folder under train.storage_path/sweeps/ and reports/."""
-
-BRANCH_FIELDS = {
-    "at_tokens": validation.Field("list", check=validation.token_counts),
-    "factors": validation.Field("list", check=validation.token_counts),
-    "tokens": validation.count(),
-    "lr_scaling": validation.LR_SCALING,
-    "tolerance": validation.number(0, low_open=True),
-    "tolerance_kind": validation.one_of(*TOLERANCE_KINDS),
-    "compare": validation.one_of(*COMPARES),
-    "from_run": validation.Field("str", optional=True),
-    "compare_with": validation.Field("str", optional=True),
+FIELDS = {
+    "name": Field("str", check=validation.plain_name),  # a folder under train.storage_path/sweeps/ and reports/
+    "description": Field("any", optional=True),  # prose, read by no one
+    "base.config": Field("str"),
+    "base.overrides": Field("any", optional=True, check=_overrides),
+    "space": Field(
+        "dict",
+        optional=True,
+        what="a mapping of train-config keys to distributions, e.g. optim.lr: {grid: [1e-3, 3e-3]}",
+        check=_space,
+    ),
+    "lr_scaling.reference_tokens": number(0, low_open=True),
+    "lr_scaling.base_lr": Field("any", check=lambda key, value: _distribution(key, value, numeric=True)),
+    "lr_scaling.alpha": Field("any", check=_lr_exponent),
+    "constraints.*.key": Field("str", check=_train_key),
+    "constraints.*.max": number(),
+    "constraints.*.min": number(),
+    "constraints.*.of": Field("str", check=_train_key),
+    "infeasible": one_of(*INFEASIBLE),
+    "search.algorithm": one_of(*ALGORITHMS),
+    "search.num_samples": count(),
+    "search.max_concurrent": count(),
+    "search.seed": count(0),
+    "search.metric": one_of("eval_loss", "loss"),  # what the trials report to Tune
+    "search.seeds": count(),
+    "search.criterion": one_of(*CRITERIA),
+    "search.target_loss": number(0, low_open=True, optional=True),
+    "search.max_lrs_per_batch": count(3),  # a lower, a best and a higher lr at least
+    "search.lr_step": number(1, low_open=True),
+    "search.optuna_storage": Field("str", optional=True, check=_database_url),
+    "scheduler.type": one_of(*SCHEDULERS),
+    "scheduler.grace_period_tokens": count(0),
+    "scheduler.reduction_factor": count(2),
+    "max_failures": count(0),
+    "local_mode": Field("bool"),
+    "branch.at_tokens": Field("list", check=validation.token_counts),
+    "branch.factors": Field("list", check=validation.token_counts),
+    "branch.tokens": count(),
+    "branch.lr_scaling": validation.LR_SCALING,
+    "branch.tolerance": number(0, low_open=True),
+    "branch.tolerance_kind": one_of(*TOLERANCE_KINDS),
+    "branch.compare": one_of(*COMPARES),
+    "branch.from": Field("str", optional=True),
+    "branch.compare_with": Field("str", optional=True),
 }
-SCHEDULER_FIELDS = {
-    "type": validation.one_of(*SCHEDULERS),
-    "grace_period_tokens": validation.count(0),
-    "reduction_factor": validation.count(2),
-}
-"""The rules of the typed sections, one per field (orchestrator/core/validation.py's Field)."""
+"""One row per key of the file (`*`: every item of a list), the one place its valid values are
+declared; a key the file leaves out takes its default in sweep_schema.py. A test keeps the table
+and the dataclasses the same keys."""
 
 
-def _distribution(key: str, spec: Any, numeric: bool = False) -> Dict[str, Any]:
-    """Check one `{kind: args}` entry (a bare value means fixed). `numeric`: keys that only the
-    sweep computes with (shares, lr scaling), so their values must be numbers."""
-    if not isinstance(spec, dict) or len(spec) != 1:
-        spec = {"grid": [spec]}
-    ((kind, args),) = spec.items()
-    if kind not in DISTRIBUTIONS:
-        raise ConfigError(f"space.{key}", f"unknown distribution {kind!r}; valid: {', '.join(DISTRIBUTIONS)}")
-    if kind in ("grid", "choice"):
-        if not isinstance(args, list) or not args:
-            raise ConfigError(f"space.{key}", f"{kind} needs a non-empty list of values, got {args!r}")
-        if numeric and not all(is_number(a) for a in args):
-            raise ConfigError(f"space.{key}", f"values must be numbers, got {args!r}")
-    else:
-        if not (isinstance(args, list) and len(args) == 2 and all(is_number(a) for a in args)):
-            raise ConfigError(f"space.{key}", f"{kind} needs [low, high], got {args!r}")
-        low, high = args
-        if low > high:
-            raise ConfigError(f"space.{key}", f"{kind} range has low {low} > high {high}")
-        if kind == "loguniform" and low <= 0:
-            raise ConfigError(f"space.{key}", f"loguniform needs low > 0, got {low}")
-    return {kind: args}
+# ---------------------------------------------------------------- the checks across keys
 
 
-def load(path: str | Path, check: bool = True) -> Sweep:
-    """Read and check a sweep file; every error is a one-line ConfigError (exit 2).
-    check=False only reads it (name, base config if named, base overrides as a dotlist, and the
-    search section, checked): what `submit` and `report` need without the rest of the file
-    having to be valid here."""
-    path = Path(path)
-    raw, text = yaml_files.read_mapping(path, "SWEEP", kind="sweep", shape="a mapping with name, base, space, ...")
-    base = raw.get("base") if isinstance(raw.get("base"), dict) else {}
-    overrides = yaml_files.dotlist(base.get("overrides") or {})
-    name = str(raw.get("name") or path.stem)
-    NAME_FIELD.validate("name", name)
-    if not check:
-        config = (path.parent / str(base["config"])).resolve() if base.get("config") else None
-        search = _section(SearchConfig, raw.get("search"), "search", SEARCH_FIELDS)
-        return Sweep(name, path, raw, config, overrides, search=search, text=text)
-    for key in raw:
-        if key not in TOP_KEYS:
-            raise ConfigError(key, f"unknown sweep key; valid: {', '.join(TOP_KEYS)}")
-    if not isinstance(raw.get("base") or {}, dict) or "config" not in base:
+def _base_names_a_config(s: Sweep) -> None:
+    if not s.base.config:
         raise ConfigError("base.config", "missing: the train config every trial starts from")
-    if not isinstance(raw.get("space") or {}, dict):
-        raise ConfigError(
-            "space", "must be a mapping of train-config keys to distributions, e.g. optim.lr: {grid: [1e-3, 3e-3]}"
-        )
-    space = {k: _distribution(k, v, numeric=k in SHARE_KEYS) for k, v in (raw.get("space") or {}).items()}
-    valid_keys = set(config_lib.schema_keys()) | set(SHARE_KEYS)
-    for key in space:
-        if key not in valid_keys:
-            raise ConfigError(f"space.{key}", f"not a train-config key{config_lib.did_you_mean(key)}")
-    search = _section(SearchConfig, raw.get("search"), "search", SEARCH_FIELDS)
-    if search.seeds > 1 and search.algorithm == "optuna":
+
+
+def _replicates_of_listed_trials(s: Sweep) -> None:
+    if s.search.seeds > 1 and s.search.algorithm == "optuna":
         raise ConfigError(
             "search.seeds",
-            f"got {search.seeds}; replicates need search.algorithm grid, random or bracket "
+            f"got {s.search.seeds}; replicates need search.algorithm grid, random or bracket "
             "(optuna proposes one configuration at a time)",
         )
-    if search.optuna_storage and search.algorithm != "optuna":
-        raise ConfigError("search.optuna_storage", f"only with search.algorithm: optuna (got {search.algorithm})")
-    if search.seeds > 1 and "train.seed" in space:
+
+
+def _optuna_storage_for_optuna(s: Sweep) -> None:
+    if s.search.optuna_storage and s.search.algorithm != "optuna":
+        raise ConfigError("search.optuna_storage", f"only with search.algorithm: optuna (got {s.search.algorithm})")
+
+
+def _seeds_one_way(s: Sweep) -> None:
+    if s.search.seeds > 1 and "train.seed" in s.space:
         raise ConfigError("search.seeds", "train.seed is also in space; sweep seeds either way, not both")
-    if search.algorithm == "grid" and any(next(iter(s)) != "grid" for s in space.values()):
+
+
+def _grid_search_of_grids(s: Sweep) -> None:
+    if s.search.algorithm == "grid" and any(next(iter(v)) != "grid" for v in s.space.values()):
         raise ConfigError("search.algorithm", "grid search needs every space key to be a grid; use random or optuna")
-    scheduler = _section(SchedulerConfig, raw.get("scheduler"), "scheduler", SCHEDULER_FIELDS)
-    if scheduler.type == "asha" and scheduler.grace_period_tokens <= 0:
+
+
+def _asha_grace_period(s: Sweep) -> None:
+    if s.scheduler.type == "asha" and s.scheduler.grace_period_tokens <= 0:
         raise ConfigError("scheduler.grace_period_tokens", "ASHA needs a grace period in tokens > 0")
-    if not isinstance(raw.get("lr_scaling") or {}, dict):
-        raise ConfigError("lr_scaling", "must be a mapping: {reference_tokens: N, base_lr: ..., alpha: ...}")
-    lr_scaling = dict(raw.get("lr_scaling") or {})
-    if lr_scaling:
-        if "optim.lr" in space:
-            raise ConfigError("lr_scaling", "sweep either optim.lr or lr_scaling, not both")
-        unknown = set(lr_scaling) - {"reference_tokens", "base_lr", "alpha"}
-        if unknown or "base_lr" not in lr_scaling or "reference_tokens" not in lr_scaling:
-            raise ConfigError(
-                "lr_scaling", "needs reference_tokens and base_lr (and optional alpha: sqrt, linear or a number)"
-            )
-        if not is_number(lr_scaling["reference_tokens"]) or lr_scaling["reference_tokens"] <= 0:
-            raise ConfigError(
-                "lr_scaling.reference_tokens", f"got {lr_scaling['reference_tokens']!r}; valid: tokens per update > 0"
-            )
-        alpha = lr_scaling.get("alpha", "sqrt")
-        lr_scaling["alpha"] = ALPHA_PRESETS.get(alpha, alpha) if isinstance(alpha, str) else alpha
-        if isinstance(lr_scaling["alpha"], str):
-            raise ConfigError(
-                "lr_scaling.alpha", f"got {alpha!r}; valid presets: {', '.join(ALPHA_PRESETS)} or a number"
-            )
-        for key in ("base_lr", "alpha"):
-            space[f"lr_scaling.{key}"] = _distribution(f"lr_scaling.{key}", lr_scaling[key], numeric=True)
-        for alpha in next(iter(space["lr_scaling.alpha"].values())):  # each value, or a range's two ends
-            validation.LR_SCALING.validate("lr_scaling.alpha", alpha)
-    if search.algorithm == "bracket":
-        _check_bracket(space, raw.get("lr_scaling"), search)
-    constraints = raw.get("constraints") or []
-    if not isinstance(constraints, list):
-        raise ConfigError("constraints", "must be a list of {key: K, max|min: factor, of: OTHER_KEY}")
-    for i, c in enumerate(constraints):
-        _check_constraint(i, c, valid_keys)
-    infeasible = raw.get("infeasible", "error")
-    if infeasible not in ("error", "skip"):
-        raise ConfigError("infeasible", f"got {infeasible!r}; valid: error, skip")
-    local_mode = raw.get("local_mode", True)
-    if not isinstance(local_mode, bool):
+
+
+def _lr_swept_or_scaled(s: Sweep) -> None:
+    if s.lr_scaling and "optim.lr" in s.space:
+        raise ConfigError("lr_scaling", "sweep either optim.lr or lr_scaling, not both")
+
+
+def _lr_scaling_complete(s: Sweep) -> None:
+    if s.lr_scaling and (s.lr_scaling.reference_tokens is None or s.lr_scaling.base_lr is None):
         raise ConfigError(
-            "local_mode", f"got {local_mode!r}; valid: true (single-worker trials in the trial's process) or false"
+            "lr_scaling", "needs reference_tokens and base_lr (and optional alpha: sqrt, linear or a number)"
         )
-    max_failures = raw.get("max_failures", 1)
-    if not isinstance(max_failures, int) or isinstance(max_failures, bool) or max_failures < 0:
-        raise ConfigError(
-            "max_failures", f"got {max_failures!r}; valid: an integer >= 0 (Tune retries of a failed trial)"
-        )
-    branch = _check_branch(raw, space, search, scheduler) if "branch" in raw else None
-    return Sweep(
-        name,
-        path,
-        raw,
-        (path.parent / base["config"]).resolve(),
-        overrides,
-        space,
-        search,
-        scheduler,
-        lr_scaling,
-        constraints,
-        infeasible,
-        max_failures,
-        local_mode,
-        text,
-        branch,
-    )
 
 
-def _check_branch(raw: Dict[str, Any], space, search: SearchConfig, scheduler: SchedulerConfig) -> BranchConfig:
-    """The branch section; what a branch study cannot combine with. Its batch arithmetic (each
-    factor's split, whole updates) is checked with the base config (branch_study.py)."""
-    section = dict(raw["branch"]) if isinstance(raw["branch"], dict) else raw["branch"]
-    if isinstance(section, dict) and "from" in section:
-        section["from_run"] = section.pop("from")
-    branch = _section(BranchConfig, section, "branch", BRANCH_FIELDS)
-    if not branch.at_tokens:
-        raise ConfigError("branch.at_tokens", "missing: the token counts to branch from, e.g. [65536, 131072]")
-    if 1 not in branch.factors:
-        raise ConfigError("branch.factors", f"got {branch.factors}; needs 1, the base's own continuation")
-    if not branch.tokens:
-        raise ConfigError("branch.tokens", "missing: the tokens each branch trains, e.g. 32768")
-    if branch.tolerance_kind == "relative" and not branch.tolerance < 1:
-        raise ConfigError(
-            "branch.tolerance",
-            f"got {branch.tolerance}; a relative tolerance is a share of the loss in (0, 1), e.g. 0.01 "
-            "(branch.tolerance_kind: absolute takes a loss difference)",
-        )
-    if space:
-        raise ConfigError("space", f"a branch study sweeps branch.factors at branch.at_tokens, not {', '.join(space)}")
-    if search.algorithm != "grid" or scheduler.type != "none":
-        raise ConfigError("branch", "a branch study runs every branch: search.algorithm grid, no scheduler")
-    return branch
-
-
-def _check_bracket(space: Dict[str, Dict[str, Any]], lr_scaling: Any, search: SearchConfig) -> None:
-    """bracket: a grid of batch sizes, grids elsewhere (the groups), and fixed initial lrs."""
-    batch = space.get("batch.tokens_per_update", {})
-    if "grid" not in batch:
+def _bracket_batch_grid(s: Sweep) -> None:
+    """A bracket search finds the lr per batch size: a grid of them."""
+    batch = s.space.get("batch.tokens_per_update", {})
+    if s.search.algorithm == "bracket" and "grid" not in batch:
         raise ConfigError(
             "space.batch.tokens_per_update",
             f"got {batch or 'nothing'}; search.algorithm bracket finds the lr per batch size: "
             "valid: a grid, e.g. {grid: [2048, 4096]}",
         )
-    lrs = space.get("optim.lr")
-    if lrs is None and not lr_scaling:
+
+
+def _bracket_first_lrs(s: Sweep) -> None:
+    """A bracket search starts from fixed lrs: optim.lr's grid, or lr_scaling's guess."""
+    if s.search.algorithm != "bracket":
+        return
+    lrs = s.space.get("optim.lr")
+    if lrs is None and not s.lr_scaling:
         raise ConfigError(
             "space.optim.lr", "missing; search.algorithm bracket starts from {grid: [...]} here or from lr_scaling"
         )
@@ -286,63 +239,155 @@ def _check_bracket(space: Dict[str, Dict[str, Any]], lr_scaling: Any, search: Se
         raise ConfigError(
             "space.optim.lr", f"got {lrs}; search.algorithm bracket starts from a grid of learning rates > 0"
         )
-    for key in ("base_lr", "alpha") if lr_scaling else ():
-        values = space[f"lr_scaling.{key}"].get("grid", [])
-        if len(values) != 1 or (key == "base_lr" and not values[0] > 0):
+
+
+def _bracket_rule_of_numbers(s: Sweep) -> None:
+    """lr_scaling's guess, which a bracket search brackets, from a fixed base_lr > 0 and alpha."""
+    if s.search.algorithm != "bracket":
+        return
+    for key, spec in lr_space(s.lr_scaling).items():
+        values = spec.get("grid", [])
+        if len(values) != 1 or (key == "lr_scaling.base_lr" and not values[0] > 0):
             raise ConfigError(
-                f"lr_scaling.{key}",
-                f"got {lr_scaling.get(key, 'sqrt')!r}; search.algorithm bracket needs a fixed number"
-                + (" > 0" if key == "base_lr" else "")
+                key,
+                f"got {getattr(s.lr_scaling, key.partition('.')[2])!r}; search.algorithm bracket needs a fixed number"
+                + (" > 0" if key == "lr_scaling.base_lr" else "")
                 + " (it brackets the lr around the rule's guess)",
             )
-    for key, spec in space.items():
+
+
+def _bracket_groups_of_grids(s: Sweep) -> None:
+    """The other space keys are the groups a bracket search finds an lr in: grids."""
+    if s.search.algorithm != "bracket":
+        return
+    for key, spec in s.space.items():
         if "grid" not in spec:
             raise ConfigError(f"space.{key}", f"got {spec}; search.algorithm bracket needs a grid (the groups)")
-    if search.criterion in ("steps", "both") and search.target_loss is None:
+
+
+def _bracket_target_loss(s: Sweep) -> None:
+    if s.search.algorithm == "bracket" and s.search.criterion in ("steps", "both") and s.search.target_loss is None:
         raise ConfigError(
             "search.target_loss",
-            f"missing; search.criterion {search.criterion} scores an lr by its steps to this train loss "
+            f"missing; search.criterion {s.search.criterion} scores an lr by its steps to this train loss "
             "(e.g. a loss every batch size reaches before its decay)",
         )
-    first = len(set(lrs["grid"])) if lrs is not None else 3
-    if search.max_lrs_per_batch < first:
+
+
+def _bracket_first_round_fits(s: Sweep) -> None:
+    lrs = s.space.get("optim.lr")
+    first = len(set(lrs["grid"])) if lrs is not None and "grid" in lrs else 3
+    if s.search.algorithm == "bracket" and s.search.max_lrs_per_batch < first:
         raise ConfigError(
             "search.max_lrs_per_batch",
-            f"got {search.max_lrs_per_batch}; must be at least the {first} learning rates of the first round",
+            f"got {s.search.max_lrs_per_batch}; must be at least the {first} learning rates of the first round",
         )
 
 
-def _section(cls, data: Any, name: str, rules: Dict[str, Any]):
-    """A typed section of the sweep file: OmegaConf checks keys and value types, then each field
-    its rule."""
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(name, f"must be a mapping with keys {', '.join(cls.__dataclass_fields__)}")
-    for key, value in (data or {}).items():
-        if key in rules and rules[key].kind == "int" and isinstance(value, (bool, float)):
-            rules[key].validate(f"{name}.{key}", value)  # before OmegaConf reads 2.0 or true as a count
-    try:
-        section = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data or {}))
-        for key, rule in rules.items():
-            rule.validate(f"{name}.{key}", getattr(section, key))
-        return section
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or ""
-        if isinstance(exc, ConfigKeyError):
-            raise ConfigError(f"{name}.{key}", f"unknown key; valid: {', '.join(cls.__dataclass_fields__)}") from None
-        raise ConfigError(f"{name}.{key}", str(exc).splitlines()[0]) from None
-
-
-def _check_constraint(i: int, c: Any, valid_keys: set) -> None:
-    where = f"constraints.{i}"
-    if not isinstance(c, dict) or "key" not in c or len({"max", "min"} & set(c)) != 1:
-        raise ConfigError(where, "a constraint is {key: K, max|min: factor, of: OTHER_KEY} (of is optional)")
-    bound = c.get("max", c.get("min"))
-    if not is_number(bound):
-        raise ConfigError(
-            f"{where}.{'max' if 'max' in c else 'min'}", f"got {bound!r}; valid: a number (the factor of `of`)"
-        )
-    for field_name in ("key", "of"):
-        if field_name in c and c[field_name] not in valid_keys:
+def _one_bound_per_constraint(s: Sweep) -> None:
+    for i, c in enumerate(s.constraints):
+        if c.key is None or (c.max is None) == (c.min is None):
             raise ConfigError(
-                f"{where}.{field_name}", f"unknown key {c[field_name]!r}{config_lib.did_you_mean(str(c[field_name]))}"
+                f"constraints.{i}", "a constraint is {key: K, max|min: factor, of: OTHER_KEY} (of is optional)"
             )
+
+
+def _branch_points(s: Sweep) -> None:
+    if s.branch and not s.branch.at_tokens:
+        raise ConfigError("branch.at_tokens", "missing: the token counts to branch from, e.g. [65536, 131072]")
+
+
+def _branch_continues_the_base(s: Sweep) -> None:
+    if s.branch and 1 not in s.branch.factors:
+        raise ConfigError("branch.factors", f"got {s.branch.factors}; needs 1, the base's own continuation")
+
+
+def _branch_tokens(s: Sweep) -> None:
+    if s.branch and not s.branch.tokens:
+        raise ConfigError("branch.tokens", "missing: the tokens each branch trains, e.g. 32768")
+
+
+def _relative_tolerance_below_1(s: Sweep) -> None:
+    if s.branch and s.branch.tolerance_kind == "relative" and not s.branch.tolerance < 1:
+        raise ConfigError(
+            "branch.tolerance",
+            f"got {s.branch.tolerance}; a relative tolerance is a share of the loss in (0, 1), e.g. 0.01 "
+            "(branch.tolerance_kind: absolute takes a loss difference)",
+        )
+
+
+def _branch_sweeps_only_factors(s: Sweep) -> None:
+    if s.branch and s.space:
+        raise ConfigError(
+            "space", f"a branch study sweeps branch.factors at branch.at_tokens, not {', '.join(s.space)}"
+        )
+
+
+def _branch_runs_every_branch(s: Sweep) -> None:
+    if s.branch and (s.search.algorithm != "grid" or s.scheduler.type != "none"):
+        raise ConfigError("branch", "a branch study runs every branch: search.algorithm grid, no scheduler")
+
+
+RULES = (
+    _base_names_a_config,
+    _replicates_of_listed_trials,
+    _optuna_storage_for_optuna,
+    _seeds_one_way,
+    _grid_search_of_grids,
+    _asha_grace_period,
+    _lr_swept_or_scaled,
+    _lr_scaling_complete,
+    _bracket_batch_grid,
+    _bracket_first_lrs,
+    _bracket_rule_of_numbers,
+    _bracket_groups_of_grids,
+    _bracket_target_loss,
+    _bracket_first_round_fits,
+    _one_bound_per_constraint,
+    _branch_points,
+    _branch_continues_the_base,
+    _branch_tokens,
+    _relative_tolerance_below_1,
+    _branch_sweeps_only_factors,
+    _branch_runs_every_branch,
+)
+"""The checks that span keys, in the order they run, after every key has passed its row. A branch
+study's batch arithmetic (each factor's split, whole updates) needs the base config: branch_study.check."""
+
+READ_UNCHECKED = ("name", "base", "search", "branch")
+"""What `load(check=False)` reads (by their rows, no RULES): what `submit` and `report` need of a
+file whose other keys need not be valid there."""
+
+
+# ---------------------------------------------------------------- the reader
+
+
+def load(path: str | Path, check: bool = True) -> Sweep:
+    """Read and check a sweep file: every key by its row of FIELDS, then RULES; every error is a
+    one-line ConfigError (exit 2). check=False reads only READ_UNCHECKED, checks no rule and
+    leaves base_config None when the file names none."""
+    path = Path(path)
+    raw, text = yaml_files.read_mapping(path, "SWEEP", kind="sweep", shape="a mapping with name, base, space, ...")
+    named = {**raw, "name": path.stem if raw.get("name") is None else raw["name"]}  # the stem too names a folder
+    read = table_reader.read(Sweep, named, FIELDS, only=None if check else READ_UNCHECKED)
+    base = read.get("base") or BaseConfig()
+    read["space"] = {k: _spec(v) for k, v in (read.get("space") or {}).items()}
+    sweep = Sweep(
+        **read,
+        path=path,
+        base_config=(path.parent / base.config).resolve() if base.config else None,
+        base_overrides=yaml_files.dotlist(base.overrides or {}),
+        text=text,
+        written=config_lib.flatten({k: v for k, v in raw.items() if k != "description"}),
+    )
+    for rule in RULES if check else ():
+        rule(sweep)
+    sweep.space.update(lr_space(sweep.lr_scaling))
+    return sweep
+
+
+def lr_space(lr_scaling: Optional[LrScalingConfig]) -> Dict[str, Dict[str, Any]]:
+    """lr_scaling's sampled keys (LR_KEYS) as space holds them, a preset as its number."""
+    if lr_scaling is None:
+        return {}
+    return dict(zip(LR_KEYS, (_spec(lr_scaling.base_lr), _spec(_alpha(lr_scaling.alpha)))))

@@ -1,5 +1,6 @@
-"""What a sweep file holds (docs/sweeps.md): its sections as dataclasses, with a docstring
-under every field, and the words its keys take. Reading and checking a file is sweep_file.py."""
+"""What a sweep file holds (docs/sweeps.md): its keys as dataclasses, with a type, a default and a
+docstring under every field, and the words its keys take. The rule of each key's values is a row
+of sweep_file.FIELDS; reading and checking a file is sweep_file.load."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from orchestrator.core.table_reader import DERIVED, KEY
 from orchestrator.formulas import batching
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -14,29 +16,53 @@ ALGORITHMS = ("grid", "random", "optuna", "bracket")
 OPTUNA_STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql")  # SQLAlchemy dialects Optuna's RDBStorage takes
 CRITERIA = ("final_loss", "stable_loss", "steps", "both")  # orchestrator/analysis/lr_bracket.py reads them
 SCHEDULERS = ("none", "asha")
+INFEASIBLE = ("error", "skip")
 ALPHA_PRESETS = batching.ALPHA_WORDS
 SHARE_KEYS = {"schedule.warmup_share": "schedule.warmup_tokens"}  # share of train.total_tokens
 LR_KEYS = ("lr_scaling.base_lr", "lr_scaling.alpha")
-TOP_KEYS = (
-    "name",
-    "description",
-    "base",
-    "space",
-    "lr_scaling",
-    "constraints",
-    "infeasible",
-    "search",
-    "scheduler",
-    "max_failures",
-    "local_mode",
-    "branch",
-)
+TOLERANCE_KINDS = ("relative", "absolute")
+COMPARES = ("reference", "every_smaller")
+"""branch.tolerance_kind and branch.compare (orchestrator/analysis/branch_cbs.Tolerance)."""
 
 
-@dataclass
+@dataclass(frozen=True)
+class BaseConfig:
+    config: Optional[str] = None
+    """The train config every trial starts from, as written: a path relative to the sweep file."""
+    overrides: Any = None
+    """Train-config keys every trial's base sets, {key: value} (or a list of key=value), as written."""
+
+
+@dataclass(frozen=True)
+class LrScalingConfig:
+    """optim.lr = base_lr x (tokens per update / reference_tokens) ** alpha, instead of optim.lr in space."""
+
+    reference_tokens: Optional[float] = None
+    """The tokens per update at which the lr is base_lr."""
+    base_lr: Any = None
+    """A learning rate, or a distribution of them (swept)."""
+    alpha: Any = "sqrt"
+    """sqrt (0.5), linear (1), a number up to 2, or a distribution of numbers, as written."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A joint constraint, checked on each trial's config: key <= max x of, or key >= min x of."""
+
+    key: Optional[str] = None
+    """The train-config key bounded."""
+    max: Optional[float] = None
+    """Upper bound, a factor of `of` (exactly one of max and min)."""
+    min: Optional[float] = None
+    """Lower bound, a factor of `of`."""
+    of: Optional[str] = None
+    """The train-config key the bound is a factor of; None: the bound is the number itself."""
+
+
+@dataclass(frozen=True)
 class SearchConfig:
     algorithm: str = "grid"
-    """grid, random or optuna."""
+    """grid, random, optuna or bracket."""
     num_samples: int = 1
     """random/optuna: configurations drawn (per grid point for random)."""
     max_concurrent: int = 2
@@ -63,7 +89,7 @@ class SearchConfig:
     after the sweep and its MLflow parent run, so `optuna-dashboard URL` opens it; None: in memory."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerConfig:
     type: str = "none"
     """none or asha."""
@@ -73,12 +99,7 @@ class SchedulerConfig:
     """asha: rungs grow by this factor and keep the best 1 / factor of their group."""
 
 
-TOLERANCE_KINDS = ("relative", "absolute")
-COMPARES = ("reference", "every_smaller")
-"""branch.tolerance_kind and branch.compare (orchestrator/analysis/branch_cbs.Tolerance)."""
-
-
-@dataclass
+@dataclass(frozen=True)
 class BranchConfig:
     """A branch study (docs/branches.md): short continuations of one
     base run from its checkpoints, at multiples of its batch size."""
@@ -88,7 +109,7 @@ class BranchConfig:
     factors: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     """Branch batch = factor x the base's tokens per update; 1 (the base's own continuation) is needed."""
     tokens: int = 0
-    """Tokens each branch trains."""
+    """Tokens each branch trains (needed)."""
     lr_scaling: Any = "sqrt"
     """The base's lr x factor^alpha: sqrt (0.5), linear (1), a number, 0 for none."""
     tolerance: float = 0.01
@@ -100,7 +121,7 @@ class BranchConfig:
     compare: str = "reference"
     """reference: each branch against the factor-1 branch; every_smaller (Merrill et al.'s rule):
     within the tolerance of every smaller branch."""
-    from_run: Optional[str] = None
+    from_run: Optional[str] = field(default=None, metadata={KEY: "from"})
     """`from` in the file: an existing run (id or name) to branch from instead of training the base here."""
     compare_with: Optional[str] = None
     """A from-scratch sweep's name in the same store: `report` gives its B_crit at the base's loss
@@ -109,22 +130,55 @@ class BranchConfig:
 
 @dataclass
 class Sweep:
-    name: str
-    path: Path
-    raw: Dict[str, Any]
-    base_config: Optional[Path]
-    """The train config every trial starts from (relative to the sweep file); None only when read
-    with check=False from a file that names none."""
-    base_overrides: List[str]
+    """A sweep file, read and checked by sweep_file.load: one field per top-level key (name ..
+    branch), then what the reader derives. Not frozen: `sweeps.search_space.prepare` adds the
+    command line's overrides to base_overrides."""
+
+    name: str = ""
+    """A folder under train.storage_path/sweeps/ and reports/, and the parent run's tag (default:
+    the file's stem)."""
+    description: Any = None
+    """What the study is for, in words (prose: read as written, checked by no rule)."""
+    base: BaseConfig = field(default_factory=BaseConfig)
+    """The base config and its overrides, as written (base_config and base_overrides: as used)."""
     space: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    search: SearchConfig = field(default_factory=SearchConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    lr_scaling: Dict[str, Any] = field(default_factory=dict)
-    constraints: List[Dict[str, Any]] = field(default_factory=list)
+    """The sampled keys, each {distribution: args} (a bare value in the file is a one-value grid):
+    the file's space, then lr_scaling's base_lr and alpha (presets as numbers) when it is given."""
+    lr_scaling: Optional[LrScalingConfig] = None
+    """The lr as a rule in the batch size; None: optim.lr is the base's or swept in space."""
+    constraints: List[Constraint] = field(default_factory=list)
+    """Joint constraints; a trial that breaks one is infeasible."""
     infeasible: str = "error"
+    """error: an infeasible trial (no exact S x b x D x A, a constraint) stops the sweep before it
+    starts; skip: it is left out and listed."""
+    search: SearchConfig = field(default_factory=SearchConfig)
+    """How the space is searched, how many trials run at once, replicates over seeds."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Early stopping (within a batch size: sweeps.grouped_asha)."""
     max_failures: int = 1
+    """Tune's retries of a failed trial, from its latest checkpoint."""
     local_mode: bool = True
     """Single-worker trials run in Ray Train's local mode, in the Tune trial's own process."""
-    text: str = ""
-    """The file as written (submit scans it for the `${oc.env:NAME}` it needs)."""
     branch: Optional[BranchConfig] = None
+    """A branch study instead of a space; None: a sweep from scratch."""
+
+    path: Path = field(default=Path(), metadata=DERIVED)
+    """The file read."""
+    base_config: Optional[Path] = field(default=None, metadata=DERIVED)
+    """base.config resolved where the file is read (a trial's process runs in another folder);
+    None only when read with check=False from a file that names none."""
+    base_overrides: List[str] = field(default_factory=list, metadata=DERIVED)
+    """base.overrides as key=value strings, then the command line's (prepare adds them)."""
+    text: str = field(default="", metadata=DERIVED)
+    """The file as written: the parent run's artifact, and what submit scans for the
+    `${oc.env:NAME}` it needs."""
+    written: Dict[str, Any] = field(default_factory=dict, metadata=DERIVED)
+    """Every key the file sets, by its dotted name, with its value as written (the description,
+    prose, left out): the parent run's params `sweep.<key>`. Not the typed fields above, which
+    read the file (a preset as its number, a bare value as a grid, `${oc.env:X}` resolved): the
+    params record the study as its author wrote it, and never a secret a reference resolves to."""
+
+    @property
+    def named(self) -> bool:
+        """Whether the file names the sweep (`name:`) rather than leaving it to the file's stem."""
+        return bool(self.written.get("name"))

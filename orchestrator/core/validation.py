@@ -36,7 +36,7 @@ class Field:
     """The values one config key takes."""
 
     kind: str
-    """int, float, bool, str or dict."""
+    """int, float, bool, str, dict, list, or any (a value of several forms: its check says which)."""
     low: Optional[float] = None
     """Smallest valid value (excluded when low_open)."""
     high: Optional[float] = None
@@ -51,12 +51,15 @@ class Field:
     """Words accepted besides the kind (e.g. `auto`)."""
     check: Optional[Callable[[str, Any], None]] = None
     """A further check of the form (a URI's scheme, an import path); raises ConfigError."""
+    what: str = ""
+    """The valid values in words, where the kind alone says too little (a mapping of what to what)."""
 
     def describe(self) -> str:
         if self.choices is not None:
             return "one of " + ", ".join(map(str, self.choices()))
         what = {"int": "an integer", "float": "a finite number", "bool": "true or false"}.get(self.kind, "")
-        what = what or {"str": "non-empty text", "dict": "a mapping", "list": "a list"}[self.kind]
+        what = what or {"str": "non-empty text", "dict": "a mapping", "list": "a list", "any": "a value"}[self.kind]
+        what = self.what or what
         if self.low is not None and self.high is not None:
             left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
             what += f" in {left}{_num(self.low)}, {_num(self.high)}{right}"
@@ -75,6 +78,8 @@ class Field:
             self.check(key, value)
 
     def _fits(self, value: Any) -> bool:
+        if self.kind == "any":
+            return True
         if self.kind == "bool" or isinstance(value, bool):
             return self.kind == "bool" and isinstance(value, bool)
         if self.kind in ("int", "float"):

@@ -156,7 +156,7 @@ def _open_parent(sweep: sweep_schema.Sweep, cfg, trials) -> str:
         mlflow_runs.SCHEDULER_TAG: sweep.scheduler.type,
     }
     run_id = mlflow_runs.create_run(uri, cfg.tracking.experiment, f"sweep {sweep.name}", tags)
-    params = config_lib.flatten({k: v for k, v in sweep.raw.items() if k != "description"})
+    params = dict(sweep.written)
     params["trials"] = len(trials) if trials is not None else sweep.search.num_samples
     mlflow_runs.log_params(uri, run_id, {f"sweep.{k}": v for k, v in params.items()})
     mlflow_runs.log_text(uri, run_id, sweep.text, sweep.path.name)  # the door redacts its URIs' passwords

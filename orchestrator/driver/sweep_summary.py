@@ -325,11 +325,11 @@ def finish(
     if finished:  # the report ends with the link that compares every trial on one chart
         try:
             try:
-                compare = report_inputs.compared_sweep(sweep.raw, uri, base.tracking.experiment)
+                compare = report_inputs.compared_sweep(sweep.branch, uri, base.tracking.experiment)
             except ConfigError as exc:  # the sweep to compare with may not have run yet: `report` later
                 print(f"no comparison: {redact_uri(str(exc))}")
                 compare = None
-            options = report.sweep_options(sweep.search, raw=sweep.raw)
+            options = report.sweep_options(sweep.search, branch=sweep.branch)
             result = report_inputs.analyse(uri, parent, trials, compare_with=compare, **options)
             report.write_run_report(uri, sweep.name, parent, trials, curves, result, out=None)
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)

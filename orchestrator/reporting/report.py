@@ -157,23 +157,18 @@ def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out
     return written
 
 
-def sweep_options(search, lr_criterion: Optional[str] = None, raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def sweep_options(
+    search, lr_criterion: Optional[str] = None, branch: Optional[sweep_schema.BranchConfig] = None
+) -> Dict[str, Any]:
     """What a sweep's search section asks of the analysis, the same for `sweep`'s summary and for
     `report SWEEP_FILE`: the best lr by fewest steps when the search scored lrs by steps (or its
-    stable-phase proxy), the loss it named as the primary target, and a branch study's tolerance
-    (`raw`: the sweep file as read)."""
+    stable-phase proxy), the loss it named as the primary target, and a branch study's tolerance."""
     if lr_criterion is None:
         lr_criterion = "steps" if search.criterion in ("stable_loss", "steps") else "final_loss"
-    branch = (raw or {}).get("branch")
     options = {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
-    if not isinstance(branch, dict) or not {"tolerance", "tolerance_kind", "compare"} & set(branch):
+    if branch is None:
         return options
-    defaults = branch_cbs.Tolerance()
-    tolerance = branch_cbs.Tolerance(
-        float(branch.get("tolerance", defaults.value)),
-        branch.get("tolerance_kind", defaults.kind),
-        branch.get("compare", defaults.compare),
-    )
+    tolerance = branch_cbs.Tolerance(branch.tolerance, branch.tolerance_kind, branch.compare)
     return {**options, "branch_tolerance": tolerance}
 
 
@@ -192,7 +187,7 @@ def run(
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
     read = sweep_file.load(target, check=False) if is_sweep_file else None
     options = sweep_options(
-        read.search if read else sweep_schema.SearchConfig(), lr_criterion, read.raw if read else None
+        read.search if read else sweep_schema.SearchConfig(), lr_criterion, read.branch if read else None
     )
     if tables.is_table_folder(target):
         return _run_tables(Path(target), out, target_losses, options)
@@ -209,7 +204,7 @@ def run(
         return 1
     if read is not None:
         experiment = report_inputs.tracking_for(target, list(overrides))[2]
-        options["compare_with"] = report_inputs.compared_sweep(read.raw, uri, experiment)
+        options["compare_with"] = report_inputs.compared_sweep(read.branch, uri, experiment)
     result = report_inputs.analyse(uri, run_id, trials, target_losses, **options)
     write_run_report(uri, name, run_id, trials, curves, result, out_dir)
     return 0

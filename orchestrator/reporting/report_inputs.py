@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.analysis import sweep_analysis, tables
 from orchestrator.analysis.trials import Curve, Trial
-from orchestrator.core import config, sweep_file
+from orchestrator.core import config, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.tracking import mlflow_runs
 
@@ -27,7 +27,7 @@ def tracking_for(target: str, overrides: List[str]) -> Tuple[Optional[str], str,
         if not Path(target).is_file():
             raise ConfigError("SWEEP_OR_RUN", f"sweep file {target} not found")
         sweep = sweep_file.load(target, check=False)  # its base config need not resolve here
-        if not sweep.raw.get("name"):
+        if not sweep.named:
             raise ConfigError("name", f"sweep file {target} has no top-level `name:`; valid: a sweep YAML with name")
         name, extra = sweep.name, [o for o in sweep.base_overrides if o.startswith("tracking.")]
     cfg = config.load(None, extra + list(overrides))
@@ -57,11 +57,12 @@ def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
     return uri, sweep_name, run_id
 
 
-def compared_sweep(raw: Optional[Dict[str, Any]], uri: str, experiment: str) -> Optional[Tuple[str, List[Trial]]]:
+def compared_sweep(
+    branch: Optional[sweep_schema.BranchConfig], uri: str, experiment: str
+) -> Optional[Tuple[str, List[Trial]]]:
     """A branch study's `branch.compare_with`: (the from-scratch sweep's name, its runs) from the
     same store, or None when the study names none."""
-    branch = (raw or {}).get("branch")
-    name = branch.get("compare_with") if isinstance(branch, dict) else None
+    name = branch.compare_with if branch else None
     if not name:
         return None
     run_id = mlflow_runs.find_sweep_run_anywhere(uri, name, experiment)

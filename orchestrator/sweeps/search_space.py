@@ -21,7 +21,7 @@ from orchestrator.core import yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_file import load
-from orchestrator.core.sweep_schema import LR_KEYS, SHARE_KEYS, Sweep
+from orchestrator.core.sweep_schema import LR_KEYS, SHARE_KEYS, Constraint, Sweep
 from orchestrator.sweeps import branch_study
 
 
@@ -88,16 +88,16 @@ def _draw(spec: Dict[str, Any], rng: np.random.Generator) -> Any:
     return int(rng.integers(args[0], args[1] + 1))  # randint, inclusive
 
 
-def _violated(constraint: Dict[str, Any], cfg: Config) -> Optional[str]:
-    value = _get(cfg, constraint["key"])
-    other = _get(cfg, constraint["of"]) if "of" in constraint else 1
-    bound_kind = "max" if "max" in constraint else "min"
-    bound = constraint[bound_kind] * other
-    ok = value <= bound if bound_kind == "max" else value >= bound
+def _violated(c: Constraint, cfg: Config) -> Optional[str]:
+    value = _get(cfg, c.key)
+    other = _get(cfg, c.of) if c.of else 1
+    factor = c.max if c.max is not None else c.min
+    bound = factor * other
+    ok = value <= bound if c.max is not None else value >= bound
     if ok:
         return None
-    of = f" x {constraint['of']}" if "of" in constraint else ""
-    return f"{constraint['key']}={value} {'>' if bound_kind == 'max' else '<'} {constraint[bound_kind]}{of} = {bound:g}"
+    of = f" x {c.of}" if c.of else ""
+    return f"{c.key}={value} {'>' if c.max is not None else '<'} {factor}{of} = {bound:g}"
 
 
 def _get(cfg: Config, key: str) -> Any:
@@ -151,7 +151,7 @@ def bracket_groups(sweep: Sweep) -> List[Tuple[Dict[str, Any], List[float]]]:
             lrs = sorted({lr_bracket.round_lr(x) for x in sweep.space["optim.lr"]["grid"]})
         else:
             rule = {k: sweep.space[k]["grid"][0] for k in LR_KEYS}
-            tokens = point["batch.tokens_per_update"] / sweep.lr_scaling["reference_tokens"]
+            tokens = point["batch.tokens_per_update"] / sweep.lr_scaling.reference_tokens
             guess = rule["lr_scaling.base_lr"] * tokens ** rule["lr_scaling.alpha"]
             lrs = lr_bracket.initial_from_rule(guess, sweep.search.lr_step)
         groups.append((point, lrs))
@@ -172,9 +172,7 @@ def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
             overrides[tokens_key] = int(round(values[share_key] * base.train.total_tokens))
     if sweep.lr_scaling and "optim.lr" not in values:  # (a bracket search proposes the lr itself)
         tokens = overrides.get("batch.tokens_per_update", base.batch.tokens_per_update)
-        lr = (
-            values["lr_scaling.base_lr"] * (tokens / sweep.lr_scaling["reference_tokens"]) ** values["lr_scaling.alpha"]
-        )
+        lr = values["lr_scaling.base_lr"] * (tokens / sweep.lr_scaling.reference_tokens) ** values["lr_scaling.alpha"]
         overrides["optim.lr"] = float(f"{lr:.6g}")
     trial = Trial(overrides, values=dict(values))
     try:

@@ -142,7 +142,7 @@ def test_asha_needs_reports_at_equal_tokens(tmp_path):
             {"constraints": [{"key": "schedule.warmup_tokens", "max": "a tenth", "of": "train.total_tokens"}]},
             "constraints.0.max",
         ),
-        ({"base": "tiny.yaml"}, "base.config"),
+        ({"base": "tiny.yaml"}, "base"),
     ],
 )
 def test_bad_sweep_files(tmp_path, body, key):

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from orchestrator.cli import main
 from orchestrator.core import config, schema, storage, validation
 from orchestrator.core.schema import RampStep, SourceConfig
-from orchestrator.core.sweep_file import SCHEDULER_FIELDS, SEARCH_FIELDS
 from orchestrator.core.validation import FIELDS, Field
 from orchestrator.driver import launch, ray_session
 from orchestrator.tracking import mlflow_runs
@@ -219,34 +218,7 @@ def test_ui_port_out_of_range_or_in_use_is_exit_2(tmp_path, capsys, monkeypatch)
     assert not (tmp_path / "ui.db").exists(), "no store created for a server that cannot start"
 
 
-# ---------------------------------------------------------------- sweep files
-
-SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
-
-
-SECTIONS = [("search", k, r) for k, r in SEARCH_FIELDS.items()] + [
-    ("scheduler", k, r) for k, r in SCHEDULER_FIELDS.items()
-]
-
-
-def test_every_section_field_has_one_rule():
-    from orchestrator.core.sweep_schema import SchedulerConfig, SearchConfig
-
-    assert set(SEARCH_FIELDS) == {f.name for f in fields(SearchConfig)}
-    assert set(SCHEDULER_FIELDS) == {f.name for f in fields(SchedulerConfig)}
-
-
-@pytest.mark.parametrize("section, key, rule", SECTIONS, ids=[f"{s}.{k}" for s, k, _ in SECTIONS])
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_a_bad_sweep_section_value_is_exit_2_naming_it(section, key, rule, data, nothing_starts, capsys):
-    value = data.draw(invalid(rule, f"{section}.{key}"), label="value")
-    path = write_sweep(nothing_starts.parent, **{section: {key: value}})
-    assert main(["sweep", str(path)]) == 2, f"{section}.{key}={value!r}"
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{section}.{key}" in err[0], err
-    assert os.listdir(nothing_starts) == []
-
+# ---------------------------------------------------------------- sweep files (their table: test_sweep_file_fuzz.py)
 
 NAN, INF = math.nan, math.inf
 SPACE = {"batch.tokens_per_update": {"grid": [2048, 4096]}}
