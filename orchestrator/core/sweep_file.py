@@ -10,7 +10,7 @@ Distributions (space, lr_scaling.base_lr and lr_scaling.alpha): grid (every valu
 uniform [low, high], loguniform [low, high], randint [low, high] (inclusive); a bare value is a
 one-value grid. Grid keys form a product; the other keys are drawn `num_samples` times per grid
 point (seeded, so the list of trials is reproducible). Every trial shares the base's
-`train.total_tokens`, so curves compare at equal tokens.
+`train.total_tokens`, so curves compare at equal tokens; a `ladder` gives each rung its own.
 """
 
 from __future__ import annotations
@@ -109,6 +109,26 @@ def _lr_exponent(key: str, value: Any) -> None:
         validation.LR_SCALING.validate(key, alpha)
 
 
+def _model_overrides(key: str, value: Any) -> None:
+    """A rung's model: a mapping of train-config keys (not the budget: the ladder sets it)."""
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(key, f"got {value!r}; valid: a mapping of train-config keys, e.g. {{model.d_model: 64}}")
+    for name in value:
+        _train_key(f"{key}.{name}", name)
+        if name == "train.total_tokens":
+            raise ConfigError(f"{key}.{name}", "a rung's budget is its total_tokens (or the ladder's tokens_per_param)")
+
+
+def _model_list(key: str, value: list) -> None:
+    for i, model in enumerate(value):
+        _model_overrides(f"{key}.{i}", model)
+
+
+def _positive_numbers(key: str, value: list) -> None:
+    if not value or not all(is_number(x) and x > 0 for x in value) or len(set(value)) < len(value):
+        raise ConfigError(key, f"got {value!r}; valid: a list of distinct numbers > 0, e.g. [0.5, 1, 2]")
+
+
 def _database_url(key: str, value: str) -> None:
     dialect = value.partition("://")[0].partition("+")[0].lower()
     if "://" not in value or dialect not in OPTUNA_STORAGE_SCHEMES:
@@ -160,6 +180,15 @@ FIELDS = {
     "branch.compare": one_of(*COMPARES),
     "branch.from": Field("str", optional=True),
     "branch.compare_with": Field("str", optional=True),
+    "ladder.models": Field("list", check=lambda key, value: _model_list(key, value)),
+    "ladder.tokens_per_param": Field("list", check=lambda key, value: _positive_numbers(key, value)),
+    "ladder.rungs.*.overrides": Field("any", check=lambda key, value: _model_overrides(key, value)),
+    "ladder.rungs.*.total_tokens": count(),
+    "ladder.target.params": number(0, low_open=True, optional=True),
+    "ladder.target.tokens": number(0, low_open=True, optional=True),
+    "ladder.target.overrides": Field("any", optional=True, check=lambda key, value: _model_overrides(key, value)),
+    "ladder.tolerance": number(0, 1, low_open=True, high_open=True),
+    "ladder.predict": Field("bool"),
 }
 """One row per key of the file (`*`: every item of a list), the one place its valid values are
 declared; a key the file leaves out takes its default in sweep_schema.py. A test keeps the table
@@ -328,6 +357,38 @@ def _branch_runs_every_branch(s: Sweep) -> None:
         raise ConfigError("branch", "a branch study runs every branch: search.algorithm grid, no scheduler")
 
 
+def _ladder_rungs_one_way(s: Sweep) -> None:
+    if not s.ladder:
+        return
+    if bool(s.ladder.rungs) == bool(s.ladder.models):
+        raise ConfigError(
+            "ladder", "give either models with tokens_per_param, or rungs (each {overrides, total_tokens})"
+        )
+    if s.ladder.models and not s.ladder.tokens_per_param:
+        raise ConfigError("ladder.tokens_per_param", "missing: the budgets per parameter, e.g. [0.5, 1, 2]")
+    if s.ladder.rungs and s.ladder.tokens_per_param:
+        raise ConfigError("ladder.tokens_per_param", "only with ladder.models (rungs give their own total_tokens)")
+    if any(r.total_tokens <= 0 or not r.overrides for r in s.ladder.rungs):
+        raise ConfigError("ladder.rungs", "each rung is {overrides: {model keys}, total_tokens: N}")
+
+
+def _ladder_target(s: Sweep) -> None:
+    t = s.ladder.target if s.ladder else None
+    if t is not None and (t.tokens is None or (t.params is None) == (t.overrides is None)):
+        raise ConfigError(
+            "ladder.target",
+            "needs tokens and either params or overrides (the target's model), e.g. {params: 1.0e9, tokens: 2.0e10}",
+        )
+
+
+def _ladder_of_bracket_studies(s: Sweep) -> None:
+    if s.ladder and (s.search.algorithm != "bracket" or s.branch or s.scheduler.type != "none"):
+        raise ConfigError(
+            "ladder",
+            "every rung is a bracket search over batch size and lr: search.algorithm bracket, no branch, no scheduler",
+        )
+
+
 RULES = (
     _base_names_a_config,
     _replicates_of_listed_trials,
@@ -350,6 +411,9 @@ RULES = (
     _relative_tolerance_below_1,
     _branch_sweeps_only_factors,
     _branch_runs_every_branch,
+    _ladder_rungs_one_way,
+    _ladder_target,
+    _ladder_of_bracket_studies,
 )
 """The checks that span keys, in the order they run, after every key has passed its row. A branch
 study's batch arithmetic (each factor's split, whole updates) needs the base config: branch_study.check."""

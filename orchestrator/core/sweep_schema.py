@@ -128,6 +128,53 @@ class BranchConfig:
     at each branch point, beside the branched critical batch size."""
 
 
+@dataclass(frozen=True)
+class Rung:
+    """One rung of a ladder given as it is: a model (overrides of the base) and its budget."""
+
+    overrides: Any = None
+    """Train-config keys of this rung's model, {key: value}."""
+    total_tokens: int = 0
+    """Its budget, train.total_tokens (needed)."""
+
+
+@dataclass(frozen=True)
+class LadderTarget:
+    """The run a ladder recommends for: its model's size and its budget."""
+
+    params: Optional[float] = None
+    """N, the model's parameters as model.params counts them; or given by `overrides`."""
+    tokens: Optional[float] = None
+    """D, its budget in tokens (needed)."""
+    overrides: Any = None
+    """Train-config keys of the target's model, {key: value}: N is then its model.params, and the
+    recommended config has this model (without it, the largest rung's model, which the user
+    replaces)."""
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    """A ladder of model sizes and budgets (docs/ladders.md): every rung a study over batch size and
+    learning rate by the bracket search, all in one sweep; laws in N and D fitted across the rungs
+    and extrapolated to `target`."""
+
+    models: List[Dict[str, Any]] = field(default_factory=list)
+    """Model sizes, each a mapping of train-config overrides of the base (e.g. {model.d_model: 64,
+    model.n_layers: 2}); every one trains at every tokens_per_param."""
+    tokens_per_param: List[float] = field(default_factory=list)
+    """Budgets per model as tokens per model.params: vary the D/N ratio between rungs, or N and D
+    cannot be told apart (arXiv 2605.08541)."""
+    rungs: List[Rung] = field(default_factory=list)
+    """Or the rungs one by one, instead of models x tokens_per_param."""
+    target: LadderTarget = field(default_factory=LadderTarget)
+    """What to recommend for (`report --target-params N --target-tokens D` overrides it)."""
+    tolerance: float = 0.005
+    """B_opt: the largest batch size within this share of the best final loss (analysis/optimal_batch.py)."""
+    predict: bool = True
+    """Place a rung's first round from what the finished rungs predict (its batch sizes around the
+    predicted B_opt and B_crit, its lrs around the predicted lr); False: every rung from space."""
+
+
 @dataclass
 class Sweep:
     """A sweep file, read and checked by sweep_file.load: one field per top-level key (name ..
@@ -161,6 +208,8 @@ class Sweep:
     """Single-worker trials run in Ray Train's local mode, in the Tune trial's own process."""
     branch: Optional[BranchConfig] = None
     """A branch study instead of a space; None: a sweep from scratch."""
+    ladder: Optional[LadderConfig] = None
+    """A ladder of model sizes and budgets, each rung a bracket search over space; None: one study."""
 
     path: Path = field(default=Path(), metadata=DERIVED)
     """The file read."""

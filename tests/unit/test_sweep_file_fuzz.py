@@ -39,6 +39,10 @@ SPECIAL = {  # rows that take several forms (their check says which): an invalid
     "branch.at_tokens": [[0], [16384, 16384], [16384, 1.5]],
     "branch.factors": [[1, 1], [0, 1]],
     "branch.lr_scaling": ["cubic", 1000],
+    "ladder.models": [[{}], [{"model.d_modl": 64}], [{"train.total_tokens": 8192}], ["model.d_model=64"]],
+    "ladder.tokens_per_param": [[], [0], [1, 1], ["one"]],
+    "ladder.rungs.*.overrides": [{}, "model.d_model=64", {"model.n_layer": 2}],
+    "ladder.target.overrides": [{}, {"model.widht": 1}],
 }
 
 CONTEXT = {  # a valid section around the key under test, and what else it needs
@@ -46,18 +50,36 @@ CONTEXT = {  # a valid section around the key under test, and what else it needs
     "lr_scaling": ({"reference_tokens": 4096, "base_lr": 1e-3}, {"space": {"batch.tokens_per_update": 4096}}),
     "constraints": ([{"key": "schedule.warmup_tokens", "max": 0.1, "of": "train.total_tokens"}], {}),
     "branch": ({"at_tokens": [16384], "factors": [1, 2], "tokens": 16384}, {}),
+    "ladder": (
+        {"models": [{"model.d_model": 64}], "tokens_per_param": [1, 2], "target": {"params": 1.0e6, "tokens": 1.0e7}},
+        {
+            "search": {"algorithm": "bracket"},
+            "space": {"batch.tokens_per_update": {"grid": [4096]}, "optim.lr": {"grid": [1e-3, 2e-3, 4e-3]}},
+        },
+    ),
+    "ladder.rungs": ([{"overrides": {"model.d_model": 64}, "total_tokens": 65536}], {}),
+    "ladder.target": ({"params": 1.0e6, "tokens": 1.0e7}, {}),
 }
 
 
 def sections(key: str, value) -> dict:
-    """The sections of a sweep file that sets `key` (a row of the table) to `value`."""
-    head, _, rest = key.partition(".")
+    """The sections of a sweep file that sets `key` (a row of the table) to `value`: each section
+    on the way valid (CONTEXT), its list items by their first one."""
+    parts = key.split(".")
+    if len(parts) == 1:
+        return {key: value}
+    _, extra = CONTEXT.get(parts[0], ({}, {}))
+    return {parts[0]: _nested(parts[0], parts[1:], value), **extra}
+
+
+def _nested(prefix: str, rest: list, value):
     if not rest:
-        return {head: value}
-    section, extra = CONTEXT.get(head, ({}, {}))
-    if rest.startswith("*."):
-        return {head: [{**section[0], rest[2:]: value}], **extra}
-    return {head: {**section, rest: value}, **extra}
+        return value
+    section = CONTEXT.get(prefix, ({}, {}))[0]
+    if rest[0] == "*":
+        return [{**section[0], **_nested(prefix, rest[1:], value)}] if len(rest) > 1 else [value]
+    inner = _nested(f"{prefix}.{rest[0]}", rest[1:], value)
+    return {**section, rest[0]: inner} if isinstance(section, dict) else {rest[0]: inner}
 
 
 def bad_values(key: str):
@@ -83,7 +105,7 @@ def test_a_bad_value_is_exit_2_naming_the_key(key, data, nothing_starts, capsys)
     assert os.listdir(nothing_starts) == []
 
 
-@pytest.mark.parametrize("head", sorted(CONTEXT))
+@pytest.mark.parametrize("head", sorted(h for h in CONTEXT if "." not in h))  # the others are inside `ladder`
 def test_the_valid_sections_around_the_keys_are_valid(head, tmp_path):
     """The fuzz's control: each section it writes a bad value into passes as it stands."""
     section, extra = CONTEXT[head]
