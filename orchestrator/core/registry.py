@@ -110,6 +110,14 @@ def _load(path: str) -> Any:
     return obj
 
 
+def compute_params(cfg: Any) -> Optional[int]:
+    """model.params of a config, the N of a ladder's laws (formulas/memory.ModelCosts.compute_params),
+    from the workload's costs(cfg) without building its model; None when it states no costs."""
+    costs = getattr(factory(cfg.model.name), "costs", None)
+    found = costs(cfg) if costs else None
+    return int(found.compute_params) if found and found.compute_params else None
+
+
 CONFIG_CHECKS = {"hf": "workloads.builtin.hf_model:hf_config"}
 """model.name -> the check (cfg -> None, raises ConfigError) validation runs for it."""
 TOKENIZER_LOAD = "workloads.text.tokenizer:load"

@@ -188,6 +188,7 @@ FIELDS = {
     "ladder.target.tokens": number(0, low_open=True, optional=True),
     "ladder.target.overrides": Field("any", optional=True, check=lambda key, value: _model_overrides(key, value)),
     "ladder.tolerance": number(0, 1, low_open=True, high_open=True),
+    "ladder.hold": one_of("tokens", "steps"),
     "ladder.predict": Field("bool"),
 }
 """One row per key of the file (`*`: every item of a list), the one place its valid values are

@@ -170,6 +170,14 @@ class LadderConfig:
     """What to recommend for (`report --target-params N --target-tokens D` overrides it)."""
     tolerance: float = 0.005
     """B_opt: the largest batch size within this share of the best final loss (analysis/optimal_batch.py)."""
+    hold: str = "tokens"
+    """What every rung and batch size keeps of the base's optimizer: `tokens` (the default) turns
+    AdamW's beta2 and weight decay, given per step, into their token forms at the base's batch
+    size and budget (optim.beta2_half_life_tokens, optim.weight_decay_timescale_share), so the
+    rungs differ in B and lr only (Marek et al. 2025, Bergsma et al. 2025: with per-step constants
+    a larger batch averages over more tokens and decays weights more per token, which moves B_opt
+    and lr_opt with the constants rather than with N and D); `steps` keeps the per-step values.
+    The warmup is held as the base's share of the budget either way."""
     predict: bool = True
     """Place a rung's first round from what the finished rungs predict (its batch sizes around the
     predicted B_opt and B_crit, its lrs around the predicted lr); False: every rung from space."""

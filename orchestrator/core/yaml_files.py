@@ -80,7 +80,7 @@ def dotlist_value(value: Any) -> str:
     """One value as the text after `key=` (parsed back as YAML by parse_overrides)."""
     if isinstance(value, (list, dict)):
         return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-    return str(value)
+    return "null" if value is None else str(value)
 
 
 def parse_overrides(overrides: List[str]) -> List[tuple]:

@@ -112,9 +112,9 @@ def run_params(cfg: Config) -> Dict[str, Any]:
     params["train.total_steps"] = total_updates(cfg)
     params["train.total_tokens_rounded"] = rounded_budget(cfg)
     params["deepspeed.zero_stage_effective"] = zero_stage(cfg)  # with one worker it can be lower
-    costs = _costs(cfg)
-    if costs and costs.compute_params:  # N of a ladder's laws (docs/ladders.md)
-        params["model.params"] = costs.compute_params
+    n = registry.compute_params(cfg)
+    if n:  # the N of a ladder's laws (docs/ladders.md)
+        params["model.params"] = n
     # The beta2 and weight decay used, whichever form gave them (the given keys stay as given);
     # SGD has no beta2, and its weight decay is the coupled L2 it applies.
     if cfg.optim.name == "sgd":
@@ -136,14 +136,10 @@ def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> s
     return run_id
 
 
-def _costs(cfg: Config):
+def _num_params(cfg: Config) -> Optional[int]:
     from workloads import workload
 
-    return workload.costs(cfg)
-
-
-def _num_params(cfg: Config) -> Optional[int]:
-    costs = _costs(cfg)
+    costs = workload.costs(cfg)
     return costs.params if costs else None
 
 

@@ -22,7 +22,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_file import load
 from orchestrator.core.sweep_schema import LR_KEYS, SHARE_KEYS, Constraint, Sweep
-from orchestrator.sweeps import branch_study
+from orchestrator.sweeps import branch_study, ladder_plan
 
 
 @dataclass
@@ -48,6 +48,9 @@ class Trial:
             parts = [f"at={_binary(last.from_tokens)}", f"B={_binary(last.tokens_per_update)}"]
             return " ".join(parts + ([f"seed={c.train.seed}"] if "train.seed" in self.values else []))
         parts = ["base"] if "train.checkpoint_at_tokens" in self.values else []  # a branch study's
+        if "train.total_tokens" in self.values:  # a ladder's rung: its model's keys and its budget
+            parts += [f"{k.rpartition('.')[2]}={v}" for k, v in self.values.items() if k.startswith("model.")]
+            parts.append(f"D={_binary(c.train.total_tokens)}")
         batch = _binary(c.batch.tokens_per_update)
         if c.batch.ramp and len(c.batch.ramp) > 1:  # B=256>512@4Ki: each change, at its tokens
             batch = ">".join(
@@ -142,11 +145,12 @@ def seed_values(sweep: Sweep) -> List[Dict[str, int]]:
 
 def bracket_groups(sweep: Sweep) -> List[Tuple[Dict[str, Any], List[float]]]:
     """A bracket search's (batch size, group): the grid values (batch and the other axes, not the
-    lr) and the first round's learning rates, optim.lr's grid or lr_scaling's guess / step, guess,
-    guess x step."""
+    lr; a ladder's rung, its model and budget, first) and the first round's learning rates,
+    optim.lr's grid or lr_scaling's guess / step, guess, guess x step."""
     axes = {k: v for k, v in sweep.space.items() if k != "optim.lr" and k not in LR_KEYS}
+    rungs = [r.values for r in ladder_plan.rungs(sweep)] or [{}]
     groups = []
-    for point in _grid_points(axes):
+    for point in [{**rung, **p} for rung in rungs for p in _grid_points(axes)]:
         if "optim.lr" in sweep.space:
             lrs = sorted({lr_bracket.round_lr(x) for x in sweep.space["optim.lr"]["grid"]})
         else:
@@ -167,9 +171,12 @@ def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
     """Sampled values -> train-config overrides (shares -> tokens, scaling rule -> lr) -> config."""
     base = config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False)
     overrides = {k: v for k, v in values.items() if k not in SHARE_KEYS and k not in LR_KEYS}
+    budget = values.get("train.total_tokens", base.train.total_tokens)
     for share_key, tokens_key in SHARE_KEYS.items():
         if share_key in values:
-            overrides[tokens_key] = int(round(values[share_key] * base.train.total_tokens))
+            overrides[tokens_key] = int(round(values[share_key] * budget))
+    if sweep.ladder and "train.total_tokens" in values:
+        overrides = {**ladder_plan.held(sweep.ladder.hold, base, budget), **overrides}
     if sweep.lr_scaling and "optim.lr" not in values:  # (a bracket search proposes the lr itself)
         tokens = overrides.get("batch.tokens_per_update", base.batch.tokens_per_update)
         lr = values["lr_scaling.base_lr"] * (tokens / sweep.lr_scaling.reference_tokens) ** values["lr_scaling.alpha"]

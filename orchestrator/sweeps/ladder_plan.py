@@ -1,0 +1,123 @@
+"""A ladder's rungs (docs/ladders.md): each model of `ladder.models` at each budget of
+`ladder.tokens_per_param` (or `ladder.rungs` as given), with its model.params N and budget D,
+smallest compute first; and the target the ladder recommends for. Pure but for the workload's
+cost function, named by its import path (core/registry.py): no Ray, no MLflow.
+
+A budget of tokens_per_param x N is rounded to whole updates of the largest batch size the
+sweep's space names, so every batch size of a rung sees the same tokens (comparisons at equal
+tokens, docs/design.md 4.6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from orchestrator.core import config as config_lib
+from orchestrator.core import derived, registry, yaml_files
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.schema import Config
+from orchestrator.core.sweep_schema import Sweep
+
+TOTAL_KEY = "train.total_tokens"
+
+
+@dataclass(frozen=True)
+class RungPlan:
+    """One rung: its model (overrides of the base), N and D."""
+
+    model: Dict[str, Any]
+    params: int
+    """N: model.params of its model."""
+    tokens: int
+    """D: its budget, train.total_tokens."""
+
+    @property
+    def compute(self) -> float:
+        return 6.0 * self.params * self.tokens
+
+    @property
+    def values(self) -> Dict[str, Any]:
+        """What a trial of this rung sets on the base config (Tune's param space carries it)."""
+        return {**self.model, TOTAL_KEY: self.tokens}
+
+    @property
+    def label(self) -> str:
+        """`N=213k D=426k`: how trial names and the report name the rung."""
+        return f"N={_short(self.params)} D={_short(self.tokens)}"
+
+
+def _short(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:g}"
+
+
+def _params(sweep: Sweep, model: Dict[str, Any], key: str) -> int:
+    cfg = config_lib.load(sweep.base_config, sweep.base_overrides + yaml_files.dotlist(model))
+    n = registry.compute_params(cfg)
+    if not n:
+        raise ConfigError(key, f"workload {cfg.model.name!r} states no costs(cfg), so its model.params is unknown")
+    return n
+
+
+def _largest_batch(sweep: Sweep) -> int:
+    grid = sweep.space.get("batch.tokens_per_update", {}).get("grid") or [1]
+    return int(max(grid))
+
+
+def rungs(sweep: Sweep) -> List[RungPlan]:
+    """The rungs of the sweep's ladder, smallest compute first ([] without a ladder)."""
+    ladder = sweep.ladder
+    if ladder is None:
+        return []
+    unit = _largest_batch(sweep)
+    found = [
+        RungPlan(dict(r.overrides), _params(sweep, r.overrides, f"ladder.rungs.{i}.overrides"), int(r.total_tokens))
+        for i, r in enumerate(ladder.rungs)
+    ]
+    for i, model in enumerate(ladder.models):
+        n = _params(sweep, model, f"ladder.models.{i}")
+        for ratio in ladder.tokens_per_param:
+            tokens = max(unit, int(round(ratio * n / unit)) * unit)
+            found.append(RungPlan(dict(model), n, tokens))
+    seen: Dict[Tuple[int, int], RungPlan] = {}
+    for rung in found:
+        seen.setdefault((rung.params, rung.tokens), rung)
+    return sorted(seen.values(), key=lambda r: (r.compute, r.params))
+
+
+def target(sweep: Sweep) -> Optional[Tuple[float, float, Optional[Dict[str, Any]]]]:
+    """(N, D, the target's model overrides or None) of the ladder's target; None without one."""
+    t = sweep.ladder.target if sweep.ladder else None
+    if t is None or t.tokens is None:
+        return None
+    if t.overrides:
+        return float(_params(sweep, t.overrides, "ladder.target.overrides")), float(t.tokens), dict(t.overrides)
+    return float(t.params), float(t.tokens), None
+
+
+def held(hold: str, base: Config, budget: int) -> Dict[str, Any]:
+    """What a rung's trial sets so that it keeps the base's warmup as a share of its budget and,
+    with hold `tokens`, AdamW's beta2 and weight decay in their token forms at the base's batch
+    size and budget (docs/ladders.md says why; core/derived.adamw_constants reads them back)."""
+    s, o = base.schedule, base.optim
+    out: Dict[str, Any] = {"schedule.warmup_tokens": int(round(s.warmup_tokens / base.train.total_tokens * budget))}
+    if hold != "tokens" or o.name != "adamw":
+        return out
+    batch = base.batch.tokens_per_update
+    constants = derived.adamw_constants(base)
+    if o.beta2_half_life_tokens is None and 0 < constants.beta2 < 1:
+        out["optim.beta2"] = None
+        out["optim.beta2_half_life_tokens"] = batch * math.log(0.5) / math.log(constants.beta2)
+    if o.weight_decay_timescale_share is None and constants.weight_decay > 0 and o.lr > 0:
+        out["optim.weight_decay"] = None
+        out["optim.weight_decay_timescale_share"] = batch / (o.lr * constants.weight_decay * base.train.total_tokens)
+    return out
+
+
+def decades_beyond(rung_list: List[RungPlan], n: float, d: float) -> float:
+    """How many decades of compute the target lies past the largest rung."""
+    return math.log10(6.0 * n * d / max(r.compute for r in rung_list)) if rung_list else math.nan

@@ -1,0 +1,102 @@
+"""A ladder's rungs as a sweep lays them out (orchestrator/sweeps/ladder_plan.py): N from the
+model's own count, budgets from tokens per parameter in whole updates of the largest batch,
+smallest compute first, the rung's values in every bracket group; and what each rung holds of the
+base (warmup share, AdamW's constants in tokens)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.core import config, derived, sweep_file
+from orchestrator.core.errors import ConfigError
+from orchestrator.sweeps import ladder_plan, search_space
+from tests.conftest import TINY, write_sweep
+
+MODELS = [{"model.d_model": 64, "model.n_layers": 2}, {"model.d_model": 96, "model.n_layers": 3}]
+SPACE = {"batch.tokens_per_update": {"grid": [1024, 2048, 4096]}, "optim.lr": {"grid": [1e-3, 2e-3, 4e-3]}}
+SEARCH = {"algorithm": "bracket", "max_concurrent": 2}
+
+
+def ladder_sweep(tmp_path, **ladder):
+    body = {"models": MODELS, "tokens_per_param": [0.5, 2], "target": {"params": 1.0e7, "tokens": 2.0e8}, **ladder}
+    return sweep_file.load(write_sweep(tmp_path, ladder=body, space=SPACE, search=SEARCH))
+
+
+def n_of(model):
+    from orchestrator.driver import launch
+
+    return launch.run_params(config.load(TINY, [f"{k}={v}" for k, v in model.items()]))["model.params"]
+
+
+def test_rungs_are_models_times_budgets_in_whole_largest_batches_smallest_compute_first(tmp_path):
+    sweep = ladder_sweep(tmp_path)
+    rungs = ladder_plan.rungs(sweep)
+    expected = sorted(
+        ((n_of(m), max(4096, round(r * n_of(m) / 4096) * 4096)) for m in MODELS for r in (0.5, 2)),
+        key=lambda nd: nd[0] * nd[1],
+    )
+    assert [(r.params, r.tokens) for r in rungs] == expected
+    assert all(r.tokens % 4096 == 0 for r in rungs) and len({r.tokens / r.params for r in rungs}) > 1
+    groups = search_space.bracket_groups(sweep)
+    assert len(groups) == 4 * 3  # rungs x batch sizes, each with the first round's lrs
+    assert {g[0]["train.total_tokens"] for g in groups} == {r.tokens for r in rungs}
+    first = search_space.expand(sweep)[0]
+    assert first.name.startswith("d_model=64 n_layers=2 D=") and first.cfg.train.total_tokens == rungs[0].tokens
+
+
+def test_a_target_given_by_its_model_is_its_model_params(tmp_path):
+    target = {"overrides": {"model.d_model": 192, "model.n_layers": 6}, "tokens": 5.0e8}
+    n, d, model = ladder_plan.target(ladder_sweep(tmp_path, target=target))
+    assert (n, d, model) == (n_of(target["overrides"]), 5.0e8, target["overrides"])
+
+
+def test_each_rung_holds_the_bases_warmup_share_and_adamws_constants_in_tokens(tmp_path):
+    sweep = ladder_sweep(tmp_path)
+    base = config.load(sweep.base_config, sweep.base_overrides)
+    rung = ladder_plan.rungs(sweep)[-1]
+    trial = search_space.resolve(sweep, {**rung.values, "batch.tokens_per_update": 4096, "optim.lr": 3e-3})
+    c = trial.cfg
+    share = base.schedule.warmup_tokens / base.train.total_tokens
+    assert c.schedule.warmup_tokens == round(share * rung.tokens)
+    # at the base's own batch size, budget and lr the token forms give back the base's per-step values
+    same = config.load(
+        sweep.base_config,
+        sweep.base_overrides
+        + [
+            f"optim.beta2_half_life_tokens={c.optim.beta2_half_life_tokens}",
+            f"optim.weight_decay_timescale_share={c.optim.weight_decay_timescale_share}",
+        ],
+    )
+    assert derived.adamw_constants(same).beta2 == pytest.approx(derived.adamw_constants(base).beta2)
+    assert derived.adamw_constants(same).weight_decay == pytest.approx(derived.adamw_constants(base).weight_decay)
+    # the rung's own budget: the weight decay per step scales as B / D (lr x wd x D / B held)
+    got = derived.adamw_constants(c).weight_decay
+    assert got == pytest.approx(derived.adamw_constants(base).weight_decay * base.train.total_tokens / rung.tokens)
+    steps = search_space.resolve(ladder_sweep(tmp_path, hold="steps"), {**rung.values, "optim.lr": 3e-3}).cfg
+    assert steps.optim.beta2_half_life_tokens is None and math.isclose(
+        derived.adamw_constants(steps).beta2, derived.adamw_constants(base).beta2
+    )
+
+
+@pytest.mark.parametrize(
+    "ladder, key",
+    [
+        ({"rungs": [{"overrides": {"model.d_model": 64}, "total_tokens": 65536}]}, "ladder"),  # both ways
+        ({"tokens_per_param": None}, "ladder.tokens_per_param"),
+        ({"target": {"params": 1.0e7}}, "ladder.target"),
+        ({"target": {"params": 1.0e7, "tokens": 2.0e8, "overrides": {"model.d_model": 64}}}, "ladder.target"),
+    ],
+)
+def test_a_ladder_that_cannot_run_names_its_key(tmp_path, ladder, key):
+    with pytest.raises(ConfigError) as info:
+        ladder_sweep(tmp_path, **{k: v for k, v in ladder.items()})
+    assert info.value.key == key, str(info.value)
+
+
+def test_a_ladder_is_a_bracket_search(tmp_path):
+    body = {"models": MODELS, "tokens_per_param": [1], "target": {"params": 1.0e7, "tokens": 2.0e8}}
+    with pytest.raises(ConfigError) as info:
+        sweep_file.load(write_sweep(tmp_path, ladder=body, space=SPACE))
+    assert info.value.key == "ladder" and "bracket" in str(info.value)
