@@ -1,6 +1,6 @@
 """What the door to MLflow (store.py) answers with: the project's own frozen records of a run and
 of its metric points, so that no module outside tracking/ reads MLflow's objects. No MLflow
-import: a record is built from MLflow's run by `RunRecord.of`, here, and nowhere else."""
+import: only the door builds them (`RunRecord.of` an MLflow run)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The one door to MLflow: a `Store` is a tracking store (and the experiment this project's runs
 are made and searched in) that creates, writes and reads runs and answers in the project's own
 types (records.py). With metric_logger.py (the workers' batched asynchronous `MetricLogger`) and
-system_metrics.py the only code that talks to MLflow (tests/unit/test_import_graph.py).
+system_metrics.py, the only code that calls MLflow's API (tests/unit/test_import_graph.py holds it).
 
 Runs: one per `orchestrator train`; for a sweep one parent run and one child run per trial
 (tag `mlflow.parentRunId`). The x axis of every training curve is tokens: `step` = tokens seen.
