@@ -72,12 +72,12 @@ def report_windows(uri: str, run_id: str) -> List[Dict[str, Any]]:
     """A training run's report windows, read back from what it logged to MLflow: each
     `perf/tokens_per_s` point covers the tokens since the previous point (`tokens`, `seconds`);
     `eval` marks windows that end at an evaluation; `logged_at` is the point's wall-clock time."""
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking.store import Store
 
-    c = mlflow_runs.client(uri)
-    evals = {m.step for m in c.get_metric_history(run_id, "eval/loss")}
+    store = Store(uri)
+    evals = {step for step, _ in store.metric_history(run_id, "eval/loss")}
     windows, previous = [], 0
-    for m in sorted(c.get_metric_history(run_id, "perf/tokens_per_s"), key=lambda m: m.step):
+    for m in store.metric_points(run_id, "perf/tokens_per_s"):
         tokens = m.step - previous
         windows.append(
             {
@@ -85,7 +85,7 @@ def report_windows(uri: str, run_id: str) -> List[Dict[str, Any]]:
                 "tokens": tokens,
                 "seconds": tokens / m.value,
                 "eval": m.step in evals,
-                "logged_at": m.timestamp / 1000.0,
+                "logged_at": m.timestamp_ms / 1000.0,
             }
         )
         previous = m.step

@@ -41,18 +41,19 @@ def suggested_ramp(uri: str, folder: Path) -> Dict[str, Any]:
 
 def train(uri: str, folder: Path, name: str, overrides: List[str]) -> Dict[str, float]:
     from orchestrator.core import yaml_files
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking.store import Store
 
     study = yaml_files.read_mapping(STUDY, "SWEEP")[0]
     base = [f"{k}={yaml_files.dotlist_value(v)}" for k, v in study["base"]["overrides"].items()]
     config = str((STUDY.parent / study["base"]["config"]).resolve())
     cli("train", config, *base, *overrides, f"tracking.uri={uri}", f"train.run_name={name}", cwd=folder)
-    run = mlflow_runs.find_runs_named(uri, name)[0]
-    steps = mlflow_runs.metric_history(uri, run.info.run_id, "train/optimizer_step")
+    store = Store(uri)
+    run = store.find_runs_named(name)[0]
+    steps = store.metric_history(run.run_id, "train/optimizer_step")
     return {
         "steps": len(steps),
-        "tokens": int(run.data.params["train.total_tokens_rounded"]),
-        "final_eval_loss": run.data.metrics["eval/loss"],
+        "tokens": int(run.params["train.total_tokens_rounded"]),
+        "final_eval_loss": run.metrics["eval/loss"],
     }
 
 

@@ -1,5 +1,5 @@
 """Reading a sweep's curves back from MLflow: one history at a time against 8 at a time
-(mlflow_runs.runs_metrics, which `report` and the end of `sweep` use: 8 at a time from a
+(tracking.store.Store.histories, which `report` and the end of `sweep` use: 8 at a time from a
 tracking server, one at a time from SQLite), in the same process.
 
     python benchmarks/read_curves.py [--store sqlite:///mlflow.db --sweep demo] [--repeats 3]
@@ -21,17 +21,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.reporting import results  # noqa: E402
-from orchestrator.tracking import metric_logger, mlflow_runs  # noqa: E402
+from orchestrator.tracking import metric_logger  # noqa: E402
+from orchestrator.tracking.run_tags import PARENT_TAG, ROLE_TAG, SWEEP_ROLE  # noqa: E402
+from orchestrator.tracking.store import Store  # noqa: E402
 
 
 def _known_truth_store(folder: Path) -> tuple:
     from tests.known_truth import World, factor_grid
 
     uri = f"sqlite:///{folder}/mlflow.db"
-    parent = mlflow_runs.create_run(uri, "bench", "bench", tags={mlflow_runs.ROLE_TAG: mlflow_runs.SWEEP_ROLE})
+    store = Store(uri, "bench")
+    parent = store.create_run("bench", tags={ROLE_TAG: SWEEP_ROLE})
     world = World(max_points=300, draw=5)
     for run in world.grid(batches=(256, 512, 1024, 2048), lrs=factor_grid(0.002, 0.032), seeds=2):
-        run_id = mlflow_runs.create_run(uri, "bench", run.name, tags={mlflow_runs.PARENT_TAG: parent})
+        run_id = store.create_run(run.name, tags={PARENT_TAG: parent})
         logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=60)
         for metric, points in (("train/loss", run.train), ("eval/loss", run.eval), ("gns/b_simple", run.b_simple)):
             for step, value in points:
@@ -48,17 +51,18 @@ def main() -> None:
     args = ap.parse_args()
     if args.store:
         uri = args.store
-        parent = mlflow_runs.find_sweep_run_anywhere(uri, args.sweep)
+        parent = Store(uri).find_sweep_run_anywhere(args.sweep)
     else:
         uri, parent = _known_truth_store(Path(tempfile.mkdtemp(prefix="read-curves-")))
-    runs = mlflow_runs.child_runs(uri, parent)
+    store = Store(uri)
+    runs = store.child_runs(parent)
     keys = list(results.METRICS)
 
     def sequential():
-        return mlflow_runs.runs_metrics(uri, runs, keys, workers=1)
+        return store.histories(runs, keys, workers=1)
 
     def concurrent():
-        return mlflow_runs.runs_metrics(uri, runs, keys, workers=8)
+        return store.histories(runs, keys, workers=8)
 
     assert sequential() == concurrent(), "the two reads differ"
     times = {"sequential": [], "concurrent": []}

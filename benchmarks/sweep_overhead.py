@@ -84,12 +84,12 @@ def phases(uri: str, run_id: str) -> Dict[str, float]:
     window starts: Ray Train workers, DeepSpeed init, initial eval), the report windows (training,
     evaluations inside them), teardown (last point -> run closed: Ray Train shutdown, loss plot)
     and the steady tokens/s (perf/tokens_per_s windows, the first and the evaluation windows left out)."""
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking.store import Store
 
-    run = mlflow_runs.client(uri).get_run(run_id)
+    run = Store(uri).get_run(run_id)
     windows = common.report_windows(uri, run_id)
     steady = [w for w in windows[1:] if not w["eval"]]
-    start, end = run.info.start_time / 1000.0, run.info.end_time / 1000.0
+    start, end = run.start_ms / 1000.0, run.end_ms / 1000.0
     first = windows[0]["logged_at"] - windows[0]["seconds"]
     return {
         "start": start,
@@ -114,7 +114,7 @@ def run_alone(trial_cfg, name: str) -> Dict[str, Any]:
 
 def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
     from orchestrator.driver import sweep
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking.store import Store
 
     out = io.StringIO()
     started, clock = time.perf_counter(), time.time()
@@ -123,12 +123,9 @@ def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
     wall = time.perf_counter() - started
     if code != 0:
         raise SystemExit(f"sweep failed (exit {code}):\n{out.getvalue()[-3000:]}")
-    uri = overrides[0].split("=", 1)[1]
-    parent = mlflow_runs.find_sweep_run(mlflow_runs.resolve_uri(uri), "bench-sweep-overhead", "bench-overhead")
-    trials = [
-        {"name": run.info.run_name, **phases(mlflow_runs.resolve_uri(uri), run.info.run_id)}
-        for run in mlflow_runs.child_runs(mlflow_runs.resolve_uri(uri), parent)
-    ]
+    store = Store(overrides[0].split("=", 1)[1], "bench-sweep-overhead")
+    parent = store.find_sweep_run("bench-overhead")
+    trials = [{"name": run.name, **phases(store.uri, run.run_id)} for run in store.child_runs(parent)]
     # Outside every trial's run: sweep preflight, parent run, Tune start, trial actors; summary.
     before = min(t["start"] for t in trials) - clock
     after = clock + wall - max(t["end"] for t in trials)

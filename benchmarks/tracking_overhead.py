@@ -110,7 +110,8 @@ def main(argv: List[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from orchestrator.core import config
-    from orchestrator.tracking import metric_logger, mlflow_runs
+    from orchestrator.tracking import metric_logger
+    from orchestrator.tracking.store import Store
 
     cfg = config.load(args.config, args.overrides)
     plan, update = build(cfg)
@@ -118,7 +119,7 @@ def main(argv: List[str] | None = None) -> int:
     sources = [s.name for s in cfg.data.sources]
     tmp = Path(tempfile.mkdtemp(prefix="bench-tracking-"))
     uri = f"sqlite:///{tmp}/mlflow.db"
-    run_id = mlflow_runs.create_run(uri, "bench", "tracking-overhead")
+    run_id = Store(uri, "bench").create_run("tracking-overhead")
     # The sender thread never wakes by itself: sends happen where the loop below asks, so
     # that their cost lands in "on" periods.
     logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=3600)

@@ -67,23 +67,22 @@ def write_sweep(tmp: Path, trials: int, concurrency: int, overrides: List[str], 
 
 
 def trial_phases(uri: str, run) -> Dict[str, Any]:
-    """One trial's account, from its MLflow record."""
-    from orchestrator.tracking import mlflow_runs
+    """One trial's account, from its MLflow record (a tracking.records.RunRecord)."""
+    from orchestrator.tracking.store import Store
 
-    c = mlflow_runs.client(uri)
-    metrics = run.data.metrics
-    losses = sorted(c.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)
-    end = run.info.end_time / 1000.0
-    teardown_s = end - losses[-1].timestamp / 1000.0
+    metrics = run.metrics
+    losses = Store(uri).metric_points(run.run_id, "train/loss")
+    end = run.end_ms / 1000.0
+    teardown_s = end - losses[-1].timestamp_ms / 1000.0
     known = metrics.get("teardown/final_report_s", 0.0) + metrics.get("teardown/finish_s", 0.0)
     phases = {k: v for k, v in metrics.items() if k.startswith(("startup/", "teardown/"))}
     phases["teardown/close_s"] = teardown_s - known  # logger close, Ray Train's exit
     phases["teardown/total_s"] = teardown_s
     return {
-        "name": run.info.run_name,
+        "name": run.name,
         "fresh_process": "startup/process_s" in metrics,
         "fixed_s": metrics["startup/total_s"] + teardown_s,
-        "first_update_s": (losses[0].timestamp / 1000.0) - (run.info.start_time / 1000.0),
+        "first_update_s": (losses[0].timestamp_ms / 1000.0) - (run.start_ms / 1000.0),
         "phases": phases,
     }
 
@@ -93,7 +92,7 @@ def main(argv: List[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from orchestrator.driver import ray_session, sweep
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking.store import Store
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-startup-"))
     uri = f"sqlite:///{tmp}/mlflow.db"
@@ -111,8 +110,9 @@ def main(argv: List[str] | None = None) -> int:
     wall = time.perf_counter() - t
     if code != 0:
         raise SystemExit(f"sweep failed (exit {code}):\n{out.getvalue()[-3000:]}")
-    parent = mlflow_runs.find_sweep_run(uri, EXPERIMENT, "bench-startup")
-    trials = sorted((trial_phases(uri, r) for r in mlflow_runs.child_runs(uri, parent)), key=lambda t: t["name"])
+    store = Store(uri, EXPERIMENT)
+    parent = store.find_sweep_run("bench-startup")
+    trials = sorted((trial_phases(uri, r) for r in store.child_runs(parent)), key=lambda t: t["name"])
 
     names = sorted({k for t in trials for k in t["phases"]}, key=lambda k: (not k.startswith("startup"), k))
     fresh = [t for t in trials if t["fresh_process"]]

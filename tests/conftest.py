@@ -90,10 +90,10 @@ def zero_stage(stage: int) -> list:
 def _empty_store() -> Path:
     """An MLflow SQLite store with its tables made, once per test session: MLflow makes a new
     store by running its schema migrations, about 3 s each time."""
-    from orchestrator.tracking import mlflow_runs
+    from mlflow.tracking import MlflowClient
 
     db = Path(tempfile.mkdtemp(prefix="mlflow-empty-")) / "mlflow.db"
-    mlflow_runs.client(f"sqlite:///{db}").search_experiments()
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
     return db
 
 
@@ -159,11 +159,11 @@ def touched(what: str):
 def nothing_starts(monkeypatch, tmp_path):
     """Sentinels in place of Ray, MLflow runs and the corpus; a working directory to keep empty."""
     from orchestrator.driver import launch, ray_session
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking.store import Store
 
     monkeypatch.setattr(ray_session, "ray_init", touched("Ray"))
     monkeypatch.setattr(launch, "preflight", touched("the corpus"))
-    monkeypatch.setattr(mlflow_runs, "create_run", touched("MLflow"))
+    monkeypatch.setattr(Store, "create_run", touched("MLflow"))
     work = tmp_path / "cwd"
     work.mkdir()
     monkeypatch.chdir(work)

@@ -4,7 +4,7 @@
 (orchestrator.cluster.upload's EXCLUDES keep it small) and runs
 `python -m orchestrator sweep <sweep file> <overrides>` in it.
 What the job needs from this environment is never on the command line, and only the variable
-*names* are printed: MLflow credentials (mlflow_runs.env_for_workers), MLFLOW_TRACKING_URI (with
+*names* are printed: MLflow credentials (tracking/store.py's env_for_workers), MLFLOW_TRACKING_URI (with
 the override `tracking.uri=${oc.env:MLFLOW_TRACKING_URI}` unless you pass tracking.uri=...), and
 every variable a `${oc.env:NAME}` names in the overrides, the sweep file or its base config.
 Those are secrets: in the job's runtime_env anyone holding the cluster's Ray token reads them, and
@@ -135,9 +135,9 @@ def _relative_local(uri: str) -> bool:
 
 def job_env(overrides: Sequence[str], texts: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
     """(env_vars for the job, extra overrides): credentials, MLFLOW_TRACKING_URI, `${oc.env:X}` refs."""
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking.store import env_for_workers
 
-    env = dict(mlflow_runs.env_for_workers())
+    env = dict(env_for_workers())
     extra: List[str] = []
     if "MLFLOW_TRACKING_URI" in os.environ:
         env["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]

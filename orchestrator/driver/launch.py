@@ -35,7 +35,9 @@ from orchestrator.core.schema import Config
 from orchestrator.driver import micro_batch, ray_session
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import feasibility
-from orchestrator.tracking import mlflow_runs, mlflow_ui
+from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, FAILURE_TAG, warnings_in
+from orchestrator.tracking.store import Store, resolve_uri
 
 RUN_RECORD = "orchestrator_run.json"
 log = logging.getLogger(__name__)
@@ -127,12 +129,12 @@ def run_params(cfg: Config) -> Dict[str, Any]:
 
 def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> str:
     """Create the MLflow run of a training run with its params and set-up artifacts."""
-    uri = cfg.tracking.uri
-    run_id = mlflow_runs.create_run(uri, cfg.tracking.experiment, name, tags)
-    mlflow_runs.log_params(uri, run_id, run_params(cfg))
-    mlflow_runs.log_text(uri, run_id, to_yaml(cfg), "config.yaml")
-    mlflow_runs.log_dict(uri, run_id, ds_config.build(cfg, batch_plan(cfg), _num_params(cfg)), "deepspeed.json")
-    mlflow_runs.log_text(uri, run_id, planning.format_table(planning.describe(cfg)), "plan.txt")
+    store = Store.of(cfg)
+    run_id = store.create_run(name, tags)
+    store.log_params(run_id, run_params(cfg))
+    store.log_text(run_id, to_yaml(cfg), "config.yaml")
+    store.log_dict(run_id, ds_config.build(cfg, batch_plan(cfg), _num_params(cfg)), "deepspeed.json")
+    store.log_text(run_id, planning.format_table(planning.describe(cfg)), "plan.txt")
     return run_id
 
 
@@ -206,15 +208,15 @@ def build_trainer(
 
 def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
     """Close the MLflow run: status, failure reason, loss plot. Returns the status."""
-    uri = cfg.tracking.uri
+    uri, store = cfg.tracking.uri, Store.of(cfg)
     status, reason = "FINISHED", None
     if error is not None:
         status, reason = "FAILED", failure_cause(error)
     else:  # a worker that saw a non-finite loss tagged the run and stopped
-        reason = mlflow_runs.get_run(uri, run_id).data.tags.get(mlflow_runs.FAILURE_TAG)
+        reason = store.get_run(run_id).tags.get(FAILURE_TAG)
         status = "FAILED" if reason else status
     if reason:
-        mlflow_runs.set_tags(uri, run_id, {mlflow_runs.FAILURE_TAG: reason[:5000]})
+        store.set_tags(run_id, {FAILURE_TAG: reason[:5000]})
     close_run(uri, run_id, status, title=cfg.train.run_name or "")
     return reason or status
 
@@ -234,15 +236,15 @@ def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
     in as `teardown/finish_s`."""
     from orchestrator.reporting import plots
 
-    teardown = Phases("teardown")
+    teardown, store = Phases("teardown"), Store(uri)
     try:
-        curves = {k: mlflow_runs.metric_history(uri, run_id, k) for k in ("train/loss", "eval/loss")}
+        curves = {k: store.metric_history(run_id, k) for k in ("train/loss", "eval/loss")}
         if curves["train/loss"]:
-            mlflow_runs.log_figure(uri, run_id, plots.loss_vs_tokens(curves, title=title), "loss_vs_tokens.png")
+            store.log_figure(run_id, plots.loss_vs_tokens(curves, title=title), "loss_vs_tokens.png")
             teardown.mark("finish")
-            mlflow_runs.log_metrics(uri, run_id, teardown.seconds, curves["train/loss"][-1][0])
+            store.log_metrics(run_id, teardown.seconds, curves["train/loss"][-1][0])
     finally:
-        mlflow_runs.finish_run(uri, run_id, status)
+        store.finish_run(run_id, status)
 
 
 def resolve_paths(cfg: Config) -> None:
@@ -261,14 +263,14 @@ def resolve_paths(cfg: Config) -> None:
             storage.local_path(cfg.train.start_from_checkpoint).expanduser().resolve()
         )
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
-    cfg.tracking.uri = mlflow_runs.resolve_uri(cfg.tracking.uri)
+    cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
     # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
 
 
 def _show_worker_warnings(cfg: Config, tags: Dict[str, str], shown: Set[str]) -> None:
     """Print the warnings the run's workers recorded (run tags) that were not shown yet."""
-    for tag, message in mlflow_runs.warnings_in(tags).items():
+    for tag, message in warnings_in(tags).items():
         if tag not in shown:
             shown.add(tag)
             log.warning("[%s] worker: %s", cfg.train.run_name, message)
@@ -283,11 +285,11 @@ def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: 
     while worker.is_alive():
         worker.join(every_s)
         try:
-            run = mlflow_runs.get_run(cfg.tracking.uri, run_id)
+            run = Store.of(cfg).get_run(run_id)
         except Exception:  # the store is busy or away: try again at the next tick
             continue
-        _show_worker_warnings(cfg, run.data.tags, warned)
-        latest = run.data.metrics
+        _show_worker_warnings(cfg, run.tags, warned)
+        latest = run.metrics
         tokens = int(latest.get("train/tokens", 0))
         if not tokens or tokens == shown:
             continue
@@ -306,7 +308,7 @@ def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: 
 
 def _run_tags(cfg: Config, run_id: str) -> Dict[str, str]:
     try:
-        return mlflow_runs.get_run(cfg.tracking.uri, run_id).data.tags
+        return Store.of(cfg).get_run(run_id).tags
     except Exception:  # the store is busy or away: the progress loop tries again
         return {}
 
@@ -331,8 +333,8 @@ def unfinished_run(cfg: Config, digest: str) -> str:
     for name in storage.subfolders(cfg.train.storage_path):
         record = storage.read_json(storage.join(cfg.train.storage_path, name, RUN_RECORD)) or {}
         if record.get("config_digest") == digest:
-            run = mlflow_runs.try_get_run(cfg.tracking.uri, record["mlflow_run_id"])
-            if run is None or run.info.status != "FINISHED":
+            run = Store.of(cfg).try_get_run(record["mlflow_run_id"])
+            if run is None or run.status != "FINISHED":
                 found.append((record.get("started", 0), name))
     if not found:
         raise ConfigError(
@@ -363,10 +365,10 @@ def train(cfg: Config, resume: bool = False) -> int:
     ray_session.check_cluster(cfg, [feasibility.shape_of(cfg)])
     micro_batch.resolve(cfg)
     if run_id:
-        mlflow_runs.reopen_run(cfg.tracking.uri, run_id)  # RUNNING again, so system metrics resume
+        Store.of(cfg).reopen_run(run_id)  # RUNNING again, so system metrics resume
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {redact_uri(folder)}")
     else:
-        run_id = open_run(cfg, name, {mlflow_runs.CHECKPOINTS_TAG: folder})  # for `orchestrator export`
+        run_id = open_run(cfg, name, {CHECKPOINTS_TAG: folder})  # for `orchestrator export`
         record = {
             "mlflow_run_id": run_id,
             "experiment": cfg.tracking.experiment,

@@ -11,7 +11,7 @@ from orchestrator.core import storage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.formulas import feasibility
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.store import env_for_workers
 
 # Ray Train on a Ray this command starts on one machine: no node of it can be preempted, so no
 # watcher actor (a process per run); and the controller polls its workers every 0.5 s, not 2 s,
@@ -40,7 +40,7 @@ def ray_init(address: Optional[str] = None) -> None:
     if os.environ.get("RAY_ADDRESS") and not address:
         ray.init(log_to_driver=False)  # inside a Ray job: its runtime_env already carries the env
     elif address:
-        ray.init(address=address, runtime_env={"env_vars": mlflow_runs.env_for_workers()}, log_to_driver=False)
+        ray.init(address=address, runtime_env={"env_vars": env_for_workers()}, log_to_driver=False)
     else:
         for name, value in LOCAL_TRAIN_SETTINGS.items():  # inherited by the local Ray's workers
             os.environ.setdefault(name, value)

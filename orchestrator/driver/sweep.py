@@ -27,7 +27,19 @@ from orchestrator.core.phases import Phases
 from orchestrator.driver import launch, micro_batch, ray_session
 from orchestrator.reporting import report
 from orchestrator.sweeps import branch_study, placement, search_space
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.run_tags import (
+    BRANCH_AT_TAG,
+    BRANCH_OF_TAG,
+    CHECKPOINTS_TAG,
+    PARENT_TAG,
+    ROLE_TAG,
+    SCHEDULER_TAG,
+    SEARCH_TAG,
+    SWEEP_ROLE,
+    SWEEP_TAG,
+    TRIAL_TAG,
+)
+from orchestrator.tracking.store import Store
 
 log = logging.getLogger(__name__)
 RECORD = "sweep_run.json"
@@ -56,18 +68,19 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     trial_id = tune.get_context().get_trial_id()
     cfg.train.run_name = trial_id
     tags = {
-        mlflow_runs.PARENT_TAG: setup["parent_run_id"],
-        mlflow_runs.TRIAL_TAG: trial_id,
-        mlflow_runs.SWEEP_TAG: sweep.name,
+        PARENT_TAG: setup["parent_run_id"],
+        TRIAL_TAG: trial_id,
+        SWEEP_TAG: sweep.name,
     }
     tags.update(setup.get("tags", {}))
     at = branch_study.branch_point(cfg)
     if at is not None:
-        tags[mlflow_runs.BRANCH_AT_TAG] = str(at)
-    run_id = mlflow_runs.find_run(cfg.tracking.uri, cfg.tracking.experiment, tags)
-    if run_id and mlflow_runs.get_run(cfg.tracking.uri, run_id).info.status == "FINISHED":
+        tags[BRANCH_AT_TAG] = str(at)
+    store = Store.of(cfg)
+    run_id = store.find_run(tags)
+    if run_id and store.get_run(run_id).status == "FINISHED":
         # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
-        latest = mlflow_runs.get_run(cfg.tracking.uri, run_id).data.metrics
+        latest = store.get_run(run_id).metrics
         tune.report(
             {
                 "tokens": int(latest.get("train/tokens", 0)),
@@ -77,14 +90,14 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
         )
         return
     if run_id:
-        mlflow_runs.reopen_run(cfg.tracking.uri, run_id)  # a retried trial: RUNNING again
+        store.reopen_run(run_id)  # a retried trial: RUNNING again
     run_id = run_id or launch.open_run(cfg, trial.name, tags)
     local = placement.in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
     # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
     tune_dir = storage.join(setup["tune_storage"], Path(tune.get_context().get_trial_dir()).name)
     checkpoints = tune_dir if local else storage.join(setup["train_storage"], trial_id)
-    mlflow_runs.set_tags(cfg.tracking.uri, run_id, {mlflow_runs.CHECKPOINTS_TAG: checkpoints})
+    store.set_tags(run_id, {CHECKPOINTS_TAG: checkpoints})
     startup.mark("open_run")
     trainer = launch.build_trainer(
         cfg,
@@ -148,18 +161,18 @@ def _preflight(trials: List[search_space.Trial]) -> None:
 
 
 def _open_parent(sweep: sweep_schema.Sweep, cfg, trials) -> str:
-    uri = cfg.tracking.uri
+    store = Store.of(cfg)
     tags = {
-        mlflow_runs.ROLE_TAG: mlflow_runs.SWEEP_ROLE,
-        mlflow_runs.SWEEP_TAG: sweep.name,
-        mlflow_runs.SEARCH_TAG: sweep.search.algorithm,
-        mlflow_runs.SCHEDULER_TAG: sweep.scheduler.type,
+        ROLE_TAG: SWEEP_ROLE,
+        SWEEP_TAG: sweep.name,
+        SEARCH_TAG: sweep.search.algorithm,
+        SCHEDULER_TAG: sweep.scheduler.type,
     }
-    run_id = mlflow_runs.create_run(uri, cfg.tracking.experiment, f"sweep {sweep.name}", tags)
+    run_id = store.create_run(f"sweep {sweep.name}", tags)
     params = dict(sweep.written)
     params["trials"] = len(trials) if trials is not None else sweep.search.num_samples
-    mlflow_runs.log_params(uri, run_id, {f"sweep.{k}": v for k, v in params.items()})
-    mlflow_runs.log_text(uri, run_id, sweep.text, sweep.path.name)  # the door redacts its URIs' passwords
+    store.log_params(run_id, {f"sweep.{k}": v for k, v in params.items()})
+    store.log_text(run_id, sweep.text, sweep.path.name)  # the door redacts its URIs' passwords
     return run_id
 
 
@@ -194,7 +207,7 @@ def _param_space(sweep: sweep_schema.Sweep, trials, runs: Dict[str, Any]):
         mode="min",
         seed=sweep.search.seed,
         storage=storage,
-        study_name=f"{sweep.name} {runs['tags'][mlflow_runs.PARENT_TAG][:8]}" if storage else None,
+        study_name=f"{sweep.name} {runs['tags'][PARENT_TAG][:8]}" if storage else None,
     )
     return space, searcher
 
@@ -289,7 +302,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
                 if base_run is None:
                     base_run = _train_base(sweep, base, parent, folder, resume, len(trials), base_trial)
                     trials = _from_checkpoints(sweep, base, base_run, trials)
-                tags = {mlflow_runs.BRANCH_OF_TAG: base_run}
+                tags = {BRANCH_OF_TAG: base_run}
             _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags).fit()
     except Exception as exc:
         error = exc
@@ -301,13 +314,13 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
 def _train_base(sweep, base, parent: str, folder: str, resume: bool, branches: int, base_trial) -> str:
     """A branch study's base run, trained now as its own Tune phase (a resumed study finds it
     finished): its MLflow run id."""
-    uri, experiment, tags = base.tracking.uri, base.tracking.experiment, branch_study.base_tags(parent)
-    run_id = mlflow_runs.find_run(uri, experiment, tags)
-    if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
+    store, tags = Store.of(base), branch_study.base_tags(parent)
+    run_id = store.find_run(tags)
+    if not run_id or store.get_run(run_id).status != "FINISHED":
         print(f"branch study {sweep.name!r}: the base run first, then {branches} branches")
         _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base").fit()
-        run_id = mlflow_runs.find_run(uri, experiment, tags)
-    if not run_id or mlflow_runs.get_run(uri, run_id).info.status != "FINISHED":
+        run_id = store.find_run(tags)
+    if not run_id or store.get_run(run_id).status != "FINISHED":
         raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
     return run_id
 
@@ -372,7 +385,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
     runs = {
         "uri": base.tracking.uri,
         "experiment": base.tracking.experiment,
-        "tags": {mlflow_runs.PARENT_TAG: parent, mlflow_runs.SWEEP_TAG: sweep.name},
+        "tags": {PARENT_TAG: parent, SWEEP_TAG: sweep.name},
     }
     space, searcher = _param_space(sweep, trials, runs)
     samples = 1  # grid and random trials are laid out in the param space; bracket and optuna suggest theirs

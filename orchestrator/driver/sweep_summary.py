@@ -16,7 +16,9 @@ from orchestrator.driver import launch
 from orchestrator.formulas import cost
 from orchestrator.reporting.report_format import TOK, cell, fmt_tokens
 from orchestrator.sweeps import placement, search_space
-from orchestrator.tracking import mlflow_runs, mlflow_ui
+from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking.run_tags import STOPPED_AT_TAG
+from orchestrator.tracking.store import Store
 
 PRINT_EVERY_S = 20.0
 ENDED = ("DONE", "STOPPED", "ERROR")
@@ -297,7 +299,7 @@ def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None
         else:
             t.status = "KILLED"
             t.stopped_at = stopped_at.get(t.trial_id or "", t.eval[-1][0] if t.eval else t.tokens_seen)
-            mlflow_runs.set_tags(uri, t.run_id, {mlflow_runs.STOPPED_AT_TAG: str(t.stopped_at)})
+            Store(uri).set_tags(t.run_id, {STOPPED_AT_TAG: str(t.stopped_at)})
         launch.close_run(uri, t.run_id, t.status, title=t.name)
 
 
@@ -313,7 +315,7 @@ def finish(
 
     stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri = base.tracking.uri
-    runs = mlflow_runs.child_runs(uri, parent)
+    runs = Store(uri).child_runs(parent)
     curves = report_inputs.read_curves(uri, runs, results.METRICS)
     trials = report_inputs.trials_of(uri, runs, curves)
     _close_unfinished_runs(uri, trials, stopped_at or {})
@@ -335,7 +337,7 @@ def finish(
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {redact_uri(str(exc))}")
     status = "FAILED" if error is not None or not finished else "FINISHED"
-    mlflow_runs.finish_run(uri, parent, status)
+    Store(uri).finish_run(parent, status)
     if error is not None:
         print(f"sweep {sweep.name} failed: {type(error).__name__}: {redact_uri(str(error))}", file=sys.stderr)
         return 1
@@ -346,6 +348,4 @@ def _log_parent_artifacts(uri: str, parent: str, trials) -> None:
     from orchestrator.reporting import plots
 
     curves = {t.name: t.train for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0))}
-    mlflow_runs.log_figure(
-        uri, parent, plots.loss_vs_tokens(curves, title="train loss of every trial"), "loss_vs_tokens.png"
-    )
+    Store(uri).log_figure(parent, plots.loss_vs_tokens(curves, title="train loss of every trial"), "loss_vs_tokens.png")

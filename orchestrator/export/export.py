@@ -41,7 +41,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.core import config, registry, storage, validation
 from orchestrator.core.errors import ConfigError
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, PARENT_TAG, ROLE_TAG, SWEEP_ROLE
+from orchestrator.tracking.store import Store, resolve_uri
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +67,14 @@ def run(
     """Export run `target`'s last checkpoint (or the one at `tokens`) into the new folder `out`."""
     settings = config.load(None, overrides)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr: one line, or none
-    uri = mlflow_runs.resolve_uri(settings.tracking.uri)
+    uri = resolve_uri(settings.tracking.uri)
     dest = _check_out(out)
     if tokens is not None and tokens < 0:
         raise ConfigError("--tokens", f"got {tokens}; a token count >= 0")
     if checkpoint is not None:
         validation.storage_location("--checkpoint", checkpoint)
     run_id, run_name = find_run(uri, settings.tracking.experiment, target)
-    text = mlflow_runs.read_text_artifact(uri, run_id, CONFIG)
+    text = Store(uri).read_text_artifact(run_id, CONFIG)
     if text is None:
         raise ConfigError("RUN_OR_TRIAL", f"run {run_id} has no {CONFIG} artifact: not a training run of this tool")
     location = checkpoint or checkpoints_of(uri, run_id)
@@ -121,32 +122,33 @@ def _check_out(out: str) -> Path:
 
 def find_run(uri: str, experiment: str, target: str) -> Tuple[str, str]:
     """(run id, run name) of an MLflow run id, a run name or a Tune trial id."""
-    if not mlflow_runs.store_exists(uri):
+    store = Store(uri, experiment)
+    if not store.exists():
         raise ConfigError("tracking.uri", f"no MLflow store at {uri}")
-    run = mlflow_runs.try_get_run(uri, target)
+    run = store.try_get_run(target)
     if run is None:
-        found = mlflow_runs.find_runs_named(uri, target, experiment)
+        found = store.find_runs_named(target)
         if not found:
             raise ConfigError("RUN_OR_TRIAL", f"no MLflow run with id, name or trial id {target!r} in {uri}")
         if len(found) > 1:
-            log.warning("%d runs are named %r; exporting the newest, %s", len(found), target, found[0].info.run_id)
+            log.warning("%d runs are named %r; exporting the newest, %s", len(found), target, found[0].run_id)
         run = found[0]
-    if run.data.tags.get(mlflow_runs.ROLE_TAG) == mlflow_runs.SWEEP_ROLE:
+    if run.tags.get(ROLE_TAG) == SWEEP_ROLE:
         raise ConfigError("RUN_OR_TRIAL", f"{target!r} is a sweep's parent run; export one of its trials")
-    return run.info.run_id, run.info.run_name
+    return run.run_id, run.name
 
 
 def checkpoints_of(uri: str, run_id: str) -> str:
     """Where the run's checkpoints live: its tag, or for a `train` run from before the tag, the
     folder `train.storage_path/<train.run_name>`."""
-    run = mlflow_runs.get_run(uri, run_id)
-    location = run.data.tags.get(mlflow_runs.CHECKPOINTS_TAG)
-    params = run.data.params
-    if not location and mlflow_runs.PARENT_TAG not in run.data.tags and "train.storage_path" in params:
+    run = Store(uri).get_run(run_id)
+    location = run.tags.get(CHECKPOINTS_TAG)
+    params = run.params
+    if not location and PARENT_TAG not in run.tags and "train.storage_path" in params:
         location = storage.join(params["train.storage_path"], params.get("train.run_name", ""))
     if not location:
         raise ConfigError("--checkpoint", f"run {run_id} records no checkpoint location; give --checkpoint PATH_OR_URI")
-    if f"{config.REDACTED}@" in location:  # MLflow keeps no password (mlflow_runs redacts every tag)
+    if f"{config.REDACTED}@" in location:  # MLflow keeps no password (the door to MLflow redacts every tag)
         raise ConfigError(
             "--checkpoint",
             f"run {run_id} keeps its checkpoints at {location}, whose credentials MLflow does not hold; give "

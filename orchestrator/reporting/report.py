@@ -2,8 +2,8 @@
 size lies and what each choice costs, read back from a sweep's (or one run's) MLflow runs, or
 from a folder of `trials.csv` and `curves.csv` written by any trainer (orchestrator/analysis/tables.py).
 
-Reading (orchestrator/reporting/report_inputs.py; MLflow only through tracking.py) gives `trials.Trial`
-records; `analysis.analyse` is the arithmetic (its docstring states every rule); writing turns
+Reading (orchestrator/reporting/report_inputs.py; MLflow only through tracking/store.py) gives `trials.Trial`
+records; `sweep_analysis.analyse` is the arithmetic (its docstring states every rule); writing turns
 the result into figures (plots.py), summary.md, summary.html and report.json (text rendered by
 report_render.py) and the tables trials.csv and curves.csv (results.py: what
 `results.load_sweep` gives), all logged to the sweep's (or the run's) MLflow run under `report/`.
@@ -25,7 +25,8 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
 from orchestrator.reporting.report_render import document, summary_lines
-from orchestrator.tracking import mlflow_runs, mlflow_ui
+from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking.store import Store
 
 # ---------------------------------------------------------------- where
 
@@ -232,8 +233,9 @@ def write_run_report(
     out_dir = out or default_out(name)
     check_out_folder(out_dir)
     tables_ = results.build(name, run_id, trials, curves, result, results.METRICS, uri)
+    store = Store(uri)
     for path in write_report(trials, result, name, out_dir) + tables_.to_csv(out_dir):
-        mlflow_runs.log_file(uri, run_id, path, "report")
+        store.log_file(run_id, path, "report")
     _say_written(out_dir, f"logged to run {run_id} under report/")
     print("\n".join(summary_lines(result)))
     compared = [t.run_id for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]

@@ -1,7 +1,7 @@
 """What a report reads: a sweep file, a sweep's name or a run id resolved in the MLflow store, and
-its runs as `trials.Trial` records with the curves the analysis needs (MLflow only through
-tracking.py). `report`, `results.load_sweep`, the sweep's closing summary and the bracket
-searcher all read runs through here."""
+its runs as `trials.Trial` records with the curves the analysis needs (MLflow only through the
+door, tracking/store.py, whose run records become trials here). `report`, `results.load_sweep`,
+the sweep's closing summary and the bracket searcher all read runs through here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from orchestrator.analysis import sweep_analysis, tables
 from orchestrator.analysis.trials import Curve, Trial
 from orchestrator.core import config, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.records import RunRecord
+from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, ROLE_TAG, STOPPED_AT_TAG, SWEEP_ROLE, SWEEP_TAG, TRIAL_TAG
+from orchestrator.tracking.store import Store, resolve_uri
 
 METRICS = tuple(tables.METRICS)
 """The curves the analysis reads (train/loss, eval/loss, gns/b_simple, train/clipped)."""
@@ -31,27 +33,28 @@ def tracking_for(target: str, overrides: List[str]) -> Tuple[Optional[str], str,
             raise ConfigError("name", f"sweep file {target} has no top-level `name:`; valid: a sweep YAML with name")
         name, extra = sweep.name, [o for o in sweep.base_overrides if o.startswith("tracking.")]
     cfg = config.load(None, extra + list(overrides))
-    return name, mlflow_runs.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
+    return name, resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
 
 
 def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
     """(tracking uri, report name, run id of the sweep's parent run or of the single run)."""
     sweep_name, uri, experiment = tracking_for(target, overrides)
-    if not mlflow_runs.store_exists(uri):
+    store = Store(uri, experiment)
+    if not store.exists():
         raise ConfigError("tracking.uri", f"no MLflow store at {uri}; pass tracking.uri=<the store of the sweep>")
-    run = None if sweep_name else mlflow_runs.try_get_run(uri, target)
+    run = None if sweep_name else store.try_get_run(target)
     if run is not None:
-        return uri, run.info.run_name or run.info.run_id, run.info.run_id
+        return uri, run.name or run.run_id, run.run_id
     sweep_name = sweep_name or target
     try:
-        run_id = mlflow_runs.find_sweep_run_anywhere(uri, sweep_name, experiment)
+        run_id = store.find_sweep_run_anywhere(sweep_name)
     except ValueError as exc:  # a name no MLflow filter can hold
         raise ConfigError("SWEEP_OR_RUN", str(exc)) from None
     if run_id is None:
         raise ConfigError(
             "SWEEP_OR_RUN",
-            f"no sweep named {sweep_name!r} (run tagged {mlflow_runs.ROLE_TAG}={mlflow_runs.SWEEP_ROLE}, "
-            f"{mlflow_runs.SWEEP_TAG}={sweep_name!r}) and no run with that id in {uri} "
+            f"no sweep named {sweep_name!r} (run tagged {ROLE_TAG}={SWEEP_ROLE}, "
+            f"{SWEEP_TAG}={sweep_name!r}) and no run with that id in {uri} "
             f"(searched experiment {experiment!r}, then all)",
         )
     return uri, sweep_name, run_id
@@ -65,7 +68,7 @@ def compared_sweep(
     name = branch.compare_with if branch else None
     if not name:
         return None
-    run_id = mlflow_runs.find_sweep_run_anywhere(uri, name, experiment)
+    run_id = Store(uri, experiment).find_sweep_run_anywhere(name)
     if run_id is None:
         raise ConfigError(
             "branch.compare_with",
@@ -74,9 +77,10 @@ def compared_sweep(
     return name, trials_of(uri, sweep_runs(uri, run_id))
 
 
-def sweep_runs(uri: str, run_id: str) -> list:
+def sweep_runs(uri: str, run_id: str) -> List[RunRecord]:
     """The sweep's child runs, or the run itself when it has none."""
-    return mlflow_runs.child_runs(uri, run_id) or [mlflow_runs.get_run(uri, run_id)]
+    store = Store(uri)
+    return store.child_runs(run_id) or [store.get_run(run_id)]
 
 
 def read_trials(uri: str, run_id: str) -> List[Trial]:
@@ -84,30 +88,30 @@ def read_trials(uri: str, run_id: str) -> List[Trial]:
     return trials_of(uri, sweep_runs(uri, run_id))
 
 
-def read_curves(uri: str, runs: Sequence[Any], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, Curve]]:
+def read_curves(uri: str, runs: Sequence[RunRecord], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, Curve]]:
     """{run id: {metric: [(tokens, value)] sorted by tokens}} of METRICS and `metrics` (absent ones: [])."""
-    return mlflow_runs.runs_metrics(uri, runs, dict.fromkeys([*METRICS, *metrics]))
+    return Store(uri).histories(runs, dict.fromkeys([*METRICS, *metrics]))
 
 
-def trials_of(uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str, Curve]]] = None) -> List[Trial]:
+def trials_of(uri: str, runs: Sequence[RunRecord], curves: Optional[Dict[str, Dict[str, Curve]]] = None) -> List[Trial]:
     """MLflow runs as analysis records, oldest first: params, tags and the curves the analysis reads
     (from `curves`, as read_curves returns them, when given: they are not read twice)."""
-    curves = curves if curves is not None else mlflow_runs.runs_metrics(uri, runs, METRICS)
+    curves = curves if curves is not None else Store(uri).histories(runs, METRICS)
     trials = []
-    for r in sorted(runs, key=lambda r: r.info.start_time):
-        read = curves.get(r.info.run_id) or {}
-        start, end = r.info.start_time, r.info.end_time
-        stopped = r.data.tags.get(mlflow_runs.STOPPED_AT_TAG)
+    for r in sorted(runs, key=lambda r: r.start_ms):
+        read = curves.get(r.run_id) or {}
+        start, end = r.start_ms, r.end_ms
+        stopped = r.tags.get(STOPPED_AT_TAG)
         trials.append(
             Trial(
-                run_id=r.info.run_id,
-                name=r.info.run_name or r.info.run_id[:8],
-                status=r.info.status,
-                params=dict(r.data.params),
+                run_id=r.run_id,
+                name=r.name or r.run_id[:8],
+                status=r.status,
+                params=dict(r.params),
                 duration_s=(end - start) / 1000 if end and start else None,
                 stopped_at=int(stopped) if stopped else None,
-                trial_id=r.data.tags.get(mlflow_runs.TRIAL_TAG),
-                checkpoints=r.data.tags.get(mlflow_runs.CHECKPOINTS_TAG),
+                trial_id=r.tags.get(TRIAL_TAG),
+                checkpoints=r.tags.get(CHECKPOINTS_TAG),
                 **{field: read.get(metric, []) for metric, field in tables.METRICS.items()},
             )
         )
@@ -117,7 +121,7 @@ def trials_of(uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str
 def analyse(
     uri: str, run_id: str, trials: Sequence[Trial], target_losses: Optional[Sequence[float]] = None, **options
 ) -> Dict[str, Any]:
-    """`analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
+    """`sweep_analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
     result = sweep_analysis.analyse(trials, target_losses, **options)
     kind = "single" if trials[0].run_id == run_id else "sweep"
     result["source"] = {"uri": config.redact_uri(uri), "run_id": run_id, "kind": kind}  # report.json is shared

@@ -1,4 +1,4 @@
-"""Rendering of `orchestrator report`: the analysis result (`analysis.analyse`) as text. The
+"""Rendering of `orchestrator report`: the analysis result (`sweep_analysis.analyse`) as text. The
 answer paragraph, the tables and the summary as a document of blocks (report_format.py turns it
 into Markdown and HTML; report_branch.py renders a branch study's part); `summary_lines` is what
 `sweep` prints when it ends. No MLflow, no files: report.py reads the trials and writes what

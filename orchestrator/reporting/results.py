@@ -6,7 +6,7 @@
     sweep.curves    # long: trial, run_id, metric, tokens, value -- every point MLflow holds
     sweep.fit       # the report's numbers (best configuration per batch size, B_crit, B_simple)
 
-Reading is report_inputs.py's (MLflow only through tracking.py), the numbers are `analysis.analyse`'s:
+Reading is report_inputs.py's (MLflow only through tracking/store.py), the numbers are `sweep_analysis.analyse`'s:
 this module only lays them out. `orchestrator report --out DIR` writes the same two tables as
 trials.csv and curves.csv, in the format `orchestrator report DIR` reads back (tables.py): every
 param as a column by its dotted config key, so the output is its input. The only module that
@@ -47,7 +47,7 @@ Curves = Mapping[str, Mapping[str, Curve]]
 
 @dataclass
 class Fit:
-    """The report's numbers (`analysis.analyse`: its docstring states every rule), from `raw`."""
+    """The report's numbers (`sweep_analysis.analyse`: its docstring states every rule), from `raw`."""
 
     loss_metric: str
     """What a final loss is: the last eval/loss when every finished trial has one, else the end of
@@ -98,7 +98,7 @@ class Fit:
     notes: List[str]
     """The primary target's notes (why B_crit is not resolved, why there is no interval, ...)."""
     raw: Dict[str, Any] = field(repr=False)
-    """`analysis.analyse`'s dict, as report.json holds it."""
+    """`sweep_analysis.analyse`'s dict, as report.json holds it."""
 
 
 @dataclass
@@ -217,7 +217,7 @@ def curves_frame(trials: Sequence[Trial], curves: Curves, metrics: Sequence[str]
 
 
 def fit_of(result: Optional[Dict[str, Any]]) -> Optional[Fit]:
-    """`analysis.analyse`'s dict as a Fit (None stays None)."""
+    """`sweep_analysis.analyse`'s dict as a Fit (None stays None)."""
     if result is None:
         return None
     rows = [_best_row(r) for r in result["best_per_batch"]]

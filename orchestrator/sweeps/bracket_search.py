@@ -29,12 +29,13 @@ from orchestrator.sweeps import search_space
 def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
     """Optimizer steps the run tagged `tags` took to reach `target` (inf if it did not, or has no run)."""
     from orchestrator.reporting import report_inputs
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking.store import Store
 
-    run_id = mlflow_runs.find_run(uri, experiment, tags)
+    store = Store(uri, experiment)
+    run_id = store.find_run(tags)
     if run_id is None:
         return math.inf
-    (trial,) = report_inputs.trials_of(uri, [mlflow_runs.get_run(uri, run_id)])
+    (trial,) = report_inputs.trials_of(uri, [store.get_run(run_id)])
     tokens = trial.reach(target) if trial.train and trial.batch else None
     return tokens / trial.batch if tokens is not None else math.inf
 
@@ -104,10 +105,10 @@ class BracketSearch(Searcher):
         i, lr, k = self.trials[trial_id]
         bracket = self.brackets[i]
         if "steps" in bracket.criteria and not error:
-            from orchestrator.tracking import mlflow_runs
+            from orchestrator.tracking.run_tags import TRIAL_TAG
 
             r = self.runs
-            tags = {**r["tags"], mlflow_runs.TRIAL_TAG: trial_id}
+            tags = {**r["tags"], TRIAL_TAG: trial_id}
             result = {
                 **(result or {}),
                 "steps_to_target": steps_to_target(r["uri"], r["experiment"], tags, r["target_loss"]),

@@ -20,9 +20,10 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import BranchConfig
 from orchestrator.formulas import batching
+from orchestrator.tracking.run_tags import PARENT_TAG, ROLE_TAG
 
 BASE_ROLE = "branch-base"
-"""orchestrator.role (mlflow_runs.ROLE_TAG) of a branch study's base run, a child of the study's parent run."""
+"""orchestrator.role (run_tags.ROLE_TAG) of a branch study's base run, a child of the study's parent run."""
 
 
 def check(branch: BranchConfig, base: Config) -> None:
@@ -118,6 +119,4 @@ def checkpoints_of(uri: str, run_id: str, at_tokens: List[int]) -> Dict[int, str
 
 
 def base_tags(parent: str) -> Dict[str, str]:
-    from orchestrator.tracking import mlflow_runs  # MLflow: not for dry-run or plan
-
-    return {mlflow_runs.PARENT_TAG: parent, mlflow_runs.ROLE_TAG: BASE_ROLE}
+    return {PARENT_TAG: parent, ROLE_TAG: BASE_ROLE}

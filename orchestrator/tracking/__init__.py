@@ -1,1 +1,3 @@
-"""The one door to MLflow: runs, tags, metrics and artifacts; the workers' batched metric logger."""
+"""The one door to MLflow: a Store (store.py) that creates, writes and reads runs and answers in the
+project's records (records.py), the tags it names (run_tags.py), the workers' batched metric logger
+(metric_logger.py) and system-metrics sampler, the UI and its links (mlflow_ui.py)."""

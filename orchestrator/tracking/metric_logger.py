@@ -1,5 +1,5 @@
-"""Batched, asynchronous metric logging to MLflow: part of the tracking layer (tracking.py
-re-exports `MetricLogger`; callers use `tracking.MetricLogger`).
+"""Batched, asynchronous metric logging to MLflow: the training loop's side of the tracking door
+(the rest of it, runs, tags, artifacts and reading back, is store.py's `Store`).
 
 `MetricLogger` batches points and sends them from a background thread (`log_batch`), so
 tracking costs the training loop almost nothing; points that cannot be sent (tracking server

@@ -17,15 +17,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from orchestrator.core.config import redact_uri
 from orchestrator.core.validation import loopback
-from orchestrator.tracking.mlflow_runs import client, ensure_experiment, resolve_uri
+from orchestrator.tracking.store import Store, resolve_uri
 
 log = logging.getLogger(__name__)
 
 
 def ui_link(uri: str, experiment: str, port: int = 5000, run_id: Optional[str] = None) -> str:
     """A link that opens MLflow's model-training view (3.x opens the GenAI view otherwise)."""
-    exp = client(uri).get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else "0"
+    exp_id = Store(uri).experiment_id(experiment) or "0"
     base = f"http://127.0.0.1:{port}/#/experiments/{exp_id}"
     if run_id:
         base += f"/runs/{run_id}"
@@ -41,7 +40,7 @@ def compare_link(uri: str, run_ids: Sequence[str], port: int = 5000, metrics: Se
     table's nesting or its first-10 limit (MLflow 3's #/metric page; its query is URL-encoded)."""
     if not run_ids:
         return ""
-    experiment = client(uri).get_run(run_ids[0]).info.experiment_id
+    experiment = Store(uri).get_run(run_ids[0]).experiment_id
     query = {  # the page reads most values as JSON, the two axis words as they are
         "runs": json.dumps(list(run_ids), separators=(",", ":")),
         "metric": json.dumps(metrics[0]),
@@ -77,7 +76,7 @@ def serve_ui(cfg: Any, host: str = "127.0.0.1", port: int = 5000) -> int:
             port,
         )
     uri = resolve_uri(cfg.tracking.uri)
-    ensure_experiment(uri, cfg.tracking.experiment)
+    Store(uri, cfg.tracking.experiment).ensure_experiment()
     print(f"MLflow UI on http://{host}:{port} over {redact_uri(uri)}")
     print(f"runs of experiment {cfg.tracking.experiment!r}: {ui_link(uri, cfg.tracking.experiment, port)}", flush=True)
     # One worker process and no GenAI job runner: a UI for one person over training runs

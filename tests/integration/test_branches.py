@@ -10,7 +10,8 @@ import yaml
 
 from orchestrator.analysis import branch_cbs
 from orchestrator.cli import main
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import run_tags
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, run_cli, sqlite_store
 
 pytestmark = pytest.mark.slow
@@ -36,20 +37,20 @@ def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path
     assert code == 0, out[-3000:] + err[-3000:]
     assert "Critical batch size along training:" in out and "Suggested batch ramp" in out
 
-    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "branches")
-    runs = mlflow_runs.child_runs(uri, parent)
-    (base,) = [r for r in runs if r.data.tags.get(mlflow_runs.ROLE_TAG) == "branch-base"]
+    parent = Store(uri, "orchestrator").find_sweep_run("branches")
+    runs = Store(uri).child_runs(parent)
+    (base,) = [r for r in runs if r.tags.get(run_tags.ROLE_TAG) == "branch-base"]
     branches = [r for r in runs if r is not base]
-    held = dict(mlflow_runs.metric_history(uri, base.info.run_id, "train/loss"))
-    assert len(branches) == len(AT) * 3 and all(r.info.status == "FINISHED" for r in runs)
+    held = dict(Store(uri).metric_history(base.run_id, "train/loss"))
+    assert len(branches) == len(AT) * 3 and all(r.status == "FINISHED" for r in runs)
     for r in branches:
-        at = int(r.data.tags[mlflow_runs.BRANCH_AT_TAG])
-        assert r.data.tags[mlflow_runs.BRANCH_OF_TAG] == base.info.run_id and at in AT
-        k = int(r.data.params["batch.ramp.1.tokens_per_update"]) // B
-        steps = [s for s, _ in mlflow_runs.metric_history(uri, r.info.run_id, "train/loss")]
-        assert steps == list(range(at, at + TOKENS, k * B)), (r.info.run_name, "from the branch point, each step once")
+        at = int(r.tags[run_tags.BRANCH_AT_TAG])
+        assert r.tags[run_tags.BRANCH_OF_TAG] == base.run_id and at in AT
+        k = int(r.params["batch.ramp.1.tokens_per_update"]) // B
+        steps = [s for s, _ in Store(uri).metric_history(r.run_id, "train/loss")]
+        assert steps == list(range(at, at + TOKENS, k * B)), (r.name, "from the branch point, each step once")
         if k == 1:  # the base's own continuation, restored through Ray Tune's checkpoint
-            mine = mlflow_runs.metric_history(uri, r.info.run_id, "train/loss")
+            mine = Store(uri).metric_history(r.run_id, "train/loss")
             assert [v for _, v in mine] == pytest.approx([held[s] for s, _ in mine], rel=1e-5)
 
     assert main(["report", str(path), f"tracking.uri={uri}", "--out", str(tmp_path / "report")]) == 0
@@ -70,14 +71,14 @@ def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path
     # branch.from: a second study branches from the first one's base run instead of training one
     body = yaml.safe_load(path.read_text())
     body["name"] = "branches-from"
-    body["branch"].update({"from": base.info.run_id, "at_tokens": AT[:1], "factors": [1, 2]})
+    body["branch"].update({"from": base.run_id, "at_tokens": AT[:1], "factors": [1, 2]})
     (tmp_path / "from.yaml").write_text(yaml.safe_dump(body))
     code, out, err = run_cli("sweep", tmp_path / "from.yaml", f"tracking.uri={uri}", cwd=tmp_path)
     assert code == 0, out[-3000:] + err[-3000:]
-    again = mlflow_runs.child_runs(uri, mlflow_runs.find_sweep_run(uri, "orchestrator", "branches-from"))
-    assert len(again) == 2 and all(r.data.tags[mlflow_runs.BRANCH_OF_TAG] == base.info.run_id for r in again)
-    (same,) = [r for r in again if int(r.data.params["batch.ramp.1.tokens_per_update"]) == B]
-    mine = mlflow_runs.metric_history(uri, same.info.run_id, "train/loss")
+    again = Store(uri).child_runs(Store(uri, "orchestrator").find_sweep_run("branches-from"))
+    assert len(again) == 2 and all(r.tags[run_tags.BRANCH_OF_TAG] == base.run_id for r in again)
+    (same,) = [r for r in again if int(r.params["batch.ramp.1.tokens_per_update"]) == B]
+    mine = Store(uri).metric_history(same.run_id, "train/loss")
     assert [v for _, v in mine] == pytest.approx([held[s] for s, _ in mine], rel=1e-5)
 
 
@@ -139,9 +140,9 @@ def test_linear_regression_with_sgd_branches_track_the_closed_form_noise_scale(r
     assert main(["report", "study.yaml", f"tracking.uri={uri}", "--out", str(tmp_path / "report")]) == 0
     points = json.loads((tmp_path / "report" / "report.json").read_text())["branch_cbs"]
 
-    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "linreg-branches")
-    (base,) = [r for r in mlflow_runs.child_runs(uri, parent) if r.data.tags.get(mlflow_runs.ROLE_TAG) == "branch-base"]
-    eval_loss = dict(mlflow_runs.metric_history(uri, base.info.run_id, "eval/loss"))
+    parent = Store(uri, "orchestrator").find_sweep_run("linreg-branches")
+    (base,) = [r for r in Store(uri).child_runs(parent) if r.tags.get(run_tags.ROLE_TAG) == "branch-base"]
+    eval_loss = dict(Store(uri).metric_history(base.run_id, "eval/loss"))
     measured = []
     for p in points:
         D = 2 * eval_loss[p["tokens"]] - SIGMA**2

@@ -15,7 +15,8 @@ from orchestrator.core import config, storage
 from orchestrator.core.derived import batch_plan
 from orchestrator.driver import launch
 from orchestrator.export import export
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import run_tags
+from orchestrator.tracking.store import Store
 from tests.conftest import BUCKET, TINY, sqlite_store
 from tests.planted_pickle import plant
 
@@ -31,7 +32,7 @@ def zero3_run(ray_session, tmp_path_factory):
     cfg = config.load(TINY, zero3_overrides(sqlite_store(tmp), tmp / "runs"))
     assert launch.train(cfg) == 0
     run_id = launch.recorded_run_id(cfg.train.storage_path, "zero3")
-    evals = dict(mlflow_runs.metric_history(cfg.tracking.uri, run_id, "eval/loss"))
+    evals = dict(Store(cfg.tracking.uri).metric_history(run_id, "eval/loss"))
     assert {2048, 4096} <= set(evals)
     return cfg.tracking.uri, run_id, evals
 
@@ -107,7 +108,7 @@ def test_export_of_a_chosen_checkpoint_in_an_object_store(zero3_run, tmp_path, o
         monkeypatch.setenv(key, value)
     import pyarrow.fs as pafs
 
-    local = mlflow_runs.get_run(uri, run_id).data.tags[mlflow_runs.CHECKPOINTS_TAG]
+    local = Store(uri).get_run(run_id).tags[run_tags.CHECKPOINTS_TAG]
     remote = f"s3://{BUCKET}/{tmp_path.name}/zero3"
     fs, path = pafs.FileSystem.from_uri(remote)
     for name in storage.subfolders(local):
@@ -155,7 +156,7 @@ def test_export_from_a_missing_checkpoint_creates_nothing(zero3_run, tmp_path, c
 def test_a_planted_pickle_stops_export_and_a_resume_naming_the_file(zero3_run, tmp_path, capsys, shard):
     uri, run_id, _ = zero3_run
     runs = tmp_path / "runs"
-    folder = mlflow_runs.get_run(uri, run_id).data.tags[mlflow_runs.CHECKPOINTS_TAG]  # <storage_path>/zero3
+    folder = Store(uri).get_run(run_id).tags[run_tags.CHECKPOINTS_TAG]  # <storage_path>/zero3
     shutil.copytree(storage.local_path(folder).parent, runs)
     last = sorted(p for p in (runs / "zero3").glob("checkpoint_*") if p.is_dir())[-1] / storage.CHECKPOINT_TAG / shard
     marker = tmp_path / "ran"
@@ -173,4 +174,4 @@ def test_a_planted_pickle_stops_export_and_a_resume_naming_the_file(zero3_run, t
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("orchestrator train: error: train.storage_path: ") and shard in err[-1], err
     assert not marker.exists()
-    assert mlflow_runs.get_run(uri, run_id).info.status == "FINISHED", "the run was not re-opened"
+    assert Store(uri).get_run(run_id).status == "FINISHED", "the run was not re-opened"

@@ -37,7 +37,7 @@ import torch
 from orchestrator.core import config, derived
 from orchestrator.driver import launch
 from orchestrator.formulas import noise
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus, zero_stage
 
 pytestmark = pytest.mark.slow
@@ -84,8 +84,7 @@ def train(cfg) -> str:
 
 def gns_history(cfg, run_id: str) -> Dict[str, List[Tuple[int, float]]]:
     return {
-        k: mlflow_runs.metric_history(cfg.tracking.uri, run_id, f"gns/{k}")
-        for k in ("b_simple", "g_squared", "trace_sigma")
+        k: Store(cfg.tracking.uri).metric_history(run_id, f"gns/{k}") for k in ("b_simple", "g_squared", "trace_sigma")
     }
 
 
@@ -152,7 +151,7 @@ def test_linreg_noise_scale_matches_closed_form(
     assert history["b_simple"], "gns/b_simple was never logged"
 
     # The weights stayed at w = 0: the loss is E[y^2] / 2 = (|w*|^2 + sigma^2) / 2, logged per update.
-    loss = mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/loss")
+    loss = Store(cfg.tracking.uri).metric_history(run_id, "train/loss")
     assert [s for s, _ in loss] == [examples * u for u in range(UPDATES)]
     assert np.mean([v for _, v in loss]) == pytest.approx((w_norm**2 + sigma**2) / 2, rel=0.05)
 
@@ -249,11 +248,11 @@ def test_gpt_noise_scale_matches_brute_force(ray_session, tmp_path):
     run_id = train(cfg)
     history = gns_history(cfg, run_id)
     assert history["b_simple"], "gns/b_simple was never logged"
-    loss = mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/loss")
+    loss = Store(cfg.tracking.uri).metric_history(run_id, "train/loss")
     assert [s for s, _ in loss] == [tokens * u for u in range(GPT_UPDATES)], "one point per update, before it"
-    steps = mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/optimizer_step")
+    steps = Store(cfg.tracking.uri).metric_history(run_id, "train/optimizer_step")
     assert steps == [(tokens * u, u) for u in range(GPT_UPDATES)], "the updates the weights had taken, per update"
-    reports = [s for s, _ in mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/tokens")]
+    reports = [s for s, _ in Store(cfg.tracking.uri).metric_history(run_id, "train/tokens")]
     assert reports == [tokens * GPT_UPDATES * (i + 1) // 4 for i in range(4)], reports
 
     started = time.monotonic()

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.driver import launch
-from orchestrator.tracking import metric_logger, mlflow_runs
+from orchestrator.tracking import metric_logger
+from orchestrator.tracking.store import Store
 from tests.conftest import TINY, free_ports, run_cli
 
 pytestmark = pytest.mark.slow
@@ -266,22 +267,20 @@ def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatc
     assert code == 0, out[-3000:] + err[-3000:]
     run_id = launch.recorded_run_id(tmp_path / "runs", "pg")
     uri = server.uri
-    run = mlflow_runs.get_run(uri, run_id)
-    assert run.info.status == "FINISHED" and run.info.run_name == "pg"
+    run = Store(uri).get_run(run_id)
+    assert run.status == "FINISHED" and run.name == "pg"
 
     reports = [TOKENS * i for i in range(1, 17)]
     for key in ("train/tokens", "perf/tokens_per_s"):
-        assert [s for s, _ in mlflow_runs.metric_history(uri, run_id, key)] == reports, key
+        assert [s for s, _ in Store(uri).metric_history(run_id, key)] == reports, key
     for key in ("train/loss", "train/lr", "train/optimizer_step"):  # at the tokens the update started from
-        assert [s for s, _ in mlflow_runs.metric_history(uri, run_id, key)] == [r - TOKENS for r in reports], key
-    assert [s for s, _ in mlflow_runs.metric_history(uri, run_id, "eval/loss")] == [0, 4096, 8192]
-    assert [v for _, v in mlflow_runs.metric_history(uri, run_id, "train/tokens")] == reports
-    params = run.data.params
+        assert [s for s, _ in Store(uri).metric_history(run_id, key)] == [r - TOKENS for r in reports], key
+    assert [s for s, _ in Store(uri).metric_history(run_id, "eval/loss")] == [0, 4096, 8192]
+    assert [v for _, v in Store(uri).metric_history(run_id, "train/tokens")] == reports
+    params = run.params
     assert params["batch.tokens_per_update"] == "512" and params["train.total_steps"] == "16"
     assert params["model.d_model"] == "32" and params["tracking.uri"] == uri
-    assert {"config.yaml", "deepspeed.json", "plan.txt", "loss_vs_tokens.png"} <= set(
-        mlflow_runs.list_artifacts(uri, run_id)
-    )
+    assert {"config.yaml", "deepspeed.json", "plan.txt", "loss_vs_tokens.png"} <= set(Store(uri).list_artifacts(run_id))
     # System metrics are checked in test_tracking.py: MLflow's sampler gives up after one failed
     # request and this run is often shorter than its first sample over HTTP.
 
@@ -301,7 +300,7 @@ def test_server_stopped_for_20_s_loses_no_point(server):
     down 20 s, and is started again on the same port and store. log() never blocks on the
     network; after close() every step is there exactly once."""
     uri = server.uri
-    run_id = mlflow_runs.create_run(uri, EXPERIMENT, "outage")
+    run_id = Store(uri, EXPERIMENT).create_run("outage")
     logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.5)
     stop, logged, slowest = threading.Event(), [0], [0.0]
 
@@ -340,9 +339,9 @@ def test_server_stopped_for_20_s_loses_no_point(server):
     assert slowest[0] < 0.2, f"log() blocked for {slowest[0]:.2f} s"
     expected = [i * TOKENS for i in range(1, logged[0] + 1)]
     for key in KEYS:
-        points = mlflow_runs.metric_history(uri, run_id, key)
+        points = Store(uri).metric_history(run_id, key)
         assert [s for s, _ in points] == expected, f"{key}: {len(points)} points for {len(expected)} steps"
-    assert mlflow_runs.metric_history(uri, run_id, KEYS[0])[-1][1] == pytest.approx(logged[0])
+    assert Store(uri).metric_history(run_id, KEYS[0])[-1][1] == pytest.approx(logged[0])
 
 
 def test_stopping_orchestrator_ui_stops_its_server(tmp_path):

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.store import Store
 from tests.conftest import BUCKET, ROOT, free_ports, run_cli, sqlite_store
 
 pytestmark = pytest.mark.slow
@@ -301,11 +301,11 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, tmp_path):
         "the restarted workers did not start from a checkpoint:\n" + cluster.worker_output()[-3000:]
     )
 
-    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "multinode")
-    (run,) = mlflow_runs.child_runs(uri, parent)
-    assert run.info.status == "FINISHED"
+    parent = Store(uri, "orchestrator").find_sweep_run("multinode")
+    (run,) = Store(uri).child_runs(parent)
+    assert run.status == "FINISHED"
     for key, first in (("train/loss", 0), ("train/tokens", 1)):  # a loss at the tokens before its update
-        steps = [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, key)]
+        steps = [s for s, _ in Store(uri).metric_history(run.run_id, key)]
         assert steps == [4096 * (i + first) for i in range(UPDATES)], (key, steps)
     assert not (tmp_path / "s3:").exists(), "the URI was taken for a local path"
 
@@ -324,7 +324,7 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, tmp_path):
     assert code == 0 and f"resuming sweep 'multinode' from {storage}/sweeps/multinode/" in out, (
         out[-3000:] + err[-3000:]
     )
-    assert len(mlflow_runs.child_runs(uri, parent)) == 1
+    assert len(Store(uri).child_runs(parent)) == 1
     code, out, err = run_cli(
         "report", sweep, f"tracking.uri={uri}", "--out", tmp_path / "report", cwd=tmp_path, env=cluster.env, timeout=300
     )

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import run_tags
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, run_cli, sqlite_store
 
 pytestmark = pytest.mark.slow
@@ -20,9 +21,9 @@ SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
 
 
 def children(uri, sweep_name):
-    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", sweep_name)
+    parent = Store(uri, "orchestrator").find_sweep_run(sweep_name)
     assert parent, "no parent run"
-    return parent, mlflow_runs.child_runs(uri, parent)
+    return parent, Store(uri).child_runs(parent)
 
 
 def variant(tmp_path, name, **changes):
@@ -68,15 +69,15 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     # single-worker trials ran in Ray Train's local mode: their checkpoints are Tune's
     assert len({p.parent for p in (tmp_path / "runs" / "sweeps" / "smoke").glob("*/tune/*/checkpoint_*")}) == 4
     for run in runs:
-        assert run.data.tags[mlflow_runs.PARENT_TAG] == parent and run.info.status == "FINISHED"
-        assert run.info.run_name.startswith("B=")
-        steps = [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "train/loss")]
-        tpu = int(run.data.params["batch.tokens_per_update"])
+        assert run.tags[run_tags.PARENT_TAG] == parent and run.status == "FINISHED"
+        assert run.name.startswith("B=")
+        steps = [s for s, _ in Store(uri).metric_history(run.run_id, "train/loss")]
+        tpu = int(run.params["batch.tokens_per_update"])
         share = tpu // 64  # sequences of S = 64 per update, one worker
         # the largest b the probe allows that divides the share, at most half of it: B_simple
         # needs two micro-batches, so the update is split in two (derived.min_micro_batches)
         b = max(b for b in range(1, min(answer["micro_batch_size"], share // 2) + 1) if share % b == 0)
-        assert (run.data.params["batch.micro_batch_size"], run.data.params["batch.grad_accum_steps"]) == (
+        assert (run.params["batch.micro_batch_size"], run.params["batch.grad_accum_steps"]) == (
             str(b),
             str(share // b),
         )
@@ -113,13 +114,13 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
 
     loaded = load_sweep(SMOKE, tracking_uri=uri)
     assert (loaded.name, loaded.run_id) == ("smoke", parent)
-    assert len(loaded.trials) == 4 and set(loaded.trials["run_id"]) == {r.info.run_id for r in runs}
+    assert len(loaded.trials) == 4 and set(loaded.trials["run_id"]) == {r.run_id for r in runs}
     assert set(loaded.trials["outcome"]) == {"finished"} and loaded.fit.finished == 4
     for run in runs:
         for metric in ("train/loss", "eval/loss"):
-            held = mlflow_runs.metric_history(uri, run.info.run_id, metric)
-            mine = loaded.curves[(loaded.curves["run_id"] == run.info.run_id) & (loaded.curves["metric"] == metric)]
-            assert held and list(zip(mine["tokens"], mine["value"])) == held, (run.info.run_name, metric)
+            held = Store(uri).metric_history(run.run_id, metric)
+            mine = loaded.curves[(loaded.curves["run_id"] == run.run_id) & (loaded.curves["metric"] == metric)]
+            assert held and list(zip(mine["tokens"], mine["value"])) == held, (run.name, metric)
 
     def values(frame):  # CSV changes dtypes (Int64 -> int64, <NA> -> NaN), not values
         return [[None if pd.isna(v) else v for v in row] for row in frame.astype(object).itertuples(index=False)]
@@ -148,8 +149,8 @@ def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
     )
     assert code == 0, out[-3000:] + err[-3000:]
     _, (run,) = children(uri, "workers")
-    assert run.info.status == "FINISHED" and list((tmp_path / "runs").rglob(".fault_injected"))
-    steps = [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "train/loss")]
+    assert run.status == "FINISHED" and list((tmp_path / "runs").rglob(".fault_injected"))
+    steps = [s for s, _ in Store(uri).metric_history(run.run_id, "train/loss")]
     assert steps == list(range(0, 49152, 4096)), "each update once, none missing"
 
 
@@ -166,25 +167,25 @@ def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
     code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", cwd=tmp_path)
     assert code == 0, out[-3000:] + err[-3000:]
     _, runs = children(uri, "asha")
-    by_lr = {float(r.data.params["optim.lr"]): r for r in runs}
+    by_lr = {float(r.params["optim.lr"]): r for r in runs}
     bad = by_lr[30.0]
-    evals = mlflow_runs.metric_history(uri, bad.info.run_id, "eval/loss")
+    evals = Store(uri).metric_history(bad.run_id, "eval/loss")
     # ASHA decides on the first rung's report (16,384 tokens); the stop reaches the running
     # trial asynchronously, so at most one more evaluation period may be logged.
-    assert bad.info.status == "KILLED" and max(s for s, _ in evals) <= 32768, evals
-    assert bad.data.tags[mlflow_runs.STOPPED_AT_TAG] == "16384"  # the rung that decided, as the scheduler saw it
-    killed = [r for r in runs if r.info.status == "KILLED"]
-    assert f"{len(killed)} stopped early (" in out and all(mlflow_runs.STOPPED_AT_TAG in r.data.tags for r in killed)
+    assert bad.status == "KILLED" and max(s for s, _ in evals) <= 32768, evals
+    assert bad.tags[run_tags.STOPPED_AT_TAG] == "16384"  # the rung that decided, as the scheduler saw it
+    killed = [r for r in runs if r.status == "KILLED"]
+    assert f"{len(killed)} stopped early (" in out and all(run_tags.STOPPED_AT_TAG in r.tags for r in killed)
     # every decision at that rung saw each trial's eval loss after exactly 16,384 tokens
     for run in runs:
-        assert 16384 in {s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "eval/loss")}
-    assert by_lr[3e-3].info.status == "FINISHED"
+        assert 16384 in {s for s, _ in Store(uri).metric_history(run.run_id, "eval/loss")}
+    assert by_lr[3e-3].status == "FINISHED"
     # one trial at a time: after the first, trials ran in the process of the one before (Tune's
     # reuse_actors; a fresh process logs startup/process_s), each start-up logged once
-    fresh = [r for r in runs if "startup/process_s" in r.data.metrics]
-    assert 1 <= len(fresh) <= 2, [r.info.run_name for r in fresh]
+    fresh = [r for r in runs if "startup/process_s" in r.metrics]
+    assert 1 <= len(fresh) <= 2, [r.name for r in fresh]
     for run in runs:
-        assert [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "startup/total_s")] == [0]
+        assert [s for s, _ in Store(uri).metric_history(run.run_id, "startup/total_s")] == [0]
 
 
 def test_resume_after_the_driver_is_killed(tmp_path):
@@ -202,23 +203,23 @@ def test_resume_after_the_driver_is_killed(tmp_path):
         time.sleep(3)
         # the record appears once the driver has created the store and the parent run
         ready = list((tmp_path / "runs" / "sweeps" / "resumable").glob("*/sweep_run.json"))
-        parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "resumable") if ready else None
-        finished = [r for r in mlflow_runs.child_runs(uri, parent) if r.info.status == "FINISHED"] if parent else []
+        parent = Store(uri, "orchestrator").find_sweep_run("resumable") if ready else None
+        finished = [r for r in Store(uri).child_runs(parent) if r.status == "FINISHED"] if parent else []
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
     proc.wait()
     assert finished, "no trial finished before the kill"
-    done_before = {r.info.run_id: r.info.end_time for r in finished}
+    done_before = {r.run_id: r.end_ms for r in finished}
     time.sleep(3)
     code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", "--resume", cwd=tmp_path)
     assert code == 0, out[-3000:] + err[-3000:]
     assert "resuming sweep" in out
     _, runs = children(uri, "resumable")
-    assert len(runs) == 4, [r.info.run_name for r in runs]
+    assert len(runs) == 4, [r.name for r in runs]
     for run in runs:
-        assert run.info.status == "FINISHED"
-        if run.info.run_id in done_before:
-            assert run.info.end_time == done_before[run.info.run_id], "a finished trial was run again"
-        steps = [s for s, _ in mlflow_runs.metric_history(uri, run.info.run_id, "train/loss")]
+        assert run.status == "FINISHED"
+        if run.run_id in done_before:
+            assert run.end_ms == done_before[run.run_id], "a finished trial was run again"
+        steps = [s for s, _ in Store(uri).metric_history(run.run_id, "train/loss")]
         assert steps == sorted(set(steps))
 
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from orchestrator import cli
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import run_tags
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, sqlite_store
 
 pytestmark = pytest.mark.slow
@@ -45,12 +46,12 @@ def run_sweep(tmp_path, monkeypatch, capsys, name, overrides, space, **extra):
     uri = sqlite_store(tmp_path)
     code = cli.main(["sweep", f"{name}.yaml", f"tracking.uri={uri}"])
     out = capsys.readouterr().out
-    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", name)
-    return code, out, uri, {r.info.run_name: r for r in mlflow_runs.child_runs(uri, parent)}
+    parent = Store(uri, "orchestrator").find_sweep_run(name)
+    return code, out, uri, {r.name: r for r in Store(uri).child_runs(parent)}
 
 
 def evals(uri, run):
-    return dict(mlflow_runs.metric_history(uri, run.info.run_id, "eval/loss"))
+    return dict(Store(uri).metric_history(run.run_id, "eval/loss"))
 
 
 def test_early_stopping_keeps_the_large_batch_that_starts_slower_and_ends_better(
@@ -85,11 +86,11 @@ def test_early_stopping_keeps_the_large_batch_that_starts_slower_and_ends_better
     # the scenario: behind at the first rung, ahead at the end
     assert large_evals[2048] > min(evals(uri, r)[2048] for r in small)
     assert large_evals[16384] < min(evals(uri, r)[max(evals(uri, r))] for r in small)
-    assert large.info.status == "FINISHED" and mlflow_runs.STOPPED_AT_TAG not in large.data.tags
-    killed = [r for r in runs.values() if r.info.status == "KILLED"]
+    assert large.status == "FINISHED" and run_tags.STOPPED_AT_TAG not in large.tags
+    killed = [r for r in runs.values() if r.status == "KILLED"]
     assert killed, "early stopping acted within the batch sizes"
     for r in killed:  # stopped at a rung, with its history up to that rung in MLflow
-        rung = int(r.data.tags[mlflow_runs.STOPPED_AT_TAG])
+        rung = int(r.tags[run_tags.STOPPED_AT_TAG])
         assert rung in (2048, 4096, 8192) and rung in evals(uri, r)
     assert f"{len(runs) - len(killed)} of 4 trials reached the budget; {len(killed)} stopped early (" in out
 
@@ -123,16 +124,16 @@ def test_a_sweep_over_all_four_axes_names_the_best_of_each_per_batch_size(ray_se
     assert result["axes"] == ["batch.tokens_per_update", "optim.lr", "schedule.decay", "schedule.warmup_tokens"]
     for row in result["best_per_batch"]:
         # the best of all four, checked against every run of that batch size read straight from MLflow
-        mine = [r for r in runs.values() if int(r.data.params["batch.tokens_per_update"]) == row["batch"]]
-        best = min(mine, key=lambda r: r.data.metrics["eval/loss"])
-        assert row["run_id"] == best.info.run_id and row["final_loss"] == pytest.approx(best.data.metrics["eval/loss"])
+        mine = [r for r in runs.values() if int(r.params["batch.tokens_per_update"]) == row["batch"]]
+        best = min(mine, key=lambda r: r.metrics["eval/loss"])
+        assert row["run_id"] == best.run_id and row["final_loss"] == pytest.approx(best.metrics["eval/loss"])
         assert set(row["settings"]) == {
             "batch.tokens_per_update",
             "optim.lr",
             "schedule.decay",
             "schedule.warmup_tokens",
         }
-        assert {k: best.data.params[k] for k in row["settings"]} == row["settings"]
+        assert {k: best.params[k] for k in row["settings"]} == row["settings"]
 
 
 def test_a_linreg_bracket_sweep_brackets_every_batch_size_and_says_when_not_to_trust_b_crit(
@@ -169,7 +170,7 @@ def test_a_linreg_bracket_sweep_brackets_every_batch_size_and_says_when_not_to_t
     assert primary["target_loss"] == 0.8 and result["lr_criterion"] == "steps"
     assert [p["batch"] for p in primary["points"]] == [16, 32, 64, 128, 256]
     for p in primary["points"]:  # bracketed, or the searcher used all the lrs it may
-        tried = [r for r in runs.values() if int(r.data.params["batch.tokens_per_update"]) == p["batch"]]
+        tried = [r for r in runs.values() if int(r.params["batch.tokens_per_update"]) == p["batch"]]
         assert p["lr_edge"] is None or len(tried) == 5, (p["batch"], p["lr_edge"], len(tried))
     assert all(p["b_simple"] is not None for p in primary["points"]), "B_simple at every batch size"
     delta_sq = 2 * 0.8 - 1.0

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tracking import metric_logger, mlflow_runs
+from orchestrator.tracking import metric_logger, run_tags
+from orchestrator.tracking.store import Store
+from orchestrator.tracking.system_metrics import start_system_metrics
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "tracking-tests"
@@ -31,14 +33,14 @@ def point(i, attempt=1):
 
 
 def history(uri, run_id, key):
-    return mlflow_runs.metric_history(uri, run_id, key)
+    return Store(uri).metric_history(run_id, key)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("tracking") / "mlflow.db"
     uri = f"sqlite:///{path}"
-    mlflow_runs.ensure_experiment(uri, EXPERIMENT)  # creates the schema once for the module
+    Store(uri, EXPERIMENT).ensure_experiment()  # creates the schema once for the module
     return uri, path
 
 
@@ -71,8 +73,8 @@ def _log_trial(uri, run_id, reports, barrier, out):
 def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
     uri, _ = store
     reports = 300
-    parent = mlflow_runs.create_run(uri, EXPERIMENT, "sweep concurrent", {"orchestrator.role": "sweep"})
-    runs = [mlflow_runs.create_run(uri, EXPERIMENT, f"trial {i}", {mlflow_runs.PARENT_TAG: parent}) for i in range(4)]
+    parent = Store(uri, EXPERIMENT).create_run("sweep concurrent", {"orchestrator.role": "sweep"})
+    runs = [Store(uri, EXPERIMENT).create_run(f"trial {i}", {run_tags.PARENT_TAG: parent}) for i in range(4)]
     barrier = SPAWN.Barrier(len(runs))
     procs = [
         SPAWN.Process(target=_log_trial, args=(uri, run_id, reports, barrier, str(tmp_path / f"{i}.json")))
@@ -91,7 +93,7 @@ def test_four_trials_logging_at_once_each_hold_every_step_once(store, tmp_path):
     stats = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(len(runs))]
     print("per process: sent points, failed (retried) sends, errors:", stats)
 
-    assert {r.info.run_id for r in mlflow_runs.child_runs(uri, parent)} == set(runs)
+    assert {r.run_id for r in Store(uri).child_runs(parent)} == set(runs)
     expected = [i * TOKENS for i in range(1, reports + 1)]
     for run_id, st in zip(runs, stats):
         assert st["sent"] == reports * len(KEYS)
@@ -108,7 +110,7 @@ def test_a_locked_sqlite_store_is_retried_not_lost(store):
     """Another writer holds the database past the busy timeout (MLflow sets 20 s): the sends
     fail with "database is locked"; the points stay buffered and arrive once the lock goes."""
     uri, path = store
-    run_id = mlflow_runs.create_run(uri, EXPERIMENT, "locked")
+    run_id = Store(uri, EXPERIMENT).create_run("locked")
     logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.2)
     blocker = sqlite3.connect(path, timeout=60, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
@@ -157,8 +159,8 @@ def _first_attempt(uri, run_resent, run_lost, out):
 
 def test_resume_logs_each_step_once(store, tmp_path):
     uri, _ = store
-    run_resent = mlflow_runs.create_run(uri, EXPERIMENT, "resume: replayed steps already sent")
-    run_lost = mlflow_runs.create_run(uri, EXPERIMENT, "resume: unsent points only in the checkpoint")
+    run_resent = Store(uri, EXPERIMENT).create_run("resume: replayed steps already sent")
+    run_lost = Store(uri, EXPERIMENT).create_run("resume: unsent points only in the checkpoint")
     out = tmp_path / "checkpoints.json"
     proc = SPAWN.Process(target=_first_attempt, args=(uri, run_resent, run_lost, str(out)))
     proc.start()
@@ -170,7 +172,7 @@ def test_resume_logs_each_step_once(store, tmp_path):
 
     for run_id in (run_resent, run_lost):
         # What train_loop.py does on resume: MLflow's watermark wins over the checkpoint's.
-        ckpt, held = checkpoints[run_id], mlflow_runs.last_steps(uri, run_id)
+        ckpt, held = checkpoints[run_id], Store(uri).last_steps(run_id)
         assert held == {k: (8 if run_id == run_resent else 4) * TOKENS for k in KEYS}
         logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.1, watermarks={**ckpt["watermarks"], **held})
         logger.restore_pending(ckpt["pending"], held)
@@ -202,10 +204,10 @@ def test_system_metrics_reach_a_resumed_run_and_survive_an_outage(store, monkeyp
     While the store refuses every send, the samples wait in the run's MetricLogger and arrive
     after it: every step once, none lost (MLflow's own sender drops them and stops sampling)."""
     uri, _ = store
-    run_id = mlflow_runs.create_run(uri, EXPERIMENT, "system metrics")
-    mlflow_runs.finish_run(uri, run_id, "FAILED")
-    mlflow_runs.reopen_run(uri, run_id)
-    assert mlflow_runs.get_run(uri, run_id).info.status == "RUNNING"
+    run_id = Store(uri, EXPERIMENT).create_run("system metrics")
+    Store(uri).finish_run(run_id, "FAILED")
+    Store(uri).reopen_run(run_id)
+    assert Store(uri).get_run(run_id).status == "RUNNING"
     logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=0.2)
     send = logger._client.log_batch
     down = threading.Event()
@@ -216,7 +218,7 @@ def test_system_metrics_reach_a_resumed_run_and_survive_an_outage(store, monkeyp
         return send(*args, **kwargs)
 
     monkeypatch.setattr(logger._client, "log_batch", log_batch)
-    monitor = mlflow_runs.start_system_metrics(logger, interval_s=0.5)
+    monitor = start_system_metrics(logger, interval_s=0.5)
     time.sleep(1.5)
     down.set()
     time.sleep(2)
@@ -225,7 +227,7 @@ def test_system_metrics_reach_a_resumed_run_and_survive_an_outage(store, monkeyp
     time.sleep(1)
     monitor.finish()
     logger.close(timeout_s=30)
-    metrics = mlflow_runs.get_run(uri, run_id).data.metrics
+    metrics = Store(uri).get_run(run_id).metrics
     assert "system/cpu_utilization_percentage" in metrics, sorted(metrics)
     assert "system/system_memory_usage_megabytes" in metrics, sorted(metrics)
     steps = [s for s, _ in history(uri, run_id, "system/cpu_utilization_percentage")]

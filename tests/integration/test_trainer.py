@@ -8,7 +8,8 @@ import pytest
 
 from orchestrator.core import config, derived
 from orchestrator.driver import launch
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import run_tags
+from orchestrator.tracking.store import Store
 from tests.conftest import TINY, run_cli, sqlite_store, varied_corpus
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ def small_config(tmp_path, corpus, *extra):
 def train_curve(cfg):
     assert launch.train(cfg) == 0
     run_id = launch.recorded_run_id(cfg.train.storage_path, cfg.train.run_name)
-    return run_id, mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/loss")
+    return run_id, Store(cfg.tracking.uri).metric_history(run_id, "train/loss")
 
 
 def assert_same_curve(a, b, rel=1e-4):
@@ -90,7 +91,7 @@ def reference(reference_run):
 
 
 def source_shares(cfg, run_id):
-    return mlflow_runs.metric_history(cfg.tracking.uri, run_id, "data/share/sums")
+    return Store(cfg.tracking.uri).metric_history(run_id, "data/share/sums")
 
 
 def test_reference_curve_is_complete_and_micro_batches_differ(reference, corpus):
@@ -167,7 +168,7 @@ def test_resume_after_fault_matches_unbroken_run(reference, corpus, tmp_path, mo
     assert (tmp_path / "runs" / "faulty" / ".fault_injected").exists(), "the fault never fired"
     assert_same_curve(reference, curve)
     for key, first in (("train/loss", 0), ("train/lr", 0), ("train/tokens", 128)):  # before / after the update
-        steps = [s for s, _ in mlflow_runs.metric_history(cfg_uri, run_id, key)]
+        steps = [s for s, _ in Store(cfg_uri).metric_history(run_id, key)]
         assert steps == [first + 128 * i for i in range(UPDATES)], (key, steps)
 
 
@@ -182,13 +183,12 @@ def test_rerunning_the_same_name_resumes(reference_run):
 def test_non_finite_loss_ends_the_run_with_a_reason(ray_session, corpus, tmp_path):
     cfg = small_config(tmp_path, corpus, "optim.lr=1e30", "batch.micro_batch_size=4", "train.run_name=nan")
     assert launch.train(cfg) == 1
-    run = mlflow_runs.get_run(cfg.tracking.uri, launch.recorded_run_id(tmp_path / "runs", "nan"))
-    assert run.info.status == "FAILED"
-    assert "non-finite loss" in run.data.tags[mlflow_runs.FAILURE_TAG]
+    run = Store(cfg.tracking.uri).get_run(launch.recorded_run_id(tmp_path / "runs", "nan"))
+    assert run.status == "FAILED"
+    assert "non-finite loss" in run.tags[run_tags.FAILURE_TAG]
     for key in ("train/loss", "eval/loss"):
         assert all(
-            v == v and abs(v) != float("inf")
-            for _, v in mlflow_runs.metric_history(cfg.tracking.uri, run.info.run_id, key)
+            v == v and abs(v) != float("inf") for _, v in Store(cfg.tracking.uri).metric_history(run.run_id, key)
         )
 
 
@@ -207,7 +207,7 @@ def test_tiny_config_through_the_cli(tmp_path):
     assert code == 0, err[-3000:]
     assert "finished" in out and "workflowType=machine_learning" in out
     run_id = launch.recorded_run_id(tmp_path / "runs", "tiny")
-    evals = mlflow_runs.metric_history(sqlite_store(tmp_path), run_id, "eval/loss")
+    evals = Store(sqlite_store(tmp_path)).metric_history(run_id, "eval/loss")
     assert evals[0][0] == 0 and abs(evals[0][1] - 5.55) < 0.3, evals  # starts at ln(257)
     assert evals[-1][1] < 0.6 * evals[0][1], evals
     print(f"tiny train took {elapsed:.0f} s")  # the 2-minute goal is a benchmark, not an assertion
@@ -234,5 +234,5 @@ def test_a_worker_warning_reaches_the_driver_and_the_run(tmp_path):
     assert code == 0, err[-3000:]
     message = "batch.grad_accum_steps=1 is given and D x A = 1, so there is no small batch to compare with"
     assert message in out + err
-    recorded = mlflow_runs.run_warnings(uri, launch.recorded_run_id(tmp_path / "runs", "warned"))
+    recorded = Store(uri).run_warnings(launch.recorded_run_id(tmp_path / "runs", "warned"))
     assert [m for m in recorded.values() if message in m], recorded

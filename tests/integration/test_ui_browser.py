@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tracking import mlflow_runs, mlflow_ui
+from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, free_ports, run_cli
 from tests.integration.test_mlflow_server import Service
 
@@ -35,8 +36,8 @@ def sweep(tmp_path_factory):
     code, out, err = run_cli("sweep", SMOKE, f"tracking.uri={uri}", "train.total_tokens=16384", cwd=folder, timeout=600)
     assert code == 0, out[-3000:] + err[-3000:]
     (folder / "sweep.out").write_text(out)
-    parent = mlflow_runs.find_sweep_run(uri, "orchestrator", "smoke")
-    return uri, folder, parent, {r.info.run_name: r for r in mlflow_runs.child_runs(uri, parent)}
+    parent = Store(uri, "orchestrator").find_sweep_run("smoke")
+    return uri, folder, parent, {r.name: r for r in Store(uri).child_runs(parent)}
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def test_experiment_link_lists_the_four_trials(sweep, ui, browser, tmp_path):
     wait(browser, lambda: all(name in text_of(browser) for name in trials), "the four trials under the sweep")
     browser.save_screenshot(str(tmp_path / "experiment.png"))
     for name, run in trials.items():
-        cell = browser.find_element(By.XPATH, f"//*[@role='row' and @row-id='{run.info.run_id}']")
+        cell = browser.find_element(By.XPATH, f"//*[@role='row' and @row-id='{run.run_id}']")
         assert cell.is_displayed() and name in cell.text, (name, cell.text)
 
 
@@ -131,8 +132,8 @@ def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
 
     uri, _, _, trials = sweep
     name = next(n for n in trials if n.startswith("B=2Ki lr=3e-3"))
-    run_id = trials[name].info.run_id
-    history = mlflow_runs.metric_history(uri, run_id, "train/loss")
+    run_id = trials[name].run_id
+    history = Store(uri).metric_history(run_id, "train/loss")
     assert len(history) >= 2
     browser.get(mlflow_ui.ui_link(uri, "orchestrator", ui, run_id=run_id))
     tab = wait(

@@ -11,7 +11,7 @@ import torch
 from orchestrator.core import config, derived, registry
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus
 from tests.fixtures import user_workload
 from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build
@@ -112,12 +112,12 @@ def test_a_workload_of_your_own_trains_end_to_end_by_import_path(ray_session, tm
     cfg = bigram_config(tmp_path, "batch.grad_accum_steps=2", f"model.name={path}")
     assert launch.train(cfg) == 0  # the Ray worker imported it from the path in its config
     uri, run_id = cfg.tracking.uri, launch.recorded_run_id(cfg.train.storage_path, "bigram")
-    run = mlflow_runs.get_run(uri, run_id)
-    assert run.info.status == "FINISHED" and run.data.params["model.name"] == path
-    loss = mlflow_runs.metric_history(uri, run_id, "train/loss")
+    run = Store(uri).get_run(run_id)
+    assert run.status == "FINISHED" and run.params["model.name"] == path
+    loss = Store(uri).metric_history(run_id, "train/loss")
     assert [s for s, _ in loss] == [128 * i for i in range(UPDATES)]
     assert loss[-1][1] < loss[0][1] - 1.0, loss  # from about ln 257 towards the corpus's bigram entropy
-    assert mlflow_runs.metric_history(uri, run_id, "eval/loss")
+    assert Store(uri).metric_history(run_id, "eval/loss")
     # The weights the workers trained and checkpointed are the bigram's, not a GPT's.
     states = sorted((tmp_path / "runs").rglob("mp_rank_00_model_states.pt"))
     assert states, list((tmp_path / "runs").rglob("*"))

@@ -11,7 +11,7 @@ from orchestrator.cli import main
 from orchestrator.core import config, derived
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch, ray_session
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus, zero_stage
 from workloads import workload
 from workloads.text import tokenizer
@@ -93,12 +93,12 @@ def test_a_bpe_tokenizer_trained_by_prepare_drives_a_sweep(ray_session, tmp_path
     path.write_text(yaml.safe_dump(sweep))
     uri = sqlite_store(tmp_path)
     assert main(["sweep", str(path), f"tracking.uri={uri}", f"train.storage_path={tmp_path}/runs"]) == 0
-    (run,) = mlflow_runs.child_runs(uri, mlflow_runs.find_sweep_run(uri, "orchestrator", "bpe"))
-    assert run.data.params["model.vocab_size"] == "1000"  # followed the tokenizer
+    (run,) = Store(uri).child_runs(Store(uri, "orchestrator").find_sweep_run("bpe"))
+    assert run.params["model.vocab_size"] == "1000"  # followed the tokenizer
     # 64-token sequences of BPE tokens: the batch arithmetic and throughput count those
-    tokens = mlflow_runs.metric_history(uri, run.info.run_id, "train/tokens")
+    tokens = Store(uri).metric_history(run.run_id, "train/tokens")
     assert [s for s, _ in tokens] == [2048 * (i + 1) for i in range(4)]
-    assert mlflow_runs.metric_history(uri, run.info.run_id, "perf/tokens_per_s")
+    assert Store(uri).metric_history(run.run_id, "perf/tokens_per_s")
     cfg = config.load(TINY, [f"{k}={v}" for k, v in sweep["base"]["overrides"].items()])
     batch = TokenDataset(cfg, "train").micro_batch(0, derived.batch_plan(cfg), 0, 0)
     ids = torch.cat([batch.inputs.flatten(), batch.targets.flatten()])
@@ -200,9 +200,9 @@ def test_a_llama_gives_one_curve_for_two_splits_at_zero_2_and_logs_the_noise_sca
         )
         assert launch.train(cfg) == 0
         run_id = launch.recorded_run_id(cfg.train.storage_path, "llama")
-        curves.append(mlflow_runs.metric_history(cfg.tracking.uri, run_id, "train/loss"))
-        assert mlflow_runs.metric_history(cfg.tracking.uri, run_id, "gns/b_simple"), "the noise scale is logged"
-        assert mlflow_runs.get_run(cfg.tracking.uri, run_id).data.params["model.name"] == "hf"
+        curves.append(Store(cfg.tracking.uri).metric_history(run_id, "train/loss"))
+        assert Store(cfg.tracking.uri).metric_history(run_id, "gns/b_simple"), "the noise scale is logged"
+        assert Store(cfg.tracking.uri).get_run(run_id).params["model.name"] == "hf"
     (a, b) = curves
     assert [s for s, _ in a] == [s for s, _ in b] == [128 * i for i in range(6)]
     for (step, x), (_, y) in zip(a, b):
@@ -224,7 +224,7 @@ def test_an_exported_zero_3_llama_loads_in_transformers_with_the_run_s_eval_loss
     with torch.no_grad():
         losses = [work.summed_loss(model, mb) for mb in work.eval_batches(0, 1)]
     loss = sum(float(s) for s, _ in losses) / sum(float(n) for _, n in losses)
-    last = mlflow_runs.metric_history(cfg.tracking.uri, run_id, "eval/loss")[-1][1]
+    last = Store(cfg.tracking.uri).metric_history(run_id, "eval/loss")[-1][1]
     assert abs(loss - last) <= 1e-5, (loss, last)
     # ... and model.init_from starts a new run from those weights
     again = small(tmp_path, corpus, *HF, f"model.init_from={out}")

@@ -14,12 +14,14 @@ import os
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from orchestrator.cli import main
 from orchestrator.core import config, derived, storage, sweep_file
 from orchestrator.driver import plan, ray_session, sweep
 from orchestrator.reporting import report
-from orchestrator.tracking import mlflow_runs, mlflow_ui
+from orchestrator.tracking import mlflow_ui, run_tags
+from orchestrator.tracking.store import Store
 from tests.conftest import TINY, free_ports, sqlite_store, touched, write_sweep
 
 PASSWORD = "PW-hunter2"
@@ -167,13 +169,13 @@ def test_no_password_reaches_the_store_from_a_sweep_file_or_a_config(tmp_path):
         space={"optim.lr": {"loguniform": [1e-4, 1e-2]}},
     )
     parent = sweep._open_parent(sweep_file.load(path), config.load(TINY, [f"tracking.uri={uri}"]), None)
-    mlflow_runs.set_tags(uri, parent, {mlflow_runs.CHECKPOINTS_TAG: f"s3://k:{PASSWORD}@b/r/x"})
-    mlflow_runs.set_tags(uri, parent, {mlflow_runs.FAILURE_TAG: f"OSError: cannot open {secret_uri}"})
-    run = mlflow_runs.get_run(uri, parent)
-    stored = json.dumps([run.data.params, run.data.tags])
-    stored += mlflow_runs.read_text_artifact(uri, parent, path.name)
+    Store(uri).set_tags(parent, {run_tags.CHECKPOINTS_TAG: f"s3://k:{PASSWORD}@b/r/x"})
+    Store(uri).set_tags(parent, {run_tags.FAILURE_TAG: f"OSError: cannot open {secret_uri}"})
+    run = Store(uri).get_run(parent)
+    stored = json.dumps([run.params, run.tags])
+    stored += Store(uri).read_text_artifact(parent, path.name)
     assert PASSWORD not in stored and "u:***@127.0.0.1:9/db" in stored and "k:***@b/r" in stored
-    assert run.data.params["sweep.search.optuna_storage"] == "postgresql://u:***@127.0.0.1:9/db"
+    assert run.params["sweep.search.optuna_storage"] == "postgresql://u:***@127.0.0.1:9/db"
 
 
 @pytest.mark.parametrize("verb", [["ui", "--port", "PORT"], ["report", "some-sweep"]])
@@ -220,7 +222,7 @@ def test_report_writes_only_into_a_folder_of_its_own(out, files, key, nothing_st
 def test_report_names_that_are_not_plain_folder_names_need_an_out(nothing_starts, capsys):
     """A run named '..' (from a store written before names were checked) has no default folder."""
     uri = sqlite_store(nothing_starts.parent / "store")
-    run_id = mlflow_runs.client(uri).create_run("0", run_name="..").info.run_id  # the Default experiment
+    run_id = MlflowClient(tracking_uri=uri).create_run("0", run_name="..").info.run_id  # the Default experiment
     before, _ = tree(nothing_starts.parent), capsys.readouterr()
     code = cli(["report", run_id, f"tracking.uri={uri}"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -316,7 +318,7 @@ def test_branch_from_a_run_the_store_does_not_hold_is_refused_before_ray(nothing
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "branch.from" in err[0] and "no-such-run" in err[0], err
     assert tree(nothing_starts.parent) == before
-    assert mlflow_runs.client(uri).search_runs(["0"]) == [], "no MLflow run"
+    assert MlflowClient(tracking_uri=uri).search_runs(["0"]) == [], "no MLflow run"
 
 
 def test_submit_names_a_malformed_address_before_the_sweep_file(nothing_starts, capsys):
@@ -336,7 +338,7 @@ def test_a_checkpoint_that_would_unpickle_code_is_refused_before_ray(tmp_path, m
     torch.save({"tokens": 65536}, state / "mp_rank_00_model_states.pt")
     plant(state / "mp_rank_00_model_states.pt", tmp_path / "pwned")
     monkeypatch.setattr(ray_session, "ray_init", touched("Ray"))
-    monkeypatch.setattr(mlflow_runs, "create_run", touched("MLflow"))
+    monkeypatch.setattr(Store, "create_run", touched("MLflow"))
     monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "token-cache"))
     work = tmp_path / "cwd"
     work.mkdir()

@@ -5,7 +5,9 @@ circle is still a circle, only a later one), except those under `if TYPE_CHECKIN
 No circle: a module's imports, followed any number of steps, never lead back to it. The layers
 (docs/design.md 2) are the folders: each room imports only the rooms of MAY_IMPORT (the core only
 the core, workloads the core and the tracking door, reporting never the driver); the pure rooms
-name no Ray, DeepSpeed, MLflow or torch anywhere, and import with those four blocked."""
+name no Ray, DeepSpeed, MLflow or torch anywhere, and import with those four blocked. One door to
+MLflow: outside orchestrator/tracking/ no module (benchmarks/ included) imports mlflow or reads the
+fields of MLflow's own run objects; the door hands out the project's records instead."""
 
 from __future__ import annotations
 
@@ -21,6 +23,28 @@ from tests.conftest import ROOT
 
 PACKAGES = ("orchestrator", "workloads")
 HEAVY = ("ray", "deepspeed", "mlflow", "torch")
+DOOR = Path("orchestrator") / "tracking"
+"""The one room that talks to MLflow (docs/design.md 2)."""
+BEHIND_THE_DOOR = (*PACKAGES, "benchmarks")
+"""Where the rest of the code lives: it reaches MLflow only through the door (tracking/store.py)."""
+MLFLOW_FIELDS = {
+    "info": {
+        "run_id",
+        "run_uuid",
+        "run_name",
+        "status",
+        "start_time",
+        "end_time",
+        "experiment_id",
+        "artifact_uri",
+        "lifecycle_stage",
+        "user_id",
+    },
+    "data": {"tags", "params", "metrics"},
+}
+"""The fields of MLflow's run objects (`Run.info.*`, `Run.data.*`), which only the door reads: it
+hands out tracking.records.RunRecord. The config's `cfg.data.*` has none of these names, and a
+Ray job's `info.status` is not read through an `.info` attribute."""
 
 
 CORE = ("orchestrator.core", "orchestrator.formulas")
@@ -204,3 +228,47 @@ def test_a_planted_circle_is_found_even_through_a_function_level_import(tmp_path
     graph = import_graph(tmp_path, ("orchestrator",))
     assert graph["orchestrator.e"] == {"orchestrator.d"} and graph["orchestrator.d"] == set()
     assert cycles(graph) == [["orchestrator.a", "orchestrator.b", "orchestrator.c"]]
+
+
+def mlflow_uses(source: str) -> List[str]:
+    """'line: what' for each import of mlflow and each read of an MLflow run object's fields
+    (`x.info.run_id`, `x.data.tags`, ...) in a module's source, in line order; strings and
+    comments are not code."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if a.name.split(".")[0] == "mlflow"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "mlflow":
+            found.append((node.lineno, f"from {node.module} import"))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+            if node.attr in MLFLOW_FIELDS.get(node.value.attr, ()):
+                found.append((node.lineno, f".{node.value.attr}.{node.attr}"))
+    return [f"{line}: {what}" for line, what in sorted(found)]
+
+
+def test_only_the_tracking_door_talks_to_mlflow():
+    files = [p for folder in BEHIND_THE_DOOR for p in sorted((ROOT / folder).rglob("*.py"))]
+    outside = [p for p in files if not p.relative_to(ROOT).is_relative_to(DOOR)]
+    assert len(outside) > 100 and any(p.parent.name == "benchmarks" for p in outside), "the check reads the project"
+    found = {str(p.relative_to(ROOT)): mlflow_uses(p.read_text()) for p in outside}
+    assert {path: uses for path, uses in found.items() if uses} == {}
+
+
+def test_a_planted_mlflow_read_outside_the_door_is_found():
+    source = '''
+import mlflow
+from mlflow.tracking import MlflowClient
+from ray.air.integrations import mlflow as ray_mlflow  # Ray's callback: no MLflow object is read here
+
+def trial(run, cfg, info, client):
+    """run.data.tags in a docstring is not code"""
+    seq, status = cfg.data.seq_len, info.status  # the config's own data section; a Ray job's info
+    return run.data.tags.get("x"), client.get_run(run).info.run_id, run.data.metrics
+'''
+    assert mlflow_uses(source) == [
+        "2: import mlflow",
+        "3: from mlflow.tracking import",
+        "9: .data.metrics",
+        "9: .data.tags",
+        "9: .info.run_id",
+    ]

@@ -12,11 +12,13 @@ import re
 
 import matplotlib.image as mpimg
 import pytest
+from mlflow.tracking import MlflowClient
 
 from orchestrator.analysis import sweep_analysis
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report, report_inputs, report_render
-from orchestrator.tracking import metric_logger, mlflow_runs
+from orchestrator.tracking import metric_logger, run_tags
+from orchestrator.tracking.store import Store
 from tests.conftest import sqlite_store
 from tests.known_truth import World, factor_grid
 
@@ -38,17 +40,17 @@ def duration(run) -> float:
 
 
 def _log(uri, parent, run, params, status, stopped=None):
-    run_id = mlflow_runs.create_run(uri, EXPERIMENT, run.name, tags={mlflow_runs.PARENT_TAG: parent} if parent else {})
-    mlflow_runs.log_params(uri, run_id, params)
+    run_id = Store(uri, EXPERIMENT).create_run(run.name, tags={run_tags.PARENT_TAG: parent} if parent else {})
+    Store(uri).log_params(run_id, params)
     logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=60)
     for metric, points in (("train/loss", run.train), ("eval/loss", run.eval), ("gns/b_simple", run.b_simple)):
         for step, value in points:
             logger.log({metric: value}, step=step)
     logger.close()
     if stopped:
-        mlflow_runs.set_tags(uri, run_id, {mlflow_runs.STOPPED_AT_TAG: str(stopped)})
-    start = mlflow_runs.get_run(uri, run_id).info.start_time
-    mlflow_runs.client(uri).set_terminated(run_id, status, end_time=start + int(1000 * duration(run)))
+        Store(uri).set_tags(run_id, {run_tags.STOPPED_AT_TAG: str(stopped)})
+    start = Store(uri).get_run(run_id).start_ms
+    MlflowClient(tracking_uri=uri).set_terminated(run_id, status, end_time=start + int(1000 * duration(run)))
     return run_id
 
 
@@ -64,16 +66,14 @@ def store(tmp_path_factory):
     batch sizes); two poor runs stopped early at a rung; and a lone run outside any sweep."""
     tmp = tmp_path_factory.mktemp("mlflow")
     uri = sqlite_store(tmp)
-    parent = mlflow_runs.create_run(
-        uri, EXPERIMENT, SWEEP, tags={"orchestrator.role": "sweep", mlflow_runs.SWEEP_TAG: SWEEP}
-    )
+    parent = Store(uri, EXPERIMENT).create_run(SWEEP, tags={"orchestrator.role": "sweep", run_tags.SWEEP_TAG: SWEEP})
     runs = WORLD.grid(batches=BATCHES, lrs=LRS, seeds=2)
     for run in runs:
         _log(uri, parent, run, WORLD.params(run), run.status)
     poor = [stopped_at(r, STOP_RUNG) for r in WORLD.simulate([(1024, 0.001, 0), (1024, 0.001, 1)])]
     for run in poor:
         _log(uri, parent, run, WORLD.params(run), "KILLED", stopped=STOP_RUNG)
-    mlflow_runs.finish_run(uri, parent)
+    Store(uri).finish_run(parent)
     (lone,) = WORLD.simulate([(1024, 0.01, 0)])
     lone_id = _log(uri, None, lone, {"batch.tokens_per_update": 1024, "optim.lr": 0.01}, "FINISHED")
     return {"uri": uri, "parent": parent, "lone": lone_id, "tmp": tmp, "runs": runs, "poor": poor}
@@ -198,7 +198,7 @@ def test_every_file_written_and_logged(store, sweep_report):
         assert (out / name).stat().st_size > 10_000, name
         image = mpimg.imread(out / name)
         assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 400 and image.std() > 0.01, name
-    logged = set(mlflow_runs.list_artifacts(store["uri"], store["parent"], "report"))
+    logged = set(Store(store["uri"]).list_artifacts(store["parent"], "report"))
     assert {f"report/{name}" for name in FILES} <= logged
     md, page = (out / "summary.md").read_text(), (out / "summary.html").read_text()
     for name in FIGURES:
@@ -211,8 +211,8 @@ def test_where_a_run_keeps_its_checkpoints_is_in_its_record_and_table(store):
     from orchestrator.reporting import results
 
     uri, run_id = store["uri"], store["lone"]
-    mlflow_runs.set_tags(uri, run_id, {mlflow_runs.CHECKPOINTS_TAG: "s3://bucket/runs/lone"})
-    (t,) = report_inputs.trials_of(uri, [mlflow_runs.get_run(uri, run_id)])
+    Store(uri).set_tags(run_id, {run_tags.CHECKPOINTS_TAG: "s3://bucket/runs/lone"})
+    (t,) = report_inputs.trials_of(uri, [Store(uri).get_run(run_id)])
     assert t.checkpoints == "s3://bucket/runs/lone"
     assert list(results.trials_frame([t])["checkpoints"]) == ["s3://bucket/runs/lone"]
 
@@ -281,7 +281,7 @@ def test_single_run_report(store, tmp_path, capsys):
     notes = " ".join(result["primary"]["notes"])
     assert "needs 3 batch sizes" in notes
     assert "not resolved" in capsys.readouterr().out
-    assert "report/loss_vs_tokens.png" in mlflow_runs.list_artifacts(store["uri"], store["lone"], "report")
+    assert "report/loss_vs_tokens.png" in Store(store["uri"]).list_artifacts(store["lone"], "report")
 
 
 def test_unknown_sweep_is_a_config_error(store, tmp_path):

@@ -189,12 +189,12 @@ def test_an_optuna_study_is_kept_where_optuna_dashboard_reads_it(tmp_path):
     import optuna
 
     from orchestrator.driver import sweep as sweep_lib
-    from orchestrator.tracking import mlflow_runs
+    from orchestrator.tracking import run_tags
 
     url = f"sqlite:///{tmp_path}/optuna.db"
     space = {"optim.lr": {"loguniform": [1e-4, 1e-2]}}
     sweep = sweep_file.load(write(tmp_path, space=space, search={"algorithm": "optuna", "optuna_storage": url}))
-    runs = {"tags": {mlflow_runs.PARENT_TAG: "0123456789abcdef"}}
+    runs = {"tags": {run_tags.PARENT_TAG: "0123456789abcdef"}}
     space, searcher = sweep_lib._param_space(sweep, None, runs)
     assert searcher.set_search_properties(None, None, space)  # as Tune hands it the param space
     suggested = searcher.suggest("t1")

@@ -22,12 +22,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from mlflow.tracking import MlflowClient
 
 from orchestrator.core import config, derived, ds_config
 from orchestrator.core.phases import Phases
 from orchestrator.formulas import noise
 from orchestrator.formulas.schedules import lr_at
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking import run_tags
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, zero_stage
 from workloads import workload as workloads
 from workloads.builtin.linreg import LinRegData
@@ -72,7 +74,7 @@ def uri(tmp_path_factory):
     threads = torch.get_num_threads()
     ensure_process_group(config.load(LINREG))
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
-    mlflow_runs.ensure_experiment(uri, EXPERIMENT)
+    Store(uri, EXPERIMENT).ensure_experiment()
     yield uri
     torch.set_num_threads(threads)  # the worker sets its own thread count
 
@@ -112,14 +114,14 @@ def four_updates(uri, tmp_path, *overrides, B=16):
 
 def train(cfg, api, run_id=None):
     """One worker's run, as Ray Train starts it; returns the MLflow run id."""
-    run_id = run_id or mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "run")
+    run_id = run_id or Store(cfg.tracking.uri, EXPERIMENT).create_run("run")
     payload = {"config": config.to_dict(cfg, redact=False), "run_id": run_id, "fault": {}}
     train_loop._train(config.from_dict(payload["config"]), payload, api)
     return run_id
 
 
 def history(cfg, run_id, key):
-    return mlflow_runs.metric_history(cfg.tracking.uri, run_id, key)
+    return Store(cfg.tracking.uri).metric_history(run_id, key)
 
 
 def mean_loss(model, x, y) -> float:
@@ -247,13 +249,13 @@ def test_the_startup_and_teardown_phases_add_up_to_the_runs_own_clock(uri, tmp_p
     cfg = four_updates(uri, tmp_path)
     started = time.time() - 2.0
     payload = {"config": config.to_dict(cfg, redact=False), "fault": {}}
-    payload["run_id"] = run_id = mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "phases")
+    payload["run_id"] = run_id = Store(cfg.tracking.uri, EXPERIMENT).create_run("phases")
     carried = {"prefix": "startup", "since": started, "seconds": {"startup/process_s": 1.5}}
     called = time.time()
     train_loop._train(config.from_dict(payload["config"]), payload, FakeRay(tmp_path), Phases.from_payload(carried))
     returned = time.time()
 
-    c = mlflow_runs.client(cfg.tracking.uri)
+    c = MlflowClient(tracking_uri=cfg.tracking.uri)
     metrics = c.get_run(run_id).data.metrics
     phases = {k: v for k, v in metrics.items() if k.startswith("startup/") and k != "startup/total_s"}
     assert set(phases) >= {f"startup/{p}_s" for p in ("process", "process_group", "workload", "engine", "tracking")}
@@ -377,7 +379,7 @@ def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri
     assert history(cfg, run_id, "train/optimizer_step") == step
 
     killed = FakeRay(tmp_path / "killed")
-    resumed_id = mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "killed")
+    resumed_id = Store(cfg.tracking.uri, EXPERIMENT).create_run("killed")
     payload = {"config": config.to_dict(cfg, redact=False), "run_id": resumed_id}
     payload["fault"] = {"at_tokens": 40, "marker": str(tmp_path / "fault-marker")}
     with pytest.raises(RuntimeError, match="injected fault at 48 tokens"):
@@ -760,13 +762,13 @@ def test_a_final_flush_that_fails_leaves_no_run_running(uri, tmp_path, monkeypat
     monkeypatch.setattr(metric_logger, "FINAL_FLUSH_S", 1.0)
     monkeypatch.setattr(metric_logger, "REPORT_FLUSH_S", 0.1)
     monkeypatch.setattr(metric_logger.MetricLogger, "_send_some", refused)
-    run_id = mlflow_runs.create_run(cfg.tracking.uri, EXPERIMENT, "final flush")
+    run_id = Store(cfg.tracking.uri, EXPERIMENT).create_run("final flush")
     with pytest.raises(
         metric_logger.TrackingError, match="within 1 s: ConnectionError: tracking server down"
     ) as failed:
         train(cfg, FakeRay(tmp_path / "ray"), run_id)
     monkeypatch.undo()
     reason = launch.finish(cfg, run_id, failed.value)
-    run = mlflow_runs.get_run(cfg.tracking.uri, run_id)
-    assert run.info.status == "FAILED" and reason.startswith("TrackingError: could not send")
-    assert run.data.tags[mlflow_runs.FAILURE_TAG] == reason
+    run = Store(cfg.tracking.uri).get_run(run_id)
+    assert run.status == "FAILED" and reason.startswith("TrackingError: could not send")
+    assert run.tags[run_tags.FAILURE_TAG] == reason

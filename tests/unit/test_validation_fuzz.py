@@ -15,7 +15,7 @@ from orchestrator.core import config, schema, storage, validation
 from orchestrator.core.schema import RampStep, SourceConfig
 from orchestrator.core.validation import FIELDS, Field
 from orchestrator.driver import launch, ray_session
-from orchestrator.tracking import mlflow_runs
+from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, TINY, run_cli, write_sweep
 
 
@@ -289,7 +289,7 @@ def test_inputs_that_used_to_crash_are_exit_2_in_one_line(args, key, nothing_sta
     store = tmp_path / "store" / "mlflow.db"
     if "tracking.uri=STORE" in args:  # report needs a store to look the name up in
         store.parent.mkdir()
-        mlflow_runs.ensure_experiment(f"sqlite:///{store}", "orchestrator")
+        Store(f"sqlite:///{store}", "orchestrator").ensure_experiment()
         capsys.readouterr()
     (tmp_path / "a-file").write_text("not a folder")
     args = [a.replace("OUT", str(tmp_path / "out")).replace("STORE", f"sqlite:///{store}") for a in args]
@@ -347,16 +347,16 @@ def test_train_resume_finds_the_newest_unfinished_run_of_the_same_config(tmp_pat
     digest = launch.config_digest(cfg)
     other = config.load(TINY, [*overrides, "optim.lr=0.5"])
     launch.resolve_paths(other)
-    mlflow_runs.ensure_experiment(uri, cfg.tracking.experiment)
+    Store(uri, cfg.tracking.experiment).ensure_experiment()
     for name, started, status, of in [
         ("old-killed", 1, "RUNNING", digest),
         ("newer-finished", 2, "FINISHED", digest),
         ("newest-other-config", 4, "RUNNING", launch.config_digest(other)),
         ("new-killed", 3, "RUNNING", digest),
     ]:
-        run_id = mlflow_runs.create_run(uri, cfg.tracking.experiment, name)
+        run_id = Store(uri, cfg.tracking.experiment).create_run(name)
         if status == "FINISHED":
-            mlflow_runs.finish_run(uri, run_id, status)
+            Store(uri).finish_run(run_id, status)
         record = {"mlflow_run_id": run_id, "config_digest": of, "started": started}
         storage.write_json(storage.join(cfg.train.storage_path, name, launch.RUN_RECORD), record)
     assert launch.unfinished_run(cfg, digest) == "new-killed"

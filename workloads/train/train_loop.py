@@ -27,7 +27,10 @@ from orchestrator.core.phases import Phases
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.formulas import batching, cost, noise
 from orchestrator.formulas.schedules import stable_end_tokens
-from orchestrator.tracking import metric_logger, mlflow_runs
+from orchestrator.tracking import metric_logger
+from orchestrator.tracking.run_tags import FAILURE_TAG
+from orchestrator.tracking.store import Store
+from orchestrator.tracking.system_metrics import start_system_metrics
 from workloads import workload as workloads
 from workloads.train import worker_warnings
 from workloads.train.checkpoint import TrainState, restore, save_and_report
@@ -225,10 +228,10 @@ def _gns_probe(cfg: Config, segments, work) -> Optional[GradNormProbe]:
 
 def _capture_warnings(cfg: Config, run_id: str, resources: contextlib.ExitStack) -> worker_warnings.WarningCollector:
     """Warnings of this worker go to the run's MLflow tags, where the driver reads them."""
-    uri = mlflow_runs.resolve_uri(cfg.tracking.uri)
+    store = Store.of(cfg)
     collector = worker_warnings.WarningCollector(
-        lambda messages: mlflow_runs.log_warnings(uri, run_id, messages),
-        already=mlflow_runs.run_warnings(uri, run_id).values(),
+        lambda messages: store.log_warnings(run_id, messages),
+        already=store.run_warnings(run_id).values(),
     )
     resources.callback(worker_warnings.install(collector))
     return collector
@@ -236,11 +239,11 @@ def _capture_warnings(cfg: Config, run_id: str, resources: contextlib.ExitStack)
 
 def _open_tracking(cfg: Config, state: TrainState, resources: contextlib.ExitStack) -> metric_logger.MetricLogger:
     """Rank 0's MLflow logger (and system-metrics sampler), closed when the run ends."""
-    uri = mlflow_runs.resolve_uri(cfg.tracking.uri)
+    store = Store.of(cfg)
     # Resume watermark: what MLflow already holds wins over what the checkpoint remembers.
-    held = mlflow_runs.last_steps(uri, state.run_id)
+    held = store.last_steps(state.run_id)
     logger = metric_logger.MetricLogger(
-        uri,
+        store.uri,
         state.run_id,
         cfg.tracking.flush_every_s,
         cfg.tracking.max_buffered_points,
@@ -250,7 +253,7 @@ def _open_tracking(cfg: Config, state: TrainState, resources: contextlib.ExitSta
     resources.push(_closing(logger))
     system = cfg.tracking.system_metrics if cfg.tracking.system_metrics is not None else cfg.cluster.use_gpu
     if system:
-        monitor = mlflow_runs.start_system_metrics(logger, cfg.tracking.system_metrics_interval_s)
+        monitor = start_system_metrics(logger, cfg.tracking.system_metrics_interval_s)
         resources.callback(monitor.finish)
     return logger
 
@@ -309,7 +312,7 @@ def _update(run: Run, update: int):
 def _report_divergence(run: Run, stats: UpdateStats) -> None:
     if run.logger:
         reason = f"non-finite loss at {run.state.tokens:,} tokens"
-        mlflow_runs.set_tags(run.logger.uri, run.state.run_id, {mlflow_runs.FAILURE_TAG: reason})
+        Store(run.logger.uri).set_tags(run.state.run_id, {FAILURE_TAG: reason})
     run.api.report(
         {"tokens": run.state.tokens, "diverged": 1.0, "loss": stats.loss, "stable_loss": run.state.stable_loss}
     )

@@ -1,0 +1,30 @@
+"""The tags this project puts on its MLflow runs (docs/design.md 3: MLflow names), by name. Names
+only, no MLflow import: a sweep's planning and dry run name them without loading MLflow."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+PARENT_TAG = "mlflow.parentRunId"  # a trial's sweep run (MLflow's own nesting)
+ROLE_TAG = "orchestrator.role"  # SWEEP_ROLE on a sweep's parent run
+SWEEP_ROLE = "sweep"
+SEARCH_TAG = "orchestrator.search"  # a sweep's search algorithm
+SCHEDULER_TAG = "orchestrator.scheduler"  # ... and its early-stopping scheduler
+TRIAL_TAG = "orchestrator.trial_id"
+BRANCH_OF_TAG = "orchestrator.branch_of"  # a branch's base run id
+BRANCH_AT_TAG = "orchestrator.branch_at_tokens"  # the tokens the branch starts from
+SWEEP_TAG = "orchestrator.sweep"
+FAILURE_TAG = "orchestrator.failure_reason"
+STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a trial was stopped at
+WARNING_TAG_PREFIX = "orchestrator.warning."  # + a 3-digit index: what a worker warned about, in order
+CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folders live (path or URI)
+
+
+def warning_tags(messages: Dict[int, str]) -> Dict[str, str]:
+    """{index: message} as tags that sort in the order the warnings were raised."""
+    return {f"{WARNING_TAG_PREFIX}{i:03d}": m[:5000] for i, m in messages.items()}
+
+
+def warnings_in(tags: Dict[str, str]) -> Dict[str, str]:
+    """{tag: message} of the worker warnings among a run's tags, in the order they were raised."""
+    return {k: tags[k] for k in sorted(tags) if k.startswith(WARNING_TAG_PREFIX)}

@@ -1,0 +1,314 @@
+"""The one door to MLflow: a `Store` is a tracking store (and the experiment this project's runs
+are made and searched in) that creates, writes and reads runs and answers in the project's own
+types (records.py). With metric_logger.py (the workers' batched asynchronous `MetricLogger`) and
+system_metrics.py, the only code that calls MLflow's API (tests/unit/test_import_graph.py holds it).
+
+Runs: one per `orchestrator train`; for a sweep one parent run and one child run per trial
+(tag `mlflow.parentRunId`). The x axis of every training curve is tokens: `step` = tokens seen.
+Every param, tag and text logged here passes the config's one redaction rule (`redact_uri`):
+whatever a config, a sweep file or an error holds, no URI's password reaches the store.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from orchestrator.core.config import redact_uri
+from orchestrator.tracking.metric_logger import is_local
+from orchestrator.tracking.records import History, MetricPoint, RunRecord
+from orchestrator.tracking.run_tags import (
+    FAILURE_TAG,
+    PARENT_TAG,
+    ROLE_TAG,
+    SWEEP_ROLE,
+    SWEEP_TAG,
+    TRIAL_TAG,
+    warning_tags,
+    warnings_in,
+)
+
+SWEEP_RUN_FILTER = f"tags.`{ROLE_TAG}` = '{SWEEP_ROLE}'"  # MLflow search filter of sweep parent runs
+MAX_PARAMS = 100  # MLflow's limit on params per log_batch call
+
+
+def quoted(value: str) -> str:
+    """A string literal of an MLflow search filter: in single quotes, or in double quotes when it
+    holds a single quote (the filter language has no escapes; a value with both is refused)."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise ValueError(f"{value!r} holds both quote characters, which an MLflow search filter cannot express")
+
+
+def resolve_uri(uri: str) -> str:
+    """Make a relative SQLite/file store absolute: Ray workers do not share the driver's cwd."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
+    if "://" not in uri:
+        return str(Path(uri).resolve())
+    return uri
+
+
+def env_for_workers() -> Dict[str, str]:
+    """Environment that tracking needs in Ray workers (credentials travel as env, never params)."""
+    keys = (
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_TRACKING_TOKEN",
+        "MLFLOW_TRACKING_INSECURE_TLS",
+        "MLFLOW_TRACKING_SERVER_CERT_PATH",
+    )
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+class Store:
+    """An MLflow tracking store at `uri` (made absolute: resolve_uri) and the `experiment` runs are
+    created and searched in (None for a store that is only read by run id or across experiments).
+
+    Each call opens MLflow's client afresh: it is cheap (MLflow caches the store behind it), and a
+    Store is then only a URI, safe to hand to threads and to pickle. Nothing is opened until a call
+    needs it, so a Store of a SQLite file that does not exist creates none (`exists`)."""
+
+    def __init__(self, uri: str, experiment: Optional[str] = None):
+        self.uri = resolve_uri(uri)
+        self.experiment = experiment
+
+    @classmethod
+    def of(cls, cfg: Any) -> "Store":
+        """The store and experiment a train config names (`tracking.uri`, `tracking.experiment`)."""
+        return cls(cfg.tracking.uri, cfg.tracking.experiment)
+
+    def __repr__(self) -> str:
+        return f"Store({redact_uri(self.uri)!r}, {self.experiment!r})"
+
+    def _client(self) -> MlflowClient:
+        return MlflowClient(tracking_uri=self.uri)
+
+    def _experiment(self) -> str:
+        if self.experiment is None:
+            raise TypeError(f"{self!r} names no experiment to create or find runs in")
+        return self.experiment
+
+    # ---------------------------------------------------------------- experiments
+
+    def exists(self) -> bool:
+        """False for a local SQLite store whose file is missing (reading must not create one)."""
+        if self.uri.startswith("sqlite:///"):
+            return Path(self.uri[len("sqlite:///") :]).exists()
+        return True
+
+    def experiment_id(self, name: Optional[str] = None) -> Optional[str]:
+        """The id of experiment `name` (default: the store's), None when there is none."""
+        found = self._client().get_experiment_by_name(self._experiment() if name is None else name)
+        return found.experiment_id if found is not None else None
+
+    def ensure_experiment(self) -> str:
+        """The experiment's id, creating it (artifacts beside a local store) when missing."""
+        c, name = self._client(), self._experiment()
+        found = c.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        location = None
+        if self.uri.startswith("sqlite:"):
+            location = Path(self.uri.split("sqlite:///")[-1]).resolve().parent.joinpath("mlartifacts").as_uri()
+        try:
+            return c.create_experiment(name, artifact_location=location)
+        except Exception:  # another process created it first
+            found = c.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    # ---------------------------------------------------------------- a run's life and what it logs
+
+    def create_run(self, name: str, tags: Optional[Dict[str, str]] = None) -> str:
+        """A new run in the experiment (created when missing); its id."""
+        exp_id = self.ensure_experiment()
+        tags = {k: redact_uri(str(v)) for k, v in (tags or {}).items()}
+        return self._client().create_run(exp_id, run_name=name, tags=tags).info.run_id
+
+    def reopen_run(self, run_id: str) -> None:
+        """Mark a run RUNNING again when training resumes into it (a re-run `orchestrator train`,
+        a retried trial): MLflow's system-metrics sampler stops at once on a run that is not
+        RUNNING, and the UI should not show a run in progress as FAILED. The failure reason of the
+        earlier attempt goes too: it no longer describes the run."""
+        c = self._client()
+        if FAILURE_TAG in c.get_run(run_id).data.tags:
+            c.delete_tag(run_id, FAILURE_TAG)
+        c.update_run(run_id, status="RUNNING")
+
+    def finish_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self._client().set_terminated(run_id, status=status)
+
+    def log_params(self, run_id: str, params: Dict[str, Any]) -> None:
+        """Params once per run; a resumed run re-logging identical values is skipped."""
+        c = self._client()
+        existing = c.get_run(run_id).data.params
+        todo = [Param(k, redact_uri(str(v))[:6000]) for k, v in sorted(params.items()) if k not in existing]
+        for i in range(0, len(todo), MAX_PARAMS):
+            c.log_batch(run_id, params=todo[i : i + MAX_PARAMS])
+
+    def set_tags(self, run_id: str, tags: Dict[str, str]) -> None:
+        self._client().log_batch(run_id, tags=[RunTag(k, redact_uri(str(v))) for k, v in tags.items()])
+
+    def log_warnings(self, run_id: str, messages: Dict[int, str]) -> None:
+        """Record a worker's warnings on its run (see workloads/train/worker_warnings.py)."""
+        self.set_tags(run_id, warning_tags(messages))
+
+    def log_metrics(self, run_id: str, metrics: Dict[str, float], step: int) -> None:
+        """A few values at one step, now (the training loop's own go through MetricLogger)."""
+        now = int(time.time() * 1000)
+        self._client().log_batch(run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in metrics.items()])
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self._client().log_text(run_id, redact_uri(text), artifact_file)
+
+    def log_dict(self, run_id: str, data: Dict[str, Any], artifact_file: str) -> None:
+        self._client().log_dict(run_id, data, artifact_file)
+
+    def log_file(self, run_id: str, path: str | Path, artifact_path: Optional[str] = None) -> None:
+        self._client().log_artifact(run_id, str(path), artifact_path)
+
+    def log_figure(self, run_id: str, figure: Any, artifact_file: str) -> None:
+        self._client().log_figure(run_id, figure, artifact_file)
+
+    # ---------------------------------------------------------------- a run read back
+
+    def get_run(self, run_id: str) -> RunRecord:
+        return RunRecord.of(self._client().get_run(run_id))
+
+    def try_get_run(self, run_id: str) -> Optional[RunRecord]:
+        """The run, or None when no run has this id."""
+        try:
+            return self.get_run(run_id)
+        except Exception:
+            return None
+
+    def run_warnings(self, run_id: str) -> Dict[str, str]:
+        """{tag: message} of what the run's workers warned about, in order."""
+        return warnings_in(self.get_run(run_id).tags)
+
+    def metric_history(self, run_id: str, key: str) -> History:
+        """[(step, value)] sorted by step."""
+        return sorted((m.step, m.value) for m in self._client().get_metric_history(run_id, key))
+
+    def metric_points(self, run_id: str, key: str) -> List[MetricPoint]:
+        """Every point of a metric with the time it was logged, in the order of their steps."""
+        history = sorted(self._client().get_metric_history(run_id, key), key=lambda m: m.step)
+        return [MetricPoint(m.step, m.value, m.timestamp) for m in history]
+
+    def last_steps(self, run_id: str) -> Dict[str, int]:
+        """Per metric, the last step MLflow holds: the resume watermark."""
+        c = self._client()
+        keys = c.get_run(run_id).data.metrics.keys()
+        return {k: max(m.step for m in c.get_metric_history(run_id, k)) for k in keys}
+
+    def histories(
+        self, runs: Sequence[RunRecord], keys: Iterable[str], workers: Optional[int] = None
+    ) -> Dict[str, Dict[str, History]]:
+        """{run id: {key: [(step, value)] sorted by step}} of the runs (their latest metrics say
+        which keys each has; absent ones map to []). MLflow has no bulk history call: from a
+        tracking server the histories are fetched 8 at a time (each is a round trip; 3.5x faster
+        on the demo's runs, docs/benchmarks.md), from a store this process opens (SQLite) one at a
+        time, as threads only contend there (`workers` overrides)."""
+        keys, c = list(keys), self._client()
+        jobs = [(r.run_id, k) for r in runs for k in keys if k in r.metrics]
+        workers = workers or (1 if is_local(self.uri) else 8)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            read = list(pool.map(lambda job: c.get_metric_history(*job), jobs))
+        out: Dict[str, Dict[str, History]] = {r.run_id: {k: [] for k in keys} for r in runs}
+        for (run_id, key), history in zip(jobs, read):
+            out[run_id][key] = sorted((m.step, m.value) for m in history)
+        return out
+
+    # ---------------------------------------------------------------- finding runs
+
+    def child_runs(self, parent_run_id: str) -> List[RunRecord]:
+        """A sweep's trials (and a branch study's base): the runs whose parent is this one."""
+        c = self._client()
+        exp_id = c.get_run(parent_run_id).info.experiment_id
+        query = f"tags.`{PARENT_TAG}` = {quoted(parent_run_id)}"
+        return [RunRecord.of(r) for r in c.search_runs([exp_id], filter_string=query, max_results=10000)]
+
+    def find_run(self, tags: Dict[str, str]) -> Optional[str]:
+        """The oldest run of the experiment carrying all these tags (e.g. a trial's run, found again
+        after --resume)."""
+        c = self._client()
+        exp = c.get_experiment_by_name(self._experiment())
+        if exp is None:
+            return None
+        query = " and ".join(f"tags.`{k}` = {quoted(v)}" for k, v in tags.items())
+        runs = c.search_runs(
+            [exp.experiment_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"]
+        )
+        return runs[0].info.run_id if runs else None
+
+    def find_sweep_run(self, sweep_name: str) -> Optional[str]:
+        """The newest parent run of a sweep in the experiment, by its name tag."""
+        c = self._client()
+        exp = c.get_experiment_by_name(self._experiment())
+        if exp is None:
+            return None
+        return self._newest_sweep_run([exp.experiment_id], sweep_name)
+
+    def find_sweep_run_anywhere(self, sweep_name: str) -> Optional[str]:
+        """The newest parent run of a sweep: in the experiment first (if the store names one), then
+        in every experiment."""
+        if self.experiment:
+            found = self.find_sweep_run(sweep_name)
+            if found:
+                return found
+        exp_ids = [e.experiment_id for e in self._client().search_experiments(max_results=1000)]
+        return self._newest_sweep_run(exp_ids, sweep_name) if exp_ids else None
+
+    def _newest_sweep_run(self, exp_ids: List[str], sweep_name: str) -> Optional[str]:
+        query = f"tags.`{SWEEP_TAG}` = {quoted(sweep_name)} and {SWEEP_RUN_FILTER}"
+        runs = self._client().search_runs(
+            exp_ids, filter_string=query, max_results=1, order_by=["attributes.start_time DESC"]
+        )
+        return runs[0].info.run_id if runs else None
+
+    def find_runs_named(self, name: str) -> List[RunRecord]:
+        """Runs whose name or Tune trial id is `name`, newest first: in the experiment if it has
+        any, else in every experiment (`orchestrator export`)."""
+        if "'" in name or '"' in name:
+            return []
+        c = self._client()
+        exp = c.get_experiment_by_name(self.experiment) if self.experiment else None
+        scopes = [[exp.experiment_id]] if exp else []
+        scopes.append([e.experiment_id for e in c.search_experiments(max_results=1000)])
+        for exp_ids in scopes:
+            runs = []
+            for query in (f"attributes.run_name = {quoted(name)}", f"tags.`{TRIAL_TAG}` = {quoted(name)}"):
+                runs += c.search_runs(exp_ids, filter_string=query, max_results=100) if exp_ids else []
+            if runs:
+                unique = {r.info.run_id: RunRecord.of(r) for r in runs}.values()
+                return sorted(unique, key=lambda r: r.start_ms or 0, reverse=True)
+        return []
+
+    # ---------------------------------------------------------------- artifacts read back
+
+    def list_artifacts(self, run_id: str, path: Optional[str] = None) -> List[str]:
+        """Paths of the run's artifact files under `path`, recursively."""
+        found: List[str] = []
+        for info in self._client().list_artifacts(run_id, path):
+            found.extend(self.list_artifacts(run_id, info.path) if info.is_dir else [info.path])
+        return found
+
+    def read_text_artifact(self, run_id: str, path: str) -> Optional[str]:
+        """The text of one of the run's artifacts, None when it has none at `path`."""
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                local = self._client().download_artifacts(run_id, path, folder)
+            except Exception:  # MLflow raises its own errors (or OSError) for a missing artifact
+                return None
+            return Path(local).read_text() if Path(local).is_file() else None
