@@ -2,11 +2,12 @@
 size lies and what each choice costs, read back from a sweep's (or one run's) MLflow runs, or
 from a folder of `trials.csv` and `curves.csv` written by any trainer (orchestrator/analysis/tables.py).
 
-Reading (orchestrator/reporting/report_inputs.py; MLflow only through tracking.py) gives `trials.Trial`
-records; `analysis.analyse` is the arithmetic (its docstring states every rule); writing turns
-the result into figures (plots.py), summary.md, summary.html and report.json (text rendered by
-report_render.py) and the tables trials.csv and curves.csv (results.py: what
-`results.load_sweep` gives), all logged to the sweep's (or the run's) MLflow run under `report/`.
+Reading (orchestrator/reporting/report_inputs.py; MLflow only through tracking/mlflow_runs.py) gives
+`trials.Trial` records; `sweep_analysis.analyse` is the arithmetic (its docstring states every rule)
+and returns the typed answer (orchestrator/analysis/answer.py); writing turns it into figures
+(plots.py), summary.md, summary.html and report.json (text rendered by report_render.py) and the
+tables trials.csv and curves.csv (results.py: what `results.load_sweep` gives), all logged to the
+sweep's (or the run's) MLflow run under `report/`.
 `sweep` prints `report_render.summary_lines` of the same analysis when it ends, so the two always
 say the same.
 """
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from orchestrator.analysis import branch_analysis, branch_cbs, sweep_analysis, tables
+from orchestrator.analysis.answer import Answer, Source
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import sweep_file, sweep_schema, validation
 from orchestrator.core.errors import ConfigError
@@ -81,19 +84,19 @@ def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
 # ---------------------------------------------------------------- writing
 
 
-def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[str, Any]:
+def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any]:
     from orchestrator.reporting import plots
 
-    usable, metric = [t for t in trials if t.batch and t.train], result["loss_metric"]
+    usable, metric = [t for t in trials if t.batch and t.train], answer.loss_metric
     curves = [{"batch": t.batch, "train": t.train, "eval": t.eval} for t in usable]
     figs = {
         "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
         "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
     }
-    if result.get("branch"):  # a branch study: one base run, so no from-scratch comparison to draw
+    if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
         base = branch_analysis.base_of(trials)
         b_simple = base.b_simple if base else []
-        figs["branch_cbs.png"] = plots.branch_cbs(result["branch"]["points"], result["branch"]["fit"], b_simple)
+        figs["branch_cbs.png"] = plots.branch_cbs(list(answer.branch.points), answer.branch.fit, b_simple)
         return figs
     cells = [
         (t.lr, t.batch, t.final(metric))
@@ -102,55 +105,61 @@ def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[
     ]
     if cells:
         figs["eval_heatmap.png"] = plots.lr_batch_heatmap(cells, f"final {metric}")
-    fits = [
-        {**f, "b_crit": f["b_crit_fit"], "points": [(p["batch"], p["steps"], p["tokens"]) for p in f["points"]]}
-        for f in result["critical_batch"]
-        if f["points"]
+    fits = [  # the hyperbola is drawn whatever the status: the fit's B_crit
+        {
+            "target_loss": f.target_loss,
+            "points": [(p.batch, p.steps, p.tokens) for p in f.points],
+            "s_min": f.s_min,
+            "e_min": f.e_min,
+            "b_crit": f.b_crit_fit,
+        }
+        for f in answer.critical_batch
+        if f.points
     ]
     if fits:
         figs["critical_batch.png"] = plots.critical_batch(fits)
-    figs.update(comparison_figures(usable, result))
-    best, scaling = result["best_lr"], result["lr_scaling"]
-    if any(r["lr"] for r in best):
-        fit = (scaling["coef"], scaling["alpha"]) if scaling["alpha"] is not None else None
+    figs.update(comparison_figures(usable, answer))
+    best, scaling = answer.best_lr, answer.lr_scaling
+    if any(r.lr for r in best):
+        fit = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
         figs["lr_vs_batch.png"] = plots.lr_vs_batch(
-            [(t.batch, t.lr) for t in usable if t.lr], [(r["batch"], r["lr"]) for r in best if r["lr"]], fit
+            [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr], fit
         )
     return figs
 
 
-def comparison_figures(usable: Sequence[Trial], result: Dict[str, Any]) -> Dict[str, Any]:
+def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any]:
     """The figures that compare batch sizes at their chosen learning rates (comparison_plots.py)."""
     from orchestrator.reporting import comparison_plots as cp
 
-    chosen = cp.best_trials(usable, result["best_per_batch"])
-    lr_of = {r["batch"]: r["lr"] for r in result["best_lr"]}
+    chosen = cp.best_trials(usable, answer.best_per_batch)
+    lr_of = {r.batch: r.lr for r in answer.best_lr}
     figs = {}
     if chosen:
         figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, lr_of)
-    if any(f.get("b_crit") or f.get("b_simple") for f in result["critical_batch"]):
-        figs["critical_batch_vs_loss.png"] = cp.critical_batch_vs_loss(result["critical_batch"])
+    if any(f.b_crit or f.b_simple for f in answer.critical_batch):
+        figs["critical_batch_vs_loss.png"] = cp.critical_batch_vs_loss(answer.critical_batch)
     if any(t.b_simple for t in chosen):
         figs["b_simple_vs_tokens.png"] = cp.b_simple_over_training(chosen)
     if any(t.lr for t in usable):
-        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, result["loss_metric"], result["best_lr"])
+        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, answer.loss_metric, answer.best_lr)
     return figs
 
 
-def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out: Path) -> List[Path]:
+def write_report(trials: Sequence[Trial], answer: Answer, name: str, out: Path) -> List[Path]:
     """report.json (first: it marks the folder as a report's), the figures and the summaries in
     `out`, which check_out_folder has accepted."""
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps(json_safe({"name": name, **result}), indent=2))
+    (out / MARKER).write_text(json.dumps(json_safe({"name": name, **answer.to_json()}), indent=2))
     written = [out / MARKER]
-    for file, fig in figures(trials, result, name).items():
+    for file, fig in figures(trials, answer, name).items():
         assert file in OWNED, f"{file} is not in report.OWNED: a re-run would refuse the folder"
         fig.savefig(out / file, dpi=120)
         plt.close(fig)
         written.append(out / file)
-    doc = document(result, name, [p.name for p in written[1:]])
+    doc = document(answer, name, [p.name for p in written[1:]])
     for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}"))):
         (out / file).write_text(text)
         written.append(out / file)
@@ -227,7 +236,7 @@ def _resolve(target: str, overrides: List[str]):
 
 
 def write_run_report(
-    uri: str, name: str, run_id: str, trials: Sequence[Trial], curves, result: Dict[str, Any], out: Optional[Path]
+    uri: str, name: str, run_id: str, trials: Sequence[Trial], curves, result: Answer, out: Optional[Path]
 ) -> Path:
     """The report of a sweep's (or a run's) MLflow runs: figures, summary, report.json and the
     tables written to `out` (default reports/<name>) and logged to the run under report/; the
@@ -258,8 +267,9 @@ def _run_tables(folder: Path, out: Optional[str], target_losses, options) -> int
     trials = tables.read(folder)
     if not any(t.batch and t.train for t in trials):
         raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
-    result = sweep_analysis.analyse(trials, target_losses, **options)
-    result["source"] = {"uri": str(folder), "run_id": None, "kind": "tables"}
+    result = replace(
+        sweep_analysis.analyse(trials, target_losses, **options), source=Source(str(folder), None, "tables")
+    )
     write_report(trials, result, name, out_dir)
     curves = {t.run_id: {m: getattr(t, f) for m, f in tables.METRICS.items()} for t in trials}
     results.build(name, "", trials, curves, result, tuple(tables.METRICS)).to_csv(out_dir)

@@ -5,10 +5,12 @@ searcher all read runs through here."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.analysis import sweep_analysis, tables
+from orchestrator.analysis.answer import Answer, Source
 from orchestrator.analysis.trials import Curve, Trial
 from orchestrator.core import config, sweep_file
 from orchestrator.core.errors import ConfigError
@@ -115,9 +117,8 @@ def trials_of(uri: str, runs: Sequence[Any], curves: Optional[Dict[str, Dict[str
 
 def analyse(
     uri: str, run_id: str, trials: Sequence[Trial], target_losses: Optional[Sequence[float]] = None, **options
-) -> Dict[str, Any]:
-    """`analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
-    result = sweep_analysis.analyse(trials, target_losses, **options)
+) -> Answer:
+    """`sweep_analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
+    answer = sweep_analysis.analyse(trials, target_losses, **options)
     kind = "single" if trials[0].run_id == run_id else "sweep"
-    result["source"] = {"uri": config.redact_uri(uri), "run_id": run_id, "kind": kind}  # report.json is shared
-    return result
+    return replace(answer, source=Source(config.redact_uri(uri), run_id, kind))  # report.json is shared

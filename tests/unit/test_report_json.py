@@ -127,7 +127,7 @@ def from_tables(tmp: Path, capsys) -> Tuple[Dict[str, Any], str, str]:
 
 def same(now: Any, before: Any, where: str = "report.json") -> List[str]:
     """Where `now` differs from `before`: dict keys (and their order), list lengths, types and values;
-    floats to 1e-9 relative (a machine's BLAS may move the last bits)."""
+    floats to 1e-9 relative or 1e-12 absolute (a machine's BLAS may move the last bits)."""
     if isinstance(before, dict):
         if not isinstance(now, dict) or list(now) != list(before):
             return [f"{where}: keys {list(now) if isinstance(now, dict) else type(now)} != {list(before)}"]
@@ -137,7 +137,7 @@ def same(now: Any, before: Any, where: str = "report.json") -> List[str]:
             return [f"{where}: {now!r} != {before!r}"]
         return [d for i, (a, b) in enumerate(zip(now, before)) for d in same(a, b, f"{where}[{i}]")]
     if isinstance(before, float) and isinstance(now, float):
-        return [] if math.isclose(now, before, rel_tol=1e-9, abs_tol=1e-300) else [f"{where}: {now!r} != {before!r}"]
+        return [] if math.isclose(now, before, rel_tol=1e-9, abs_tol=1e-12) else [f"{where}: {now!r} != {before!r}"]
     return [] if type(now) is type(before) and now == before else [f"{where}: {now!r} != {before!r}"]
 
 
