@@ -1,6 +1,6 @@
 """What a sweep answers, computed from its trials: `analyse` gives the typed `answer.Answer` that
 report.json, the tables, the Python API and the printed answer read (pure: no MLflow; the report
-verb, orchestrator/reporting/report.py, reads the trials and writes the answer).
+pipeline, orchestrator/reporting/pipeline.py, reads the trials and writes the answer).
 
 Rules, so that a reader can check every number (batch sizes, budgets and positions in tokens; a
 loss sits at the tokens the weights that produced it had seen, so the first is at 0):

@@ -1,8 +1,8 @@
 """Rendering of `orchestrator report`: the analysis's answer (`sweep_analysis.analyse`) as text. The
 answer paragraph, the tables and the summary as a document of blocks (report_format.py turns it
 into Markdown and HTML; report_branch.py renders a branch study's part); `summary_lines` is what
-`report` and the end of `sweep` print. No MLflow, no files: report.py reads the trials and writes
-what this module renders.
+`report` and the end of `sweep` print. No MLflow, no files: the report pipeline (pipeline.py)
+reads the trials and writes what this module renders.
 """
 
 from __future__ import annotations

@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
 from orchestrator.analysis.answer import Answer, BestRow, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial
 from orchestrator.reporting import report_inputs
+from orchestrator.reporting.report_inputs import Curves
 
 METRICS = ("train/loss", "eval/loss", "gns/b_simple", "train/clipped", "train/lr", "perf/tokens_per_s")
 """The curves `load_sweep` reads by default (and `report` writes to curves.csv)."""
@@ -44,8 +45,6 @@ FIT_COLUMNS = ["target_loss", "status", "b_crit", "b_crit_low", "b_crit_high", "
 FIT_COLUMNS += ["s_min", "e_min", "b_simple", "lack_of_fit_p", "batch_sizes", "notes"]
 FIT_NUMBERS = [c for c in FIT_COLUMNS if c not in ("status", "notes")]
 BEST_COLUMNS = ["batch", "final_loss", "spread", "seeds", "lr", "lr_edge", "trial", "run_id", "configurations"]
-Curves = Mapping[str, Mapping[str, Curve]]
-"""{run id: {metric: [(tokens, value)]}}, as report_inputs.read_curves returns."""
 
 
 @dataclass
@@ -155,13 +154,10 @@ def load_sweep(
     overrides = [f"tracking.uri={tracking_uri}"] if tracking_uri else []
     overrides += [f"tracking.experiment={experiment}"] if experiment else []
     uri, name, run_id = report_inputs.resolve(os.fspath(name_or_file), overrides)
-    metrics = list(metrics or METRICS)
-    runs = report_inputs.sweep_runs(uri, run_id)
-    curves = report_inputs.read_curves(uri, runs, metrics)
-    trials = report_inputs.trials_of(uri, runs, curves)
-    usable = any(t.batch and t.train for t in trials)
-    answer = report_inputs.analyse(uri, run_id, trials, target_losses) if usable else None
-    return build(name, run_id, trials, curves, answer, metrics, uri)
+    inputs = report_inputs.read_mlflow(uri, name, run_id, list(metrics or METRICS))
+    usable = any(t.batch and t.train for t in inputs.trials)
+    answer = report_inputs.analyse(inputs, target_losses) if usable else None
+    return build(name, run_id, inputs.trials, inputs.curves, answer, inputs.metrics, uri)
 
 
 # ---------------------------------------------------------------- building (pure: no MLflow)

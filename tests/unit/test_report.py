@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.analysis import sweep_analysis
 from orchestrator.core.errors import ConfigError
-from orchestrator.reporting import report, report_inputs, report_render
+from orchestrator.reporting import report, report_files, report_inputs, report_render
 from orchestrator.tracking import metric_logger, mlflow_runs
 from tests.conftest import sqlite_store
 from tests.known_truth import World, factor_grid
@@ -182,7 +182,7 @@ def test_report_without_eval_or_gns_or_reachable_target(trials, tmp_path):
     assert result.loss_metric == "train/loss"
     assert result.best.batch == BATCHES[0]
     assert "Critical batch size at loss 1: not resolved" in report_render.answer(result)
-    written = {p.name for p in report.write_report(bare, result, "degenerate", tmp_path)}
+    written = {p.name for p in report_files.write_report(bare, result, "degenerate", tmp_path)}
     assert "critical_batch.png" not in written and {"loss_vs_tokens.png", "summary.md", "report.json"} <= written
     assert "no gns/b_simple" in (tmp_path / "summary.md").read_text()
 
@@ -238,7 +238,7 @@ def test_token_counts_have_one_format_on_every_figure(trials):
     """Every axis and colour bar that counts tokens labels its ticks as report_format.fmt_tokens does; the
     batch-size comparisons colour by B on one ordered scale with a colour bar."""
     result = sweep_analysis.analyse(trials)
-    figs = report.figures(trials, result, "known-truth")
+    figs = report_files.figures(trials, result, "known-truth")
     assert set(FIGURES) <= set(figs)
     checked = 0
     for name, fig in figs.items():
@@ -299,6 +299,30 @@ def test_sweep_file_names_the_sweep(store, tmp_path):
     )
     uri, name, run_id = report_inputs.resolve(str(sweep_file), [])
     assert (uri, name, run_id) == (store["uri"], SWEEP, store["parent"])
+
+
+def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(store, tmp_path, monkeypatch):
+    """`report SWEEP_FILE` parses the file once (its name, store, search and branch options all come
+    from that one reading) and hands the pipeline the sweep's runs (its report is tested above)."""
+    from orchestrator.core import sweep_file
+    from orchestrator.reporting import pipeline
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        f"name: {SWEEP}\nbase:\n  config: conf/train/tiny.yaml\n  overrides:\n"
+        f"    - tracking.uri={store['uri']}\n    - tracking.experiment={EXPERIMENT}\n"
+        "search:\n  criterion: steps\n"
+    )
+    parsed, made = [], []
+    load = sweep_file.load
+    monkeypatch.setattr(sweep_file, "load", lambda *a, **k: parsed.append(a) or load(*a, **k))
+    monkeypatch.setattr(pipeline, "make", lambda inputs, out, target_losses, **options: made.append((inputs, options)))
+    assert report.run(str(path), [], out=str(tmp_path / "out"), target_losses=None) == 0
+    assert len(parsed) == 1
+    ((inputs, options),) = made
+    assert inputs.name == SWEEP and inputs.source.run_id == store["parent"] and inputs.source.kind == "sweep"
+    assert len(inputs.trials) == len(store["runs"]) + len(store["poor"])
+    assert options == {"lr_criterion": "steps", "primary_target": None, "compare_with": None}
 
 
 def test_cli_report_and_unknown_sweep(store, tmp_path, cli):

@@ -96,7 +96,7 @@ def world_folder(folder: Path) -> Path:
 def in_memory(name: str, out: Path) -> Tuple[Dict[str, Any], str, str]:
     """(report.json, summary.md, the printed lines) of a case analysed in memory and written to `out`."""
     from orchestrator.analysis import sweep_analysis
-    from orchestrator.reporting import report, report_render
+    from orchestrator.reporting import report_files, report_render
 
     make, options = CASES[name]
     options = dict(options)
@@ -105,7 +105,7 @@ def in_memory(name: str, out: Path) -> Tuple[Dict[str, Any], str, str]:
         options["compare_with"] = (label, runs())
     trials = make()
     answer = sweep_analysis.analyse(trials, **options)
-    report.write_report(trials, answer, name, out)
+    report_files.write_report(trials, answer, name, out)
     printed = "\n".join(report_render.summary_lines(answer)) + "\n"
     return json.loads((out / "report.json").read_text()), (out / "summary.md").read_text(), printed
 
