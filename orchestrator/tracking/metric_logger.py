@@ -1,5 +1,5 @@
-"""Batched, asynchronous metric logging to MLflow: part of the tracking layer (tracking.py
-re-exports `MetricLogger`; callers use `tracking.MetricLogger`).
+"""Batched, asynchronous metric logging to MLflow: part of the tracking layer (orchestrator/tracking/,
+beside mlflow_runs.py; the training loop uses `metric_logger.MetricLogger`).
 
 `MetricLogger` batches points and sends them from a background thread (`log_batch`), so
 tracking costs the training loop almost nothing; points that cannot be sent (tracking server
