@@ -56,15 +56,15 @@ def analyse(uri: str, smoothing: float = 0.0) -> Dict[str, Any]:
     _, _, parent = report_inputs.resolve(str(DEMO), [f"tracking.uri={uri}"])
     trials = report_inputs.read_trials(uri, parent)
     result = sweep_analysis.analyse(trials, smoothing_tokens=smoothing, **report.sweep_options(sweep.search))
-    p = result["primary"]
+    p = result.primary
     return {
-        "target_loss": p["target_loss"],
-        "status": p["status"],
-        "b_crit": p["b_crit"],
-        "b_crit_fit": p["b_crit_fit"],
-        "interval": p["b_crit_interval"],
-        "b_simple": p["b_simple"],
-        "trend": result["trend"]["b_crit_slope"],
+        "target_loss": p.target_loss,
+        "status": p.status,
+        "b_crit": p.b_crit,
+        "b_crit_fit": p.b_crit_fit,
+        "interval": p.b_crit_interval,
+        "b_simple": p.b_simple,
+        "trend": result.trend.b_crit_slope,
     }
 
 

@@ -67,12 +67,12 @@ def main(argv: List[str] | None = None) -> int:
                 world = World(draw=draw, **WORLDS[name])
                 runs = world.grid(lrs=lrs, seeds=args.seeds)
             result = sweep_analysis.analyse(world.trials(runs))
-            primary, truth = result["primary"], world.b_noise
-            errors.append(primary["b_crit"] / truth - 1 if primary["b_crit"] else float("nan"))
-            lo, hi = primary["b_crit_interval"] or (float("nan"),) * 2
+            primary, truth = result.primary, world.b_noise
+            errors.append(primary.b_crit / truth - 1 if primary.b_crit else float("nan"))
+            lo, hi = primary.b_crit_interval or (float("nan"),) * 2
             covered += lo <= truth <= hi
-            flagged += any(f["lack_of_fit"]["flagged"] for f in result["critical_batch"])
-            trend = result["trend"]["b_crit_slope_interval"]
+            flagged += any(f.lack_of_fit.flagged for f in result.critical_batch)
+            trend = result.trend.b_crit_slope_interval
             flat += bool(trend) and trend[0] <= 0 <= trend[1]
         out[name] = {
             "median_error": float(np.nanmedian(errors)),

@@ -289,7 +289,7 @@ def _primary(job: Tuple["World", Sequence[float], int]) -> Dict[str, object]:
 
     world, lrs, seeds = job
     result = sweep_analysis.analyse(world.trials(world.grid(lrs=lrs, seeds=seeds)))
-    return {**result["primary"], "points": None}
+    return {**result.primary.to_json(), "points": None}
 
 
 def primaries(

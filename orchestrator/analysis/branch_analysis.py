@@ -12,6 +12,7 @@ import numpy as np
 
 from orchestrator.analysis import branch_cbs, branch_ramp, steps_to_target
 from orchestrator.analysis import critical_batch as cb
+from orchestrator.analysis.answer import BranchStudy, TargetFit
 from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial, swept_axes
 
 BRANCH_AT_KEY = "batch.ramp.1.from_tokens"
@@ -74,22 +75,21 @@ def from_scratch(points: List[Dict[str, Any]], trials: Sequence[Trial], scratch:
     usable = [t for t in scratch if t.batch and t.train and not t.ramped]
     levels = {p["tokens"]: loss_at(trials, p["tokens"]) for p in points}
     targets = sorted({v for v in levels.values() if v is not None})
-    fits = steps_to_target.study(usable, swept_axes(usable), targets)["critical_batch"] if usable and targets else []
-    by_target = {f["target_loss"]: f for f in fits}
+    fits = steps_to_target.study(usable, swept_axes(usable), targets).critical_batch if usable and targets else ()
+    by_target = {f.target_loss: f for f in fits}
     for p in points:
         p["b_crit_scratch"] = _scratch_entry(by_target.get(levels[p["tokens"]]))
 
 
-def _scratch_entry(fit: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+def _scratch_entry(fit: Optional[TargetFit]) -> Optional[Dict[str, Any]]:
     """What a branch point shows of a from-scratch fit: a bound stands in for an unresolved B_crit."""
     if fit is None:
         return None
-    b_crit = fit["b_crit"] if fit["b_crit"] is not None else fit["b_crit_bound"]
     return {
-        "target_loss": fit["target_loss"],
-        "status": fit["status"],
-        "b_crit": b_crit,
-        "b_crit_interval": fit["b_crit_interval"],
+        "target_loss": fit.target_loss,
+        "status": fit.status,
+        "b_crit": fit.b_crit if fit.b_crit is not None else fit.b_crit_bound,
+        "b_crit_interval": list(fit.b_crit_interval) if fit.b_crit_interval else None,
     }
 
 
@@ -98,7 +98,7 @@ def study(
     tolerance: Union[float, branch_cbs.Tolerance] = branch_cbs.DEFAULT_TOLERANCE,
     scratch: Sequence[Trial] = (),
     scratch_name: Optional[str] = None,
-) -> Optional[Dict[str, Any]]:
+) -> Optional[BranchStudy]:
     """The critical batch size along training from a branch study's runs (None: no branches);
     `scratch`: the runs of the from-scratch sweep `scratch_name` to compare with."""
     ends = branch_ends(trials)
@@ -129,20 +129,20 @@ def study(
         )
     if not any(e.loss_se > 0 for e in ends):
         notes.append("no eval/loss_se was logged: the interval holds only the spread over seeds")
-    return {
-        "loss": "eval/loss at the end of each branch",
-        "tolerance": tolerance.value,
-        "tolerance_kind": tolerance.kind,
-        "compare": tolerance.compare,
-        "rule": tolerance.words(),
-        "base_batch": base_batch,
-        "base_run": base.name if base else None,
-        "points": along,
-        "fit": fit,
-        "ramp": ramp,
-        "lr_scaling": alpha,
-        "ramp_yaml": branch_ramp.ramp_yaml(ramp, alpha),
-        "ramp_override": branch_ramp.ramp_override(ramp),
-        "compared_with": scratch_name if scratch else None,
-        "notes": notes,
-    }
+    return BranchStudy(
+        loss="eval/loss at the end of each branch",
+        tolerance=tolerance.value,
+        tolerance_kind=tolerance.kind,
+        compare=tolerance.compare,
+        rule=tolerance.words(),
+        base_batch=base_batch,
+        base_run=base.name if base else None,
+        points=tuple(along),
+        fit=fit,
+        ramp=tuple(ramp),
+        lr_scaling=alpha,
+        ramp_yaml=branch_ramp.ramp_yaml(ramp, alpha),
+        ramp_override=branch_ramp.ramp_override(ramp),
+        compared_with=scratch_name if scratch else None,
+        notes=tuple(notes),
+    )

@@ -5,38 +5,40 @@ fakes progress, no B_simple) and the trend of B_crit across targets beside B_sim
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from orchestrator.analysis import critical_batch as cb
+from orchestrator.analysis.answer import TargetFit, Trend
 from orchestrator.analysis.trials import Trial
 from orchestrator.formulas.schedules import TRUSTED_SHARE
 
 CLIP_SPREAD = 0.25
 """Warn when the share of clipped updates before a target differs by more than this between B."""
 WARMUP_FACTOR = 3.0
+"""Warn when E_min is within this many times the warmup tokens."""
 UNINTERPOLATED = {
     "one-sided": "a neighbouring lr failed or never reached this loss, so the optimum was extrapolated from "
     "the other side (at most half a grid step past the best lr tried)",
     "not interpolated": "no concave parabola passes through the best lr and its neighbours, so it is the best lr tried",
 }
 """Why an lr optimum inside the grid is no interpolation (orchestrator/analysis/lr_optimum.py)."""
-"""Warn when E_min is within this many times the warmup tokens."""
 
 
-def notes(usable: Sequence[Trial], entry: Dict[str, Any], missing: Sequence[int]) -> List[str]:
-    notes, points = [], entry["points"]
-    bound = [p for p in points if p["lr_edge"] in ("lowest", "highest")]
+def notes(usable: Sequence[Trial], fit: TargetFit) -> List[str]:
+    """Why not to trust the fit at one target, for people (its flags say it for machines)."""
+    notes, points, missing = [], fit.points, fit.missing
+    bound = [p for p in points if p.lr_edge in ("lowest", "highest")]
     for side in ("lowest", "highest"):
-        at = [f"{p['batch']:,}" for p in bound if p["lr_edge"] == side]
+        at = [f"{p.batch:,}" for p in bound if p.lr_edge == side]
         if at:
             notes.append(
                 f"steps at B = {', '.join(at)} are upper bounds: the best lr there is the {side} tried "
                 f"(search.algorithm: bracket extends the lrs until the best is inside)"
             )
     for word, why in UNINTERPOLATED.items():
-        at = [f"{p['batch']:,}" for p in points if p["lr_edge"] == word]
+        at = [f"{p.batch:,}" for p in points if p.lr_edge == word]
         if at:
             notes.append(
                 f"the best lr at B = {', '.join(at)} is {word}: {why}; the steps there carry the lr grid's spacing "
@@ -45,20 +47,20 @@ def notes(usable: Sequence[Trial], entry: Dict[str, Any], missing: Sequence[int]
     if missing:
         notes.append("not reached by batch sizes " + ", ".join(f"{b:,}" for b in missing))
     warmup = max((t.warmup_tokens for t in usable), default=0.0)
-    if entry["e_min"] is not None and warmup and entry["e_min"] < WARMUP_FACTOR * warmup:
+    if fit.e_min is not None and warmup and fit.e_min < WARMUP_FACTOR * warmup:
         notes.append(
-            f"E_min = {entry['e_min']:,.0f} tokens is within {WARMUP_FACTOR:g}x the warmup ({warmup:,.0f} tokens): "
+            f"E_min = {fit.e_min:,.0f} tokens is within {WARMUP_FACTOR:g}x the warmup ({warmup:,.0f} tokens): "
             "the regime may still be the optimizer's start-up"
         )
     largest = max(usable, key=lambda t: t.batch)
-    if entry["s_min"] is not None and largest.beta2 and largest.beta2 < 1:
+    if fit.s_min is not None and largest.beta2 and largest.beta2 < 1:
         memory = 1 / (1 - largest.beta2)
-        if entry["s_min"] < memory:
+        if fit.s_min < memory:
             notes.append(
-                f"S_min = {entry['s_min']:.3g} steps is below Adam's beta2 memory (1 / (1 - beta2) = {memory:.3g} "
+                f"S_min = {fit.s_min:.3g} steps is below Adam's beta2 memory (1 / (1 - beta2) = {memory:.3g} "
                 "updates): steps this few measure the optimizer's start-up, not the gradient noise"
             )
-    shares = [p["clipped"] for p in points if p["clipped"] is not None]
+    shares = [p.clipped for p in points if p.clipped is not None]
     if len(shares) >= 2 and max(shares) - min(shares) > CLIP_SPREAD:
         notes.append(
             f"clipped updates before this loss range from {min(shares):.0%} to {max(shares):.0%} across batch sizes: "
@@ -70,53 +72,51 @@ def notes(usable: Sequence[Trial], entry: Dict[str, Any], missing: Sequence[int]
             f"steps read before {TRUSTED_SHARE:.0%} of the budget ({'/'.join(sorted(schedules))} decay from the "
             "end of warmup): the fit depends on the schedule; wsd or constant give one it cannot fake"
         )
-    if not any(p["b_simple"] is not None for p in points):
+    if not any(p.b_simple is not None for p in points):
         notes.append("no gns/b_simple at this loss (gns.enabled=false, or B_simple was not measured)")
     return notes
 
 
-def flags(entry: Dict[str, Any]) -> List[str]:
+def flags(fit: TargetFit) -> Tuple[str, ...]:
     """What marks a B_crit, for machines (the notes say it for people): `lack_of_fit` (the
     hyperbola does not describe the points), `lr_bound` (the best lr of a point is at an edge of
     the lrs tried: its steps are an upper bound), `lr_not_interpolated` (a point's best lr is
     one-sided or the best tried: its steps carry the grid's spacing as their uncertainty)."""
-    words = {p["lr_edge"] for p in entry["points"]}
-    marks = [("lack_of_fit", entry["lack_of_fit"]["flagged"])]
+    words = {p.lr_edge for p in fit.points}
+    marks = [("lack_of_fit", fit.lack_of_fit.flagged)]
     marks += [
         ("lr_bound", bool(words & {"lowest", "highest"})),
         ("lr_not_interpolated", bool(words & set(UNINTERPOLATED))),
     ]
-    return [name for name, on in marks if on]
+    return tuple(name for name, on in marks if on)
 
 
-def trend(fits, resolved: List[int], boot, targets) -> Dict[str, Any]:
-    """Slopes of log B_crit and log B_simple on log target loss (negative: they rise as the loss falls)."""
-    out: Dict[str, Any] = {
-        "targets": [targets[i] for i in resolved],
-        "b_crit_slope": None,
-        "b_crit_slope_interval": None,
-    }
-    out.update({"b_simple_slope": None, "agree": None, "note": None})
+def trend(
+    fits: Sequence[TargetFit], resolved: List[int], boot: Optional[Sequence[Optional[np.ndarray]]], targets
+) -> Trend:
+    """Slopes of log B_crit and log B_simple on log target loss (negative: they rise as the loss
+    falls), over the `resolved` fits; `boot`: each fit's bootstrap B_crit (None without one)."""
+    on = tuple(targets[i] for i in resolved)
     if len(resolved) < 2:
-        out["note"] = f"no trend: it needs 2 resolved targets; {len(resolved)} resolved"
-        return out
-    xs = [targets[i] for i in resolved]
-    out["b_crit_slope"] = float(cb.slope(xs, np.array([fits[i]["b_crit"] for i in resolved])))
+        return Trend(on, None, None, None, None, f"no trend: it needs 2 resolved targets; {len(resolved)} resolved")
+    xs = list(on)
+    b_crit_slope = float(cb.slope(xs, np.array([fits[i].b_crit for i in resolved])))
+    interval = None
     if all(boot[i] is not None for i in resolved):
-        out["b_crit_slope_interval"] = list(
-            cb.percentile_interval(cb.slope(xs, np.stack([boot[i] for i in resolved], -1)))
-        )
-    measured = [(fits[i]["target_loss"], fits[i]["b_simple"]) for i in resolved if fits[i]["b_simple"]]
-    if len(measured) >= 2:
-        out["b_simple_slope"] = float(cb.slope([m[0] for m in measured], np.array([m[1] for m in measured])))
-        # Opposite signs count when B_crit's direction is settled (its interval excludes 0), or,
-        # without an interval, when the two point slopes differ in sign.
-        lo, hi = out["b_crit_slope_interval"] or (out["b_crit_slope"], out["b_crit_slope"])
-        settled = np.sign(lo) == np.sign(hi) != 0
-        out["agree"] = bool(not settled or np.sign(lo) == np.sign(out["b_simple_slope"]))
-        if not out["agree"]:
-            out["note"] = (
-                "B_crit and B_simple move in opposite directions as the loss falls; theory (McCandlish et al. 2018, "
-                "Kaplan et al. 2020) has both rise: distrust the B_crit trend"
-            )
-    return out
+        interval = cb.percentile_interval(cb.slope(xs, np.stack([boot[i] for i in resolved], -1)))
+    measured = [(fits[i].target_loss, fits[i].b_simple) for i in resolved if fits[i].b_simple]
+    if len(measured) < 2:
+        return Trend(on, b_crit_slope, interval, None, None, None)
+    b_simple_slope = float(cb.slope([m[0] for m in measured], np.array([m[1] for m in measured])))
+    # Opposite signs count when B_crit's direction is settled (its interval excludes 0), or,
+    # without an interval, when the two point slopes differ in sign.
+    lo, hi = interval or (b_crit_slope, b_crit_slope)
+    settled = np.sign(lo) == np.sign(hi) != 0
+    agree = bool(not settled or np.sign(lo) == np.sign(b_simple_slope))
+    note = (
+        None
+        if agree
+        else "B_crit and B_simple move in opposite directions as the loss falls; theory (McCandlish et al. 2018, "
+        "Kaplan et al. 2020) has both rise: distrust the B_crit trend"
+    )
+    return Trend(on, b_crit_slope, interval, b_simple_slope, agree, note)

@@ -32,6 +32,7 @@ import numpy as np
 
 from orchestrator.analysis import critical_batch as cb
 from orchestrator.analysis import lr_optimum, optimal_batch, steps_to_target, sweep_analysis
+from orchestrator.analysis.answer import BestRow, TargetFit
 from orchestrator.analysis.trials import LR_KEY, Trial, by_batch, lr_scans, swept_axes
 
 PARAMS_KEY, TOKENS_KEY = "model.params", "train.total_tokens"
@@ -156,23 +157,23 @@ def rung(
         raise ValueError(f"rung N={params}, D={tokens}: no batch size has a finished configuration")
     rng = np.random.default_rng(seed)
     groups = by_batch(trials)
-    boot = [_resampled(_chosen_scan(groups[r["batch"]], axes, r), metric, rng, resamples) for r in rows]
-    batches = np.array([r["batch"] for r in rows], np.float64)
-    loss = np.array([r["final_loss"] for r in rows], np.float64)
-    log_lr = np.log([r["lr"] for r in rows])
+    boot = [_resampled(_chosen_scan(groups[r.batch], axes, r), metric, rng, resamples) for r in rows]
+    batches = np.array([r.batch for r in rows], np.float64)
+    loss = np.array([r.final_loss for r in rows], np.float64)
+    log_lr = np.log([r.lr for r in rows])
     loss_draws = np.stack([b[0] for b in boot], axis=-1)
     log_lr_draws = np.stack([b[1] for b in boot], axis=-1)
     seeded = any(b[2] for b in boot)
 
     b_point, above = optimal_batch.b_opt_of(batches, loss, tolerance)
     b_draws, _ = optimal_batch.b_opt_of(batches, loss_draws, tolerance)
-    near = LrNear.of(batches, log_lr, log_lr_draws, [r["lr_edge"] for r in rows], float(b_point))
+    near = LrNear.of(batches, log_lr, log_lr_draws, [r.lr_edge for r in rows], float(b_point))
     lr_point, lr_draws, lr_edge = near.at(b_point, b_draws)
     primary = primary_b_crit(trials, axes)
     b_crit, log_b_crit = _b_crit(primary, rng, resamples)
     best = rows[int(np.argmin(np.abs(np.log(batches / b_point))))]
     runs = {t.name: t for t in trials}
-    warmup = runs[best["run_name"]].warmup_tokens if best["run_name"] in runs else None
+    warmup = runs[best.run_name].warmup_tokens if best.run_name in runs else None
     return Rung(
         params=params,
         tokens=tokens,
@@ -215,31 +216,31 @@ def _notes(batches, b_point: float, above: bool, lr_edge: bool, primary, toleran
         )
     if lr_edge:
         notes.append("the best lr next to B_opt is at an edge of the lrs tried: lr_opt is a bound")
-    if primary and primary["status"] != "resolved":
-        notes += primary["notes"][:1]
+    if primary and primary.status != "resolved":
+        notes += primary.notes[:1]
     return tuple(notes)
 
 
-def primary_b_crit(trials: Sequence[Trial], axes: Sequence[str]) -> Optional[Dict[str, Any]]:
+def primary_b_crit(trials: Sequence[Trial], axes: Sequence[str]) -> Optional[TargetFit]:
     """steps_to_target.study's primary target: the lowest of the chosen targets that resolves. The
     lowest alone is tried first (each target's bootstrap fit costs about 0.15 s, and a ladder has
     many rungs); only when it does not resolve is the whole study run."""
     targets = steps_to_target.choose_targets(trials, steps_to_target.start_level(trials))
     if targets:
-        primary = steps_to_target.study(trials, axes, targets[:1])["primary"]
-        if primary and primary["status"] == "resolved":
+        primary = steps_to_target.study(trials, axes, targets[:1]).primary
+        if primary and primary.status == "resolved":
             return primary
-    return steps_to_target.study(trials, axes, None)["primary"]
+    return steps_to_target.study(trials, axes, None).primary
 
 
-def _chosen_scan(group: Sequence[Trial], axes: Sequence[str], row: Dict[str, Any]):
+def _chosen_scan(group: Sequence[Trial], axes: Sequence[str], row: BestRow):
     """The lr scan of the configuration best_per_batch chose at this batch size, its still-running
     configurations left out (as best_per_batch leaves them)."""
-    chosen = {k: v for k, v in row["settings"].items() if k != LR_KEY}
+    chosen = {k: v for k, v in row.settings.items() if k != LR_KEY}
     for scan in lr_scans(group, axes):
         if {k: scan[0].trials[0].params.get(k) for k in chosen} == chosen:
             return [c for c in scan if all(t.outcome != "incomplete" for t in c.trials)]
-    raise ValueError(f"no lr scan at batch size {row['batch']} has the settings {chosen}")
+    raise ValueError(f"no lr scan at batch size {row.batch} has the settings {chosen}")
 
 
 def _resampled(scan, metric: str, rng: np.random.Generator, resamples: int):
@@ -282,18 +283,18 @@ def _neighbours(batch: float, batches: np.ndarray) -> List[int]:
     return sorted({min(max(i - 1, 0), len(batches) - 1), min(i, len(batches) - 1)})
 
 
-def _b_crit(primary: Optional[Dict[str, Any]], rng: np.random.Generator, resamples: int):
+def _b_crit(primary: Optional[TargetFit], rng: np.random.Generator, resamples: int):
     if not primary:
         return Estimate(None, None, "not resolved"), None
-    status = primary["status"]
+    status = primary.status
     if status != "resolved":
-        return Estimate(primary.get("b_crit_bound"), None, status), None
-    interval = primary["b_crit_interval"]
+        return Estimate(primary.b_crit_bound, None, status), None
+    interval = primary.b_crit_interval
     draws = None
     if interval:
         sigma = (math.log(interval[1]) - math.log(interval[0])) / (2 * Z90)
-        draws = math.log(primary["b_crit"]) + sigma * rng.standard_normal(resamples)
-    return Estimate(float(primary["b_crit"]), tuple(interval) if interval else None, status), draws
+        draws = math.log(primary.b_crit) + sigma * rng.standard_normal(resamples)
+    return Estimate(float(primary.b_crit), tuple(interval) if interval else None, status), draws
 
 
 @dataclass(frozen=True, eq=False)

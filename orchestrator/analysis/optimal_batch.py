@@ -59,7 +59,8 @@ class OptimalBatch:
 
 def b_opt(rows: Sequence[Mapping[str, Any]], tolerance: float = DEFAULT_TOLERANCE) -> OptimalBatch:
     """B_opt from per-batch-size rows with `batch` (tokens per update) and `final_loss` (at the
-    best lr), such as sweep_analysis.best_per_batch gives; rows without a finite loss are skipped."""
+    best lr), such as the JSON of sweep_analysis.best_per_batch's rows (BestRow.to_json); rows
+    without a finite loss are skipped."""
     points = sorted(
         (int(r["batch"]), float(r["final_loss"]))
         for r in rows

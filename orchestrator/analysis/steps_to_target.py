@@ -6,13 +6,14 @@ orchestrator/analysis/sweep_analysis.py's docstring; the arithmetic is orchestra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from orchestrator.analysis import critical_batch as cb
 from orchestrator.analysis import diagnostics, lr_optimum
+from orchestrator.analysis.answer import LackOfFit, Point, TargetFit, Trend
 from orchestrator.analysis.trials import Config, Trial, by_batch, lr_scans
 
 TARGET_FRACTIONS = (0.1, 0.3, 0.6)
@@ -179,30 +180,43 @@ def fewest_steps(batch: Batch, means: List[np.ndarray]) -> Best:
 # ---------------------------------------------------------------- the study
 
 
+@dataclass(frozen=True)
+class Study:
+    """The critical batch size at every target loss (the Answer's part of it)."""
+
+    start_level: Optional[float]
+    """L_a, where steps are counted from (None without runs that did not fail)."""
+    critical_batch: Tuple[TargetFit, ...]
+    """One per target, lowest first."""
+    primary: Optional[TargetFit]
+    """The named target, else the lowest resolved, else the first; None without targets."""
+    trend: Trend
+
+
 def study(
     usable: Sequence[Trial],
     axes: Sequence[str],
     given: Optional[Sequence[float]],
     smoothing: float = 0.0,
     primary_target: Optional[float] = None,
-) -> Dict[str, Any]:
-    """critical_batch (one entry per target), primary, trend and the start level.
+) -> Study:
+    """The fit at every target loss (given, else chosen), the primary and the trend.
     `primary_target`: a loss the user named (a bracket search's search.target_loss): added to the
     targets and the primary whatever its status."""
     start = start_level(usable, smoothing)
     targets = sorted(given) if given else choose_targets(usable, start)
     if primary_target is not None:  # it replaces a chosen target within half a percent of it
         targets = sorted({primary_target, *(t for t in targets if abs(t / primary_target - 1) > 0.005)})
-    empty = {"start_level": start, "critical_batch": [], "primary": None, "trend": diagnostics.trend([], [], None, [])}
     if not targets or start is None:
-        return empty
+        return Study(start, (), None, diagnostics.trend([], [], None, []))
     reachable = [t for t in targets if t < start]
     batches = [batch_table(b, group, axes, start, reachable, smoothing) for b, group in by_batch(usable).items()]
     points = [fewest_steps(b, b.means()) for b in batches]
     rng = np.random.default_rng(SEED)
     resampled = [b.resample(rng, RESAMPLES) for b in batches]
     boots = [fewest_steps(b, r).steps if r is not None else None for b, r in zip(batches, resampled)]
-    fits, boot_b_crit = [], []
+    fits: List[TargetFit] = []
+    boot_b_crit = []
     for target in targets:
         if target >= start:
             fits.append(_above_start(target, start))
@@ -212,51 +226,30 @@ def study(
         fit, boot = _target(usable, batches, points, boots, k, target)
         fits.append(fit)
         boot_b_crit.append(boot)
-    resolved = [i for i, f in enumerate(fits) if f["status"] == "resolved"]
-    primary = fits[resolved[0]] if resolved else fits[0]
-    if primary_target is not None:
-        primary = fits[targets.index(primary_target)]
-    flagged = [f["target_loss"] for f in fits if f["lack_of_fit"]["flagged"]]
-    if flagged and not primary["lack_of_fit"]["flagged"]:
-        primary["notes"].append(
+    resolved = [i for i, f in enumerate(fits) if f.status == "resolved"]
+    i = targets.index(primary_target) if primary_target is not None else resolved[0] if resolved else 0
+    flagged = [f.target_loss for f in fits if f.lack_of_fit.flagged]
+    if flagged and not fits[i].lack_of_fit.flagged:
+        note = (
             "lack of fit at loss " + ", ".join(f"{x:.4g}" for x in flagged) + ": the hyperbola describes these "
             "batch sizes poorly, so distrust this B_crit too"
         )
+        fits[i] = replace(fits[i], notes=(*fits[i].notes, note))
     trend = diagnostics.trend(fits, resolved, boot_b_crit, targets)
-    return {"start_level": start, "critical_batch": fits, "primary": primary, "trend": trend}
+    return Study(start, tuple(fits), fits[i], trend)
 
 
-def _above_start(target: float, start: float) -> Dict[str, Any]:
+def _above_start(target: float, start: float) -> TargetFit:
     note = f"not resolved: the target is not below L_a = {start:.4g}, where steps are counted from (end of warmup)"
-    return _entry(target, "not resolved", None, [], [], notes=[note])
-
-
-def _entry(target, status, fit, points, missing, **extra) -> Dict[str, Any]:
-    entry = {
-        "target_loss": target,
-        "status": status,
-        "b_crit": None,
-        "b_crit_bound": None,
-        "b_crit_fit": None if fit is None else float(fit.b_crit),
-        "b_crit_interval": None,
-        "s_min": None if fit is None else float(fit.s_min),
-        "e_min": None if fit is None else float(fit.e_min),
-        "b_simple": None,
-        "lack_of_fit": {"p": None, "flagged": False, "dof": None},
-        "flags": [],
-        "points": points,
-        "missing": missing,
-        "notes": [],
-    }
-    entry.update(extra)
-    return entry
+    return TargetFit(target, "not resolved", notes=(note,))
 
 
 def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, target: float):
     """The fit at target k and its bootstrap B_crit (None without one). Each resample also
     moves every point by its lr interpolation's error scale (independently per target)."""
     jitter = np.random.default_rng([SEED, k])
-    rows, missing, spreads, boot_cols, dof = [], [], [], [], 0
+    rows: List[Point] = []
+    missing, spreads, boot_cols, dof = [], [], [], 0
     for b, best, boot in zip(batches, points, boots):
         if not math.isfinite(best.steps[k]):
             missing.append(b.batch)
@@ -264,18 +257,18 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
         rows.append(_point(b, best, k))
         sq, n = b.pure_error(k)
         gap = float(best.interpolation[k])
-        spreads.append(Spread(sq, n, rows[-1]["seeds"], gap))
+        spreads.append(Spread(sq, n, rows[-1].seeds, gap))
         dof += n
         if boot is not None:
             boot = boot[:, k] * np.exp(gap * jitter.standard_normal(len(boot)))
         boot_cols.append(boot)
-    sizes = [r["batch"] for r in rows]
+    sizes = [r.batch for r in rows]
     variances = _variances(spreads)
     weighted = variances is not None
     weights = [1 / v for v in variances] if weighted else None
     fit = None
     if len(set(sizes)) >= 2:
-        one = cb.fit(sizes, [[r["steps"] for r in rows]], weights)
+        one = cb.fit(sizes, [[r.steps for r in rows]], weights)
         fit = cb.Fit(one.s_min[0], one.b_crit[0], one.sse[0], one.at_grid_edge[0])
     notes = []
     if len(rows) < MIN_BATCH_SIZES:
@@ -295,33 +288,45 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
         )
     else:
         status = "resolved"
-    entry = _entry(target, status, fit, rows, missing)
-    boot_b_crit = None
+    boot_b_crit, interval, bound = None, None, None
     if status == "resolved":
-        entry["b_crit"] = float(fit.b_crit)
         if weighted and all(c is not None for c in boot_cols):
             boot_b_crit = cb.fit(sizes, np.stack(boot_cols, axis=1), weights).b_crit
-            entry["b_crit_interval"] = list(cb.percentile_interval(boot_b_crit))
+            interval = cb.percentile_interval(boot_b_crit)
         else:
             notes.append("no interval: one seed per configuration (search.seeds >= 2 gives one)")
     elif status in ("below", "above"):
-        entry["b_crit_bound"] = min(sizes) if status == "below" else max(sizes)
+        bound = min(sizes) if status == "below" else max(sizes)
+    lack = LackOfFit()
     if weighted and fit is not None:
         predicted = np.log(fit.s_min * (1 + fit.b_crit / np.asarray(sizes, np.float64)))
-        residuals = np.log([r["steps"] for r in rows]) - predicted
+        residuals = np.log([r.steps for r in rows]) - predicted
         p = cb.lack_of_fit(float(np.sum(residuals**2 / np.asarray(variances))), len(rows), dof)
-        flagged = p is not None and p < LACK_OF_FIT_P
-        entry["lack_of_fit"] = {"p": p, "flagged": flagged, "dof": dof}
-        if flagged:
+        lack = LackOfFit(p, p is not None and p < LACK_OF_FIT_P, dof)
+        if lack.flagged:
             notes.append(
                 f"lack of fit: the steps depart from S_min + E_min / B by more than the seeds' spread explains "
                 f"(p = {p:.2g}); B_crit is a summary, not a measurement"
             )
-    entry["notes"] = notes + diagnostics.notes(usable, entry, missing)
-    entry["flags"] = diagnostics.flags(entry)
-    measured = [p["b_simple"] for p in rows if p["b_simple"] is not None]
-    entry["b_simple"] = float(np.median(measured)) if measured else None
-    return entry, boot_b_crit
+    measured = [r.b_simple for r in rows if r.b_simple is not None]
+    entry = TargetFit(
+        target_loss=target,
+        status=status,
+        b_crit=float(fit.b_crit) if status == "resolved" else None,
+        b_crit_bound=bound,
+        b_crit_fit=None if fit is None else float(fit.b_crit),
+        b_crit_interval=interval,
+        s_min=None if fit is None else float(fit.s_min),
+        e_min=None if fit is None else float(fit.e_min),
+        b_simple=float(np.median(measured)) if measured else None,
+        lack_of_fit=lack,
+        points=tuple(rows),
+        missing=tuple(missing),
+    )
+    # the diagnostics read the fit itself: what it rests on (its points) and what it says (E_min, S_min)
+    return replace(
+        entry, notes=(*notes, *diagnostics.notes(usable, entry)), flags=diagnostics.flags(entry)
+    ), boot_b_crit
 
 
 @dataclass(frozen=True)
@@ -357,7 +362,7 @@ def _variances(spreads: Sequence[Spread]) -> Optional[List[float]]:
     return [(p.squares + PRIOR_DOF * pooled) / (p.dof + PRIOR_DOF) / p.seeds + p.gap**2 for p in spreads]
 
 
-def _point(b: Batch, best: Best, k: int) -> Dict[str, Any]:
+def _point(b: Batch, best: Best, k: int) -> Point:
     s = int(best.scan[k])
     opt = best.optimum[s]
     config = b.scans[s][int(opt.index[k])]
@@ -365,23 +370,17 @@ def _point(b: Batch, best: Best, k: int) -> Dict[str, Any]:
     b_simple = [x for t, tok in zip(config.trials, crossings) if (x := t.b_simple_at(tok)) is not None]
     clipped = [x for t, tok in zip(config.trials, crossings) if (x := t.clipped_before(tok)) is not None]
     walls = [t.duration_s * min(1.0, tok / t.tokens_seen) for t, tok in zip(config.trials, crossings) if t.duration_s]
-    return {
-        "batch": b.batch,
-        "steps": float(best.steps[k]),
-        "tokens": float(best.steps[k] * b.batch),
-        "tokens_to_target": float(np.mean(crossings)),
-        "lr": float(opt.position[k]) if config.lr else None,
-        "lr_edge": opt.flag_word(k),
-        "seeds": len(config.trials),
-        "run_id": config.trials[0].run_id,
-        "run_name": config.trials[0].name,
-        "wall_s": float(np.mean(walls)) if walls else None,
-        "b_simple": float(np.mean(b_simple)) if b_simple else None,
-        "clipped": float(np.mean(clipped)) if clipped else None,
-    }
-
-
-def best_lr_rows(result_study: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Per batch size the lr of fewest steps to the primary target (lr_criterion steps)."""
-    primary = result_study["primary"] or {"points": []}
-    return [{"batch": p["batch"], "lr": p["lr"], "lr_edge": p["lr_edge"]} for p in primary["points"]]
+    return Point(
+        batch=b.batch,
+        steps=float(best.steps[k]),
+        tokens=float(best.steps[k] * b.batch),
+        tokens_to_target=float(np.mean(crossings)),
+        lr=float(opt.position[k]) if config.lr else None,
+        lr_edge=opt.flag_word(k),
+        seeds=len(config.trials),
+        run_id=config.trials[0].run_id,
+        run_name=config.trials[0].name,
+        wall_s=float(np.mean(walls)) if walls else None,
+        b_simple=float(np.mean(b_simple)) if b_simple else None,
+        clipped=float(np.mean(clipped)) if clipped else None,
+    )

@@ -1,4 +1,6 @@
-"""What a sweep answers, computed from its trials (pure: no MLflow; `report.py` reads and writes).
+"""What a sweep answers, computed from its trials: `analyse` gives the typed `answer.Answer` that
+report.json, the tables, the Python API and the printed answer read (pure: no MLflow; the report
+pipeline, orchestrator/reporting/pipeline.py, reads the trials and writes the answer).
 
 Rules, so that a reader can check every number (batch sizes, budgets and positions in tokens; a
 loss sits at the tokens the weights that produced it had seen, so the first is at 0):
@@ -50,11 +52,12 @@ loss sits at the tokens the weights that produced it had seen, so the first is a
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from orchestrator.analysis import branch_analysis, branch_cbs, lr_optimum, steps_to_target
+from orchestrator.analysis.answer import Answer, BestLr, BestRow, Counts, LrScaling, TrialRow
 from orchestrator.analysis.trials import LR_KEY, SEED_KEY, Trial, by_batch, lr_scans, settings, swept_axes
 
 # ---------------------------------------------------------------- best configurations
@@ -63,7 +66,7 @@ LOSS_FORMS = (("log", "lin"), ("lin", "lin"))
 """The lr parabolas of the final loss: in log lr, or in the lr."""
 
 
-def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) -> List[Dict[str, Any]]:
+def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) -> List[BestRow]:
     """Per batch size the best configuration by mean final loss over its seeds, and the best lr
     by a quadratic in log lr through it (module docstring). A configuration with a trial that
     failed or was stopped counts as worse than any; one still running is left out."""
@@ -85,19 +88,19 @@ def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) ->
         best = min(chosen.trials, key=lambda t: t.final(metric))
         spread = float(np.std(finals[int(opt.index)])) if len(chosen.trials) > 1 else None
         rows.append(
-            {
-                "batch": b,
-                "settings": settings(best, axes),
-                "final_loss": loss,
-                "spread": spread,
-                "seeds": len(chosen.trials),
-                "lr": float(opt.position) if chosen.lr else None,
-                "lr_edge": opt.flag_word(),
-                "run_id": best.run_id,
-                "run_name": best.name,
-                "configurations": sum(len(s[2]) for s in scored),
-                "edges": _edges(best, group, axes),
-            }
+            BestRow(
+                batch=b,
+                settings=settings(best, axes),
+                final_loss=loss,
+                spread=spread,
+                seeds=len(chosen.trials),
+                lr=float(opt.position) if chosen.lr else None,
+                lr_edge=opt.flag_word(),
+                run_id=best.run_id,
+                run_name=best.name,
+                configurations=sum(len(s[2]) for s in scored),
+                edges=_edges(best, group, axes),
+            )
         )
     return rows
 
@@ -117,31 +120,33 @@ def _edges(best: Trial, tried: Sequence[Trial], axes: Sequence[str]) -> Dict[str
     return edges
 
 
-def lr_scaling(best: Sequence[Dict[str, Any]], axes: Sequence[str]) -> Dict[str, Any]:
+def lr_scaling(best: Sequence[BestLr], axes: Sequence[str]) -> LrScaling:
     """The power law lr_opt ~ coef * B^alpha through the interpolated best lrs that are interior."""
     if LR_KEY not in axes:
-        return {"coef": None, "alpha": None, "points": 0, "note": "the learning rate was not swept"}
-    points = [(r["batch"], r["lr"]) for r in best if r["lr"] and r["lr_edge"] is None]
+        return LrScaling(None, None, 0, "the learning rate was not swept")
+    points = [(r.batch, r.lr) for r in best if r.lr and r.edge is None]
     if len({b for b, _ in points}) < 3:
-        return {
-            "coef": None,
-            "alpha": None,
-            "points": len(points),
-            "note": f"the lr power law needs 3 batch sizes with an interior best lr; {len(points)} have one",
-        }
+        note = f"the lr power law needs 3 batch sizes with an interior best lr; {len(points)} have one"
+        return LrScaling(None, None, len(points), note)
     x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
     alpha, log_coef = np.polyfit(x, y, 1)
-    return {"coef": float(math.exp(log_coef)), "alpha": float(alpha), "points": len(points), "note": None}
+    return LrScaling(float(math.exp(log_coef)), float(alpha), len(points), None)
 
 
-def stopped_early(trials: Sequence[Trial]) -> Dict[str, Any]:
-    """How many runs the scheduler stopped, and at which rungs (tokens -> count)."""
-    stopped = [t for t in trials if t.outcome == "stopped"]
+def counts(usable: Sequence[Trial]) -> Counts:
+    """How the trials ended; for those the scheduler stopped, at which rungs (tokens -> count)."""
+    stopped = [t for t in usable if t.outcome == "stopped"]
     rungs: Dict[int, int] = {}
     for t in stopped:
         if t.stopped_at is not None:
             rungs[t.stopped_at] = rungs.get(t.stopped_at, 0) + 1
-    return {"count": len(stopped), "rungs": dict(sorted(rungs.items()))}
+    return Counts(
+        finished=sum(t.outcome == "finished" for t in usable),
+        stopped=len(stopped),
+        stopped_rungs=dict(sorted(rungs.items())),
+        failed=sum(t.outcome == "failed" for t in usable),
+        incomplete=sum(t.outcome == "incomplete" for t in usable),
+    )
 
 
 def optimizer_forms(trials: Sequence[Trial]) -> Dict[str, Dict[str, int]]:
@@ -171,7 +176,7 @@ def analyse(
     primary_target: Optional[float] = None,
     branch_tolerance: Union[float, branch_cbs.Tolerance] = branch_cbs.DEFAULT_TOLERANCE,
     compare_with: Optional[Tuple[str, Sequence[Trial]]] = None,
-) -> Dict[str, Any]:
+) -> Answer:
     """The report's numbers. lr_criterion: which best lr per batch size the report names,
     `final_loss` or `steps` (fewest steps to the primary target). primary_target: a loss the
     user named (a bracket search's search.target_loss), reported at and made the primary.
@@ -186,52 +191,48 @@ def analyse(
     metric = "eval/loss" if finished and all(t.eval for t in finished) else "train/loss"
     best = best_per_batch(usable, axes, metric)
     study = steps_to_target.study(usable, axes, target_losses, smoothing_tokens, primary_target)
-    per_batch = steps_to_target.best_lr_rows(study) if lr_criterion == "steps" else best
+    if lr_criterion == "steps":  # the lr of fewest steps to the primary target
+        best_lr = [BestLr(p.batch, p.lr, p.lr_edge) for p in (study.primary.points if study.primary else ())]
+    else:
+        best_lr = [BestLr(r.batch, r.lr, r.lr_edge) for r in best]
     name, scratch = compare_with or (None, ())
-    branches = branch_analysis.study(trials, branch_tolerance, scratch, name)  # None unless a branch study
-    return {
-        "branch": branches,
-        "branch_cbs": branches["points"] if branches else [],
-        "branch_fit": branches["fit"] if branches else None,
-        "loss_metric": metric,
-        "axes": axes,
-        "targets_chosen": not target_losses,
-        "primary_target": primary_target,
-        "start_level": study["start_level"],
-        "smoothing_tokens": smoothing_tokens,
-        "lr_criterion": lr_criterion,
-        "finished": len(finished),
-        "stopped": stopped_early(usable),
-        "failed": sum(t.outcome == "failed" for t in usable),
-        "incomplete": sum(t.outcome == "incomplete" for t in usable),
-        "best": min(best, key=lambda r: r["final_loss"]) if best else None,
-        "best_per_batch": best,
-        "best_lr": [{"batch": r["batch"], "lr": r["lr"], "edge": r["lr_edge"]} for r in per_batch],
-        "lr_scaling": lr_scaling(per_batch, axes),
-        "critical_batch": study["critical_batch"],
-        "primary": study["primary"],
-        "trend": study["trend"],
-        "optimizer": optimizer_forms(usable),
-        "trials": [row(t, metric) for t in usable],
-        "skipped": [t.name for t in trials if t not in usable],
-    }
+    return Answer(
+        branch=branch_analysis.study(trials, branch_tolerance, scratch, name),  # None unless a branch study
+        loss_metric=metric,
+        axes=tuple(axes),
+        targets_chosen=not target_losses,
+        primary_target=primary_target,
+        start_level=study.start_level,
+        smoothing_tokens=smoothing_tokens,
+        lr_criterion=lr_criterion,
+        counts=counts(usable),
+        best_per_batch=tuple(best),
+        best_lr=tuple(best_lr),
+        lr_scaling=lr_scaling(best_lr, axes),
+        critical_batch=study.critical_batch,
+        primary=study.primary,
+        trend=study.trend,
+        optimizer=optimizer_forms(usable),
+        trials=tuple(row(t, metric) for t in usable),
+        skipped=tuple(t.name for t in trials if t not in usable),
+    )
 
 
-def row(t: Trial, metric: str) -> Dict[str, Any]:
-    return {
-        "run_id": t.run_id,
-        "run_name": t.name,
-        "status": t.status,
-        "outcome": t.outcome,
-        "batch": t.batch,
-        "lr": t.lr,
-        "seed": t.params.get(SEED_KEY),
-        "warmup_tokens": t.params.get("schedule.warmup_tokens"),
-        "decay": t.params.get("schedule.decay"),
-        "final_loss": t.final(metric),
-        "final_train": t.final("train/loss"),
-        "final_eval": t.final("eval/loss"),
-        "tokens": t.tokens_seen,
-        "stopped_at": t.stopped_at,
-        "wall_s": t.duration_s,
-    }
+def row(t: Trial, metric: str) -> TrialRow:
+    return TrialRow(
+        run_id=t.run_id,
+        run_name=t.name,
+        status=t.status,
+        outcome=t.outcome,
+        batch=t.batch,
+        lr=t.lr,
+        seed=t.params.get(SEED_KEY),
+        warmup_tokens=t.params.get("schedule.warmup_tokens"),
+        decay=t.params.get("schedule.decay"),
+        final_loss=t.final(metric),
+        final_train=t.final("train/loss"),
+        final_eval=t.final("eval/loss"),
+        tokens=t.tokens_seen,
+        stopped_at=t.stopped_at,
+        wall_s=t.duration_s,
+    )

@@ -1,6 +1,7 @@
 """A run as the analysis sees it (`Trial`: its params and curves as (tokens, value)), and how
-runs group into swept axes, batch sizes and learning-rate scans. Pure: report.py builds Trials
-from MLflow, results.py from trials.csv and curves.csv; analysis.py and steps_to_target.py read them.
+runs group into swept axes, batch sizes and learning-rate scans. Pure: reporting/report_inputs.py
+builds Trials from MLflow, tables.py from trials.csv and curves.csv; sweep_analysis.py,
+steps_to_target.py and the ladder read them.
 """
 
 from __future__ import annotations

@@ -310,15 +310,15 @@ def finish(
     error: Optional[BaseException],
     stopped_at: Optional[Dict[str, int]] = None,
 ) -> int:
-    """Close the parent run and print the answer, the same as `orchestrator report` gives."""
-    from orchestrator.reporting import report, report_inputs, results
+    """Close the parent run and print the answer: the report pipeline's, as `orchestrator report` gives it."""
+    from orchestrator.reporting import pipeline, report, report_inputs, results
 
     stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri = base.tracking.uri
     runs = Store(uri).child_runs(parent)
-    curves = report_inputs.read_curves(uri, runs, results.METRICS)
-    trials = report_inputs.trials_of(uri, runs, curves)
-    _close_unfinished_runs(uri, trials, stopped_at or {})
+    inputs = report_inputs.read_mlflow(uri, sweep.name, parent, results.METRICS, runs)
+    trials = inputs.trials
+    _close_unfinished_runs(uri, trials, stopped_at or {})  # the records too: the report reads them as closed
     finished = [t for t in trials if t.outcome == "finished"]
     print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
     if trials:
@@ -332,8 +332,7 @@ def finish(
                 print(f"no comparison: {redact_uri(str(exc))}")
                 compare = None
             options = report.sweep_options(sweep.search, branch=sweep.branch)
-            result = report_inputs.analyse(uri, parent, trials, compare_with=compare, **options)
-            report.write_run_report(uri, sweep.name, parent, trials, curves, result, out=None)
+            pipeline.make(inputs, compare_with=compare, **options)
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {redact_uri(str(exc))}")
     status = "FAILED" if error is not None or not finished else "FINISHED"

@@ -10,8 +10,8 @@ plain labels.
 - loss_vs_lr: final loss against the learning rate, one line per batch size, the chosen optimum
   starred (how sensitive each batch size is to its learning rate).
 
-Inputs are plain records (the analysis result and `trials.Trial`s), so the figures are tested
-on tables in memory.
+Inputs are plain records (the analysis's `answer` records and `trials.Trial`s), so the figures are
+tested on tables in memory.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import matplotlib.colors
 import matplotlib.pyplot as plt
 import numpy as np
 
+from orchestrator.analysis.answer import BestLr, BestRow, TargetFit
 from orchestrator.analysis.trials import Trial
 from orchestrator.reporting.plots import plain_log_ticks
 from orchestrator.reporting.report_format import fmt_tokens
@@ -55,10 +56,10 @@ def smooth(xs: Sequence[float], ys: Sequence[float], ratio: float = 1.15) -> np.
     return (sums[high] - sums[low]) / (high - low)
 
 
-def best_trials(trials: Sequence[Trial], best_per_batch: Sequence[Dict]) -> List[Trial]:
+def best_trials(trials: Sequence[Trial], best_per_batch: Sequence[BestRow]) -> List[Trial]:
     """The run the analysis chose per batch size (best_per_batch's run_name), by batch size."""
     by_name = {t.name: t for t in trials}
-    chosen = [by_name[r["run_name"]] for r in best_per_batch if r.get("run_name") in by_name]
+    chosen = [by_name[r.run_name] for r in best_per_batch if r.run_name in by_name]
     return sorted(chosen, key=lambda t: t.batch)
 
 
@@ -105,23 +106,23 @@ def best_lr_curves(chosen: Sequence[Trial], lr_of: Dict[int, Optional[float]], t
     return fig
 
 
-def critical_batch_vs_loss(fits: Sequence[Dict]):
+def critical_batch_vs_loss(fits: Sequence[TargetFit]):
     """B_crit per target loss (a dot with its 90% interval; a triangle where only a bound is
     known) and B_simple at the same losses. The x axis runs from high loss to low, as training."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    shown = [f for f in fits if f.get("b_crit")]
+    shown = [f for f in fits if f.b_crit]
     for f in shown:
-        marker = {"above": "^", "below": "v"}.get(f["status"], "o")
-        ax.plot([f["target_loss"]], [f["b_crit"]], marker, color="C0", ms=7)
-        low, high = f.get("b_crit_interval") or (None, None)
+        marker = {"above": "^", "below": "v"}.get(f.status, "o")
+        ax.plot([f.target_loss], [f.b_crit], marker, color="C0", ms=7)
+        low, high = f.b_crit_interval or (None, None)
         if low or high:
-            ax.plot([f["target_loss"]] * 2, [low or f["b_crit"], high or f["b_crit"]], "-", color="C0", lw=1.5)
+            ax.plot([f.target_loss] * 2, [low or f.b_crit, high or f.b_crit], "-", color="C0", lw=1.5)
     ax.plot([], [], "o", color="C0", label="B_crit (steps-to-target fit), 90% interval")
-    measured = sorted((f["target_loss"], f["b_simple"]) for f in fits if f.get("b_simple"))
+    measured = sorted((f.target_loss, f.b_simple) for f in fits if f.b_simple)
     if measured:
         ax.plot(*zip(*measured), "s--", color="C1", ms=5, lw=1, label="B_simple where the runs reach it")
     ax.set_yscale("log")
-    values = [f["b_crit"] for f in shown] + [b for _, b in measured]
+    values = [f.b_crit for f in shown] + [b for _, b in measured]
     if values:
         plain_log_ticks(ax.yaxis, fmt_tokens, (min(values), max(values) * 1.0001))
     ax.invert_xaxis()
@@ -153,7 +154,7 @@ def b_simple_over_training(chosen: Sequence[Trial]):
     return fig
 
 
-def loss_vs_lr(trials: Sequence[Trial], metric: str, best_lr: Sequence[Dict]):
+def loss_vs_lr(trials: Sequence[Trial], metric: str, best_lr: Sequence[BestLr]):
     """Final loss (mean over seeds, bars: their spread) against the peak learning rate, one line
     per batch size; a star at each batch size's chosen learning rate."""
     finals: Dict[int, Dict[float, List[float]]] = defaultdict(lambda: defaultdict(list))
@@ -163,7 +164,7 @@ def loss_vs_lr(trials: Sequence[Trial], metric: str, best_lr: Sequence[Dict]):
             finals[t.batch][float(f"{t.lr:.3g}")].append(loss)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colour, mappable = _batch_scale(list(finals) or [1])
-    chosen = {r["batch"]: r["lr"] for r in best_lr if r.get("lr")}
+    chosen = {r.batch: r.lr for r in best_lr if r.lr}
     for b in sorted(finals):
         lrs = sorted(finals[b])
         means = [float(np.mean(finals[b][lr])) for lr in lrs]

@@ -2,160 +2,22 @@
 size lies and what each choice costs, read back from a sweep's (or one run's) MLflow runs, or
 from a folder of `trials.csv` and `curves.csv` written by any trainer (orchestrator/analysis/tables.py).
 
-Reading (orchestrator/reporting/report_inputs.py; MLflow only through tracking/store.py) gives `trials.Trial`
-records; `sweep_analysis.analyse` is the arithmetic (its docstring states every rule); writing turns
-the result into figures (plots.py), summary.md, summary.html and report.json (text rendered by
-report_render.py) and the tables trials.csv and curves.csv (results.py: what
-`results.load_sweep` gives), all logged to the sweep's (or the run's) MLflow run under `report/`.
-`sweep` prints `report_render.summary_lines` of the same analysis when it ends, so the two always
-say the same.
+This module resolves what the command names (a sweep file, parsed once; a sweep's name; a run id;
+a table folder) and what the sweep file asks of the analysis (`sweep_options`); the report itself
+is the pipeline's (pipeline.py: read -> analyse -> write), the same the end of `sweep` runs, so the
+two always say the same.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
-from orchestrator.analysis import branch_analysis, branch_cbs, sweep_analysis, tables
-from orchestrator.analysis.trials import Trial
-from orchestrator.core import sweep_file, sweep_schema, validation
+from orchestrator.analysis import branch_cbs, tables
+from orchestrator.core import sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
-from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
-from orchestrator.reporting.report_render import document, summary_lines
-from orchestrator.tracking import mlflow_ui
-from orchestrator.tracking.store import Store
-
-# ---------------------------------------------------------------- where
-
-MARKER = "report.json"
-"""Written first into a report's folder: a folder holding it is one a report wrote."""
-OWNED = (MARKER, "summary.md", "summary.html", tables.TRIALS, tables.CURVES) + (
-    "loss_vs_tokens.png",
-    "loss_vs_steps.png",
-    "branch_cbs.png",
-    "eval_heatmap.png",
-    "critical_batch.png",
-    "lr_vs_batch.png",
-    "loss_vs_tokens_best.png",
-    "critical_batch_vs_loss.png",
-    "b_simple_vs_tokens.png",
-    "loss_vs_lr.png",
-)
-"""The files a report writes into its folder: the only ones it writes or replaces there (docs/security.md)."""
-
-
-def default_out(name: str) -> Path:
-    """reports/<name>, the name made one plain folder name (validation.plain_name: the project's
-    rule for a name that becomes a folder)."""
-    folder = re.sub(r"[^\w.-]+", "_", name)
-    try:
-        validation.plain_name("--out", folder)
-    except ConfigError as exc:
-        raise ConfigError("--out", f"no default folder for the name {name!r} ({exc.message}); give --out DIR") from None
-    return Path("reports") / folder
-
-
-def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
-    """Before anything is written: `out` is new, empty, or a folder a report wrote (it holds
-    MARKER) with nothing in it but the files a report writes; never the folder the tables are
-    read from. So a report replaces only its own files, and a re-run into the same folder works."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", f"{out} is a file; give a new folder, an empty one or one a report wrote")
-    if tables_folder is not None and out.resolve() == tables_folder.resolve():
-        raise ConfigError(
-            "--out", f"{out} is the folder the tables are read from, which report never rewrites; give another"
-        )
-    ours = (out / MARKER).is_file()
-    entries = sorted(out.iterdir()) if out.is_dir() else []
-    foreign = [e for e in entries if not ours or e.name not in OWNED or e.is_symlink() or not e.is_file()]
-    if foreign:
-        raise ConfigError(
-            "--out",
-            f"{foreign[0]} is not a file a report wrote there ({MARKER} marks its folder); give a new folder, an "
-            "empty one or one a report wrote",
-        )
-
-
-# ---------------------------------------------------------------- writing
-
-
-def figures(trials: Sequence[Trial], result: Dict[str, Any], name: str) -> Dict[str, Any]:
-    from orchestrator.reporting import plots
-
-    usable, metric = [t for t in trials if t.batch and t.train], result["loss_metric"]
-    curves = [{"batch": t.batch, "train": t.train, "eval": t.eval} for t in usable]
-    figs = {
-        "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
-        "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
-    }
-    if result.get("branch"):  # a branch study: one base run, so no from-scratch comparison to draw
-        base = branch_analysis.base_of(trials)
-        b_simple = base.b_simple if base else []
-        figs["branch_cbs.png"] = plots.branch_cbs(result["branch"]["points"], result["branch"]["fit"], b_simple)
-        return figs
-    cells = [
-        (t.lr, t.batch, t.final(metric))
-        for t in usable
-        if t.lr and t.outcome == "finished" and t.final(metric) is not None
-    ]
-    if cells:
-        figs["eval_heatmap.png"] = plots.lr_batch_heatmap(cells, f"final {metric}")
-    fits = [
-        {**f, "b_crit": f["b_crit_fit"], "points": [(p["batch"], p["steps"], p["tokens"]) for p in f["points"]]}
-        for f in result["critical_batch"]
-        if f["points"]
-    ]
-    if fits:
-        figs["critical_batch.png"] = plots.critical_batch(fits)
-    figs.update(comparison_figures(usable, result))
-    best, scaling = result["best_lr"], result["lr_scaling"]
-    if any(r["lr"] for r in best):
-        fit = (scaling["coef"], scaling["alpha"]) if scaling["alpha"] is not None else None
-        figs["lr_vs_batch.png"] = plots.lr_vs_batch(
-            [(t.batch, t.lr) for t in usable if t.lr], [(r["batch"], r["lr"]) for r in best if r["lr"]], fit
-        )
-    return figs
-
-
-def comparison_figures(usable: Sequence[Trial], result: Dict[str, Any]) -> Dict[str, Any]:
-    """The figures that compare batch sizes at their chosen learning rates (comparison_plots.py)."""
-    from orchestrator.reporting import comparison_plots as cp
-
-    chosen = cp.best_trials(usable, result["best_per_batch"])
-    lr_of = {r["batch"]: r["lr"] for r in result["best_lr"]}
-    figs = {}
-    if chosen:
-        figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, lr_of)
-    if any(f.get("b_crit") or f.get("b_simple") for f in result["critical_batch"]):
-        figs["critical_batch_vs_loss.png"] = cp.critical_batch_vs_loss(result["critical_batch"])
-    if any(t.b_simple for t in chosen):
-        figs["b_simple_vs_tokens.png"] = cp.b_simple_over_training(chosen)
-    if any(t.lr for t in usable):
-        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, result["loss_metric"], result["best_lr"])
-    return figs
-
-
-def write_report(trials: Sequence[Trial], result: Dict[str, Any], name: str, out: Path) -> List[Path]:
-    """report.json (first: it marks the folder as a report's), the figures and the summaries in
-    `out`, which check_out_folder has accepted."""
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps(json_safe({"name": name, **result}), indent=2))
-    written = [out / MARKER]
-    for file, fig in figures(trials, result, name).items():
-        assert file in OWNED, f"{file} is not in report.OWNED: a re-run would refuse the folder"
-        fig.savefig(out / file, dpi=120)
-        plt.close(fig)
-        written.append(out / file)
-    doc = document(result, name, [p.name for p in written[1:]])
-    for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}"))):
-        (out / file).write_text(text)
-        written.append(out / file)
-    return written
+from orchestrator.reporting.report_files import check_out_folder, default_out
 
 
 def sweep_options(
@@ -183,87 +45,51 @@ def run(
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
     trials.csv and curves.csv; returns the exit code. lr_criterion None: the sweep file's, else
     final_loss."""
-    from orchestrator.reporting import results
+    from orchestrator.reporting import pipeline, results  # pandas and matplotlib only when a report runs
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
-    read = sweep_file.load(target, check=False) if is_sweep_file else None
+    read = sweep_file.load(target, check=False) if is_sweep_file else None  # the command's one parse of it
     options = sweep_options(
         read.search if read else sweep_schema.SearchConfig(), lr_criterion, read.branch if read else None
     )
     if tables.is_table_folder(target):
         return _run_tables(Path(target), out, target_losses, options)
-    uri, name, run_id = _resolve(target, list(overrides))
+    uri, name, run_id = _resolve(target, list(overrides), read)
     out_dir = Path(out) if out else default_out(name)
     check_out_folder(out_dir)  # before reading the runs: a refusal costs nothing
-    runs = report_inputs.sweep_runs(uri, run_id)
-    curves = report_inputs.read_curves(uri, runs, results.METRICS)
-    trials = report_inputs.trials_of(uri, runs, curves)
-    if not any(t.batch and t.train for t in trials):
+    inputs = report_inputs.read_mlflow(uri, name, run_id, results.METRICS)
+    if not any(t.batch and t.train for t in inputs.trials):
         print(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
         )
         return 1
     if read is not None:
-        experiment = report_inputs.tracking_for(target, list(overrides))[2]
+        experiment = report_inputs.tracking_for(target, list(overrides), read)[2]
         options["compare_with"] = report_inputs.compared_sweep(read.branch, uri, experiment)
-    result = report_inputs.analyse(uri, run_id, trials, target_losses, **options)
-    write_run_report(uri, name, run_id, trials, curves, result, out_dir)
+    pipeline.make(inputs, out_dir, target_losses, **options)
     return 0
 
 
-def _resolve(target: str, overrides: List[str]):
+def _resolve(target: str, overrides: List[str], read: Optional[sweep_schema.Sweep]):
     """report_inputs.resolve; a folder that is neither a table folder nor a name MLflow knows is
     answered by the table file it lacks, not by the store."""
     try:
-        return report_inputs.resolve(target, overrides)
+        return report_inputs.resolve(target, overrides, read)
     except ConfigError:
         if Path(target).is_dir():
             tables.read(Path(target))  # raises, naming trials.csv or curves.csv
         raise
 
 
-def write_run_report(
-    uri: str, name: str, run_id: str, trials: Sequence[Trial], curves, result: Dict[str, Any], out: Optional[Path]
-) -> Path:
-    """The report of a sweep's (or a run's) MLflow runs: figures, summary, report.json and the
-    tables written to `out` (default reports/<name>) and logged to the run under report/; the
-    summary printed. `report` and the end of `sweep` both call it, so they write the same."""
-    from orchestrator.reporting import results
-
-    out_dir = out or default_out(name)
-    check_out_folder(out_dir)
-    tables_ = results.build(name, run_id, trials, curves, result, results.METRICS, uri)
-    store = Store(uri)
-    for path in write_report(trials, result, name, out_dir) + tables_.to_csv(out_dir):
-        store.log_file(run_id, path, "report")
-    _say_written(out_dir, f"logged to run {run_id} under report/")
-    print("\n".join(summary_lines(result)))
-    compared = [t.run_id for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]
-    print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(uri)}`, then")
-    print(f"  {mlflow_ui.compare_link(uri, compared)}")
-    return out_dir
-
-
 def _run_tables(folder: Path, out: Optional[str], target_losses, options) -> int:
     """`report DIR`: the same analysis and outputs from a folder's tables (nothing goes to MLflow;
     DIR is never written to)."""
-    from orchestrator.reporting import results
+    from orchestrator.reporting import pipeline
 
-    name = folder.resolve().name
-    out_dir = Path(out) if out else default_out(name)
+    out_dir = Path(out) if out else default_out(folder.resolve().name)
     check_out_folder(out_dir, tables_folder=folder)
-    trials = tables.read(folder)
-    if not any(t.batch and t.train for t in trials):
+    inputs = report_inputs.read_tables(folder)
+    if not any(t.batch and t.train for t in inputs.trials):
         raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
-    result = sweep_analysis.analyse(trials, target_losses, **options)
-    result["source"] = {"uri": str(folder), "run_id": None, "kind": "tables"}
-    write_report(trials, result, name, out_dir)
-    curves = {t.run_id: {m: getattr(t, f) for m, f in tables.METRICS.items()} for t in trials}
-    results.build(name, "", trials, curves, result, tuple(tables.METRICS)).to_csv(out_dir)
-    _say_written(out_dir, f"read from {folder}")
-    print("\n".join(summary_lines(result)))
+    pipeline.make(inputs, out_dir, target_losses, **options)
     return 0
-
-
-def _say_written(out_dir: Path, where: str) -> None:
-    print(f"report: {out_dir / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; {where})")

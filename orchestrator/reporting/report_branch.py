@@ -1,11 +1,12 @@
-"""A branch study's part of the report (orchestrator/analysis/branch_analysis.py's result): the method
-and the power law in sentences, the table of branch points, the suggested ramp; as printed lines
-and as document blocks."""
+"""A branch study's part of the report (orchestrator/analysis/branch_analysis.py's `BranchStudy`): the
+method and the power law in sentences, the table of branch points, the suggested ramp; as printed
+lines and as document blocks."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from orchestrator.analysis.answer import BranchStudy
 from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, table
 
 BRANCH_COLUMNS = [
@@ -30,9 +31,9 @@ GROWTH = {
 """What the power law's growth means for the reader (analysis/branch_ramp.growth)."""
 
 
-def columns(branch: Dict[str, Any]) -> List[Tuple[str, str, str]]:
+def columns(branch: BranchStudy) -> List[Tuple[str, str, str]]:
     """The branch table's columns; the from-scratch B_crit after B_simple with branch.compare_with."""
-    if not branch.get("compared_with"):
+    if not branch.compared_with:
         return BRANCH_COLUMNS
     return [*BRANCH_COLUMNS[:5], SCRATCH_COLUMN, *BRANCH_COLUMNS[5:]]
 
@@ -62,22 +63,22 @@ def table_rows(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def sentences(branch: Dict[str, Any]) -> List[str]:
+def sentences(branch: BranchStudy) -> List[str]:
     """The method and the power law, as sentences."""
     words = [
-        f"Branches of {branch['base_run'] or 'the base run'} (B = {branch['base_batch']:,} tokens per update) at "
+        f"Branches of {branch.base_run or 'the base run'} (B = {branch.base_batch:,} tokens per update) at "
         f"k x B with the lr x k^alpha; the critical batch size at a branch point is the largest branch batch whose "
-        f"{branch['loss']} is {branch['rule']} (interpolated in log B; "
+        f"{branch.loss} is {branch.rule} (interpolated in log B; "
         "'>': every factor within, '<': factor 2 already beyond). Interval: 90%, from the eval loss's standard error, "
         "the seeds and the gap between the factors that bracket the crossing (Merrill et al. 2025, 'Critical Batch "
         "Size Revisited')."
     ]
-    if branch.get("compared_with"):
+    if branch.compared_with:
         words.append(
-            f"From-scratch B_crit: the steps-to-target fit of sweep {branch['compared_with']!r} at the base run's "
+            f"From-scratch B_crit: the steps-to-target fit of sweep {branch.compared_with!r} at the base run's "
             "train loss at each branch point (an average along the path to that loss, not the value at the point)."
         )
-    fit = branch["fit"]
+    fit = branch.fit
     if fit:
         span = fit["exponent_interval"]
         within = f" (90% interval {span[0]:.2f} to {span[1]:.2f})" if span else " (2 points: no interval)"
@@ -87,22 +88,22 @@ def sentences(branch: Dict[str, Any]) -> List[str]:
         )
     else:
         words.append("Power law: fewer than 2 resolved branch points.")
-    words += [f"Note: {note}." for note in branch.get("notes", [])]
+    words += [f"Note: {note}." for note in branch.notes]
     return words
 
 
-def lines(branch: Dict[str, Any]) -> List[str]:
+def lines(branch: BranchStudy) -> List[str]:
     """A branch study's answer: the table, the power law, the suggested ramp."""
-    header, cells = table(table_rows(branch["points"]), columns(branch))[1:]
+    header, cells = table(table_rows(branch.points), columns(branch))[1:]
     out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
     out += ["Suggested batch ramp (doubles where the critical batch size passes twice the batch):"]
-    out += ["  " + line for line in branch["ramp_yaml"].splitlines()]
-    return out + [f"  or: orchestrator train CONFIG '{branch['ramp_override']}'"]
+    out += ["  " + line for line in branch.ramp_yaml.splitlines()]
+    return out + [f"  or: orchestrator train CONFIG '{branch.ramp_override}'"]
 
 
-def blocks(branch: Dict[str, Any]) -> List[tuple]:
+def blocks(branch: BranchStudy) -> List[tuple]:
     """The same as document blocks, for summary.md and summary.html."""
     out = [("h2", "Critical batch size along training (branches)")]
     out += [("p", sentence) for sentence in sentences(branch)]
-    out += [table(table_rows(branch["points"]), columns(branch))]
-    return out + [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch["ramp_yaml"])]
+    out += [table(table_rows(branch.points), columns(branch))]
+    return out + [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch.ramp_yaml)]

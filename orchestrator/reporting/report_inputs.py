@@ -1,14 +1,17 @@
 """What a report reads: a sweep file, a sweep's name or a run id resolved in the MLflow store, and
-its runs as `trials.Trial` records with the curves the analysis needs (MLflow only through the
-door, tracking/store.py, whose run records become trials here). `report`, `results.load_sweep`,
-the sweep's closing summary and the bracket searcher all read runs through here."""
+its runs as `trials.Trial` records with the curves the analysis needs (MLflow only through
+the door, tracking/store.py, whose run records become trials here), or a folder of trials.csv and curves.csv; either way as `Inputs`, which
+`analyse` turns into the answer with where it was read from. `report`, `results.load_sweep`, the
+sweep's closing summary and the bracket searcher all read runs through here."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from orchestrator.analysis import sweep_analysis, tables
+from orchestrator.analysis.answer import Answer, Source
 from orchestrator.analysis.trials import Curve, Trial
 from orchestrator.core import config, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
@@ -17,18 +20,47 @@ from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, ROLE_TAG, STOPPED_AT
 from orchestrator.tracking.store import Store, resolve_uri
 
 METRICS = tuple(tables.METRICS)
-"""The curves the analysis reads (train/loss, eval/loss, gns/b_simple, train/clipped)."""
+"""The curves the analysis reads (train/loss, eval/loss, gns/b_simple, train/clipped, eval/loss_se)."""
+Curves = Mapping[str, Mapping[str, Curve]]
+"""{run id: {metric: [(tokens, value)] sorted by tokens}}, as read_curves returns."""
 
 
-def tracking_for(target: str, overrides: List[str]) -> Tuple[Optional[str], str, str]:
+@dataclass(frozen=True)
+class Inputs:
+    """What a report is made from, however it was read."""
+
+    name: str
+    """The report's name: the sweep's, the run's, or the table folder's."""
+    trials: Tuple[Trial, ...]
+    """The runs as the analysis reads them, oldest first."""
+    curves: Curves
+    """Every curve read, by run id and metric: what curves.csv lays out."""
+    metrics: Tuple[str, ...]
+    """The metrics curves.csv holds."""
+    source: Source
+    """Where they were read from (report.json's `source`: the store's password redacted)."""
+    uri: Optional[str] = None
+    """The MLflow store they were read from, the report then logged to source.run_id; None for tables."""
+
+    @property
+    def folder(self) -> Optional[Path]:
+        """The table folder they were read from (a report never writes there); None for MLflow."""
+        return Path(self.source.uri) if self.source.kind == "tables" else None
+
+
+def tracking_for(
+    target: str, overrides: List[str], sweep: Optional[sweep_schema.Sweep] = None
+) -> Tuple[Optional[str], str, str]:
     """(sweep name when target is a sweep file, tracking uri, experiment). The `tracking.*` entries
-    of a sweep file's `base.overrides` name its store; the command line's overrides win."""
+    of a sweep file's `base.overrides` name its store; the command line's overrides win. `sweep`:
+    the sweep file as the command read it already (a command parses it once)."""
 
     name, extra = None, []
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        if not Path(target).is_file():
-            raise ConfigError("SWEEP_OR_RUN", f"sweep file {target} not found")
-        sweep = sweep_file.load(target, check=False)  # its base config need not resolve here
+        if sweep is None:
+            if not Path(target).is_file():
+                raise ConfigError("SWEEP_OR_RUN", f"sweep file {target} not found")
+            sweep = sweep_file.load(target, check=False)  # its base config need not resolve here
         if not sweep.named:
             raise ConfigError("name", f"sweep file {target} has no top-level `name:`; valid: a sweep YAML with name")
         name, extra = sweep.name, [o for o in sweep.base_overrides if o.startswith("tracking.")]
@@ -36,9 +68,10 @@ def tracking_for(target: str, overrides: List[str]) -> Tuple[Optional[str], str,
     return name, resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
 
 
-def resolve(target: str, overrides: List[str]) -> Tuple[str, str, str]:
-    """(tracking uri, report name, run id of the sweep's parent run or of the single run)."""
-    sweep_name, uri, experiment = tracking_for(target, overrides)
+def resolve(target: str, overrides: List[str], sweep: Optional[sweep_schema.Sweep] = None) -> Tuple[str, str, str]:
+    """(tracking uri, report name, run id of the sweep's parent run or of the single run); `sweep`
+    as tracking_for's."""
+    sweep_name, uri, experiment = tracking_for(target, overrides, sweep)
     store = Store(uri, experiment)
     if not store.exists():
         raise ConfigError("tracking.uri", f"no MLflow store at {uri}; pass tracking.uri=<the store of the sweep>")
@@ -88,6 +121,31 @@ def read_trials(uri: str, run_id: str) -> List[Trial]:
     return trials_of(uri, sweep_runs(uri, run_id))
 
 
+def read_mlflow(
+    uri: str, name: str, run_id: str, metrics: Sequence[str] = METRICS, runs: Optional[list] = None
+) -> Inputs:
+    """A sweep's (or a single run's) runs from MLflow with the curves of METRICS and `metrics`:
+    `runs`, or sweep_runs(uri, run_id)."""
+    runs = sweep_runs(uri, run_id) if runs is None else runs
+    curves = read_curves(uri, runs, metrics)
+    trials = trials_of(uri, runs, curves)
+    kind = "single" if trials and trials[0].run_id == run_id else "sweep"
+    source = Source(config.redact_uri(uri), run_id, kind)  # report.json is shared: no password in it
+    return Inputs(name, tuple(trials), curves, tuple(metrics), source, uri)
+
+
+def read_tables(folder: Path) -> Inputs:
+    """trials.csv and curves.csv of a folder (orchestrator/analysis/tables.py), named after the folder."""
+    trials = tables.read(folder)
+    curves = {t.run_id: {m: getattr(t, f) for m, f in tables.METRICS.items()} for t in trials}
+    return Inputs(folder.resolve().name, tuple(trials), curves, METRICS, Source(str(folder), None, "tables"))
+
+
+def analyse(inputs: Inputs, target_losses: Optional[Sequence[float]] = None, **options) -> Answer:
+    """sweep_analysis.analyse of the inputs' trials, with where they were read from."""
+    return replace(sweep_analysis.analyse(inputs.trials, target_losses, **options), source=inputs.source)
+
+
 def read_curves(uri: str, runs: Sequence[RunRecord], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, Curve]]:
     """{run id: {metric: [(tokens, value)] sorted by tokens}} of METRICS and `metrics` (absent ones: [])."""
     return Store(uri).histories(runs, dict.fromkeys([*METRICS, *metrics]))
@@ -116,13 +174,3 @@ def trials_of(uri: str, runs: Sequence[RunRecord], curves: Optional[Dict[str, Di
             )
         )
     return trials
-
-
-def analyse(
-    uri: str, run_id: str, trials: Sequence[Trial], target_losses: Optional[Sequence[float]] = None, **options
-) -> Dict[str, Any]:
-    """`sweep_analysis.analyse` of the trials, with where they were read from (report.json's `source`)."""
-    result = sweep_analysis.analyse(trials, target_losses, **options)
-    kind = "single" if trials[0].run_id == run_id else "sweep"
-    result["source"] = {"uri": config.redact_uri(uri), "run_id": run_id, "kind": kind}  # report.json is shared
-    return result

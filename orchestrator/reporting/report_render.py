@@ -1,14 +1,15 @@
-"""Rendering of `orchestrator report`: the analysis result (`sweep_analysis.analyse`) as text. The
+"""Rendering of `orchestrator report`: the analysis's answer (`sweep_analysis.analyse`) as text. The
 answer paragraph, the tables and the summary as a document of blocks (report_format.py turns it
 into Markdown and HTML; report_branch.py renders a branch study's part); `summary_lines` is what
-`sweep` prints when it ends. No MLflow, no files: report.py reads the trials and writes what
-this module renders.
+`report` and the end of `sweep` print. No MLflow, no files: the report pipeline (pipeline.py)
+reads the trials and writes what this module renders.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from orchestrator.analysis.answer import Answer, BestLr, Counts, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, LR_KEY
 from orchestrator.formulas.schedules import TRUSTED_SHARE
 from orchestrator.reporting import report_branch
@@ -43,98 +44,99 @@ def _describe(settings: Dict[str, Optional[str]]) -> str:
     return ", ".join(f"{_label(k)} {_setting(k, v)}" for k, v in settings.items() if k != BATCH_KEY)
 
 
-def _stopped(result: Dict[str, Any]) -> str:
-    stopped = result["stopped"]
-    rungs = ", ".join(f"{n} at the {cell(float(t), 'tok')}-token rung" for t, n in stopped["rungs"].items())
-    return f"{stopped['count']} stopped early" + (f" ({rungs})" if rungs else "")
+def _stopped(counts: Counts) -> str:
+    rungs = ", ".join(f"{n} at the {cell(float(t), 'tok')}-token rung" for t, n in counts.stopped_rungs.items())
+    return f"{counts.stopped} stopped early" + (f" ({rungs})" if rungs else "")
 
 
-def answer(result: Dict[str, Any]) -> str:
+def answer(result: Answer) -> str:
     """One paragraph: the best configuration, early stopping, B_crit with its status, interval
     and trend beside B_simple, and the edges of the swept ranges."""
-    best, p, n = result["best"], result["primary"], len(result["trials"])
+    best, p, n = result.best, result.primary, len(result.trials)
     if best:
-        seeds = f", mean of {best['seeds']} seeds" if best["seeds"] > 1 else ""
+        seeds = f", mean of {best.seeds} seeds" if best.seeds > 1 else ""
         text = (
-            f"Best configuration: B = {cell(best['batch'], 'tok')} tokens per update, "
-            f"{_describe(best['settings']) or 'the base config'}: "
-            f"final {result['loss_metric']} {cell(best['final_loss'])} (run {best['run_name']}{seeds})."
+            f"Best configuration: B = {cell(best.batch, 'tok')} tokens per update, "
+            f"{_describe(best.settings) or 'the base config'}: "
+            f"final {result.loss_metric} {cell(best.final_loss)} (run {best.run_name}{seeds})."
         )
-        if len(result["best_per_batch"]) > 1 and best["batch"] == min(r["batch"] for r in result["best_per_batch"]):
+        if len(result.best_per_batch) > 1 and best.batch == min(r.batch for r in result.best_per_batch):
             text += (
                 " That is the smallest batch tried, as at equal tokens it tends to be: the critical batch "
                 "size is the batch size to act on."
             )
     else:
         text = "No trial reached its budget, so there is no best configuration."
-    text += f" {result['finished']} of {n} trials reached the budget; {_stopped(result)}."
+    text += f" {result.counts.finished} of {n} trials reached the budget; {_stopped(result.counts)}."
     if p is None:
         return text + " No loss level to measure the critical batch size at."
     text += " " + critical_batch_sentence(p)
-    text += _trend_sentence(result["trend"])
-    alpha, scaling = result["lr_scaling"]["alpha"], result["lr_scaling"]
-    if alpha is not None:
-        text += f" The best learning rate scales as B^{round(alpha, 2) + 0.0:.2f} ({scaling['points']} batch sizes)."
+    text += _trend_sentence(result.trend)
+    scaling = result.lr_scaling
+    if scaling.alpha is not None:
+        text += (
+            f" The best learning rate scales as B^{round(scaling.alpha, 2) + 0.0:.2f} ({scaling.points} batch sizes)."
+        )
     return text + _edge_warning(result)
 
 
-def critical_batch_sentence(p: Dict[str, Any]) -> str:
+def critical_batch_sentence(p: TargetFit) -> str:
     """'At loss 3.2 the critical batch size is B_crit = 700 tokens (90% interval ...).'"""
-    status, target = p["status"], f"{p['target_loss']:.4g}"
-    shown = [note for note in p["notes"] if not note.startswith(("not resolved", "below", "above"))]
+    status, target = p.status, f"{p.target_loss:.4g}"
+    shown = [note for note in p.notes if not note.startswith(("not resolved", "below", "above"))]
     if status == "resolved":
-        lo_hi = p["b_crit_interval"]
+        lo_hi = p.b_crit_interval
         parts = ["resolved"] + (
             [f"90% interval over seeds {cell(lo_hi[0], 'tok')} - {cell(lo_hi[1], 'tok')}"] if lo_hi else []
         )
-        parts += [f"{len(p['points'])} batch sizes", *shown]
-        b_crit = cell(p["b_crit"], TOK)
+        parts += [f"{len(p.points)} batch sizes", *shown]
+        b_crit = cell(p.b_crit, TOK)
         text = f"At loss {target} the critical batch size is B_crit = {b_crit} tokens ({'; '.join(parts)})"
     elif status in ("below", "above"):
         sign, where = ("<", "under the smallest") if status == "below" else (">", "over the largest")
-        parts = [f"{len(p['points'])} batch sizes", *shown]
+        parts = [f"{len(p.points)} batch sizes", *shown]
         text = (
-            f"At loss {target} B_crit {sign} {cell(p['b_crit_bound'], TOK)} tokens: {where} batch size swept, so "
+            f"At loss {target} B_crit {sign} {cell(p.b_crit_bound, TOK)} tokens: {where} batch size swept, so "
             f"only a bound ({'; '.join(parts)})"
         )
     else:
-        why = next((note.removeprefix("not resolved: ") for note in p["notes"] if note.startswith("not resolved")), "")
+        why = next((note.removeprefix("not resolved: ") for note in p.notes if note.startswith("not resolved")), "")
         text = f"Critical batch size at loss {target}: not resolved ({why})"
     return text + (
-        f"; measured B_simple at that loss: {cell(p['b_simple'], 'tok')} tokens."
-        if p["b_simple"]
+        f"; measured B_simple at that loss: {cell(p.b_simple, 'tok')} tokens."
+        if p.b_simple
         else "; B_simple not measured."
     )
 
 
-def _trend_sentence(trend: Dict[str, Any]) -> str:
+def _trend_sentence(trend: Trend) -> str:
     """How B_crit and B_simple move as the target loss falls (negative slopes: they rise)."""
-    slope = trend["b_crit_slope"]
+    slope = trend.b_crit_slope
     if slope is None:
         return ""
-    interval = trend["b_crit_slope_interval"]
+    interval = trend.b_crit_slope_interval
     band = f" (90% interval {interval[0]:+.2f} to {interval[1]:+.2f})" if interval else ""
     settled = interval and (interval[0] > 0 or interval[1] < 0)
     way = ("rises" if slope < 0 else "falls") if settled or not interval else "does not clearly move"
-    text = f" Across {len(trend['targets'])} targets B_crit {way} as the loss falls: "
+    text = f" Across {len(trend.targets)} targets B_crit {way} as the loss falls: "
     text += f"d log B_crit / d log loss = {slope:+.2f}{band}"
-    if trend["b_simple_slope"] is not None:
-        text += f"; B_simple's is {trend['b_simple_slope']:+.2f}"
-    return text + "." + (f" {trend['note']}." if trend["note"] else "")
+    if trend.b_simple_slope is not None:
+        text += f"; B_simple's is {trend.b_simple_slope:+.2f}"
+    return text + "." + (f" {trend.note}." if trend.note else "")
 
 
-def _edge_warning(result: Dict[str, Any]) -> str:
+def _edge_warning(result: Answer) -> str:
     """'The best lr is the highest tried at 3 of 5 batch sizes: ...' for the lr the report names
     and for every other swept axis, per side."""
     counts: Dict[Tuple[str, str], int] = {}
-    for r in result["best_lr"]:
-        if r["edge"] in ("lowest", "highest"):
-            counts["optim.lr", r["edge"]] = counts.get(("optim.lr", r["edge"]), 0) + 1
-    for r in result["best_per_batch"]:
-        for key, side in r["edges"].items():
+    for r in result.best_lr:
+        if r.edge in ("lowest", "highest"):
+            counts["optim.lr", r.edge] = counts.get(("optim.lr", r.edge), 0) + 1
+    for row in result.best_per_batch:
+        for key, side in row.edges.items():
             if key != "optim.lr":
                 counts[key, side] = counts.get((key, side), 0) + 1
-    n = len(result["best_lr"]) or len(result["best_per_batch"])
+    n = len(result.best_lr) or len(result.best_per_batch)
     return "".join(
         f" The best {_label(key)} is the {side} tried at {k} of {n} batch sizes: "
         f"the optimum may lie {'below' if side == 'lowest' else 'above'} the swept range"
@@ -146,41 +148,41 @@ def _edge_warning(result: Dict[str, Any]) -> str:
 CRITERIA = {"final_loss": "final loss", "steps": "fewest steps to the primary target"}
 
 
-def per_batch_table(result: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
+def per_batch_table(result: Answer) -> Tuple[List[str], List[List[str]]]:
     """Header and rows: per batch size the one best lr (its criterion named), the best value of
     every other swept axis and its final loss."""
-    axes = [k for k in result["axes"] if k not in (BATCH_KEY, LR_KEY)]
-    lrs = {r["batch"]: r for r in result["best_lr"]}
-    header = ["batch size", f"best lr ({CRITERIA[result['lr_criterion']]})", *map(_label, axes)]
-    header += [f"final {result['loss_metric']}", "seeds", "run"]
+    axes = [k for k in result.axes if k not in (BATCH_KEY, LR_KEY)]
+    lrs = {r.batch: r for r in result.best_lr}
+    header = ["batch size", f"best lr ({CRITERIA[result.lr_criterion]})", *map(_label, axes)]
+    header += [f"final {result.loss_metric}", "seeds", "run"]
     rows = [
         [
-            cell(r["batch"], "tok"),
-            _lr_cell(lrs.get(r["batch"])),
-            *(_setting(k, r["settings"].get(k)) for k in axes),
-            cell(r["final_loss"]) + (f" ± {cell(r['spread'], '{:.2g}')}" if r["spread"] is not None else ""),
-            str(r["seeds"]),
-            r["run_name"],
+            cell(r.batch, "tok"),
+            _lr_cell(lrs.get(r.batch)),
+            *(_setting(k, r.settings.get(k)) for k in axes),
+            cell(r.final_loss) + (f" ± {cell(r.spread, '{:.2g}')}" if r.spread is not None else ""),
+            str(r.seeds),
+            r.run_name,
         ]
-        for r in result["best_per_batch"]
+        for r in result.best_per_batch
     ]
     return header, rows
 
 
-def _lr_cell(row: Optional[Dict[str, Any]]) -> str:
+def _lr_cell(best: Optional[BestLr]) -> str:
     """The best lr, with <= or >= when it is the lowest or highest tried (a bound)."""
-    if not row or row["lr"] is None:
+    if not best or best.lr is None:
         return "-"
-    return {"lowest": "<= ", "highest": ">= "}.get(row["edge"], "") + cell(row["lr"], "{:.3g}")
+    return {"lowest": "<= ", "highest": ">= "}.get(best.edge, "") + cell(best.lr, "{:.3g}")
 
 
-def summary_lines(result: Dict[str, Any]) -> List[str]:
-    """What `sweep` prints when it ends: the answer and the best configuration per batch size
-    (for a branch study: the critical batch size along training and the ramp it suggests)."""
-    if result.get("branch"):
-        return report_branch.lines(result["branch"])
+def summary_lines(result: Answer) -> List[str]:
+    """What `report` and the end of `sweep` print: the answer and the best configuration per batch
+    size (for a branch study: the critical batch size along training and the ramp it suggests)."""
+    if result.branch:
+        return report_branch.lines(result.branch)
     header, rows = per_batch_table(result)
-    swept = ", ".join(map(_label, result["axes"])) or "nothing"
+    swept = ", ".join(map(_label, result.axes)) or "nothing"
     lines = [answer(result), f"best configuration per batch size (swept: {swept}):"]
     return lines + aligned(header, rows)
 
@@ -225,57 +227,58 @@ TRIAL_COLUMNS = [
 ]
 
 
-def _b_crit_cell(f: Dict[str, Any]) -> str:
-    if f["status"] == "resolved":
-        return cell(f["b_crit"], TOK)
-    if f["status"] in ("below", "above"):
-        return ("< " if f["status"] == "below" else "> ") + cell(f["b_crit_bound"], TOK)
+def _b_crit_cell(f: TargetFit) -> str:
+    if f.status == "resolved":
+        return cell(f.b_crit, TOK)
+    if f.status in ("below", "above"):
+        return ("< " if f.status == "below" else "> ") + cell(f.b_crit_bound, TOK)
     return "-"
 
 
-def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[tuple]:
+def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
     """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", text), ("table", header, rows), ("img", file)."""
-    metric, src, scaling = result["loss_metric"], result.get("source", {}), result["lr_scaling"]
+    metric, src, scaling, counts = result.loss_metric, result.source, result.lr_scaling, result.counts
     targets = [
         {
-            **f,
+            "target_loss": f.target_loss,
+            "status": f.status,
             "shown": _b_crit_cell(f),
-            "lof": f["lack_of_fit"]["p"],
-            "n": len(f["points"]),
-            "note": "; ".join(f["notes"]) or "-",
-            "interval": " - ".join(cell(x, TOK) for x in f["b_crit_interval"] or []),
+            "interval": " - ".join(cell(x, TOK) for x in f.b_crit_interval or []),
+            "b_simple": f.b_simple,
+            "s_min": f.s_min,
+            "e_min": f.e_min,
+            "lof": f.lack_of_fit.p,
+            "n": len(f.points),
+            "note": "; ".join(f.notes) or "-",
         }
-        for f in result["critical_batch"]
+        for f in result.critical_batch
     ]
-    how = "chosen automatically" if result["targets_chosen"] else "given"
-    if result.get("primary_target") is not None:
-        how += f", and {result['primary_target']:.4g}, the primary, named by the sweep (search.target_loss)"
-    law = scaling["note"] if scaling["alpha"] is None else f"lr_opt ~ {scaling['coef']:.3g} x B^{scaling['alpha']:.3f}"
-    swept = ", ".join(map(_label, result["axes"])) or "nothing"
-    start = result["start_level"]
-    if result.get("branch"):  # a branch study: its own answer first
-        doc_branch = report_branch.blocks(result["branch"])
-    else:
-        doc_branch = []
+    how = "chosen automatically" if result.targets_chosen else "given"
+    if result.primary_target is not None:
+        how += f", and {result.primary_target:.4g}, the primary, named by the sweep (search.target_loss)"
+    law = scaling.note if scaling.alpha is None else f"lr_opt ~ {scaling.coef:.3g} x B^{scaling.alpha:.3f}"
+    swept = ", ".join(map(_label, result.axes)) or "nothing"
+    start = result.start_level
+    doc_branch = report_branch.blocks(result.branch) if result.branch else []  # a branch study: its answer first
+    where = f"{src.kind} {src.run_id or ''} in {src.uri}" if src else "?  in ?"
     doc = [
         ("h1", f"Report: {name}"),
         *doc_branch,
         ("p", answer(result)),
         (
             "p",
-            f"{len(result['trials'])} trials of {src.get('kind', '?')} {src.get('run_id') or ''} "
-            f"in {src.get('uri', '?')}; "
-            f"swept: {swept}. Final losses compare the {result['finished']} trials that reached the budget, "
+            f"{len(result.trials)} trials of {where}; "
+            f"swept: {swept}. Final losses compare the {counts.finished} trials that reached the budget, "
             f"on {metric}; "
-            f"{_stopped(result)}, {result['failed']} failed, {result['incomplete']} incomplete. "
-            f"Optimizer constants: {_forms(result['optimizer'])}.",
+            f"{_stopped(counts)}, {counts.failed} failed, {counts.incomplete} incomplete. "
+            f"Optimizer constants: {_forms(result.optimizer)}.",
         ),
         ("h2", "Best configuration per batch size"),
         (
             "p",
             "Per batch size, the configuration (one value of every swept axis) with the lowest final loss, "
             "averaged over its seeds (± their standard deviation). The best lr is one number per batch size, "
-            f"by {CRITERIA[result['lr_criterion']]}: the vertex of a parabola through the best lr tried and its "
+            f"by {CRITERIA[result.lr_criterion]}: the vertex of a parabola through the best lr tried and its "
             "neighbours (<= or >=: the best is the lowest or highest tried, so the optimum may lie beyond).",
         ),
         ("table", *per_batch_table(result)),
@@ -298,19 +301,19 @@ def document(result: Dict[str, Any], name: str, images: Sequence[str]) -> List[t
         ),
         table(targets, TARGET_COLUMNS),
     ]
-    for f in targets:
-        points = [{**p, "lr_shown": _lr_cell({"lr": p["lr"], "edge": p["lr_edge"]})} for p in f["points"]]
-        doc += [("h3", f"Cost to reach loss {f['target_loss']:.4g}"), table(points, COST_COLUMNS)]
+    for f in result.critical_batch:
+        points = [{**p.to_json(), "lr_shown": _lr_cell(BestLr(p.batch, p.lr, p.lr_edge))} for p in f.points]
+        doc += [("h3", f"Cost to reach loss {f.target_loss:.4g}"), table(points, COST_COLUMNS)]
     doc += [
         ("h2", "Learning rate vs batch size"),
-        ("p", f"Best lr per batch size ({CRITERIA[result['lr_criterion']]}), interior ones only: {law}."),
+        ("p", f"Best lr per batch size ({CRITERIA[result.lr_criterion]}), interior ones only: {law}."),
         ("h2", "Figures"),
         *[("img", f) for f in images],
         ("h2", "All trials"),
-        table(result["trials"], TRIAL_COLUMNS),
+        table([t.to_json() for t in result.trials], TRIAL_COLUMNS),
     ]
-    if result["skipped"]:
-        doc.append(("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result["skipped"])))
+    if result.skipped:
+        doc.append(("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result.skipped)))
     return doc
 
 

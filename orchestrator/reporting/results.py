@@ -5,12 +5,13 @@
     sweep.trials    # one row per trial: outcome, final metrics, short aliases, every param by its dotted key
     sweep.curves    # long: trial, run_id, metric, tokens, value -- every point MLflow holds
     sweep.fit       # the report's numbers (best configuration per batch size, B_crit, B_simple)
+    sweep.fit.answer  # the same as typed records (orchestrator/analysis/answer.py), what report.json holds
 
-Reading is report_inputs.py's (MLflow only through tracking/store.py), the numbers are `sweep_analysis.analyse`'s:
-this module only lays them out. `orchestrator report --out DIR` writes the same two tables as
-trials.csv and curves.csv, in the format `orchestrator report DIR` reads back (tables.py): every
-param as a column by its dotted config key, so the output is its input. The only module that
-imports pandas.
+Reading is report_inputs.py's (MLflow only through tracking/store.py), the numbers are
+`sweep_analysis.analyse`'s (the `Answer`, as `report` writes it): this module only lays them out.
+`orchestrator report --out DIR` writes the same two tables as trials.csv and curves.csv, in the
+format `orchestrator report DIR` reads back (tables.py): every param as a column by its dotted
+config key, so the output is its input. The only module that imports pandas.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
+from orchestrator.analysis.answer import Answer, BestRow, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial
 from orchestrator.reporting import report_inputs
+from orchestrator.reporting.report_inputs import Curves
 
 METRICS = ("train/loss", "eval/loss", "gns/b_simple", "train/clipped", "train/lr", "perf/tokens_per_s")
 """The curves `load_sweep` reads by default (and `report` writes to curves.csv)."""
@@ -40,14 +43,14 @@ ALIASES = {
 the same values are also in their dotted columns, which are what `report DIR` reads."""
 FIT_COLUMNS = ["target_loss", "status", "b_crit", "b_crit_low", "b_crit_high", "b_crit_bound", "b_crit_fit"]
 FIT_COLUMNS += ["s_min", "e_min", "b_simple", "lack_of_fit_p", "batch_sizes", "notes"]
+FIT_NUMBERS = [c for c in FIT_COLUMNS if c not in ("status", "notes")]
 BEST_COLUMNS = ["batch", "final_loss", "spread", "seeds", "lr", "lr_edge", "trial", "run_id", "configurations"]
-Curves = Mapping[str, Mapping[str, Curve]]
-"""{run id: {metric: [(tokens, value)]}}, as report_inputs.read_curves returns."""
 
 
 @dataclass
 class Fit:
-    """The report's numbers (`sweep_analysis.analyse`: its docstring states every rule), from `raw`."""
+    """The report's numbers as tables and scalars, from `answer` (sweep_analysis.analyse: its
+    docstring states every rule)."""
 
     loss_metric: str
     """What a final loss is: the last eval/loss when every finished trial has one, else the end of
@@ -76,8 +79,8 @@ class Fit:
     b_simple: Optional[float]
     status: Optional[str]
     """The primary target's status."""
-    trend: Dict[str, Any]
-    """b_crit_slope (of log B_crit on log target loss), b_crit_slope_interval, b_simple_slope, agree, note."""
+    trend: Trend
+    """.b_crit_slope (of log B_crit on log target loss), .b_crit_slope_interval, .b_simple_slope, .agree, .note."""
     lr_criterion: str
     """What `best_lr` minimises: final_loss or steps (to the primary target)."""
     best_lr: pd.DataFrame
@@ -97,8 +100,10 @@ class Fit:
     incomplete: int
     notes: List[str]
     """The primary target's notes (why B_crit is not resolved, why there is no interval, ...)."""
+    answer: Answer = field(repr=False)
+    """The typed answer these are laid out from."""
     raw: Dict[str, Any] = field(repr=False)
-    """`sweep_analysis.analyse`'s dict, as report.json holds it."""
+    """The answer as report.json holds it (`answer.to_json()`)."""
 
 
 @dataclass
@@ -149,13 +154,10 @@ def load_sweep(
     overrides = [f"tracking.uri={tracking_uri}"] if tracking_uri else []
     overrides += [f"tracking.experiment={experiment}"] if experiment else []
     uri, name, run_id = report_inputs.resolve(os.fspath(name_or_file), overrides)
-    metrics = list(metrics or METRICS)
-    runs = report_inputs.sweep_runs(uri, run_id)
-    curves = report_inputs.read_curves(uri, runs, metrics)
-    trials = report_inputs.trials_of(uri, runs, curves)
-    usable = any(t.batch and t.train for t in trials)
-    result = report_inputs.analyse(uri, run_id, trials, target_losses) if usable else None
-    return build(name, run_id, trials, curves, result, metrics, uri)
+    inputs = report_inputs.read_mlflow(uri, name, run_id, list(metrics or METRICS))
+    usable = any(t.batch and t.train for t in inputs.trials)
+    answer = report_inputs.analyse(inputs, target_losses) if usable else None
+    return build(name, run_id, inputs.trials, inputs.curves, answer, inputs.metrics, uri)
 
 
 # ---------------------------------------------------------------- building (pure: no MLflow)
@@ -166,12 +168,12 @@ def build(
     run_id: str,
     trials: Sequence[Trial],
     curves: Curves,
-    result: Optional[Dict[str, Any]],
+    answer: Optional[Answer],
     metrics: Sequence[str] = METRICS,
     tracking_uri: str = "",
 ) -> SweepResults:
     return SweepResults(
-        name, run_id, trials_frame(trials), curves_frame(trials, curves, metrics), fit_of(result), tracking_uri
+        name, run_id, trials_frame(trials), curves_frame(trials, curves, metrics), fit_of(answer), tracking_uri
     )
 
 
@@ -216,66 +218,73 @@ def curves_frame(trials: Sequence[Trial], curves: Curves, metrics: Sequence[str]
     return frame.astype({"tokens": "int64", "value": "float64"})
 
 
-def fit_of(result: Optional[Dict[str, Any]]) -> Optional[Fit]:
-    """`sweep_analysis.analyse`'s dict as a Fit (None stays None)."""
-    if result is None:
+def fit_of(answer: Optional[Answer]) -> Optional[Fit]:
+    """The answer laid out as a Fit (None stays None)."""
+    if answer is None:
         return None
-    rows = [_best_row(r) for r in result["best_per_batch"]]
-    best = result["best"]
-    primary = result["primary"] or {}
-    interval = primary.get("b_crit_interval")
-    fits = [
-        {
-            **{k: f[k] for k in ("target_loss", "status", "b_crit", "b_crit_bound", "b_crit_fit", "s_min", "e_min")},
-            "b_crit_low": f["b_crit_interval"][0] if f["b_crit_interval"] else None,
-            "b_crit_high": f["b_crit_interval"][1] if f["b_crit_interval"] else None,
-            "b_simple": f["b_simple"],
-            "lack_of_fit_p": f["lack_of_fit"]["p"],
-            "batch_sizes": len(f["points"]),
-            "notes": "; ".join(f["notes"]),
-        }
-        for f in result["critical_batch"]
-    ]
+    rows = [_best_row(r) for r in answer.best_per_batch]
+    best, primary = answer.best, answer.primary
     return Fit(
-        loss_metric=result["loss_metric"],
-        axes=list(result["axes"]),
+        loss_metric=answer.loss_metric,
+        axes=list(answer.axes),
         best_per_batch=_frame(rows, list(dict.fromkeys([*BEST_COLUMNS, *(k for r in rows for k in r)])), ["spread"]),
-        best=next((r for r in rows if best and r["batch"] == best["batch"]), None),
-        critical_batch=_frame(fits, FIT_COLUMNS, [c for c in FIT_COLUMNS if c not in ("status", "notes")]),
-        targets=[f["target_loss"] for f in result["critical_batch"]],
-        targets_chosen=bool(result["targets_chosen"]),
-        target_loss=primary.get("target_loss"),
-        b_crit=primary.get("b_crit"),
-        b_crit_interval=tuple(interval) if interval else None,
-        b_simple=primary.get("b_simple"),
-        status=primary.get("status"),
-        trend=dict(result["trend"]),
-        lr_criterion=result["lr_criterion"],
-        best_lr=_frame(result["best_lr"], ["batch", "lr", "edge"], ["lr"]),
-        steps_to_target=_steps_frame(result["critical_batch"]),
-        lr_coef=result["lr_scaling"]["coef"],
-        lr_alpha=result["lr_scaling"]["alpha"],
-        finished=result["finished"],
-        stopped=result["stopped"]["count"],
-        stopped_rungs=dict(result["stopped"]["rungs"]),
-        failed=result["failed"],
-        incomplete=result["incomplete"],
-        notes=list(primary.get("notes", [])),
-        raw=result,
+        best=next((r for r in rows if best and r["batch"] == best.batch), None),
+        critical_batch=_frame([_fit_row(f) for f in answer.critical_batch], FIT_COLUMNS, FIT_NUMBERS),
+        targets=[f.target_loss for f in answer.critical_batch],
+        targets_chosen=answer.targets_chosen,
+        target_loss=primary.target_loss if primary else None,
+        b_crit=primary.b_crit if primary else None,
+        b_crit_interval=primary.b_crit_interval if primary else None,
+        b_simple=primary.b_simple if primary else None,
+        status=primary.status if primary else None,
+        trend=answer.trend,
+        lr_criterion=answer.lr_criterion,
+        best_lr=_frame([r.to_json() for r in answer.best_lr], ["batch", "lr", "edge"], ["lr"]),
+        steps_to_target=_steps_frame(answer.critical_batch),
+        lr_coef=answer.lr_scaling.coef,
+        lr_alpha=answer.lr_scaling.alpha,
+        finished=answer.counts.finished,
+        stopped=answer.counts.stopped,
+        stopped_rungs=dict(answer.counts.stopped_rungs),
+        failed=answer.counts.failed,
+        incomplete=answer.counts.incomplete,
+        notes=list(primary.notes) if primary else [],
+        answer=answer,
+        raw=answer.to_json(),
     )
 
 
-def _steps_frame(fits: Sequence[Dict[str, Any]]) -> pd.DataFrame:
-    rows = [{"target_loss": f["target_loss"], **p} for f in fits for p in f["points"]]
+def _fit_row(f: TargetFit) -> Dict[str, Any]:
+    """A target's fit as a row of the critical_batch table (its interval as two columns)."""
+    low, high = f.b_crit_interval or (None, None)
+    return {
+        "target_loss": f.target_loss,
+        "status": f.status,
+        "b_crit": f.b_crit,
+        "b_crit_low": low,
+        "b_crit_high": high,
+        "b_crit_bound": f.b_crit_bound,
+        "b_crit_fit": f.b_crit_fit,
+        "s_min": f.s_min,
+        "e_min": f.e_min,
+        "b_simple": f.b_simple,
+        "lack_of_fit_p": f.lack_of_fit.p,
+        "batch_sizes": len(f.points),
+        "notes": "; ".join(f.notes),
+    }
+
+
+def _steps_frame(fits: Sequence[TargetFit]) -> pd.DataFrame:
+    rows = [{"target_loss": f.target_loss, **p.to_json()} for f in fits for p in f.points]
     first = ["target_loss", "batch", "steps", "tokens", "lr", "lr_edge"]
     columns = list(dict.fromkeys([*first, *(k for r in rows for k in r)]))
     return _frame(rows, columns, ["target_loss", "steps", "tokens", "lr"])
 
 
-def _best_row(r: Dict[str, Any]) -> Dict[str, Any]:
+def _best_row(r: BestRow) -> Dict[str, Any]:
     """A best_per_batch entry with its settings as columns (the batch size and lr are columns already)."""
-    row = {k: r.get("run_name" if k == "trial" else k) for k in BEST_COLUMNS}
-    settings = {k: _scalar(v) for k, v in r["settings"].items() if k not in (BATCH_KEY, "optim.lr")}
+    row = {k: getattr(r, "run_name" if k == "trial" else k) for k in BEST_COLUMNS}
+    settings = {k: _scalar(v) for k, v in r.settings.items() if k not in (BATCH_KEY, "optim.lr")}
     return {**row, **settings}
 
 

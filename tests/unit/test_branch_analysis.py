@@ -70,8 +70,8 @@ def compared():
 
 
 def test_each_branch_point_gets_the_from_scratch_b_crit_at_the_base_s_loss_there(compared):
-    points = compared["branch"]["points"]
-    assert compared["branch"]["compared_with"] == "scratch" and [p["tokens"] for p in points] == AT
+    points = compared.branch.points
+    assert compared.branch.compared_with == "scratch" and [p["tokens"] for p in points] == AT
     for p in points:
         scratch = p["b_crit_scratch"]
         assert scratch["target_loss"] == pytest.approx(float(base_loss(p["tokens"])), rel=1e-9)
@@ -82,15 +82,15 @@ def test_each_branch_point_gets_the_from_scratch_b_crit_at_the_base_s_loss_there
 
 
 def test_the_branched_critical_batch_is_unchanged_by_the_comparison(compared):
-    alone = sweep_analysis.analyse(study_trials())["branch"]
-    assert alone["compared_with"] is None and all("b_crit_scratch" not in p for p in alone["points"])
-    assert [p["cbs"] for p in alone["points"]] == [p["cbs"] for p in compared["branch"]["points"]]
+    alone = sweep_analysis.analyse(study_trials()).branch
+    assert alone.compared_with is None and all("b_crit_scratch" not in p for p in alone.points)
+    assert [p["cbs"] for p in alone.points] == [p["cbs"] for p in compared.branch.points]
     # 2 % per doubling past 2 x: the 1 % tolerance is crossed half way from 2 x to 4 x in log B
-    assert [p["cbs"] for p in alone["points"]] == pytest.approx([B0 * 2**1.5] * len(AT), rel=1e-6)
+    assert [p["cbs"] for p in alone.points] == pytest.approx([B0 * 2**1.5] * len(AT), rel=1e-6)
 
 
 def test_the_report_shows_the_from_scratch_column_only_when_compared(compared):
-    lines = report_branch.lines(compared["branch"])
+    lines = report_branch.lines(compared.branch)
     assert any(
         line.lstrip().startswith("branch point (tokens)") and "from-scratch B_crit at that loss" in line
         for line in lines
@@ -98,19 +98,19 @@ def test_the_report_shows_the_from_scratch_column_only_when_compared(compared):
     assert "of sweep 'scratch'" in " ".join(lines)
     first = float(base_loss(AT[0]))
     assert any(f"at {first:.4g}" in line for line in lines)
-    plain = report_branch.lines(sweep_analysis.analyse(study_trials())["branch"])
+    plain = report_branch.lines(sweep_analysis.analyse(study_trials()).branch)
     assert not any("from-scratch" in line for line in plain)
 
 
 def test_an_eval_set_too_small_for_the_tolerance_is_named_with_the_size_it_needs():
     """The standard error falls as 1 / sqrt(eval tokens): 0.4 % of the loss at 65,536 tokens is
     1/2.5 of a 1 % tolerance, and three standard errors need 65,536 x (3 x 0.4 / 1)^2 tokens."""
-    noisy = sweep_analysis.analyse(study_trials(eval_se=0.004))["branch"]
-    (note,) = noisy["notes"]
+    noisy = sweep_analysis.analyse(study_trials(eval_se=0.004)).branch
+    (note,) = noisy.notes
     assert f"from 65,536 to at least {math.ceil(65536 * 1.2**2):,}" in note
     assert any(note in line for line in report_branch.lines(noisy))
-    assert sweep_analysis.analyse(study_trials(eval_se=0.003))["branch"]["notes"] == []  # 3.3 standard errors
-    (none,) = sweep_analysis.analyse(study_trials())["branch"]["notes"]
+    assert sweep_analysis.analyse(study_trials(eval_se=0.003)).branch.notes == ()  # 3.3 standard errors
+    (none,) = sweep_analysis.analyse(study_trials()).branch.notes
     assert "no eval/loss_se" in none
 
 
@@ -120,8 +120,8 @@ def test_a_plateau_is_reported_as_one_and_the_ramp_stops_at_the_points():
     critical batch size has plateaued (no overflow reading the law where it reaches twice the
     batch), and the ramp grows no further than the measured points (2.83 x B0 at every point)."""
     result = sweep_analysis.analyse(study_trials(rates=(0.0200, 0.01996, 0.02000)))
-    fit = result["branch_fit"]
+    fit = result.branch.fit
     assert 0 < fit["exponent"] < 1e-3 and fit["growth"] == "plateau", fit
-    assert [s["tokens_per_update"] for s in result["branch"]["ramp"]] == [B0, 2 * B0]
-    text = "\n".join(report_branch.lines(result["branch"]))
+    assert [s["tokens_per_update"] for s in result.branch.ramp] == [B0, 2 * B0]
+    text = "\n".join(report_branch.lines(result.branch))
     assert "has plateaued" in text and "within 1.00% of the factor-1 branch's" in text

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from orchestrator.cli import main
 from orchestrator.core import config, derived, storage, sweep_file
 from orchestrator.driver import plan, ray_session, sweep
-from orchestrator.reporting import report
+from orchestrator.reporting import report_files
 from orchestrator.tracking import mlflow_ui, run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import TINY, free_ports, sqlite_store, touched, write_sweep
@@ -240,7 +240,7 @@ def test_a_report_rerun_into_its_default_folder_replaces_its_own_files(tmp_path,
     for _ in range(2):
         assert main(["report", "tables"]) == 0, capsys.readouterr().err
     out = tmp_path / "reports" / "tables"
-    assert {p.name for p in out.iterdir()} <= set(report.OWNED) and (out / report.MARKER).is_file()
+    assert {p.name for p in out.iterdir()} <= set(report_files.OWNED) and (out / report_files.MARKER).is_file()
     assert (tmp_path / "reports" / "mine.txt").read_text() == "a user's file beside the report"
 
 

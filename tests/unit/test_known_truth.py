@@ -36,7 +36,7 @@ def covers(fit, truth: float) -> bool:
 def constant_draws():
     """30 draws of a world with a constant B_noise inside the swept range (700 tokens), a warmup of
     3% of the budget, three seeds and per-update noise."""
-    return [analyse(World(draw=d)) for d in range(DRAWS)]
+    return [analyse(World(draw=d)).to_json() for d in range(DRAWS)]
 
 
 def test_a_constant_noise_scale_is_recovered_within_20_percent_and_covered(constant_draws):
@@ -62,7 +62,8 @@ def test_a_rising_noise_scale_gives_a_rising_b_crit():
     along the path, so B_crit rises as the target falls, below B_noise at the target itself."""
     world = World(rise=2.2)
     for draw in range(3):
-        r = analyse(world.with_(draw=draw))
+        answer = analyse(world.with_(draw=draw))
+        r = answer.to_json()
         fits = r["critical_batch"]  # lowest target first
         assert all(f["status"] == "resolved" for f in fits)
         assert fits[0]["b_crit"] > fits[-1]["b_crit"]
@@ -71,21 +72,23 @@ def test_a_rising_noise_scale_gives_a_rising_b_crit():
         assert r["trend"]["agree"] and r["trend"]["b_simple_slope"] < 0
         lowest = fits[0]
         assert lowest["b_crit"] < float(world.b_noise_at(np.array([lowest["target_loss"]]))[0])
-    assert "B_crit rises as the loss falls" in report_render.answer(r)
+    assert "B_crit rises as the loss falls" in report_render.answer(answer)
 
 
 def test_a_noise_scale_below_the_smallest_batch_is_a_bound_not_a_point():
-    r = analyse(World(b_noise=40.0), seeds=2)
+    answer = analyse(World(b_noise=40.0), seeds=2)
+    r = answer.to_json()
     for fit in r["critical_batch"]:
         assert fit["status"] == "below" and fit["b_crit"] is None and fit["b_crit_interval"] is None
         assert fit["b_crit_bound"] == BATCHES[0] and fit["b_crit_fit"] < BATCHES[0]
-    assert f"B_crit < {BATCHES[0]} tokens" in report_render.answer(r)
+    assert f"B_crit < {BATCHES[0]} tokens" in report_render.answer(answer)
 
 
 def test_learning_rates_all_below_the_optimum_are_flagged_as_edges():
     """lrs up to 0.008: below lr_opt at B >= 1024 (0.0119 ... 0.0171)."""
     world = World()
-    r = analyse(world, lrs=factor_grid(0.001, 0.008), seeds=2)
+    answer = analyse(world, lrs=factor_grid(0.001, 0.008), seeds=2)
+    r = answer.to_json()
     short = [b for b in BATCHES if world.lr_opt(b) > 0.008 * 1.2]
     assert short == [1024, 2048, 4096]
     for fit in r["critical_batch"]:
@@ -93,8 +96,8 @@ def test_learning_rates_all_below_the_optimum_are_flagged_as_edges():
         assert all(edges[b] == "highest" for b in short), edges
         assert any("are upper bounds: the best lr there is the highest tried" in n for n in fit["notes"])
     assert all(row["lr_edge"] == "highest" for row in r["best_per_batch"] if row["batch"] in short)
-    assert "The best lr is the highest tried at" in report_render.answer(r)
-    assert "search.algorithm: bracket extends it" in report_render.answer(r)
+    assert "The best lr is the highest tried at" in report_render.answer(answer)
+    assert "search.algorithm: bracket extends it" in report_render.answer(answer)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +114,7 @@ def test_misspecified_worlds_are_covered_or_flagged(kind, changes):
     """Where the hyperbola is not the world (knees) or the noise is not the bootstrap's (per point,
     growing with B), the interval still holds B_noise, or the lack-of-fit test says not to trust it."""
     truth, draws = World().b_noise, 10
-    results = [analyse(World(draw=d, **changes)) for d in range(draws)]
+    results = [analyse(World(draw=d, **changes)).to_json() for d in range(draws)]
     covered = sum(covers(r["primary"], truth) for r in results)
     flagged = sum(any(f["lack_of_fit"]["flagged"] for f in r["critical_batch"]) for r in results)
     print(f"{kind}: covered {covered}/{draws}, lack of fit flagged {flagged}/{draws}")
@@ -122,12 +125,12 @@ def test_no_analysis_constant_moves_the_answer():
     """Pre-smoothing the curves (the old analysis's window, 0 to 32 updates of the largest batch)
     moves B_crit by less than its own interval; so does halving the warmup."""
     world = World(draw=3)
-    base = analyse(world)["primary"]
-    lo, hi = base["b_crit_interval"]
+    base = analyse(world).primary
+    lo, hi = base.b_crit_interval
     for width in (2 * 4096, 8 * 4096, 32 * 4096):
-        moved = analyse(world, smoothing_tokens=width)["primary"]["b_crit"]
+        moved = analyse(world, smoothing_tokens=width).primary.b_crit
         assert lo <= moved <= hi, (width, moved, (lo, hi))
-    halved = analyse(world.with_(warmup_tokens=world.warmup_tokens // 2))["primary"]["b_crit"]
+    halved = analyse(world.with_(warmup_tokens=world.warmup_tokens // 2)).primary.b_crit
     assert lo <= halved <= hi
 
 
@@ -140,7 +143,7 @@ def test_report_of_a_table_folder_is_the_analysis_of_its_tables(tmp_path, capsys
     assert cli.main(["report", str(folder), "--out", str(tmp_path / "report")]) == 0
     written = json.loads((tmp_path / "report" / "report.json").read_text())
     direct = sweep_analysis.analyse(tables.read(folder))
-    assert written["primary"]["b_crit"] == pytest.approx(direct["primary"]["b_crit"], rel=1e-12)
+    assert written["primary"]["b_crit"] == pytest.approx(direct.primary.b_crit, rel=1e-12)
     assert written["source"]["kind"] == "tables"
     assert cli.main(["report", str(tmp_path / "report"), "--out", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "report.json").read_text())

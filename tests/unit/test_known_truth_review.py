@@ -54,7 +54,7 @@ def test_beside_a_failed_lr_the_optimum_is_extrapolated_and_flagged_not_the_best
     most batch sizes. The steps there come within 3 % of the brute-force fewest (the best grid
     point alone is up to a fifth too many), each such point is flagged, and so is its B_crit."""
     world = REVIEW_WORLDS["runs diverge above 1.5x the optimal lr"].with_(update_noise=1e-9, seed_noise=1e-9)
-    result = sweep_analysis.analyse(world.trials(world.grid(lrs=offset_grid(4, LRS), seeds=2)))
+    result = sweep_analysis.analyse(world.trials(world.grid(lrs=offset_grid(4, LRS), seeds=2))).to_json()
     primary = result["primary"]
     truth = brute_force_steps(world, result["start_level"], primary["target_loss"])
     words = {p["batch"]: p["lr_edge"] for p in primary["points"]}

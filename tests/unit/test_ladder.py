@@ -357,14 +357,14 @@ def test_a_rungs_resamples_redo_best_per_batch_exactly_when_seeds_agree():
     trials = world.trials([(params, tokens)])
     rows = sweep_analysis.best_per_batch(trials, swept_axes(trials), "eval/loss")
     rung = ladder_rungs.rung(trials, "eval/loss", resamples=50)
-    b_opt = optimal_batch.b_opt(rows)
+    b_opt = optimal_batch.b_opt([r.to_json() for r in rows])
     assert rung.b_opt.value == pytest.approx(b_opt.batch)
     assert np.allclose(np.exp(rung.draws.log_b_opt), b_opt.batch)
     near = rung.draws.lr_near
     assert len(near.near) >= 3 and np.allclose(near.near_log_lr_draws, near.near_log_lr)
-    by_batch = {r["batch"]: math.log(r["lr"]) for r in rows}
+    by_batch = {r.batch: math.log(r.lr) for r in rows}
     assert np.allclose(near.near_log_lr, [by_batch[int(b)] for b in near.near_batches])
-    assert rung.final_loss.value == min(r["final_loss"] for r in rows)
+    assert rung.final_loss.value == min(r.final_loss for r in rows)
 
 
 def test_a_single_sweep_is_not_a_ladder_and_a_ladder_is():

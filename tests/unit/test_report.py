@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.analysis import sweep_analysis
 from orchestrator.core.errors import ConfigError
-from orchestrator.reporting import report, report_inputs, report_render
+from orchestrator.reporting import report, report_files, report_inputs, report_render
 from orchestrator.tracking import metric_logger, run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import sqlite_store
@@ -97,8 +97,8 @@ def trials(store):
 
 def test_mlflow_gives_the_analysis_what_the_tables_give(store, trials):
     """The runs read back from MLflow are the runs of the world: same answer as its tables."""
-    from_mlflow = sweep_analysis.analyse(trials)
-    from_tables = sweep_analysis.analyse(WORLD.trials(store["runs"] + store["poor"]))
+    from_mlflow = sweep_analysis.analyse(trials).to_json()
+    from_tables = sweep_analysis.analyse(WORLD.trials(store["runs"] + store["poor"])).to_json()
     for a, b in zip(from_mlflow["critical_batch"], from_tables["critical_batch"]):
         assert a["target_loss"] == pytest.approx(b["target_loss"], rel=1e-12)
         assert a["b_crit"] == pytest.approx(b["b_crit"], rel=1e-12) and a["status"] == b["status"]
@@ -112,7 +112,7 @@ def test_a_train_loss_point_is_the_update_that_starts_there(trials):
     assert all(t.tokens_seen == WORLD.total_tokens and t.outcome == "finished" for t in done)
 
 
-def test_best_configuration_counts_only_finished_trials(sweep_report, store):
+def test_best_configuration_counts_only_finished_trials(sweep_report, store, trials):
     result = sweep_report["json"]
     failed = sum(r.status == "FAILED" for r in store["runs"])
     assert failed and result["failed"] == failed
@@ -120,7 +120,7 @@ def test_best_configuration_counts_only_finished_trials(sweep_report, store):
     assert result["finished"] == len(store["runs"]) - failed
     for row in result["best_per_batch"]:
         assert row["lr"] != 0.001, "a stopped configuration is never the best"
-    answer = report_render.answer(result)
+    answer = report_render.answer(sweep_analysis.analyse(trials))  # what report printed
     assert result["best"]["batch"] == min(BATCHES)  # at equal tokens, as expected: the answer says so
     assert "That is the smallest batch tried" in answer and "the critical batch size is the batch size to act" in answer
     assert f"{result['finished']} of {result['finished'] + failed + 2} trials reached the budget" in answer
@@ -152,24 +152,24 @@ def test_steps_come_only_from_the_part_the_schedule_cannot_fake(trials):
     ]
     largest = [t for t in annealed if t.batch == BATCHES[-1] and t.outcome == "finished"]
     end_of_stable = min(t.curve().__getitem__(1)[-1] for t in largest)
-    fit = sweep_analysis.analyse(annealed, [end_of_stable - 0.3])["critical_batch"][0]
+    fit = sweep_analysis.analyse(annealed, [end_of_stable - 0.3]).to_json()["critical_batch"][0]
     assert BATCHES[-1] in fit["missing"], "reached only in the decay, so not reached"
     cosine = [dataclasses.replace(t, params={**t.params, "schedule.decay": "cosine"}, _fits={}) for t in trials]
-    notes = sweep_analysis.analyse(cosine)["primary"]["notes"]
+    notes = sweep_analysis.analyse(cosine).primary.notes
     assert any("the fit depends on the schedule" in n for n in notes)
 
 
 def test_fewer_than_three_batch_sizes_is_not_resolved(trials):
     result = sweep_analysis.analyse([t for t in trials if t.batch in BATCHES[:2]])
-    fit = result["primary"]
-    assert fit["status"] == "not resolved" and fit["b_crit"] is None and fit["b_crit_interval"] is None
+    fit = result.primary
+    assert fit.status == "not resolved" and fit.b_crit is None and fit.b_crit_interval is None
     assert "not resolved (B_crit needs 3 batch sizes that reach this loss; 2 did)" in report_render.answer(result)
 
 
 def test_target_not_reached_by_every_batch_size(trials):
     largest = [t for t in trials if t.batch == BATCHES[-1] and t.outcome == "finished"]
     below_largest = min(t.curve()[1][-1] for t in largest) - 0.05  # past where the largest batch gets
-    nobody, partly = sweep_analysis.analyse(trials, [1.0, below_largest])["critical_batch"]  # sorted by loss
+    nobody, partly = sweep_analysis.analyse(trials, [1.0, below_largest]).to_json()["critical_batch"]  # by loss
     assert BATCHES[-1] in partly["missing"] and len(partly["points"]) == 3
     assert f"not reached by batch sizes {BATCHES[-1]:,}" in partly["notes"]
     assert nobody["points"] == [] and nobody["b_crit"] is None and nobody["b_simple"] is None
@@ -179,10 +179,10 @@ def test_target_not_reached_by_every_batch_size(trials):
 def test_report_without_eval_or_gns_or_reachable_target(trials, tmp_path):
     bare = [dataclasses.replace(t, eval=[], b_simple=[], _fits={}) for t in trials]
     result = sweep_analysis.analyse(bare, [1.0])
-    assert result["loss_metric"] == "train/loss"
-    assert result["best"]["batch"] == BATCHES[0]
+    assert result.loss_metric == "train/loss"
+    assert result.best.batch == BATCHES[0]
     assert "Critical batch size at loss 1: not resolved" in report_render.answer(result)
-    written = {p.name for p in report.write_report(bare, result, "degenerate", tmp_path)}
+    written = {p.name for p in report_files.write_report(bare, result, "degenerate", tmp_path)}
     assert "critical_batch.png" not in written and {"loss_vs_tokens.png", "summary.md", "report.json"} <= written
     assert "no gns/b_simple" in (tmp_path / "summary.md").read_text()
 
@@ -238,7 +238,7 @@ def test_token_counts_have_one_format_on_every_figure(trials):
     """Every axis and colour bar that counts tokens labels its ticks as report_format.fmt_tokens does; the
     batch-size comparisons colour by B on one ordered scale with a colour bar."""
     result = sweep_analysis.analyse(trials)
-    figs = report.figures(trials, result, "known-truth")
+    figs = report_files.figures(trials, result, "known-truth")
     assert set(FIGURES) <= set(figs)
     checked = 0
     for name, fig in figs.items():
@@ -299,6 +299,30 @@ def test_sweep_file_names_the_sweep(store, tmp_path):
     )
     uri, name, run_id = report_inputs.resolve(str(sweep_file), [])
     assert (uri, name, run_id) == (store["uri"], SWEEP, store["parent"])
+
+
+def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(store, tmp_path, monkeypatch):
+    """`report SWEEP_FILE` parses the file once (its name, store, search and branch options all come
+    from that one reading) and hands the pipeline the sweep's runs (its report is tested above)."""
+    from orchestrator.core import sweep_file
+    from orchestrator.reporting import pipeline
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        f"name: {SWEEP}\nbase:\n  config: conf/train/tiny.yaml\n  overrides:\n"
+        f"    - tracking.uri={store['uri']}\n    - tracking.experiment={EXPERIMENT}\n"
+        "search:\n  criterion: steps\n"
+    )
+    parsed, made = [], []
+    load = sweep_file.load
+    monkeypatch.setattr(sweep_file, "load", lambda *a, **k: parsed.append(a) or load(*a, **k))
+    monkeypatch.setattr(pipeline, "make", lambda inputs, out, target_losses, **options: made.append((inputs, options)))
+    assert report.run(str(path), [], out=str(tmp_path / "out"), target_losses=None) == 0
+    assert len(parsed) == 1
+    ((inputs, options),) = made
+    assert inputs.name == SWEEP and inputs.source.run_id == store["parent"] and inputs.source.kind == "sweep"
+    assert len(inputs.trials) == len(store["runs"]) + len(store["poor"])
+    assert options == {"lr_criterion": "steps", "primary_target": None, "compare_with": None}
 
 
 def test_cli_report_and_unknown_sweep(store, tmp_path, cli):

@@ -97,8 +97,8 @@ def test_the_tables_read_back_to_the_same_trials(sweep, tmp_path):
         logged = t is not trials[-1]  # the last run's curves were not in what was read
         assert (b.train, b.eval) == ((t.train, t.eval) if logged else ([], []))
     again = sweep_analysis.analyse(back)
-    assert again["primary"]["b_crit_fit"] == pytest.approx(result["primary"]["b_crit_fit"], rel=1e-12)
-    assert [r["lr"] for r in again["best_lr"]] == pytest.approx([r["lr"] for r in result["best_lr"]], rel=1e-12)
+    assert again.primary.b_crit_fit == pytest.approx(result.primary.b_crit_fit, rel=1e-12)
+    assert [r.lr for r in again.best_lr] == pytest.approx([r.lr for r in result.best_lr], rel=1e-12)
 
 
 def test_params_are_typed_so_pandas_reads_the_csv_back_to_the_same_frame(sweep, tmp_path):
@@ -130,7 +130,7 @@ def test_a_ramped_run_is_left_out_of_the_critical_batch(sweep):
     ramped = dataclasses.replace(trials[0], name="ramped", run_id="ramped", params={**trials[0].params, **ramp})
     assert ramped.ramped and ramped.batch is None and not trials[0].ramped
     again = sweep_analysis.analyse([*trials, ramped])
-    assert again["primary"]["b_crit_fit"] == pytest.approx(result["primary"]["b_crit_fit"], rel=1e-12)
+    assert again.primary.b_crit_fit == pytest.approx(result.primary.b_crit_fit, rel=1e-12)
     one_step = {k: v for k, v in ramp.items() if ".0." in k}  # a ramp of one step is a fixed batch
     assert dataclasses.replace(trials[0], params={**trials[0].params, **one_step}).batch == trials[0].batch
 
@@ -153,9 +153,10 @@ def test_curves_hold_every_point_of_the_metrics_asked_for_value_for_value(sweep)
 
 
 def test_fit_is_the_reports_numbers(sweep):
-    _, _, result, built = sweep
-    fit = built.fit
-    assert fit.raw is result and fit.loss_metric == result["loss_metric"] and fit.axes == result["axes"]
+    _, _, answer, built = sweep
+    fit, result = built.fit, answer.to_json()
+    assert fit.answer is answer and fit.raw == result
+    assert fit.loss_metric == result["loss_metric"] and fit.axes == result["axes"]
     assert (fit.finished, fit.stopped, fit.failed, fit.incomplete) == (
         result["finished"],
         result["stopped"]["count"],
@@ -173,7 +174,7 @@ def test_fit_is_the_reports_numbers(sweep):
     primary = result["primary"]
     assert fit.target_loss == primary["target_loss"] and fit.notes == primary["notes"]
     assert fit.b_simple == primary["b_simple"] and fit.status == primary["status"]
-    assert fit.trend == result["trend"] and fit.lr_criterion == "final_loss"
+    assert fit.trend == answer.trend and fit.lr_criterion == "final_loss"
     assert list(fit.best_lr["lr"]) == [r["lr"] for r in result["best_lr"]]
     assert (fit.b_crit, fit.b_crit_interval) == (
         primary["b_crit"],

@@ -1,0 +1,51 @@
+"""One report, read -> analyse -> write, whatever it is made from: `report` (a sweep, a single run
+or a folder of tables) and the end of `sweep` both call `make`, so the two always say the same.
+
+- read (report_inputs.py): the runs as `Inputs`, from MLflow or from trials.csv and curves.csv;
+- analyse (sweep_analysis.analyse): the typed `answer.Answer` (its docstring states every rule);
+- write: report.json, the figures and the summaries (report_files.py), trials.csv and curves.csv
+  (results.py: what `results.load_sweep` gives), logged to the MLflow run under report/ when read
+  from MLflow; the answer printed (report_render.summary_lines).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+from orchestrator.analysis.answer import Answer
+from orchestrator.reporting import report_files, report_inputs, results
+from orchestrator.reporting.report_inputs import Inputs
+from orchestrator.reporting.report_render import summary_lines
+from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking.store import Store
+
+
+def make(
+    inputs: Inputs, out: Optional[Path] = None, target_losses: Optional[Sequence[float]] = None, **options
+) -> Answer:
+    """The report of `inputs` in `out` (default reports/<name>): analysed with `options`
+    (sweep_analysis.analyse's), written, logged to MLflow when read from there, and printed.
+    Returns the answer."""
+    answer = report_inputs.analyse(inputs, target_losses, **options)
+    out = out or report_files.default_out(inputs.name)
+    report_files.check_out_folder(out, inputs.folder)  # again: a sweep's folder may have changed while it ran
+    written = report_files.write_report(inputs.trials, answer, inputs.name, out)
+    tables = results.build(
+        inputs.name, inputs.source.run_id or "", inputs.trials, inputs.curves, answer, inputs.metrics, inputs.uri or ""
+    )
+    written += tables.to_csv(out)
+    if inputs.uri is None:
+        where = f"read from {inputs.folder}"
+    else:
+        store = Store(inputs.uri)
+        for path in written:
+            store.log_file(inputs.source.run_id, path, "report")
+        where = f"logged to run {inputs.source.run_id} under report/"
+    print(f"report: {out / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; {where})")
+    print("\n".join(summary_lines(answer)))
+    if inputs.uri is not None:  # the link that compares every trial on one chart
+        compared = [t.run_id for t in sorted(inputs.trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]
+        print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(inputs.uri)}`, then")
+        print(f"  {mlflow_ui.compare_link(inputs.uri, compared)}")
+    return answer

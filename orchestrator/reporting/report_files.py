@@ -1,0 +1,154 @@
+"""The files of a report and where they go: report.json (the answer's `to_json`), the figures
+(plots.py, comparison_plots.py) and summary.md and summary.html (report_render.py), into a folder
+that is new, empty or a report's own (docs/security.md). No MLflow: the report pipeline
+(pipeline.py) logs what this module writes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from orchestrator.analysis import branch_analysis, tables
+from orchestrator.analysis.answer import Answer
+from orchestrator.analysis.trials import Trial
+from orchestrator.core import validation
+from orchestrator.core.errors import ConfigError
+from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
+from orchestrator.reporting.report_render import document
+
+# ---------------------------------------------------------------- where
+
+MARKER = "report.json"
+"""Written first into a report's folder: a folder holding it is one a report wrote."""
+OWNED = (MARKER, "summary.md", "summary.html", tables.TRIALS, tables.CURVES) + (
+    "loss_vs_tokens.png",
+    "loss_vs_steps.png",
+    "branch_cbs.png",
+    "eval_heatmap.png",
+    "critical_batch.png",
+    "lr_vs_batch.png",
+    "loss_vs_tokens_best.png",
+    "critical_batch_vs_loss.png",
+    "b_simple_vs_tokens.png",
+    "loss_vs_lr.png",
+)
+"""The files a report writes into its folder: the only ones it writes or replaces there (docs/security.md)."""
+
+
+def default_out(name: str) -> Path:
+    """reports/<name>, the name made one plain folder name (validation.plain_name: the project's
+    rule for a name that becomes a folder)."""
+    folder = re.sub(r"[^\w.-]+", "_", name)
+    try:
+        validation.plain_name("--out", folder)
+    except ConfigError as exc:
+        raise ConfigError("--out", f"no default folder for the name {name!r} ({exc.message}); give --out DIR") from None
+    return Path("reports") / folder
+
+
+def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
+    """Before anything is written: `out` is new, empty, or a folder a report wrote (it holds
+    MARKER) with nothing in it but the files a report writes; never the folder the tables are
+    read from. So a report replaces only its own files, and a re-run into the same folder works."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file; give a new folder, an empty one or one a report wrote")
+    if tables_folder is not None and out.resolve() == tables_folder.resolve():
+        raise ConfigError(
+            "--out", f"{out} is the folder the tables are read from, which report never rewrites; give another"
+        )
+    ours = (out / MARKER).is_file()
+    entries = sorted(out.iterdir()) if out.is_dir() else []
+    foreign = [e for e in entries if not ours or e.name not in OWNED or e.is_symlink() or not e.is_file()]
+    if foreign:
+        raise ConfigError(
+            "--out",
+            f"{foreign[0]} is not a file a report wrote there ({MARKER} marks its folder); give a new folder, an "
+            "empty one or one a report wrote",
+        )
+
+
+# ---------------------------------------------------------------- writing
+
+
+def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any]:
+    from orchestrator.reporting import plots
+
+    usable, metric = [t for t in trials if t.batch and t.train], answer.loss_metric
+    curves = [{"batch": t.batch, "train": t.train, "eval": t.eval} for t in usable]
+    figs = {
+        "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
+        "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
+    }
+    if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
+        base = branch_analysis.base_of(trials)
+        b_simple = base.b_simple if base else []
+        figs["branch_cbs.png"] = plots.branch_cbs(list(answer.branch.points), answer.branch.fit, b_simple)
+        return figs
+    cells = [
+        (t.lr, t.batch, t.final(metric))
+        for t in usable
+        if t.lr and t.outcome == "finished" and t.final(metric) is not None
+    ]
+    if cells:
+        figs["eval_heatmap.png"] = plots.lr_batch_heatmap(cells, f"final {metric}")
+    fits = [  # the hyperbola is drawn whatever the status: the fit's B_crit
+        {
+            "target_loss": f.target_loss,
+            "points": [(p.batch, p.steps, p.tokens) for p in f.points],
+            "s_min": f.s_min,
+            "e_min": f.e_min,
+            "b_crit": f.b_crit_fit,
+        }
+        for f in answer.critical_batch
+        if f.points
+    ]
+    if fits:
+        figs["critical_batch.png"] = plots.critical_batch(fits)
+    figs.update(comparison_figures(usable, answer))
+    best, scaling = answer.best_lr, answer.lr_scaling
+    if any(r.lr for r in best):
+        fit = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
+        figs["lr_vs_batch.png"] = plots.lr_vs_batch(
+            [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr], fit
+        )
+    return figs
+
+
+def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any]:
+    """The figures that compare batch sizes at their chosen learning rates (comparison_plots.py)."""
+    from orchestrator.reporting import comparison_plots as cp
+
+    chosen = cp.best_trials(usable, answer.best_per_batch)
+    lr_of = {r.batch: r.lr for r in answer.best_lr}
+    figs = {}
+    if chosen:
+        figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, lr_of)
+    if any(f.b_crit or f.b_simple for f in answer.critical_batch):
+        figs["critical_batch_vs_loss.png"] = cp.critical_batch_vs_loss(answer.critical_batch)
+    if any(t.b_simple for t in chosen):
+        figs["b_simple_vs_tokens.png"] = cp.b_simple_over_training(chosen)
+    if any(t.lr for t in usable):
+        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, answer.loss_metric, answer.best_lr)
+    return figs
+
+
+def write_report(trials: Sequence[Trial], answer: Answer, name: str, out: Path) -> List[Path]:
+    """report.json (first: it marks the folder as a report's), the figures and the summaries in
+    `out`, which check_out_folder has accepted."""
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps(json_safe({"name": name, **answer.to_json()}), indent=2))
+    written = [out / MARKER]
+    for file, fig in figures(trials, answer, name).items():
+        assert file in OWNED, f"{file} is not in report_files.OWNED: a re-run would refuse the folder"
+        fig.savefig(out / file, dpi=120)
+        plt.close(fig)
+        written.append(out / file)
+    doc = document(answer, name, [p.name for p in written[1:]])
+    for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}"))):
+        (out / file).write_text(text)
+        written.append(out / file)
+    return written
