@@ -340,3 +340,13 @@ def test_a_config_error_raised_on_a_worker_reaches_the_driver_whole():
     error = WorkerGroupError("rank 1 failed", {1: wrapped})
     assert launch.failure_cause(error) == f"ConfigError: {raised}"
     assert launch.failure_cause(ValueError("plain")) == "ValueError: plain"
+
+
+def test_the_gradient_buckets_of_a_model_with_an_odd_parameter_count_are_even():
+    """The buckets are capped at the model's size, but ZeRO 1 and 2 refuse an odd one (DeepSpeed
+    0.19.8 asserts a multiple of its all-gather alignment, 2): linear regression with d = 9."""
+    from orchestrator.core import ds_config
+
+    cfg = config.load(ROOT / "conf" / "train" / "linreg.yaml", ["model.dim=9"])
+    zero = ds_config.build(cfg, derived.batch_plan(cfg), 9)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 10
