@@ -305,8 +305,11 @@ def test_one_worker_runs_the_zero_stage_that_holds_the_least_memory():
 
     cfg = config.load(TINY, asked)
     estimate, costs = micro_batch.predict(cfg, 4)
-    assert estimate.states == costs.params * 16 and estimate.bucket == 0  # fp32 ZeRO 0's, no bucket
-    assert estimate.total == memory.estimate(costs, 4, 0, "fp32", 1).total
+    # fp32 ZeRO 0's, and gns/b_simple_adam's copy of AdamW's denominator; no bucket
+    assert estimate.states == costs.params * (16 + 4) and estimate.bucket == 0
+    assert estimate.total == memory.estimate(costs, 4, 0, "fp32", 1, adam_noise_scale=True).total
+    for without in ("gns.adam=false", "gns.enabled=false"):
+        assert micro_batch.predict(config.load(TINY, [*asked, without]), 4)[0].states == costs.params * 16, without
     info = plan.describe(cfg)
     assert (info["zero_stage"], info["zero_stage_given"]) == (0, 3)
     assert "0 (given 3; one worker" in plan.format_table(info)
