@@ -21,6 +21,7 @@ totals (engine.train_update), so it costs no collective of its own.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List
 
@@ -61,13 +62,14 @@ class AdamPreconditioner:
 
     def __init__(self, engine, params: List[nn.Parameter]):
         self.engine, self.params = engine, params
-        sizes = [full_shape(p).numel() for p in params]
-        device = engine.device
-        self._flat = torch.zeros(sum(sizes), dtype=torch.float32, device=device)
-        self.scales = list(self._flat.split(sizes))
-        """Per parameter (flat views of one buffer): P, valid while `ready`."""
+        shapes = [full_shape(p) for p in params]
+        self._flat = torch.zeros(sum(s.numel() for s in shapes), dtype=torch.float32, device=engine.device)
+        self._views = list(self._flat.split([s.numel() for s in shapes]))  # flat, per parameter
+        self.scales = [view.view(shape) for view, shape in zip(self._views, shapes)]
+        """Per parameter, shaped as its gradient: P, valid while `ready`."""
         self.ready = False
         self._fragments: List[Fragment] = []
+        self._outs: List[torch.Tensor] = []  # P over each fragment
         zero = engine.zero_optimization_stage()
         # Where v is partitioned the copy is assembled from every rank's stretches; at ZeRO 0 in
         # fp32 every rank holds all of v, and the update's norm is counted on rank 0 alone.
@@ -80,19 +82,21 @@ class AdamPreconditioner:
     def refresh(self) -> bool:
         """P from the optimizer state before this update; False (and not ready) until v has
         averaged over its memory (noise.adam_memory_filled)."""
-        self._fragments = local_fragments(self.engine, self.params)
-        # Every group steps together: the first one's count stands for all (one read of the device).
-        first = self._fragments[0] if self._fragments else None
-        self.ready = first is not None and noise.adam_memory_filled(float(first.step), first.beta2)
+        frags = self._fragments = local_fragments(self.engine, self.params)
+        steps = torch.stack([f.step for f in frags]).tolist() if frags else []  # one read of the device
+        self.ready = bool(frags) and all(noise.adam_memory_filled(t, f.beta2) for t, f in zip(steps, frags))
         if not self.ready:
             return False
         if self._partitioned:
             self._flat.zero_()
-        for f in self._fragments:
-            out = self.scales[f.index].narrow(0, f.start, f.exp_avg_sq.numel())
-            # torch's AdamW: exp_avg_sq.sqrt() / sqrt(bias_correction) + eps, inverted
-            torch.sqrt(f.exp_avg_sq, out=out)
-            out.div_((1 - f.beta2**f.step).sqrt()).add_(f.eps).reciprocal_()
+        # torch's AdamW divides by exp_avg_sq.sqrt() / sqrt(1 - beta2^step) + eps: P is its inverse.
+        # One call per operation for all the fragments (per-tensor calls cost more than the arithmetic).
+        outs = self._outs = [self._views[f.index].narrow(0, f.start, f.exp_avg_sq.numel()) for f in frags]
+        torch._foreach_copy_(outs, [f.exp_avg_sq for f in frags])
+        torch._foreach_sqrt_(outs)
+        torch._foreach_div_(outs, [math.sqrt(1 - f.beta2**t) for t, f in zip(steps, frags)])
+        torch._foreach_add_(outs, [f.eps for f in frags])
+        torch._foreach_reciprocal_(outs)
         if self._partitioned and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(self._flat)  # each element is held by one rank: the sum assembles it
         return True
@@ -102,11 +106,8 @@ class AdamPreconditioner:
         in backward), between the boundary backward and the step: summed over ranks, the whole."""
         if not self.ready or (not self._partitioned and dist.is_initialized() and dist.get_rank() > 0):
             return 0.0
-        parts = []
-        for f in self._fragments:
-            scale = self.scales[f.index].narrow(0, f.start, f.exp_avg_sq.numel())
-            parts.append(torch.linalg.vector_norm(f.grad().float() * scale).square())
-        return float(torch.stack(parts).double().sum()) if parts else 0.0
+        norms = torch._foreach_norm(torch._foreach_mul([f.grad().float() for f in self._fragments], self._outs))
+        return float(torch.stack(norms).double().square().sum())
 
 
 def local_fragments(engine, params: List[nn.Parameter]) -> List[Fragment]:

@@ -34,11 +34,11 @@ class GradNormProbe:
 
     def _hook_for(self, index: int):
         def hook(grad: torch.Tensor) -> None:
-            # Stays on the gradient's device: one host sync per micro-batch, in squared_norms().
-            self._parts.append(grad_squared_norm(grad))
+            # Norms, squared in squared_norms(): as few calls per parameter as can be, and they
+            # stay on the gradient's device (one host sync per micro-batch, in squared_norms()).
+            self._parts.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
             if self.adam is not None and self.adam.ready:
-                scaled = grad.detach().reshape(-1) * self.adam.scales[index]
-                self._adam_parts.append(torch.linalg.vector_norm(scaled, dtype=torch.float32).square())
+                self._adam_parts.append(torch.linalg.vector_norm(grad * self.adam.scales[index], dtype=torch.float32))
 
         return hook
 
@@ -50,10 +50,10 @@ class GradNormProbe:
         preconditions it (NaN while the preconditioner is not ready)."""
         if not self._parts:
             return 0.0, float("nan")
-        raw = torch.stack(self._parts).double().sum()
+        raw = torch.stack(self._parts).double().square().sum()
         if not self._adam_parts:
             return float(raw), float("nan")
-        adam = torch.stack(self._adam_parts).double().sum()
+        adam = torch.stack(self._adam_parts).double().square().sum()
         raw, adam = torch.stack([raw, adam]).tolist()  # one host sync for both
         return raw, adam
 
