@@ -8,9 +8,13 @@ the built-in corpus; AdamW through DeepSpeed at the configured ZeRO stage, token
 accumulation), in this process as a DeepSpeed world of one (gloo), with torch threads =
 cluster.cpus_per_worker as in a Ray Train worker. "On" = what train_worker does with
 gns.enabled: a GradNormProbe on the model's parameters (a hook per parameter, one host sync per
-micro-batch), passed to train_update, and the EMA update of noise.estimate after it. "Off" = no
-probe at all (its hooks removed). Ray, MLflow and checkpoints are left out: they cost the same
-either way and only dilute the difference, so the figure is a lower bound of the full run's.
+micro-batch), passed to train_update, and the EMA update of noise.estimate after it; with AdamW
+(and gns.adam, the default) also the noise scale of the preconditioned gradient: the probe's
+AdamPreconditioner, refreshed from AdamW's state once per update (a whole fp32 copy of its
+denominator), the preconditioned norms in the same hooks and at the boundary, and its EMA.
+`gns.adam=false` measures B_simple alone. "Off" = no probe at all (its hooks removed). Ray,
+MLflow and checkpoints are left out: they cost the same either way and only dilute the
+difference, so the figure is a lower bound of the full run's.
 
 Measurement: periods of a few updates alternate on/off in ABBA order (on, off, off, on, ...),
 so drifts of the machine's load cancel; the same micro-batches are replayed in every period,
@@ -45,27 +49,51 @@ UPDATES_PER_PERIOD = 2
 DATA_UPDATES = 8  # distinct global batches, replayed
 
 
+class Spent:
+    """Thread CPU seconds of the probe's own work: hooks and read-out (`probe`), and the Adam
+    preconditioner's refresh and boundary norm (`adam`)."""
+
+    probe = 0.0
+    adam = 0.0
+
+
+def timed(method, bucket: str):
+    """`method`, adding the thread CPU time of each call to Spent.<bucket>: the probe's direct
+    cost, a low-noise figure next to the on/off ratio (the timer itself costs about a
+    microsecond per call, charged to the "on" side)."""
+
+    def wrapper(*args, **kwargs):
+        t = time.thread_time()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            setattr(Spent, bucket, getattr(Spent, bucket) + time.thread_time() - t)
+
+    return wrapper
+
+
 def timed_probe_class():
-    """GradNormProbe whose hook and read-out add their own thread CPU time to `spent_s`: the
-    probe's direct cost, a low-noise figure next to the on/off ratio (the timer itself costs
-    about a microsecond per hook call, charged to the "on" side)."""
+    """GradNormProbe whose hooks and read-out are timed (Spent.probe)."""
     from workloads.train.gns_probe import GradNormProbe
 
     class TimedProbe(GradNormProbe):
-        spent_s = 0.0
+        def _hook_for(self, index: int):
+            return timed(super()._hook_for(index), "probe")
 
-        def _hook(self, grad):
-            t = time.thread_time()
-            super()._hook(grad)
-            TimedProbe.spent_s += time.thread_time() - t
-
-        def squared_norm(self) -> float:
-            t = time.thread_time()
-            value = super().squared_norm()
-            TimedProbe.spent_s += time.thread_time() - t
-            return value
+        def squared_norms(self):
+            return timed(super().squared_norms, "probe")()
 
     return TimedProbe
+
+
+def timed_preconditioner(engine, params):
+    """The AdamPreconditioner train_worker keeps, its refresh and boundary norm timed (Spent.adam)."""
+    from workloads.train.adam_precondition import AdamPreconditioner
+
+    adam = AdamPreconditioner(engine, params)
+    adam.refresh = timed(adam.refresh, "adam")
+    adam.update_sq_norm = timed(adam.update_sq_norm, "adam")
+    return adam
 
 
 class ReplayedData:
@@ -115,24 +143,28 @@ def main(argv: List[str] | None = None) -> int:
     engine = build_engine(cfg, plan, work)
     data = ReplayedData(work, plan)
     gns = noise.NoiseScaleEMA(derived.gns_ema_tokens(cfg))
+    gns_adam = noise.NoiseScaleEMA(derived.gns_ema_tokens(cfg))
     naive = cfg.train.loss_normalization == "micro_batch"
     Probe = timed_probe_class()
+    params = [p for p in work.model.parameters() if p.requires_grad]
+    adam = timed_preconditioner(engine, params) if derived.measures_adam_noise_scale(cfg) else None
 
     update = 0
 
     def run_period(on: bool) -> None:
         nonlocal update
         probe = Probe(work.model) if on else None
+        if probe:
+            probe.adam = adam
         for _ in range(UPDATES_PER_PERIOD):
             stats = train_update(engine, data, plan, update * plan.sequences_per_update, 0, probe, naive)
             if probe:  # what train_worker does after each update
-                b_big = stats.real_tokens
-                gns.update(
-                    *noise.estimate(
-                        stats.small_sq_mean, b_big / plan.micro_batches_per_update, stats.grad_norm**2, b_big
-                    ),
-                    tokens=plan.tokens_per_update,
-                )
+                b_big, b_small = stats.real_tokens, stats.real_tokens / plan.micro_batches_per_update
+                gns.update(*noise.estimate(stats.small_sq_mean, b_small, stats.grad_norm**2, b_big), tokens=b_big)
+                if adam:
+                    gns_adam.update(
+                        *noise.estimate(stats.small_sq_mean_adam, b_small, stats.big_sq_adam, b_big), tokens=b_big
+                    )
             update += 1
         if probe:
             probe.remove()
@@ -141,7 +173,7 @@ def main(argv: List[str] | None = None) -> int:
     started = time.perf_counter()
     run_period(True)  # warm-up: allocator, autograd caches, DeepSpeed's lazy set-up
     run_period(False)
-    Probe.spent_s = 0.0
+    Spent.probe = Spent.adam = 0.0
     periods = common.abba(run_period, args.seconds)
 
     tokens = UPDATES_PER_PERIOD * plan.tokens_per_update
@@ -157,12 +189,15 @@ def main(argv: List[str] | None = None) -> int:
         "ratio_wall": rate(on_p, "wall_s") / rate(off_p, "wall_s"),
         "ratio_median_abba_group": statistics.median(group_ratios),
         "goal": f"ratio >= {GOAL}",
-        "probe_share_of_on_cpu": Probe.spent_s / sum(q["cpu_s"] for q in on_p),
-        "probe_cpu_ms_per_update": 1000 * Probe.spent_s / (len(on_p) * UPDATES_PER_PERIOD),
+        "probe_share_of_on_cpu": (Spent.probe + Spent.adam) / sum(q["cpu_s"] for q in on_p),
+        "probe_cpu_ms_per_update": 1000 * Spent.probe / (len(on_p) * UPDATES_PER_PERIOD),
+        "adam_refresh_cpu_ms_per_update": 1000 * Spent.adam / (len(on_p) * UPDATES_PER_PERIOD),
+        "adam_preconditioner_bytes": adam.nbytes if adam else 0,
         "tokens_per_cpu_s": {"off": rate(off_p, "cpu_s"), "on": rate(on_p, "cpu_s")},
         "tokens_per_wall_s": {"off": rate(off_p, "wall_s"), "on": rate(on_p, "wall_s")},
         "updates": {"on": len(on_p) * UPDATES_PER_PERIOD, "off": len(off_p) * UPDATES_PER_PERIOD},
         "b_simple_after_run": gns.b_simple,
+        "b_simple_adam_after_run": gns_adam.b_simple if adam else None,
         "wall_s": time.perf_counter() - started,
         "config": {
             "file": os.path.relpath(args.config, ROOT),
@@ -174,6 +209,7 @@ def main(argv: List[str] | None = None) -> int:
             "tokens_per_update": plan.tokens_per_update,
             "zero_stage": cfg.deepspeed.zero_stage,
             "precision": cfg.deepspeed.precision,
+            "gns_adam": adam is not None,
             "torch_threads": torch.get_num_threads(),
             "parameters": sum(p.numel() for p in work.model.parameters()),
         },
@@ -187,6 +223,13 @@ def main(argv: List[str] | None = None) -> int:
         ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
         ("1 - probe's own CPU share", "", "", f"{1 - result['probe_share_of_on_cpu']:.4f}"),
     ]
+    adam_note = (
+        f"; with AdamW's preconditioner ({result['adam_preconditioner_bytes'] / 1e6:.2f} MB, refreshed and read at "
+        f"the boundary in {result['adam_refresh_cpu_ms_per_update']:.2f} ms CPU per update; B_simple_adam at the end "
+        f"{result['b_simple_adam_after_run'] or float('nan'):.0f})"
+        if adam
+        else " (B_simple alone: gns.adam off or SGD)"
+    )
     common.print_table(rows)
     print(
         f"\n{result['updates']['on']} updates on, {result['updates']['off']} off, "
@@ -194,7 +237,7 @@ def main(argv: List[str] | None = None) -> int:
         f"(b={plan.micro_batch_size} x A={plan.grad_accum_steps} micro-batches, ZeRO {cfg.deepspeed.zero_stage}); "
         f"B_simple at the end {result['b_simple_after_run'] or float('nan'):.0f} tokens; "
         "the probe's hooks and read-out "
-        f"took {result['probe_cpu_ms_per_update']:.2f} ms CPU per update"
+        f"took {result['probe_cpu_ms_per_update']:.2f} ms CPU per update{adam_note}"
     )
     verdict = "meets" if result["ratio"] >= GOAL else "misses"
     print(

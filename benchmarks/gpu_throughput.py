@@ -198,8 +198,9 @@ def run_plain(cfg, device, args) -> Dict[str, Any]:
 def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     import torch
 
-    from orchestrator.core.derived import batch_plan
+    from orchestrator.core.derived import batch_plan, measures_adam_noise_scale
     from workloads import workload as workloads
+    from workloads.train.adam_precondition import AdamPreconditioner
     from workloads.train.engine import build_engine, ensure_process_group, train_update
     from workloads.train.gns_probe import GradNormProbe
 
@@ -210,6 +211,8 @@ def run_deepspeed(cfg, device, args) -> Dict[str, Any]:
     work = workloads.build(cfg, plan, device)
     probe = GradNormProbe(work.model) if cfg.gns.enabled and plan.micro_batches_per_update > 1 else None
     engine = build_engine(cfg, plan, work)
+    if probe and measures_adam_noise_scale(cfg):  # as train_worker does: gns/b_simple_adam's preconditioner
+        probe.adam = AdamPreconditioner(engine, probe.params)
 
     def step(update: int) -> None:
         train_update(engine, work, plan, update * plan.sequences_per_update, 0, probe)

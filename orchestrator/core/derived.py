@@ -109,6 +109,13 @@ def min_micro_batches(cfg: Config) -> int:
     return 2 if measured and cfg.batch.grad_accum_steps is None else 1
 
 
+def measures_adam_noise_scale(cfg: Config) -> bool:
+    """Whether a run keeps AdamW's preconditioner for gns/b_simple_adam (a whole fp32 copy per
+    worker: 4 bytes per parameter, which the memory model counts)."""
+    measured = cfg.gns.enabled and cfg.train.loss_normalization == "token"
+    return measured and cfg.gns.adam and cfg.optim.name == "adamw"
+
+
 def batch_segments(cfg: Config) -> List[batching.Segment]:
     """The run's batch sizes along its budget (batch.ramp; one segment without it), each
     decomposed by batch_plan's rule, with the lr factor batch.ramp_lr_scaling gives it."""

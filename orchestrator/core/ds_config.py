@@ -28,7 +28,8 @@ def _deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
 def _buckets(num_params: Optional[int]) -> Dict[str, int]:
     if not num_params:
         return {}
-    elements = min(DEFAULT_BUCKET, num_params)
+    # ZeRO 1 and 2 refuse an odd bucket (a multiple of their 2-element all-gather alignment)
+    elements = min(DEFAULT_BUCKET, num_params + num_params % 2)
     return {"reduce_bucket_size": elements, "allgather_bucket_size": elements}
 
 

@@ -265,6 +265,10 @@ class TrackingConfig:
 class GNSConfig:
     enabled: bool = True
     """Measure the gradient noise scale B_simple during training."""
+    adam: bool = True
+    """With AdamW, also measure it on the gradient as AdamW preconditions it, g / (sqrt(v_hat) +
+    eps) (gns/b_simple_adam): a whole fp32 copy of that denominator on every worker, 4 bytes per
+    parameter (in the memory model), refreshed once per update. No effect with optim.name: sgd."""
     ema_tokens: Optional[int] = None
     """Time constant, in tokens, of the EMAs of |G|^2 and tr(Sigma): an estimate's weight falls by
     a factor e every ema_tokens tokens, so every batch size smooths over the same stretch of

@@ -270,6 +270,7 @@ FIELDS = {
     "tracking.system_metrics": Field("bool", optional=True),
     "tracking.system_metrics_interval_s": number(0, low_open=True),
     "gns.enabled": Field("bool"),
+    "gns.adam": Field("bool"),
     "gns.ema_tokens": count(optional=True),
 }
 """One rule per leaf of the schema (`*`: every item of a list); a test keeps it complete."""

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 from orchestrator.core import ds_config, storage
 from orchestrator.core.config import to_dict
-from orchestrator.core.derived import batch_plan, batch_segments, zero_stage
+from orchestrator.core.derived import batch_plan, batch_segments, measures_adam_noise_scale, zero_stage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.formulas import feasibility, memory
@@ -136,8 +136,9 @@ def predict(cfg: Config, micro_batch_size: int) -> Optional[Tuple[memory.MemoryE
     if costs is None:
         return None
     zero = ds_config.build(cfg, batch_plan(cfg), costs.params)["zero_optimization"]
-    d = cfg.deepspeed
-    return memory.estimate(costs, micro_batch_size, zero["stage"], d.precision, cfg.cluster.num_workers, zero), costs
+    d, workers = cfg.deepspeed, cfg.cluster.num_workers
+    adam = measures_adam_noise_scale(cfg)
+    return memory.estimate(costs, micro_batch_size, zero["stage"], d.precision, workers, zero, adam), costs
 
 
 def _probe_on_worker(cfg: Config, upper: int, capacity: Optional[float]) -> Dict[str, Any]:

@@ -25,7 +25,7 @@ from orchestrator.core import storage, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.phases import Phases
 from orchestrator.driver import launch, micro_batch, ray_session
-from orchestrator.reporting import report
+from orchestrator.reporting import report_files
 from orchestrator.sweeps import branch_study, placement, search_space
 from orchestrator.tracking.run_tags import (
     BRANCH_AT_TAG,
@@ -274,7 +274,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         trials = first = _from_checkpoints(sweep, base, base_run, trials)
     _preflight(first)
     storage.check_reachable(base.train.storage_path, "train.storage_path")  # once: every trial's lies under it
-    report.check_out_folder(report.default_out(sweep.name))  # where the sweep's report goes when it ends
+    report_files.check_out_folder(report_files.default_out(sweep.name))  # where the sweep's report goes when it ends
     _say_how_early_stopping_compares(sweep, trials)
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume and storage.local_path(folder) is not None:  # remote ones: each trial checks what it loads

@@ -17,7 +17,9 @@ the earlier micro-batches are too). Each stage keeps some of them whole on every
     bf16/fp16  2       2 = w2               14 = g2 master4 adam8
     bf16/fp16  3       0                    20 = w2 g2 + fp32 g4 + master4 adam8
 
-(w weights, g gradients, master the fp32 copy the optimizer updates, adam its two moments.) ZeRO 1
+(w weights, g gradients, master the fp32 copy the optimizer updates, adam its two moments.) The
+noise scale of the gradient as AdamW preconditions it (gns.adam) keeps a whole fp32 copy of
+AdamW's denominator on every worker: 4 more bytes per parameter, replicated. ZeRO 1
 to 3 also allocate one gradient bucket of `reduce_bucket_size` elements (two with overlap_comm at
 ZeRO 1 and 2), which orchestrator/core/ds_config.py caps at the model's size.
 
@@ -79,7 +81,8 @@ class MemoryEstimate:
     """Predicted peak bytes of one worker, by part."""
 
     states: float
-    """Weights, gradients and optimizer state held by this worker."""
+    """Weights, gradients and optimizer state held by this worker (and the noise scale's copy of
+    AdamW's denominator, where it is measured)."""
     bucket: float
     """DeepSpeed's gradient reduction bucket (ZeRO 1..3)."""
     activations: float
@@ -94,9 +97,13 @@ def _precision_class(precision: str) -> str:
     return "fp32" if precision == "fp32" else "half"
 
 
-def state_bytes_per_param(zero_stage: int, precision: str, num_workers: int) -> float:
+ADAM_PRECONDITIONER_BYTES = 4
+"""Per parameter and worker: gns/b_simple_adam's fp32 copy of AdamW's 1 / (sqrt(v_hat) + eps)."""
+
+
+def state_bytes_per_param(zero_stage: int, precision: str, num_workers: int, adam_noise_scale: bool = False) -> float:
     replicated, partitioned = _STATE_BYTES[(_precision_class(precision), zero_stage)]
-    return replicated + partitioned / num_workers
+    return replicated + partitioned / num_workers + (ADAM_PRECONDITIONER_BYTES if adam_noise_scale else 0)
 
 
 def bucket_bytes(zero_stage: int, precision: str, zero_config: Optional[Dict[str, Any]] = None) -> float:
@@ -117,9 +124,10 @@ def estimate(
     precision: str,
     num_workers: int,
     zero_config: Optional[Dict[str, Any]] = None,
+    adam_noise_scale: bool = False,
 ) -> MemoryEstimate:
     return MemoryEstimate(
-        states=costs.params * state_bytes_per_param(zero_stage, precision, num_workers),
+        states=costs.params * state_bytes_per_param(zero_stage, precision, num_workers, adam_noise_scale),
         bucket=bucket_bytes(zero_stage, precision, zero_config),
         activations=costs.activation_bytes_per_sequence * micro_batch_size,
     )

@@ -8,6 +8,13 @@ equations and so unbiased estimates of both unknowns (docs/design.md 5):
     S     ~= (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
     B_simple = S / |G|^2          (ratio of separately smoothed estimates, never averaged ratios)
 
+The same two equations hold for any fixed linear map of the gradient. AdamW moves the weights
+along P g, with P = diag(1 / (sqrt(v_hat) + eps)) from its second moment before the update (which
+the update's own samples do not touch), so E|P G_B|^2 = |P G|^2 + tr(P Sigma P) / B, and `estimate`
+on the preconditioned norms gives B_simple_adam = tr(P Sigma P) / |P G|^2 (gns/b_simple_adam;
+workloads/train/adam_precondition.py takes the norms). Whether it is closer than B_simple to
+AdamW's critical batch size: docs/critical-batch.md ("Which noise scale to trust for Adam").
+
 The critical batch size from a sweep's runs is orchestrator/analysis/critical_batch.py's.
 
 Pure math on Python floats and numpy: no torch, Ray, DeepSpeed or MLflow.
@@ -31,6 +38,16 @@ def estimate(small_sq_norm_mean: float, b_small: float, big_sq_norm: float, b_bi
     g_squared = (b_big * big_sq_norm - b_small * small_sq_norm_mean) / (b_big - b_small)
     trace_sigma = (small_sq_norm_mean - big_sq_norm) / (1.0 / b_small - 1.0 / b_big)
     return float(g_squared), float(trace_sigma)
+
+
+def adam_memory_filled(step: float, beta2: float) -> bool:
+    """Whether AdamW's second moment has averaged over its memory, 1 / (1 - beta2) updates, after
+    `step` steps: the noise scale of the preconditioned gradient is measured from there on. Before,
+    v_hat rests on a few gradients, and a coordinate whose few squared gradients happened to be
+    small gets an enormous 1 / sqrt(v_hat): the first estimates are that coordinate's noise (on
+    linear regression, |P G|^2 of -1.6e5 after one step against about 3 later), and they would hold
+    the EMA for many times its length."""
+    return step * (1.0 - beta2) >= 1.0 - 1e-9  # not step >= 1 / (1 - beta2): 1 / (1 - 0.8) is 5.000000000000001
 
 
 def per_token_sq_norm(raw_sq_norm: float, loss_multiplier: float, real_tokens: float) -> float:

@@ -1,14 +1,15 @@
 """What a report reads: a sweep file, a sweep's name or a run id resolved in the MLflow store, and
-its runs as `trials.Trial` records with the curves the analysis needs (MLflow only through
-the door, tracking/store.py, whose run records become trials here), or a folder of trials.csv and curves.csv; either way as `Inputs`, which
-`analyse` turns into the answer with where it was read from. `report`, `results.load_sweep`, the
-sweep's closing summary and the bracket searcher all read runs through here."""
+its runs as `trials.Trial` records with the curves the analysis needs (MLflow only through the
+door, tracking/store.py, whose run records become trials here), or a folder of trials.csv and
+curves.csv; either way as `Inputs`, which `analyse` turns into the answer with where it was read
+from. `report`, `results.load_sweep`, the sweep's closing summary and the bracket searcher all read
+runs through here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from orchestrator.analysis import sweep_analysis, tables
 from orchestrator.analysis.answer import Answer, Source

@@ -305,8 +305,11 @@ def test_one_worker_runs_the_zero_stage_that_holds_the_least_memory():
 
     cfg = config.load(TINY, asked)
     estimate, costs = micro_batch.predict(cfg, 4)
-    assert estimate.states == costs.params * 16 and estimate.bucket == 0  # fp32 ZeRO 0's, no bucket
-    assert estimate.total == memory.estimate(costs, 4, 0, "fp32", 1).total
+    # fp32 ZeRO 0's, and gns/b_simple_adam's copy of AdamW's denominator; no bucket
+    assert estimate.states == costs.params * (16 + 4) and estimate.bucket == 0
+    assert estimate.total == memory.estimate(costs, 4, 0, "fp32", 1, adam_noise_scale=True).total
+    for without in ("gns.adam=false", "gns.enabled=false"):
+        assert micro_batch.predict(config.load(TINY, [*asked, without]), 4)[0].states == costs.params * 16, without
     info = plan.describe(cfg)
     assert (info["zero_stage"], info["zero_stage_given"]) == (0, 3)
     assert "0 (given 3; one worker" in plan.format_table(info)
@@ -359,3 +362,13 @@ def test_an_unknown_key_gets_the_key_it_was_meant_to_be(override, suggested):
         config.load(TINY, [override])
     assert info.value.key == override.split("=")[0]
     assert str(info.value).endswith(f"did you mean {suggested}?"), str(info.value)
+
+
+def test_the_gradient_buckets_of_a_model_with_an_odd_parameter_count_are_even():
+    """The buckets are capped at the model's size, but ZeRO 1 and 2 refuse an odd one (DeepSpeed
+    0.19.8 asserts a multiple of its all-gather alignment, 2): linear regression with d = 9."""
+    from orchestrator.core import ds_config
+
+    cfg = config.load(ROOT / "conf" / "train" / "linreg.yaml", ["model.dim=9"])
+    zero = ds_config.build(cfg, derived.batch_plan(cfg), 9)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 10

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from orchestrator.formulas.noise import (
     NoiseScaleEMA,
+    adam_memory_filled,
     estimate,
     per_token_sq_norm,
 )
@@ -51,6 +52,12 @@ def test_estimate_is_unbiased_on_synthetic_gradients():
     assert trace_hat == pytest.approx(float(var.sum()), rel=0.03)
     # The naive estimate |G_big|^2 is biased up by tr(Sigma)/B_big: the correction matters.
     assert big.mean() - float(G @ G) == pytest.approx(var.sum() / (b_small * n_micro), rel=0.1)
+
+
+@pytest.mark.parametrize("beta2, memory", [(0.8, 5), (0.95, 20), (0.999, 1000), (0.5, 2)])
+def test_adams_memory_is_filled_after_one_over_one_minus_beta2_steps(beta2, memory):
+    """At exactly 1 / (1 - beta2) steps, however the division rounds (1 / (1 - 0.8) is 5.000000000000001)."""
+    assert not adam_memory_filled(memory - 1, beta2) and adam_memory_filled(memory, beta2)
 
 
 @pytest.mark.parametrize("b_small,b_big", [(8, 8), (16, 8), (0, 8)])
@@ -183,7 +190,7 @@ def test_fp16_loss_scale_is_divided_out_of_the_small_batch_norms():
         probe.start()
         summed = 0.5 * (model(xb).squeeze(-1) - yb).square().sum()
         (summed * weight * loss_scale).backward(retain_graph=True)
-        scaled.append(per_token_sq_norm(probe.squared_norm(), weight * loss_scale, 16))
+        scaled.append(per_token_sq_norm(probe.squared_norms()[0], weight * loss_scale, 16))
         model.zero_grad()
         (summed / 16).backward()  # the per-token-mean gradient, by plain autograd
         plain.append(sum(float(p.grad.double().square().sum()) for p in model.parameters()))

@@ -35,6 +35,8 @@ class TrainState:
     tokens: int = 0
     run_id: str = ""
     gns: Dict[str, Any] = field(default_factory=dict)
+    gns_adam: Dict[str, Any] = field(default_factory=dict)
+    """The EMA of the noise scale of the gradient as AdamW preconditions it (empty: none)."""
     stable_loss: float = float("nan")
     """eval/loss where the stable part of the schedule ends (schedules.stable_end_tokens); NaN before."""
     mlflow_watermarks: Dict[str, int] = field(default_factory=dict)

@@ -137,11 +137,17 @@ def train_update(
     fp16 = engine.fp16_enabled()
     scale_before = loss_scale(engine.optimizer, fp16)
 
-    loss_sum, small_sq_sum, small_count, own_sq, applied = 0.0, 0.0, 0, None, 1.0
+    adam = probe.adam if probe else None
+    if adam:  # Adam's preconditioner from its state before this update (none before the first step)
+        adam.refresh()
+
+    loss_sum, small_sq_sum, small_adam_sum, small_count, own_sq, applied = 0.0, 0.0, 0.0, 0, None, 1.0
+    big_adam = 0.0
     for i, mb in enumerate(batches):
         # The boundary is said, not counted: DeepSpeed's micro-step count restarts at a resume
         # and need not be a multiple of a new A after a batch.ramp step.
-        engine.set_gradient_accumulation_boundary(i == len(batches) - 1)
+        last = i == len(batches) - 1
+        engine.set_gradient_accumulation_boundary(last)
         if probe:
             probe.start()
         summed, count = work.summed_loss(engine, mb)
@@ -153,12 +159,16 @@ def train_update(
             applied = backward(engine, summed * scale, fp16)
         if probe and mb.real_tokens:
             # Hook gradients are of (summed * scale * applied): rescale to a per-token mean.
-            small_sq_sum += noise.per_token_sq_norm(probe.squared_norm(), scale * applied, mb.real_tokens)
+            raw_sq, adam_sq = probe.squared_norms()
+            small_sq_sum += noise.per_token_sq_norm(raw_sq, scale * applied, mb.real_tokens)
+            small_adam_sum += noise.per_token_sq_norm(adam_sq, scale * applied, mb.real_tokens)
             small_count += 1
-        if i == len(batches) - 1 and engine.zero_optimization_stage() == 0:
+        if last and engine.zero_optimization_stage() == 0:
             # ZeRO 0 with a torch optimizer keeps no global norm, but after the boundary
             # backward every rank's p.grad holds the all-reduced update gradient (before clipping).
             own_sq = summed_squares(engine.module.parameters())
+        if last and adam and adam.ready:  # the reduced gradient, before the step uses and frees it
+            big_adam = adam.update_sq_norm() / applied**2
         engine.step()
         loss_sum += float(summed.detach())
 
@@ -172,8 +182,9 @@ def train_update(
     )
     sources = list(work.source_names)
     local_source_tokens = [sum(mb.source_tokens.get(k, 0) for mb in batches) for k in sources]
-    totals = _all_reduce([loss_sum, small_sq_sum, small_count, *local_source_tokens])
-    total_loss, total_small_sq, total_small, *source_tokens = totals
+    totals = _all_reduce([loss_sum, small_sq_sum, small_adam_sum, big_adam, small_count, *local_source_tokens])
+    total_loss, total_small_sq, total_small_adam, total_big_adam, total_small, *source_tokens = totals
+    measured_adam = adam is not None and adam.ready
     return UpdateStats(
         loss_sum=total_loss,
         real_tokens=global_real,
@@ -181,6 +192,8 @@ def train_update(
         grad_norm=grad_norm,
         clipped=clipped(grad_norm, float(engine.gradient_clipping() or 0.0)),
         small_sq_mean=total_small_sq / max(total_small, 1.0),
+        small_sq_mean_adam=total_small_adam / max(total_small, 1.0) if measured_adam else float("nan"),
+        big_sq_adam=total_big_adam if measured_adam else float("nan"),
         local_slots=sum(mb.slots for mb in batches),
         source_tokens=dict(zip(sources, source_tokens)),  # all workers
     )

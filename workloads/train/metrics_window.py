@@ -42,6 +42,10 @@ class UpdateStats:
     """Sequence slots this worker filled (for packing efficiency)."""
     source_tokens: Dict[str, float]
     """Real tokens per data source, all workers."""
+    small_sq_mean_adam: float = float("nan")
+    """small_sq_mean of the gradients as AdamW preconditions them (NaN: not measured)."""
+    big_sq_adam: float = float("nan")
+    """Squared norm of the update's gradient as AdamW preconditions it (NaN: not measured)."""
 
 
 @dataclass
@@ -97,16 +101,17 @@ class MetricsWindow:
         return metrics
 
 
-def noise_scale_metrics(gns: Any) -> Tuple[int, Dict[str, float]]:
+def noise_scale_metrics(gns: Any, suffix: str = "") -> Tuple[int, Dict[str, float]]:
     """(step, metrics) of the noise scale: `gns/*` of a NoiseScaleEMA (None, or no estimate yet:
-    no metrics), at the EMA's centre of mass in tokens seen. Each update's estimate comes from
+    no metrics), named with `suffix` (`_adam`: of the gradient as AdamW preconditions it), at
+    the EMA's centre of mass in tokens seen. Each update's estimate comes from
     gradients taken at the weights before it (at its first token, like its train/loss); the
     EMA's value is their weighted average, and it belongs at their weighted mean position, where
     it has no first-order lag (noise.NoiseScaleEMA)."""
     if gns is None or gns.b_simple is None:
         return 0, {}
     return round(gns.centre), {
-        "gns/b_simple": gns.b_simple,
-        "gns/g_squared": gns.g_squared,
-        "gns/trace_sigma": gns.trace_sigma,
+        f"gns/b_simple{suffix}": gns.b_simple,
+        f"gns/g_squared{suffix}": gns.g_squared,
+        f"gns/trace_sigma{suffix}": gns.trace_sigma,
     }

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from orchestrator.core.config import from_dict, to_dict
-from orchestrator.core.derived import batch_plan
+from orchestrator.core.derived import batch_plan, measures_adam_noise_scale
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.formulas.memory import HEADROOM
 
@@ -68,25 +68,29 @@ def _config_at(cfg: Config, b: int) -> Config:
 
 
 def peak_at(cfg: Config, b: int, device: torch.device) -> Optional[float]:
-    """Peak bytes of building the engine and two updates at b (None: out of memory)."""
+    """Peak bytes of building the engine and two updates at b (None: out of memory), with the
+    noise scale's copy of AdamW's denominator where the run keeps one."""
     from workloads import workload as workloads
+    from workloads.train.adam_precondition import AdamPreconditioner
     from workloads.train.engine import build_engine, train_update
     from workloads.train.peak_memory import PeakMemory
 
     trial = _config_at(cfg, b)
     plan = batch_plan(trial)
-    work = engine = None
+    work = engine = copy = None
     try:
         with PeakMemory(device) as peak:
             work = workloads.build(trial, plan, device)
             engine = build_engine(trial, plan, work)
+            if measures_adam_noise_scale(cfg):
+                copy = AdamPreconditioner(engine, [p for p in work.model.parameters() if p.requires_grad])
             for update in range(2):
                 train_update(engine, work, plan, update, 0, None)
         return float(peak.bytes)
     except torch.OutOfMemoryError:
         return None
     finally:
-        del work, engine
+        del work, engine, copy
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

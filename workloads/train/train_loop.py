@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from orchestrator.core import logs, registry
 from orchestrator.core.config import from_dict
-from orchestrator.core.derived import batch_segments, gns_ema_tokens, scheduled_lr
+from orchestrator.core.derived import batch_segments, gns_ema_tokens, measures_adam_noise_scale, scheduled_lr
 from orchestrator.core.phases import Phases
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.formulas import batching, cost, noise
@@ -33,6 +33,7 @@ from orchestrator.tracking.store import Store
 from orchestrator.tracking.system_metrics import start_system_metrics
 from workloads import workload as workloads
 from workloads.train import worker_warnings
+from workloads.train.adam_precondition import AdamPreconditioner
 from workloads.train.checkpoint import TrainState, restore, save_and_report
 from workloads.train.engine import (
     build_engine,
@@ -66,6 +67,7 @@ class Run:
     engine: Any  # the DeepSpeed engine
     state: TrainState
     gns: noise.NoiseScaleEMA
+    gns_adam: Optional[noise.NoiseScaleEMA] = None  # of the gradient as AdamW preconditions it
     probe: Optional[GradNormProbe] = None
     logger: Optional[metric_logger.MetricLogger] = None  # rank 0 only, like everything sent to MLflow
     warnings: Optional[worker_warnings.WarningCollector] = None
@@ -151,6 +153,12 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
     if state.gns:
         gns.load_state_dict(state.gns)
+    gns_adam = None
+    if probe and measures_adam_noise_scale(cfg):  # not SGD: it has no second moment to precondition by
+        probe.adam = AdamPreconditioner(engine, probe.params)
+        gns_adam = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
+        if state.gns_adam:
+            gns_adam.load_state_dict(state.gns_adam)
     run = Run(
         cfg=cfg,
         api=api,
@@ -164,6 +172,7 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
         engine=engine,
         state=state,
         gns=gns,
+        gns_adam=gns_adam,
         probe=probe,
         warnings=collector,
     )
@@ -344,6 +353,12 @@ def _update_noise_scale(run: Run, stats: UpdateStats, before: int) -> None:
             tokens=run.plan.tokens_per_update,
             at=before,  # the gradients were taken at the weights before the update
         )
+        if run.gns_adam:  # NaN before AdamW's first step: the EMA skips it
+            run.gns_adam.update(
+                *noise.estimate(stats.small_sq_mean_adam, b_small, stats.big_sq_adam, b_big),
+                tokens=run.plan.tokens_per_update,
+                at=before,
+            )
 
 
 def _evaluate(run: Run) -> None:
@@ -357,9 +372,11 @@ def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpo
     state = run.state
     metrics = window.metrics(state.tokens, run.world, run.work.flops_per_token, _peak_flops(run.cfg))
     noise_step, noise_metrics = noise_scale_metrics(run.gns if run.probe else None)
+    adam_step, adam_metrics = noise_scale_metrics(run.gns_adam, suffix="_adam")
     if run.logger:
         run.logger.log(metrics, state.tokens)
         run.logger.log(noise_metrics, noise_step)  # at the EMA's centre of mass, behind state.tokens
+        run.logger.log(adam_metrics, adam_step)  # its own centre: it starts an update later
     if run.warnings:
         run.warnings.flush()
     ray_metrics = {
@@ -372,6 +389,7 @@ def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpo
         "stable_loss": state.stable_loss,  # NaN until the run reaches the end of its stable phase
     }
     state.gns = run.gns.state_dict()
+    state.gns_adam = run.gns_adam.state_dict() if run.gns_adam else {}
     # A Ray Train report is a barrier across workers (about a second here), so Ray hears
     # only at evaluations and checkpoints: that is where Tune's schedulers decide.
     if checkpoint:

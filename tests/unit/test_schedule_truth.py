@@ -1,0 +1,76 @@
+"""The known-truth world for batch-size schedules (tests/schedule_truth.py) reproduces its closed
+forms: McCandlish's hyperbola at every fixed batch, the oracle's twice-the-minimum, and regret
+that vanishes where it should."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from orchestrator.analysis import critical_batch
+from tests.schedule_truth import BATCHES, ScheduleWorld, regret
+
+
+@pytest.mark.parametrize("batch", [64.0, 700.0, 5000.0])
+def test_a_constant_noise_scale_gives_steps_s_min_times_one_plus_b_noise_over_b(batch):
+    """rise = 0: from loss_start to 2.5 the steps at B are S_min (1 + B_noise / B), with S_min
+    written out by hand ((x^-1/2 - x0^-1/2) / (rate / 2) for exponent 3/2), also through run()."""
+    world = ScheduleWorld(rise=0.0, b_noise=700.0)
+    s_min = (0.5**-0.5 - 3.5**-0.5) / (0.5 * world.rate)
+    expected = s_min * (1 + 700.0 / batch)
+    assert world.steps_to([(0, batch)], 2.5) == pytest.approx(expected, rel=1e-12)
+    tokens = expected * batch
+    assert world.run([(0, batch)], tokens).loss == pytest.approx(2.5, rel=1e-12)
+
+
+def test_a_rising_noise_scale_gives_the_hyperbola_with_its_path_average():
+    """rise = 1: steps at every fixed batch lie on S_min (1 + B_crit / B), and B_crit (the report's
+    fit recovers it) is B_noise averaged over the path weighted by the fewest steps at each loss,
+    here by quadrature: below the B_noise at the target, above the one at the start."""
+    world = ScheduleWorld()
+    target = 2.4
+    steps = np.array([[world.steps_to([(0, b)], target) for b in BATCHES]])
+    fit = critical_batch.fit(BATCHES, steps)
+    losses = np.linspace(world.loss_start, target, 200_001)
+    ds_min = 1 / (world.rate * (losses - world.floor) ** world.exponent)  # dS_min / dL
+    average = np.trapezoid(np.array([world.b_crit(v) for v in losses]) * ds_min, losses) / np.trapezoid(ds_min, losses)
+    assert float(fit.b_crit[0]) == pytest.approx(average, rel=1e-3)
+    assert float(fit.s_min[0]) == pytest.approx(world.s_min(target), rel=1e-4)  # the fit's B_crit grid
+    assert world.b_crit(world.loss_start) < average < world.b_crit(target)
+
+
+def test_the_oracle_takes_twice_the_fewest_steps_and_tokens_and_a_fine_ramp_approaches_it():
+    world = ScheduleWorld()
+    oracle = world.oracle()
+    assert oracle.tokens == pytest.approx(2 * world.e_min(oracle.loss), rel=1e-12)
+    assert oracle.steps == pytest.approx(2 * world.s_min(oracle.loss), rel=1e-12)
+    errors = []
+    for changes in (16, 128, 1024):
+        r = regret(world.oracle_schedule(changes), world)
+        errors.append((r.extra_steps_vs_oracle / oracle.steps, r.extra_loss_vs_oracle))
+        # the ramp lags the oracle (it reads B_crit where a stretch starts): smaller batches, so
+        # more steps and a lower loss at equal tokens
+        assert r.extra_steps_vs_oracle > 0 and r.extra_loss_vs_oracle < 0
+    # the lag is of first order in a stretch's length: 8 times as many changes, about an eighth
+    assert [s for s, _ in errors] == pytest.approx([errors[0][0] / 8**k for k in range(3)], rel=0.3)
+    assert errors[-1][0] < 2e-3 and abs(errors[-1][1]) < 5e-4
+
+
+def test_regret_against_the_best_fixed_batch_and_a_schedule_split_anywhere():
+    """The best fixed batch of a list is its smallest (a token buys the most progress there); its
+    own regret against itself is 0, a larger fixed batch loses loss at equal tokens and saves steps
+    at equal loss; a segment split in two changes nothing."""
+    world = ScheduleWorld()
+    assert world.best_fixed(BATCHES) == min(BATCHES)
+    own = regret([(0, min(BATCHES))], world)
+    assert own.extra_steps_vs_best_fixed == pytest.approx(0, abs=1e-6) and own.extra_loss_vs_best_fixed == 0
+    big = regret([(0, 2048.0)], world)
+    assert big.extra_loss_vs_best_fixed > 0 and big.extra_steps_vs_best_fixed < 0
+    split = world.run([(0, 512.0), (1e6, 512.0), (2e6, 2048.0)])
+    assert split.loss == pytest.approx(world.run([(0, 512.0), (2e6, 2048.0)]).loss, rel=1e-12)
+    assert split.steps == pytest.approx(2e6 / 512 + (world.total_tokens - 2e6) / 2048, rel=1e-12)
+    with pytest.raises(ValueError, match="starts at 0"):
+        world.run([(10, 512.0)])
+    assert math.isfinite(world.steps_to([(0, 512.0)], world.oracle().loss))
