@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from orchestrator.analysis import branch_analysis, tables
 from orchestrator.analysis.answer import Answer
@@ -78,7 +80,7 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
     from orchestrator.reporting import plots
 
     usable, metric = [t for t in trials if t.batch and t.train], answer.loss_metric
-    curves = [{"batch": t.batch, "train": t.train, "eval": t.eval} for t in usable]
+    curves = [{"batch": t.batch, "train": drawn(t.train), "eval": drawn(t.eval)} for t in usable]
     figs = {
         "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
         "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
@@ -116,6 +118,20 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
             [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr], fit
         )
     return figs
+
+
+DRAWN_POINTS = 400
+"""The most points of one curve a figure of every trial draws: more than a 960-pixel-wide figure
+shows, and the figure's cost stays flat however long the runs logged."""
+
+
+def drawn(curve: Sequence[Tuple[int, float]], most: int = DRAWN_POINTS) -> Sequence[Tuple[int, float]]:
+    """The curve thinned to at most `most` points evenly spaced in log position (the figures' x axes
+    are logarithmic), its first and last point kept."""
+    if len(curve) <= most:
+        return curve
+    keep = np.unique(np.geomspace(1, len(curve), most).astype(int) - 1)
+    return [curve[i] for i in keep] + ([curve[-1]] if keep[-1] != len(curve) - 1 else [])
 
 
 def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any]:
