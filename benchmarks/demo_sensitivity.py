@@ -55,7 +55,9 @@ def analyse(uri: str, smoothing: float = 0.0) -> Dict[str, Any]:
     sweep = sweep_file.load(DEMO, check=False)
     _, _, parent = report_inputs.resolve(str(DEMO), [f"tracking.uri={uri}"])
     trials = report_inputs.read_trials(uri, parent)
-    result = sweep_analysis.analyse(trials, smoothing_tokens=smoothing, **report_inputs.settings(sweep, str(DEMO)).options)
+    result = sweep_analysis.analyse(
+        trials, smoothing_tokens=smoothing, **report_inputs.settings(sweep, str(DEMO)).options
+    )
     p = result.primary
     return {
         "target_loss": p.target_loss,
