@@ -50,7 +50,7 @@ GOAL = 0.97  # issue 25: the median real run within 3 % of the plain loop
 
 def load_config(path: str, overrides: List[str], tmp: Path):
     from orchestrator.core import config
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     cfg = config.load(
         path,
@@ -61,8 +61,8 @@ def load_config(path: str, overrides: List[str], tmp: Path):
             *overrides,
         ],
     )
-    launch.resolve_paths(cfg)
-    launch.preflight(cfg)  # builds the token cache outside any timing
+    run_life.resolve_paths(cfg)
+    run_life.preflight(cfg)  # builds the token cache outside any timing
     return cfg
 
 
@@ -204,7 +204,7 @@ def _pickle_by_value() -> None:
 def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
     """launch.train on Ray Train; the windows are read back from what the run logged to MLflow.
 
-    The only change to the real path: launch.build_trainer is handed a train_worker that times
+    The only change to the real path: run_life.build_trainer is handed a train_worker that times
     each train_update call (three clock reads per update)."""
     import copy
 
@@ -257,13 +257,13 @@ def run_plain_in_worker(cfg, tmp: Path, i: int) -> Dict[str, Any]:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     out = tmp / f"plain-in-worker-{i}.json"
     _pickle_by_value()
     TorchTrainer(
         _plain_in_worker,
-        train_loop_config={"config": launch.worker_config(cfg), "out": str(out), "root": str(ROOT)},
+        train_loop_config={"config": run_life.worker_config(cfg), "out": str(out), "root": str(ROOT)},
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": cfg.cluster.cpus_per_worker}),
         torch_config=TorchConfig(backend="gloo"),
         run_config=RunConfig(name=f"plain-in-worker-{i}", storage_path=str(tmp / "runs")),
