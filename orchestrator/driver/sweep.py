@@ -231,9 +231,10 @@ def _train_base(sweep, base, parent: str, folder: str, resume: bool, branches: i
 def _from_checkpoints(sweep, base, run_id: str, branches) -> List[search_space.Trial]:
     """The branch trials, each with the base run's checkpoint at its branch point."""
     checkpoints = branch_study.checkpoints_of(base.tracking.uri, run_id, sweep.branch.at_tokens)
+    unvalidated = search_space.base_of(sweep)
     trials = [
         search_space.resolve(
-            sweep, {**t.values, "train.start_from_checkpoint": checkpoints[branch_study.branch_at(t.cfg)]}
+            sweep, {**t.values, "train.start_from_checkpoint": checkpoints[branch_study.branch_at(t.cfg)]}, unvalidated
         )
         for t in branches
     ]
@@ -273,6 +274,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
 
     setup = TrialSetup(
         sweep=sweep,
+        base=search_space.base_of(sweep),
         parent_run_id=parent,
         train_storage=storage.join(folder, "train"),
         tune_storage=storage.join(folder, phase),

@@ -14,6 +14,7 @@ from typing import Any, Dict, Mapping
 
 from orchestrator.core import storage
 from orchestrator.core.phases import Phases
+from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.driver import micro_batch, run_life
 from orchestrator.sweeps import branch_study, placement, search_space
@@ -28,6 +29,9 @@ class TrialSetup:
     """What every trial of one Tune run (a phase of the sweep) gets from the sweep's driver."""
 
     sweep: Sweep
+    base: Config
+    """search_space.base_of(sweep), read once by the driver: a trial parses the base file once,
+    for its own config."""
     parent_run_id: str
     """The sweep's MLflow run, every trial's parent."""
     train_storage: str
@@ -49,7 +53,7 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     sweep = setup.sweep
     if Path(setup.cwd).is_dir():  # Tune starts trials in their own folder; paths are the user's
         os.chdir(setup.cwd)
-    trial = search_space.resolve(sweep, params["trial"])
+    trial = search_space.resolve(sweep, params["trial"], setup.base)
     if trial.cfg is None:  # optuna proposed an infeasible point: report it as very bad
         tune.report({"tokens": 0, "eval_loss": float("inf"), "infeasible": trial.problem})
         return
