@@ -35,7 +35,7 @@ import re
 import sys
 from collections import defaultdict, deque
 from pathlib import Path
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 PACKAGES = ("orchestrator", "workloads")
 START = "orchestrator.driver.sweep.run"
@@ -128,8 +128,9 @@ class _Module:
                     self.bindings[alias.asname or alias.name] = f"{base}.{alias.name}"
 
 
-def call_graph(root: Path) -> Dict[str, Set[str]]:
-    """Function -> the functions its body names (the method of the module docstring)."""
+def call_graph(root: Path) -> Dict[str, List[str]]:
+    """Function -> the functions its body names, in the order of the source (the method of the
+    module docstring)."""
     parsed = {
         name: _Module(name, ast.parse(path.read_text()), path.name == "__init__.py")
         for name, path in modules(root).items()
@@ -160,24 +161,27 @@ def call_graph(root: Path) -> Dict[str, Set[str]]:
             return f"{inner}.{node.attr}" if inner else None
         return None
 
-    graph: Dict[str, Set[str]] = defaultdict(set)
+    graph: Dict[str, List[str]] = {}
     for m in parsed.values():
         for qualified, fn in m.functions.items():
             me = f"{m.name}.{qualified}"
             owner = qualified.rpartition(".")[0]
+            named: List[Tuple[int, int, str]] = []  # (line, column, function): in the order of the source
             for node in ast.walk(fn):
+                where = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and owner:
                     if node.value.id in ("self", "cls") and f"{owner}.{node.attr}" in m.functions:
-                        graph[me].add(f"{m.name}.{owner}.{node.attr}")
+                        named.append((*where, f"{m.name}.{owner}.{node.attr}"))
                         continue
                 if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
                     dotted = dotted_of(node, m)
                     if dotted:
-                        graph[me].update(t for t in target(dotted) if t != me)
+                        named += [(*where, t) for t in target(dotted) if t != me]
+            graph[me] = list(dict.fromkeys(t for *_, t in sorted(named)))
     return graph
 
 
-def reachable(graph: Dict[str, Set[str]], start: str) -> Set[str]:
+def reachable(graph: Mapping[str, Iterable[str]], start: str) -> Set[str]:
     seen, todo = {start}, deque([start])
     while todo:
         for nxt in graph.get(todo.popleft(), ()):
@@ -185,6 +189,32 @@ def reachable(graph: Dict[str, Set[str]], start: str) -> Set[str]:
                 seen.add(nxt)
                 todo.append(nxt)
     return seen
+
+
+def reading_walk(graph: Mapping[str, List[str]], start: str, end: str) -> List[str]:
+    """The functions a reader visits from `start` until `end` is first called: depth first, each
+    function's calls in the order of its source, a function read once; each step down into a
+    callee and each return up to its caller is one move (a list of the functions the reader is
+    in, one per move)."""
+    moves: List[str] = [start]
+    seen = {start}
+
+    def read(function: str) -> bool:
+        for callee in graph.get(function, ()):
+            if callee == end:
+                moves.append(end)
+                return True
+            if callee in seen:
+                continue
+            seen.add(callee)
+            moves.append(callee)
+            if read(callee):
+                return True
+            moves.append(function)  # back in the caller
+        return False
+
+    read(start)
+    return moves
 
 
 def sweep_path(root: Path) -> Dict[str, object]:
@@ -200,7 +230,15 @@ def sweep_path(root: Path) -> Dict[str, object]:
     crossings = [(a, b) for a, b in edges if room(a) != room(b)]
     climbs = [(a, b) for a, b in crossings if LAYER[room(b)] > LAYER[room(a)]]
     known = modules(root)
+    walk = reading_walk(graph, START, END)
+    changes = [(a, b) for a, b in zip(walk, walk[1:]) if room(a) != room(b)]
     return {
+        "walk_functions": len(set(walk)),
+        "walk_calls": len(set(walk)) - 1,  # each function but the first was entered by one call
+        "walk_files": len({_module_of(f, known) for f in walk}),
+        "walk_rooms": sorted({room(f) for f in walk}),
+        "walk_room_changes": len(changes),
+        "walk_climbs": sum(LAYER[room(b)] > LAYER[room(a)] for a, b in changes),
         "spine": sorted(spine),
         "calls": len(edges),
         "functions": len(touched),
@@ -247,6 +285,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"  with every call the spine makes: {path['calls']} calls to {path['functions']} functions in "
         f"{path['files']} files and {len(path['rooms'])} rooms ({', '.join(path['rooms'])}), "
         f"{path['room_changes']} changes of room, {path['climbs']} of them climbs"
+    )
+    print(
+        f"  read depth first in source order until the worker's entry: {path['walk_calls']} calls, "
+        f"{path['walk_functions']} functions in {path['walk_files']} files and {len(path['walk_rooms'])} rooms "
+        f"({', '.join(path['walk_rooms'])}), {path['walk_room_changes']} changes of room, "
+        f"{path['walk_climbs']} of them climbs back up"
     )
     if args.edges:
         for edge in path["edges"]:

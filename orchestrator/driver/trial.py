@@ -62,15 +62,7 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     micro_batch.resolve(cfg)  # the sweep's driver found it before the trials started: a cache hit
     trial_id = tune.get_context().get_trial_id()
     cfg.train.run_name = trial_id
-    tags = {
-        PARENT_TAG: setup.parent_run_id,
-        TRIAL_TAG: trial_id,
-        SWEEP_TAG: sweep.name,
-    }
-    tags.update(setup.tags)
-    at = branch_study.branch_point(cfg)
-    if at is not None:
-        tags[BRANCH_AT_TAG] = str(at)
+    tags = _tags(setup, trial_id, cfg)
     store = Store.of(cfg)
     run_id = store.find_run(tags)
     if run_id and store.get_run(run_id).status == "FINISHED":
@@ -107,6 +99,15 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     run_life.finish(cfg, run_id, error)
     if error is not None:
         raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
+
+
+def _tags(setup: TrialSetup, trial_id: str, cfg: Config) -> Dict[str, str]:
+    """The trial's MLflow run tags, by which a retry finds the run again."""
+    tags = {PARENT_TAG: setup.parent_run_id, TRIAL_TAG: trial_id, SWEEP_TAG: setup.sweep.name, **setup.tags}
+    at = branch_study.branch_point(cfg)
+    if at is not None:
+        tags[BRANCH_AT_TAG] = str(at)
+    return tags
 
 
 def _trial_startup() -> Phases:
