@@ -42,7 +42,7 @@ def finish(
     stopped_at: Optional[Dict[str, int]] = None,
 ) -> int:
     """Close the parent run and print the answer: the report pipeline's, as `orchestrator report` gives it."""
-    from orchestrator.reporting import pipeline, report, report_inputs, results
+    from orchestrator.reporting import pipeline, report_inputs, results
 
     progress_table.stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri = base.tracking.uri
@@ -62,8 +62,8 @@ def finish(
             except ConfigError as exc:  # the sweep to compare with may not have run yet: `report` later
                 print(f"no comparison: {redact_uri(str(exc))}")
                 compare = None
-            options = report.sweep_options(sweep.search, branch=sweep.branch)
-            pipeline.make(inputs, compare_with=compare, **options)
+            settings = report_inputs.settings(sweep, f"the sweep file {sweep.path}")
+            pipeline.make(inputs, settings, compare_with=compare)
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {redact_uri(str(exc))}")
     status = "FAILED" if error is not None or not finished else "FINISHED"

@@ -15,6 +15,7 @@ from orchestrator.analysis.answer import Answer
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
+from orchestrator.reporting import recommended
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
 from orchestrator.reporting.report_render import document
 
@@ -33,6 +34,7 @@ OWNED = (MARKER, "summary.md", "summary.html", tables.TRIALS, tables.CURVES) + (
     "critical_batch_vs_loss.png",
     "b_simple_vs_tokens.png",
     "loss_vs_lr.png",
+    recommended.FILE,
 )
 """The files a report writes into its folder: the only ones it writes or replaces there (docs/security.md)."""
 
@@ -147,8 +149,23 @@ def write_report(trials: Sequence[Trial], answer: Answer, name: str, out: Path) 
         fig.savefig(out / file, dpi=120)
         plt.close(fig)
         written.append(out / file)
+    written += write_recommended(trials, answer, out)
     doc = document(answer, name, [p.name for p in written[1:]])
     for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}"))):
         (out / file).write_text(text)
         written.append(out / file)
     return written
+
+
+def write_recommended(trials: Sequence[Trial], answer: Answer, out: Path) -> List[Path]:
+    """recommended.yaml: the template run's config with the recommended batch size and lr
+    (reporting/recommended.py), or no file (and none left from an earlier report) when there is
+    no recommendation or the runs logged no train config of this project (tables written by
+    another trainer)."""
+    path = out / recommended.FILE
+    path.unlink(missing_ok=True)
+    rec = answer.recommendation
+    template = next((t for t in trials if rec and rec.launchable and t.run_id == rec.template_run), None)
+    if template is None:
+        return []
+    return [recommended.write(path, template.params, rec.overrides(), rec.rule)]

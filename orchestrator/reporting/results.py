@@ -25,6 +25,7 @@ import pandas as pd
 
 from orchestrator.analysis.answer import Answer, BestRow, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial
+from orchestrator.core import sweep_file
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_inputs import Curves
 
@@ -153,10 +154,14 @@ def load_sweep(
     curves to read (default METRICS); `target_losses` as `report --target-loss`."""
     overrides = [f"tracking.uri={tracking_uri}"] if tracking_uri else []
     overrides += [f"tracking.experiment={experiment}"] if experiment else []
-    uri, name, run_id = report_inputs.resolve(os.fspath(name_or_file), overrides)
+    target = os.fspath(name_or_file)
+    given = sweep_file.load(target, check=False) if Path(target).is_file() else None
+    uri, name, run_id = report_inputs.resolve(target, overrides, given)
     inputs = report_inputs.read_mlflow(uri, name, run_id, list(metrics or METRICS))
-    usable = any(t.batch and t.train for t in inputs.trials)
-    answer = report_inputs.analyse(inputs, target_losses) if usable else None
+    answer = None
+    if any(t.batch and t.train for t in inputs.trials):  # the settings `report` takes: one answer per sweep
+        settings, _ = report_inputs.settings_of_sweep(given, uri, run_id)
+        answer = report_inputs.analyse(inputs, target_losses, settings.origin, **settings.options)
     return build(name, run_id, inputs.trials, inputs.curves, answer, inputs.metrics, uri)
 
 
