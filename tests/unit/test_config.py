@@ -97,6 +97,31 @@ def test_a_password_inside_a_uri_appears_nowhere_it_is_logged_or_printed():
     assert "https://alice:***@mlflow.example.com:5000" in shown and "https://bob:***@host/x.txt" in shown
 
 
+def test_the_workers_payload_carries_the_secret_pickled_but_never_prints_it(tmp_path, monkeypatch):
+    """What Ray pickles for each worker (run_life.build_trainer's train_loop_config) is the frozen
+    WorkerPayload: it survives pickling unchanged, holds the URI with its password (the worker
+    logs to it), never shows the password in its repr (Ray's state and logs print it), and reads
+    the test's fault injection from the driver's environment."""
+    import dataclasses
+    import pickle
+
+    from orchestrator.driver import run_life
+    from workloads.train import handoff
+    from workloads.train.train_loop import FAULT_ENV
+
+    monkeypatch.setenv(FAULT_ENV, "40")
+    uri = "https://alice:hunter2@mlflow.example.com:5000"
+    cfg = config.load(TINY, [f"tracking.uri={uri}"])
+    trainer = run_life.build_trainer(cfg, "run-id", str(tmp_path), "payload")
+    payload = handoff.payload_of(trainer.train_loop_config)
+    assert pickle.loads(pickle.dumps(trainer.train_loop_config)) == {handoff.PAYLOAD_KEY: payload}
+    assert payload.config["tracking"]["uri"] == uri and payload.run_id == "run-id"
+    assert "hunter2" not in repr(payload) and "hunter2" not in str(trainer.train_loop_config)
+    assert payload.fault == handoff.FaultInjection(at_tokens=40, marker=str(tmp_path / "payload" / ".fault_injected"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        payload.run_id = "another"  # type: ignore[misc]
+
+
 def test_warmup_within_one_update_names_the_smallest_valid_value():
     """An update's LR is the schedule after it: a warmup that ends within the first update would
     silently be no warmup at all. 0 stays valid; just over one update is the least that warms up."""
