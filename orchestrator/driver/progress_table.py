@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ray import tune
 
 from orchestrator.core import derived, sweep_schema
+from orchestrator.core.schema import Config
 from orchestrator.formulas import cost
 from orchestrator.reporting.report_format import TOK, cell, fmt_tokens
 from orchestrator.sweeps import placement, search_space
@@ -72,6 +73,7 @@ class ProgressTable(tune.Callback):
         self.last_print = -math.inf
         self.started_at: Optional[float] = None  # the first trial's start
         self._live: Any = None
+        self._base: Optional[Config] = None  # search_space.base_of(sweep), read at the first row
 
     def __getstate__(self) -> Dict[str, Any]:  # Tune may pickle its callbacks; a Live display cannot be
         return {**self.__dict__, "_live": None}
@@ -81,7 +83,8 @@ class ProgressTable(tune.Callback):
 
     def _row(self, trial) -> Dict[str, Any]:
         if trial.trial_id not in self.rows:
-            resolved = search_space.resolve(self.sweep, trial.config["trial"])
+            self._base = self._base or search_space.base_of(self.sweep)
+            resolved = search_space.resolve(self.sweep, trial.config["trial"], self._base)
             c = resolved.cfg
             self.rows[trial.trial_id] = {
                 "name": resolved.name,
