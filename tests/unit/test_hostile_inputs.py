@@ -329,7 +329,7 @@ def test_submit_names_a_malformed_address_before_the_sweep_file(nothing_starts, 
 
 
 def test_a_checkpoint_that_would_unpickle_code_is_refused_before_ray(tmp_path, monkeypatch, capsys):
-    """train.start_from_checkpoint naming a planted pickle: refused by launch.preflight (its
+    """train.start_from_checkpoint naming a planted pickle: refused by run_life.preflight (its
     first check, before the corpus is read), not by a worker after Ray started and a FAILED run."""
     from tests.planted_pickle import plant
 

@@ -14,7 +14,7 @@ import yaml
 from orchestrator import cli
 from orchestrator.analysis import recommend
 from orchestrator.core import config, derived
-from orchestrator.driver import launch
+from orchestrator.driver import run_life
 from orchestrator.reporting import recommended
 from tests.conftest import TINY
 
@@ -50,7 +50,7 @@ def test_every_batch_within_the_tolerance_recommends_the_largest_and_says_it_is_
 
 def params_of(cfg) -> dict:
     """A run's params as MLflow holds them: the resolved config flattened, every value as text."""
-    return {k: str(v) for k, v in launch.run_params(cfg).items()}
+    return {k: str(v) for k, v in run_life.run_params(cfg).items()}
 
 
 @pytest.mark.parametrize(
