@@ -364,6 +364,16 @@ class Answer(Record):
         """The best configuration of all: best_per_batch's lowest final loss."""
         return min(self.best_per_batch, key=lambda r: r.final_loss) if self.best_per_batch else None
 
+    def lrs_by(self, criterion: str) -> Dict[int, BestLr]:
+        """Batch size -> its one best interpolated lr by `criterion`: final_loss (best_per_batch's)
+        or steps (the fewest steps to the primary target, its points'). Every text and figure that
+        names a best lr reads it here, so one criterion names one lr per batch size."""
+        if criterion == "final_loss":
+            return {r.batch: BestLr(r.batch, r.lr, r.lr_edge) for r in self.best_per_batch}
+        if criterion == "steps":
+            return {p.batch: BestLr(p.batch, p.lr, p.lr_edge) for p in (self.primary.points if self.primary else ())}
+        raise ValueError(f"criterion {criterion!r}: final_loss or steps")
+
     def to_json(self) -> Dict[str, Any]:
         """report.json's keys (docs/design.md 3) but `name`, in report.json's order; `source` only
         when known."""

@@ -19,7 +19,7 @@ from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import recommended
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
-from orchestrator.reporting.report_render import document
+from orchestrator.reporting.report_render import CRITERIA, document
 
 # ---------------------------------------------------------------- where
 
@@ -114,9 +114,8 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
     best, scaling = answer.best_lr, answer.lr_scaling
     if any(r.lr for r in best):
         fit = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
-        figs["lr_vs_batch.png"] = plots.lr_vs_batch(
-            [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr], fit
-        )
+        tried, named = [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr]
+        figs["lr_vs_batch.png"] = plots.lr_vs_batch(tried, named, fit, CRITERIA[answer.lr_criterion])
     return figs
 
 
@@ -138,17 +137,16 @@ def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any
     """The figures that compare batch sizes at their chosen learning rates (comparison_plots.py)."""
     from orchestrator.reporting import comparison_plots as cp
 
-    chosen = cp.best_trials(usable, answer.best_per_batch)
-    lr_of = {r.batch: r.lr for r in answer.best_lr}
+    chosen = cp.best_trials(usable, answer.best_per_batch)  # by final loss: so is the lr their labels name
     figs = {}
     if chosen:
-        figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, lr_of)
+        figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, answer.lrs_by("final_loss"))
     if any(f.b_crit or f.b_simple for f in answer.critical_batch):
         figs["critical_batch_vs_loss.png"] = cp.critical_batch_vs_loss(answer.critical_batch)
     if any(t.b_simple for t in chosen):
         figs["b_simple_vs_tokens.png"] = cp.b_simple_over_training(chosen)
     if any(t.lr for t in usable):
-        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, answer.loss_metric, answer.best_lr)
+        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, answer.loss_metric, answer.best_per_batch, answer.axes)
     return figs
 
 

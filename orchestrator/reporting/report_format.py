@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 import re
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -29,6 +29,14 @@ def cell(x: Any, fmt: str = "{:.4g}") -> str:
     if isinstance(x, float) and math.isinf(x):
         return "inf"
     return fmt_tokens(round(x)) if fmt == "tok" else fmt.format(x)
+
+
+def lr_text(lr: Optional[float], edge: Optional[str] = None) -> str:
+    """A best (interpolated) lr as every table, sentence and figure writes it: 3 significant digits,
+    with <= or >= when it is the lowest or highest tried (a bound); '-' when there is none."""
+    if lr is None:
+        return "-"
+    return {"lowest": "<= ", "highest": ">= "}.get(edge or "", "") + f"{lr:.3g}"
 
 
 def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from orchestrator.analysis.answer import Answer, BestLr, Counts, TargetFit, Trend
+from orchestrator.analysis.answer import Answer, Counts, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, LR_KEY
 from orchestrator.formulas.schedules import TRUSTED_SHARE
 from orchestrator.reporting import report_branch
-from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, table
+from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, lr_text, table
 
 AXIS_LABELS = {
     "batch.tokens_per_update": "batch size",
@@ -55,11 +55,19 @@ def answer(result: Answer) -> str:
     best, p, n = result.best, result.primary, len(result.trials)
     if best:
         seeds = f", mean of {best.seeds} seeds" if best.seeds > 1 else ""
+        trained = f", trained at lr {_setting(LR_KEY, best.settings[LR_KEY])}" if best.settings.get(LR_KEY) else ""
+        others = {k: v for k, v in best.settings.items() if k != LR_KEY}
         text = (
-            f"Best configuration: B = {cell(best.batch, 'tok')} tokens per update, "
-            f"{_describe(best.settings) or 'the base config'}: "
-            f"final {result.loss_metric} {cell(best.final_loss)} (run {best.run_name}{seeds})."
+            f"Best configuration: B = {cell(best.batch, 'tok')} tokens per update"
+            f"{', ' + _describe(others) if _describe(others) else ''}: "
+            f"final {result.loss_metric} {cell(best.final_loss)} (run {best.run_name}{trained}{seeds})."
         )
+        named = result.lrs_by(result.lr_criterion).get(best.batch)
+        if named and named.lr is not None:  # the table's lr for this batch size, by the same criterion
+            text += (
+                f" Best interpolated lr at B = {cell(best.batch, 'tok')} by {CRITERIA[result.lr_criterion]}: "
+                f"{lr_text(named.lr, named.edge)}."
+            )
         if len(result.best_per_batch) > 1 and best.batch == min(r.batch for r in result.best_per_batch):
             text += (
                 " That is the smallest batch tried, as at equal tokens it tends to be: the critical batch "
@@ -167,13 +175,13 @@ def per_batch_table(result: Answer) -> Tuple[List[str], List[List[str]]]:
     """Header and rows: per batch size the one best lr (its criterion named), the best value of
     every other swept axis and its final loss."""
     axes = [k for k in result.axes if k not in (BATCH_KEY, LR_KEY)]
-    lrs = {r.batch: r for r in result.best_lr}
+    lrs = result.lrs_by(result.lr_criterion)
     header = ["batch size", f"best lr ({CRITERIA[result.lr_criterion]})", *map(_label, axes)]
     header += [f"final {result.loss_metric}", "seeds", "run"]
     rows = [
         [
             cell(r.batch, "tok"),
-            _lr_cell(lrs.get(r.batch)),
+            lr_text(lrs[r.batch].lr, lrs[r.batch].edge) if r.batch in lrs else "-",
             *(_setting(k, r.settings.get(k)) for k in axes),
             cell(r.final_loss) + (f" ± {cell(r.spread, '{:.2g}')}" if r.spread is not None else ""),
             str(r.seeds),
@@ -182,13 +190,6 @@ def per_batch_table(result: Answer) -> Tuple[List[str], List[List[str]]]:
         for r in result.best_per_batch
     ]
     return header, rows
-
-
-def _lr_cell(best: Optional[BestLr]) -> str:
-    """The best lr, with <= or >= when it is the lowest or highest tried (a bound)."""
-    if not best or best.lr is None:
-        return "-"
-    return {"lowest": "<= ", "highest": ">= "}.get(best.edge, "") + cell(best.lr, "{:.3g}")
 
 
 def summary_lines(result: Answer) -> List[str]:
@@ -326,7 +327,7 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
         table(targets, TARGET_COLUMNS),
     ]
     for f in result.critical_batch:
-        points = [{**p.to_json(), "lr_shown": _lr_cell(BestLr(p.batch, p.lr, p.lr_edge))} for p in f.points]
+        points = [{**p.to_json(), "lr_shown": lr_text(p.lr, p.lr_edge)} for p in f.points]
         doc += [("h3", f"Cost to reach loss {f.target_loss:.4g}"), table(points, COST_COLUMNS)]
     doc += [
         ("h2", "Learning rate vs batch size"),
