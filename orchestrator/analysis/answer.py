@@ -290,6 +290,8 @@ class BranchStudy(Record):
     """The ramp as YAML to paste into a train config."""
     ramp_override: str
     """The ramp as one command-line override."""
+    ramp_overrides: Tuple[str, ...]
+    """Every key of ramp_yaml as command-line overrides (batch.ramp, batch.ramp_lr_scaling)."""
     compared_with: Optional[str]
     """The from-scratch sweep of branch.compare_with, when named."""
     notes: Tuple[str, ...]
@@ -352,7 +354,8 @@ class Answer(Record):
     trials: Tuple[TrialRow, ...]
     """Every usable trial (a batch size and a train/loss curve), in the order read."""
     skipped: Tuple[str, ...]
-    """The names of the trials left out (no batch.tokens_per_update or no train/loss)."""
+    """The names of the trials left out (no batch.tokens_per_update or no train/loss), a branch
+    study's branches aside (read as branches: `branch`)."""
     recommendation: Optional[Recommendation] = None
     """What to run at the sweep's budget (analysis/recommend.py); None for a branch study or
     without final losses."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from orchestrator.analysis import branch_analysis, tables
 from orchestrator.analysis.answer import Answer
-from orchestrator.analysis.trials import Trial
+from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial
 from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import recommended
@@ -81,15 +81,12 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
 
     usable, metric = [t for t in trials if t.batch and t.train], answer.loss_metric
     curves = [{"batch": t.batch, "train": drawn(t.train), "eval": drawn(t.eval)} for t in usable]
+    if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
+        return branch_figures(trials, answer, name, curves)
     figs = {
         "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
         "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
     }
-    if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
-        base = branch_analysis.base_of(trials)
-        b_simple = base.b_simple if base else []
-        figs["branch_cbs.png"] = plots.branch_cbs(list(answer.branch.points), answer.branch.fit, b_simple)
-        return figs
     cells = [
         (t.lr, t.batch, t.final(metric))
         for t in usable
@@ -131,6 +128,24 @@ def drawn(curve: Sequence[Tuple[int, float]], most: int = DRAWN_POINTS) -> Seque
         return curve
     keep = np.unique(np.geomspace(1, len(curve), most).astype(int) - 1)
     return [curve[i] for i in keep] + ([curve[-1]] if keep[-1] != len(curve) - 1 else [])
+
+
+def branch_figures(trials: Sequence[Trial], answer: Answer, name: str, curves: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """A branch study's: the base run's loss with its branches', and the critical batch size along
+    training. (No loss vs steps: a branch's steps count from the base's start at another batch.)"""
+    from orchestrator.reporting import plots
+
+    base = branch_analysis.base_of(trials)
+    b_simple = base.b_simple if base else []
+    branches = [  # each coloured by its own batch, the one it switched to at its branch point
+        {"batch": t.number(RAMP_CHANGE_KEY, int), "train": drawn(t.train), "eval": drawn(t.eval)}
+        for t in trials
+        if branch_analysis.is_branch(t) and t.train and t.number(RAMP_CHANGE_KEY, int)
+    ]
+    title = f"{name}: loss vs tokens of the base run and its branches"
+    figs = {"loss_vs_tokens.png": plots.loss_by_batch(curves + branches, "tokens", title)}
+    figs["branch_cbs.png"] = plots.branch_cbs(list(answer.branch.points), answer.branch.fit, b_simple)
+    return figs
 
 
 def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any]:

@@ -66,8 +66,8 @@ def to_markdown(doc: Sequence[tuple]) -> str:
             lines += ["| " + " | ".join(_inert(c).replace("|", "/") for c in row) + " |" for row in rest[1]]
         elif kind == "img":
             lines.append(f"![{rest[0]}]({rest[0]})")
-        elif kind == "pre":
-            lines.append(f"```yaml\n{rest[0].rstrip()}\n```")
+        elif kind in ("pre", "code"):  # pre: YAML; code: a shell command
+            lines.append(f"```{'yaml' if kind == 'pre' else 'bash'}\n{rest[0].rstrip()}\n```")
         else:
             lines.append(_inert(rest[0]) if kind == "p" else "#" * int(kind[1]) + " " + _inert(rest[0]))
         lines.append("")
@@ -91,7 +91,9 @@ def to_html(doc: Sequence[tuple], title: str) -> str:
         elif kind == "img":
             parts.append(f"<p><img src='{e(rest[0])}' alt='{e(rest[0])}'></p>")
         else:
-            parts.append(f"<{kind}>{e(rest[0])}</{kind}>")
+            parts.append(
+                f"<pre><code>{e(rest[0])}</code></pre>" if kind == "code" else f"<{kind}>{e(rest[0])}</{kind}>"
+            )
     return "\n".join(parts + ["</body></html>"])
 
 

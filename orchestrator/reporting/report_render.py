@@ -260,8 +260,11 @@ def _settings_from(source) -> str:
 
 
 def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
-    """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", text), ("table", header, rows), ("img", file)."""
-    metric, src, scaling, counts = result.loss_metric, result.source, result.lr_scaling, result.counts
+    """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", YAML), ("code", a command),
+    ("table", header, rows), ("img", file). A table without rows is left out."""
+    if result.branch:
+        return _branch_document(result, name, images)
+    metric, scaling, counts = result.loss_metric, result.lr_scaling, result.counts
     targets = [
         {
             "target_loss": f.target_loss,
@@ -283,19 +286,16 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
     law = scaling.note if scaling.alpha is None else f"lr_opt ~ {scaling.coef:.3g} x B^{scaling.alpha:.3f}"
     swept = ", ".join(map(_label, result.axes)) or "nothing"
     start = result.start_level
-    doc_branch = report_branch.blocks(result.branch) if result.branch else []  # a branch study: its answer first
-    where = f"{src.kind} {src.run_id or ''} in {src.uri}" if src else "?  in ?"
     doc = [
         ("h1", f"Report: {name}"),
-        *doc_branch,
         ("p", answer(result)),
         (
             "p",
-            f"{len(result.trials)} trials of {where}; "
+            f"{len(result.trials)} trials of {_where(result)}; "
             f"swept: {swept}. Final losses compare the {counts.finished} trials that reached the budget, "
             f"on {metric}; "
             f"{_stopped(counts)}, {counts.failed} failed, {counts.incomplete} incomplete. "
-            f"Optimizer constants: {_forms(result.optimizer)}." + _settings_from(src),
+            f"Optimizer constants: {_forms(result.optimizer)}." + _settings_from(result.source),
         ),
         *([("h2", "What to run"), ("p", " ".join(what_to_run(result)))] if result.recommendation else []),
         ("h2", "Best configuration per batch size"),
@@ -324,9 +324,9 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
             "measured gradient noise scale where those trials reach the target "
             "(rules: orchestrator/analysis/sweep_analysis.py).",
         ),
-        table(targets, TARGET_COLUMNS),
+        *([table(targets, TARGET_COLUMNS)] if targets else []),
     ]
-    for f in result.critical_batch:
+    for f in (f for f in result.critical_batch if f.points):  # a target no batch size reaches has no costs
         points = [{**p.to_json(), "lr_shown": lr_text(p.lr, p.lr_edge)} for p in f.points]
         doc += [("h3", f"Cost to reach loss {f.target_loss:.4g}"), table(points, COST_COLUMNS)]
     doc += [
@@ -337,9 +337,32 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
         ("h2", "All trials"),
         table([t.to_json() for t in result.trials], TRIAL_COLUMNS),
     ]
-    if result.skipped:
-        doc.append(("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result.skipped)))
-    return doc
+    return doc + _skipped(result)
+
+
+def _where(result: Answer) -> str:
+    src = result.source
+    return f"{src.kind} {src.run_id or ''} in {src.uri}" if src else "?  in ?"
+
+
+def _skipped(result: Answer) -> List[tuple]:
+    if not result.skipped:
+        return []
+    return [("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result.skipped))]
+
+
+def _branch_document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
+    """A branch study's summary: its answer (report_branch.blocks), the runs it read and the
+    figures. One base run answers no from-scratch question, so none of its tables is shown."""
+    base = result.best
+    runs = f"the base run {base.run_name} (final {result.loss_metric} {cell(base.final_loss)})" if base else "branches"
+    read = (
+        f"Runs of {_where(result)}: {runs} and its branches, each read as one branch (the table above), "
+        "not as a point of a from-scratch fit (branch.compare_with compares with a sweep of batch sizes)."
+        + _settings_from(result.source)
+    )
+    doc = [("h1", f"Report: {name}"), *report_branch.blocks(result.branch), ("p", read), ("h2", "Figures")]
+    return doc + [("img", f) for f in images] + _skipped(result)
 
 
 def _forms(forms: Dict[str, Dict[str, int]]) -> str:

@@ -11,8 +11,10 @@ The files in tests/data/report_json/ were written by the same cases on commit 1f
 change (report.json with the table folder's path as `<folder>`), then written again for the keys
 and lines added since on purpose (where the settings came from, what to run, the trend in words;
 issue 35's labels: the headline names its run's lr and the best interpolated lr by the table's
-criterion). `python -m tests.unit.test_report_json DIR` writes what the code gives now, for a
-deliberate change of the report.
+criterion; its branch reports: branch runs no longer `skipped`, the ramp's `ramp_overrides`, no
+from-scratch tables in a branch study's summary, no table without rows).
+`python -m tests.unit.test_report_json DIR` writes what the code gives now, for a deliberate
+change of the report.
 """
 
 from __future__ import annotations
