@@ -40,6 +40,13 @@ def _batch_scale(batches: Sequence[float]):
     return (lambda b: mappable.to_rgba(b)), mappable
 
 
+def batch_hex(batch: float, batches: Sequence[float]) -> str:
+    """The colour ("#rrggbb") of `batch` on the scale of a report over `batches`: what a trial's
+    MLflow run carries as mlflow.runColor, so MLflow's charts colour runs as the report does."""
+    colour, _ = _batch_scale([*batches, batch])
+    return matplotlib.colors.to_hex(colour(batch))
+
+
 def _colour_bar(fig, ax, mappable, batches: Sequence[float]) -> None:
     bar = fig.colorbar(mappable, ax=ax, label=BATCH_LABEL)
     bar.set_ticks(sorted(set(batches)))

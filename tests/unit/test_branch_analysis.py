@@ -160,11 +160,19 @@ def test_the_loss_figure_draws_every_branch_in_the_colour_of_its_own_batch():
     figs = report_files.figures(trials, sweep_analysis.analyse(trials), "branches")
     assert set(figs) == {"loss_vs_tokens.png", "branch_cbs.png"}
     (ax,) = figs["loss_vs_tokens.png"].axes
-    drawn = [(tuple(map(tuple, line.get_xydata())), line.get_color()) for line in ax.get_lines()]
+    drawn = []  # (a curve, its colour): a batch size's curves are one line broken by NaN
+    for line in ax.get_lines():
+        segment = []
+        for x, y in [*line.get_xydata(), (math.nan, math.nan)]:
+            if math.isnan(x):
+                drawn += [(tuple(segment), line.get_color())] if segment else []
+                segment = []
+            else:
+                segment.append((float(x), float(y)))
     colours = {}
     for t in trials:
         points = tuple((float(x), float(y)) for x, y in t.train if x > 0)
-        ((colour,),) = [[c for xy, c in drawn if xy == points]]  # drawn once
+        (colour,) = [c for xy, c in drawn if xy == points]  # drawn once
         batch = t.number("batch.ramp.1.tokens_per_update", int) or t.batch
         assert colours.setdefault(batch, colour) == colour, t.name
     assert len(colours) == len(FACTORS)
