@@ -61,7 +61,8 @@ def compare_link(
     """A link to MLflow's metric page, on the UI at `host`:`port`, with every given run's
     `metrics` on one chart against step (= tokens seen): all trials of a sweep compared in one
     view, without the runs table's nesting or its first-10 limit (MLflow 3's #/metric page; its
-    query is URL-encoded). Each run is drawn in its mlflow.runColor, its batch size's colour."""
+    query is URL-encoded). That page colours the runs from its own palette, whatever their
+    mlflow.runColor (seen in Chromium, MLflow 3.17): their order, by batch size, is what groups them."""
     if not run_ids:
         return ""
     experiment = Store(uri).get_run(run_ids[0]).experiment_id
