@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the one best lr per batch size the report names: lowest final loss, or fewest steps to the "
         "primary target (default: the sweep file's search.criterion, else final_loss)",
     )
+    p.add_argument(
+        "--ui-port",
+        type=_port,
+        default=5000,
+        help="the port of `orchestrator ui` its printed links open (default 5000)",
+    )
 
     p = _verb(
         verbs,
@@ -220,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
     p.add_argument("--port", type=_port, default=5000, help="1..65535, free on --host (default 5000)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument(
+        "--sweep", default=None, help="the sweep whose trials its printed link compares (default: the newest)"
+    )
 
     p = _verb(verbs, "prepare", "tokenize a config's corpus into reusable token shards")
     _config_args(p)
@@ -293,7 +302,12 @@ def _report(args: argparse.Namespace) -> int:
     from orchestrator.reporting import report
 
     return report.run(
-        args.target, args.overrides, out=args.out, target_losses=args.target_loss, lr_criterion=args.lr_criterion
+        args.target,
+        args.overrides,
+        out=args.out,
+        target_losses=args.target_loss,
+        lr_criterion=args.lr_criterion,
+        ui_port=args.ui_port,
     )
 
 
@@ -324,7 +338,7 @@ def _ui(args: argparse.Namespace) -> int:
 
     cfg = config.load(None, args.overrides)
     _check_free(args.host, args.port)  # before the store is created: nothing half-written
-    return mlflow_ui.serve_ui(cfg, host=args.host, port=args.port)
+    return mlflow_ui.serve_ui(cfg, host=args.host, port=args.port, sweep=args.sweep)
 
 
 def _check_free(host: str, port: int) -> None:

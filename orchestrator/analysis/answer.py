@@ -290,6 +290,8 @@ class BranchStudy(Record):
     """The ramp as YAML to paste into a train config."""
     ramp_override: str
     """The ramp as one command-line override."""
+    ramp_overrides: Tuple[str, ...]
+    """Every key of ramp_yaml as command-line overrides (batch.ramp, batch.ramp_lr_scaling)."""
     compared_with: Optional[str]
     """The from-scratch sweep of branch.compare_with, when named."""
     notes: Tuple[str, ...]
@@ -352,7 +354,8 @@ class Answer(Record):
     trials: Tuple[TrialRow, ...]
     """Every usable trial (a batch size and a train/loss curve), in the order read."""
     skipped: Tuple[str, ...]
-    """The names of the trials left out (no batch.tokens_per_update or no train/loss)."""
+    """The names of the trials left out (no batch.tokens_per_update or no train/loss), a branch
+    study's branches aside (read as branches: `branch`)."""
     recommendation: Optional[Recommendation] = None
     """What to run at the sweep's budget (analysis/recommend.py); None for a branch study or
     without final losses."""
@@ -363,6 +366,16 @@ class Answer(Record):
     def best(self) -> Optional[BestRow]:
         """The best configuration of all: best_per_batch's lowest final loss."""
         return min(self.best_per_batch, key=lambda r: r.final_loss) if self.best_per_batch else None
+
+    def lrs_by(self, criterion: str) -> Dict[int, BestLr]:
+        """Batch size -> its one best interpolated lr by `criterion`: final_loss (best_per_batch's)
+        or steps (the fewest steps to the primary target, its points'). Every text and figure that
+        names a best lr reads it here, so one criterion names one lr per batch size."""
+        if criterion == "final_loss":
+            return {r.batch: BestLr(r.batch, r.lr, r.lr_edge) for r in self.best_per_batch}
+        if criterion == "steps":
+            return {p.batch: BestLr(p.batch, p.lr, p.lr_edge) for p in (self.primary.points if self.primary else ())}
+        raise ValueError(f"criterion {criterion!r}: final_loss or steps")
 
     def to_json(self) -> Dict[str, Any]:
         """report.json's keys (docs/design.md 3) but `name`, in report.json's order; `source` only

@@ -143,6 +143,7 @@ def study(
         lr_scaling=alpha,
         ramp_yaml=branch_ramp.ramp_yaml(ramp, alpha),
         ramp_override=branch_ramp.ramp_override(ramp),
+        ramp_overrides=branch_ramp.ramp_overrides(ramp, alpha),
         compared_with=scratch_name if scratch else None,
         notes=tuple(notes),
     )

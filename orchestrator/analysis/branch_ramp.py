@@ -246,6 +246,13 @@ def ramp_yaml(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, str, f
     return "\n".join(lines) + "\n"
 
 
+def ramp_overrides(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, str, float] = None) -> Tuple[str, ...]:
+    """Every key ramp_yaml(steps, lr_scaling) sets, as command-line overrides (each one argument):
+    without batch.ramp_lr_scaling a pasted ramp would run every change at the base's lr."""
+    scaling = () if lr_scaling is None else (f"batch.ramp_lr_scaling={lr_scaling}",)
+    return (ramp_override(steps), *scaling)
+
+
 def ramp_override(steps: Sequence[Mapping[str, Any]]) -> str:
     """The ramp as one command-line override, `orchestrator train CONFIG '<this>'` (quoted: it
     holds spaces): batch.ramp=[{from_tokens: 0, tokens_per_update: 8192}, ...]."""

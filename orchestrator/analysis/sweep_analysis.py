@@ -198,6 +198,7 @@ def analyse(
     name, scratch = compare_with or (None, ())
     branch = branch_analysis.study(trials, branch_tolerance, scratch, name)  # None unless a branch study
     scaling = lr_scaling(best_lr, axes)
+    read = set(usable) | ({t for t in trials if branch_analysis.is_branch(t)} if branch else set())
     return Answer(
         branch=branch,
         loss_metric=metric,
@@ -216,7 +217,7 @@ def analyse(
         trend=study.trend,
         optimizer=optimizer_forms(usable),
         trials=tuple(row(t, metric) for t in usable),
-        skipped=tuple(t.name for t in trials if t not in usable),
+        skipped=tuple(t.name for t in trials if t not in read),
         recommendation=None if branch else what_to_run(usable, best, best_lr, scaling),
     )
 

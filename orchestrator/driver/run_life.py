@@ -27,6 +27,7 @@ from orchestrator.core.schema import Config
 from orchestrator.driver import plan as planning
 from orchestrator.driver import ray_session
 from orchestrator.formulas import feasibility
+from orchestrator.sweeps import branch_study
 from orchestrator.tracking.run_tags import FAILURE_TAG
 from orchestrator.tracking.store import Store, resolve_uri
 from workloads.train import handoff
@@ -123,9 +124,13 @@ def check_workload(cfg: Config, plan) -> None:
 
 
 def run_params(cfg: Config) -> Dict[str, Any]:
-    """MLflow params: the whole resolved config flattened (secrets redacted) plus derived values."""
+    """MLflow params: the resolved config flattened (secrets redacted) but the keys only another
+    built-in workload reads (registry.NOT_READ), plus derived values. A branch (a run that starts
+    from a checkpoint where its batch.ramp changes) logs as batch.tokens_per_update the batch it
+    trains at, its own: the config's is the ramp's first, the base run's."""
     plan = batch_plan(cfg)
-    params = flatten(to_dict(cfg))
+    params = registry.own_params(cfg.model.name, flatten(to_dict(cfg)))
+    params["batch.tokens_per_update"] = own_batch(cfg)
     params["batch.grad_accum_steps"] = plan.grad_accum_steps
     params["batch.micro_batch_size"] = plan.micro_batch_size
     params["train.total_steps"] = total_updates(cfg)
@@ -142,6 +147,16 @@ def run_params(cfg: Config) -> Dict[str, Any]:
         adamw = adamw_constants(cfg)
         params["optim.beta2_effective"], params["optim.weight_decay_effective"] = adamw.beta2, adamw.weight_decay
     return params
+
+
+def own_batch(cfg: Config) -> int:
+    """The tokens per update a run starts training at: a branch's (it starts from a checkpoint
+    where its batch.ramp changes) is the batch it switched to; any other run's is
+    batch.tokens_per_update (with a ramp, its first)."""
+    at = branch_study.branch_point(cfg)
+    if at is None:
+        return cfg.batch.tokens_per_update
+    return [s for s in cfg.batch.ramp if s.from_tokens <= at][-1].tokens_per_update
 
 
 def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> str:

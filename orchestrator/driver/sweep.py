@@ -280,6 +280,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
         tune_storage=storage.join(folder, phase),
         cwd=os.getcwd(),
         tags=dict(tags or {}),
+        batches=tuple(sorted({run_life.own_batch(t.cfg) for t in trials if t.cfg is not None})),
     )
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, setup=setup), lambda params: placement.trial_resources(sweep, params)

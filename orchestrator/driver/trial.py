@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Tuple
 
 from orchestrator.core import storage
 from orchestrator.core.phases import Phases
@@ -18,7 +18,14 @@ from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.driver import micro_batch, run_life
 from orchestrator.sweeps import branch_study, placement, search_space
-from orchestrator.tracking.run_tags import BRANCH_AT_TAG, CHECKPOINTS_TAG, PARENT_TAG, SWEEP_TAG, TRIAL_TAG
+from orchestrator.tracking.run_tags import (
+    BRANCH_AT_TAG,
+    CHECKPOINTS_TAG,
+    PARENT_TAG,
+    RUN_COLOR_TAG,
+    SWEEP_TAG,
+    TRIAL_TAG,
+)
 from orchestrator.tracking.store import Store
 
 _trials_in_this_process = 0  # a reused trial actor pays no process start
@@ -42,6 +49,9 @@ class TrialSetup:
     """The user's working directory: Tune starts trials in their own folder."""
     tags: Mapping[str, str] = field(default_factory=dict)
     """Tags every trial's run gets besides its own (a branch study's base, or a branch's)."""
+    batches: Tuple[int, ...] = ()
+    """The tokens per update of the phase's trials (run_life.own_batch): the scale of the colour
+    each trial's run is drawn in (mlflow.runColor), the report's."""
 
 
 def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
@@ -78,7 +88,7 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         return
     if run_id:
         store.reopen_run(run_id)  # a retried trial: RUNNING again
-    run_id = run_id or run_life.open_run(cfg, trial.name, tags)
+    run_id = run_id or run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg)})
     local = placement.in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
     # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
@@ -108,6 +118,16 @@ def _tags(setup: TrialSetup, trial_id: str, cfg: Config) -> Dict[str, str]:
     if at is not None:
         tags[BRANCH_AT_TAG] = str(at)
     return tags
+
+
+def _colour(setup: TrialSetup, cfg: Config) -> Dict[str, str]:
+    """mlflow.runColor: the run's batch size's colour on the report's scale, so MLflow's runs table
+    and chart view colour runs as the report's figures do (not among the tags a retry finds it by)."""
+    if not setup.batches:
+        return {}
+    from orchestrator.reporting.comparison_plots import batch_hex  # matplotlib: only when a run is opened
+
+    return {RUN_COLOR_TAG: batch_hex(run_life.own_batch(cfg), setup.batches)}
 
 
 def _trial_startup() -> Phases:

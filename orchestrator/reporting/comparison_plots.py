@@ -2,13 +2,14 @@
 colour scale with a colour bar, token counts in one format (report_format.fmt_tokens), log axes with
 plain labels.
 
-- best_lr_curves: loss vs tokens of the best learning rate per batch size, smoothed, the raw
-  points faint behind and the evaluations as dots;
+- best_lr_curves: loss vs tokens of the best run per batch size (by final loss), smoothed, the
+  raw points faint behind and the evaluations as dots, labelled with the lr the run was trained
+  at and, apart, the best interpolated lr;
 - critical_batch_vs_loss: B_crit (with its interval) and B_simple against the target loss;
 - b_simple_over_training: the measured noise scale along training, per batch size (smoothed, raw
   faint behind);
-- loss_vs_lr: final loss against the learning rate, one line per batch size, the chosen optimum
-  starred (how sensitive each batch size is to its learning rate).
+- loss_vs_lr: final loss against the learning rate, one line per batch size, the final-loss
+  optimum starred (how sensitive each batch size is to its learning rate).
 
 Inputs are plain records (the analysis's `answer` records and `trials.Trial`s), so the figures are
 tested on tables in memory.
@@ -17,16 +18,16 @@ tested on tables in memory.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import matplotlib.colors
 import matplotlib.pyplot as plt
 import numpy as np
 
 from orchestrator.analysis.answer import BestLr, BestRow, TargetFit
-from orchestrator.analysis.trials import Trial
-from orchestrator.reporting.plots import plain_log_ticks
-from orchestrator.reporting.report_format import fmt_tokens
+from orchestrator.analysis.trials import BATCH_KEY, LR_KEY, Trial, settings
+from orchestrator.reporting.plots import loss_ticks, plain_log_ticks
+from orchestrator.reporting.report_format import fmt_tokens, lr_text
 
 BATCH_LABEL = "batch size (tokens per update)"
 
@@ -37,6 +38,13 @@ def _batch_scale(batches: Sequence[float]):
     norm = matplotlib.colors.LogNorm(low, high if high > low else low * 2)
     mappable = plt.cm.ScalarMappable(norm=norm, cmap=plt.get_cmap("viridis"))
     return (lambda b: mappable.to_rgba(b)), mappable
+
+
+def batch_hex(batch: float, batches: Sequence[float]) -> str:
+    """The colour ("#rrggbb") of `batch` on the scale of a report over `batches`: what a trial's
+    MLflow run carries as mlflow.runColor, so MLflow's charts colour runs as the report does."""
+    colour, _ = _batch_scale([*batches, batch])
+    return matplotlib.colors.to_hex(colour(batch))
 
 
 def _colour_bar(fig, ax, mappable, batches: Sequence[float]) -> None:
@@ -57,9 +65,10 @@ def smooth(xs: Sequence[float], ys: Sequence[float], ratio: float = 1.15) -> np.
 
 
 def best_trials(trials: Sequence[Trial], best_per_batch: Sequence[BestRow]) -> List[Trial]:
-    """The run the analysis chose per batch size (best_per_batch's run_name), by batch size."""
-    by_name = {t.name: t for t in trials}
-    chosen = [by_name[r.run_name] for r in best_per_batch if r.run_name in by_name]
+    """The run the analysis chose per batch size (best_per_batch's run_id: names may repeat), by
+    batch size."""
+    by_id = {t.run_id: t for t in trials}
+    chosen = [by_id[r.run_id] for r in best_per_batch if r.run_id in by_id]
     return sorted(chosen, key=lambda t: t.batch)
 
 
@@ -72,9 +81,10 @@ def _token_axes(ax, ylabel: str) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
-def best_lr_curves(chosen: Sequence[Trial], lr_of: Dict[int, Optional[float]], title: str = ""):
+def best_lr_curves(chosen: Sequence[Trial], best_lr: Dict[int, BestLr], title: str = ""):
     """One curve per batch size: the chosen run's train/loss smoothed (raw faint behind), its
-    eval/loss as dots."""
+    eval/loss as dots. Its legend names the lr the drawn run was trained at, and beside it the
+    best interpolated lr by final loss (`best_lr`), which no run may have been trained at."""
     fig, ax = plt.subplots(figsize=(8, 5))
     colour, mappable = _batch_scale([t.batch for t in chosen])
     lows, firsts = [], []
@@ -84,8 +94,10 @@ def best_lr_curves(chosen: Sequence[Trial], lr_of: Dict[int, Optional[float]], t
             continue
         xs, ys = map(np.asarray, zip(*points))
         ax.plot(xs, ys, "-", color=colour(t.batch), lw=0.6, alpha=0.25)
-        lr = lr_of.get(t.batch)
-        label = f"B = {fmt_tokens(t.batch)}" + (f", lr {lr:.3g}" if lr else "")
+        label = f"B = {fmt_tokens(t.batch)}, run at lr {t.lr:.3g}" if t.lr else f"B = {fmt_tokens(t.batch)}"
+        best = best_lr.get(t.batch)
+        if best and best.lr:
+            label += f" (best interpolated lr: {lr_text(best.lr, best.edge)})"
         smoothed = smooth(xs, ys)
         ax.plot(xs, smoothed, "-", color=colour(t.batch), lw=1.8, label=label)
         evals = [(x, y) for x, y in t.eval if x > 0]
@@ -98,8 +110,8 @@ def best_lr_curves(chosen: Sequence[Trial], lr_of: Dict[int, Optional[float]], t
     if lows:  # the smoothed curves and the evaluations, not the raw noise or a diverged start
         ax.set_ylim(min(lows) * 0.97, max(firsts) * 1.03)
     _token_axes(ax, "loss")
-    plain_log_ticks(ax.yaxis, lambda v: f"{v:.2f}", ax.get_ylim())
-    ax.set_title(title or "loss vs tokens at the best learning rate per batch size", fontsize=10)
+    loss_ticks(ax.yaxis, ax.get_ylim())
+    ax.set_title(title or "loss vs tokens of the best run per batch size (by final loss)", fontsize=10)
     ax.legend(fontsize=7)
     _colour_bar(fig, ax, mappable, [t.batch for t in chosen])
     fig.tight_layout()
@@ -154,31 +166,41 @@ def b_simple_over_training(chosen: Sequence[Trial]):
     return fig
 
 
-def loss_vs_lr(trials: Sequence[Trial], metric: str, best_lr: Sequence[BestLr]):
+def loss_vs_lr(trials: Sequence[Trial], metric: str, best_rows: Sequence[BestRow], axes: Sequence[str]):
     """Final loss (mean over seeds, bars: their spread) against the peak learning rate, one line
-    per batch size; a star at each batch size's chosen learning rate."""
+    per batch size through the lr scan of its best configuration (its values of the other swept
+    axes), and a star at that scan's best interpolated lr by final loss: the optimum of what is
+    drawn (the lr of fewest steps belongs on no final-loss figure)."""
+    others = [k for k in axes if k not in (BATCH_KEY, LR_KEY)]
+    rows = {r.batch: r for r in best_rows}
     finals: Dict[int, Dict[float, List[float]]] = defaultdict(lambda: defaultdict(list))
     for t in trials:
         loss = t.final(metric) if t.outcome == "finished" else None
-        if t.batch and t.lr and loss is not None:
+        row = rows.get(t.batch)
+        same = row is not None and all(settings(t, others).get(k) == row.settings.get(k) for k in others)
+        if same and t.lr and loss is not None:
             finals[t.batch][float(f"{t.lr:.3g}")].append(loss)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colour, mappable = _batch_scale(list(finals) or [1])
-    chosen = {r.batch: r.lr for r in best_lr if r.lr}
     for b in sorted(finals):
         lrs = sorted(finals[b])
         means = [float(np.mean(finals[b][lr])) for lr in lrs]
         spread = [float(np.std(finals[b][lr])) for lr in lrs]
-        ax.errorbar(lrs, means, yerr=spread, fmt="o-", color=colour(b), ms=4, lw=1.2, capsize=2)
-        if b in chosen:
-            at = float(np.interp(np.log(chosen[b]), np.log(lrs), means)) if len(lrs) > 1 else means[0]
-            ax.plot([chosen[b]], [at], "*", color=colour(b), ms=13, mec="black", mew=0.6)
-    ax.plot([], [], "k*", ms=10, label="chosen lr (per batch size)")
+        ax.errorbar(
+            lrs, means, yerr=spread, fmt="o-", color=colour(b), ms=4, lw=1.2, capsize=2, label=f"B = {fmt_tokens(b)}"
+        )
+        best = rows[b].lr
+        if best:  # on the drawn line: the figure shows the means, the star where their optimum lies
+            at = float(np.interp(np.log(best), np.log(lrs), means)) if len(lrs) > 1 else means[0]
+            ax.plot([best], [at], "*", color=colour(b), ms=13, mec="black", mew=0.6)
+    ax.plot([], [], "k*", ms=10, label="best interpolated lr by final loss")
     ax.set_xscale("log")
     plain_log_ticks(ax.xaxis, lambda v: f"{v:.3g}", ax.get_xlim())
+    loss_ticks(ax.yaxis, ax.get_ylim())
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel(f"final {metric}")
-    ax.set_title("sensitivity to the learning rate, per batch size", fontsize=10)
+    where = " at its best other settings" if others else ""
+    ax.set_title(f"sensitivity to the learning rate, per batch size{where}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     if finals:

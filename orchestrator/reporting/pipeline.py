@@ -26,11 +26,12 @@ def make(
     settings: Settings,
     out: Optional[Path] = None,
     target_losses: Optional[Sequence[float]] = None,
+    ui_port: int = mlflow_ui.DEFAULT_PORT,
     **options,
 ) -> Answer:
     """The report of `inputs` in `out` (default reports/<name>): analysed with `settings` and
     `options` (sweep_analysis.analyse's), written, logged to MLflow when read from there, and
-    printed. Returns the answer."""
+    printed, with the links of `orchestrator ui` on `ui_port`. Returns the answer."""
     answer = report_inputs.analyse(inputs, target_losses, settings.origin, **settings.options, **options)
     out = out or report_files.default_out(inputs.name)
     report_files.check_out_folder(out, inputs.folder)  # again: a sweep's folder may have changed while it ran
@@ -53,8 +54,8 @@ def make(
     print("\n".join(summary_lines(answer)))
     if inputs.uri is not None:  # the link that compares every trial on one chart
         compared = [t.run_id for t in sorted(inputs.trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]
-        print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(inputs.uri)}`, then")
-        print(f"  {mlflow_ui.compare_link(inputs.uri, compared)}")
+        print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(inputs.uri, ui_port)}`, then")
+        print(f"  {mlflow_ui.compare_link(inputs.uri, compared, ui_port)}")
     return answer
 
 

@@ -69,6 +69,21 @@ def plain_log_ticks(axis, fmt, limits: Tuple[float, float]) -> None:
     axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
 
 
+def loss_ticks(axis, limits: Tuple[float, float]) -> None:
+    """Labelled ticks over the whole range of a loss axis, log or linear: five to eight round
+    values inside `limits`, each written with the fewest decimals that state it exactly. (A log axis's
+    own ticks label only the decades and 2x, 5x: a loss between 2 and 3 would read against no
+    label at all.) Minor ticks keep their lines, without labels."""
+    low, high = sorted(limits)
+    values = matplotlib.ticker.MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10], min_n_ticks=5).tick_values(low, high)
+    values = [float(v) for v in values if low <= v <= high]
+    step = (high - low) / 7 or 1.0
+    digits = next((d for d in range(7) if all(abs(round(v, d) - v) < 1e-6 * step for v in values)), 6)
+    axis.set_major_locator(matplotlib.ticker.FixedLocator(values))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.{digits}f}"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
     """Train loss (solid) and eval loss (dashed) of every trial, coloured by batch size.
 
@@ -106,7 +121,7 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain_log_ticks(ax.xaxis, (lambda v: f"{v:g}") if x == "steps" else fmt_tokens, ax.get_xlim())
-    plain_log_ticks(ax.yaxis, lambda v: f"{v:.1f}", ax.get_ylim())
+    loss_ticks(ax.yaxis, ax.get_ylim())
     ax.set_xlabel("optimizer steps" if x == "steps" else "tokens seen")
     ax.set_ylabel("loss")
     ax.set_title(title)
@@ -217,15 +232,19 @@ def critical_batch(fits: Sequence[Dict], title: str = "steps vs tokens to reach 
 
 
 def lr_vs_batch(
-    tried: Sequence[Tuple[float, float]], best: Sequence[Tuple[float, float]], fit: Optional[Tuple[float, float]] = None
+    tried: Sequence[Tuple[float, float]],
+    best: Sequence[Tuple[float, float]],
+    fit: Optional[Tuple[float, float]] = None,
+    criterion: str = "final loss",
 ):
-    """Tried (B, lr) pairs, the best lr per batch size and the power law coef * B^alpha."""
+    """Tried (B, lr) pairs, the best interpolated lr per batch size by `criterion` (as the report's
+    table names it) and the power law coef * B^alpha through them."""
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if tried:
         ax.plot(*zip(*tried), "x", color="0.6", label="tried")
-    ax.plot(*zip(*best), "o", color="C3", ms=8, label="best lr per batch size")
+    ax.plot(*zip(*best), "o", color="C3", ms=8, label=f"best interpolated lr per batch size ({criterion})")
     if fit is not None:
         coef, alpha = fit
         bs = np.geomspace(min(b for b, _ in best) / 1.5, max(b for b, _ in best) * 1.5, 50)

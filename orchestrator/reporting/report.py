@@ -26,11 +26,13 @@ def run(
     out: Optional[str] = None,
     target_losses: Optional[List[float]] = None,
     lr_criterion: Optional[str] = None,
+    ui_port: int = 5000,
 ) -> int:
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
     trials.csv and curves.csv; returns the exit code. The analysis settings are the sweep file's:
     the one given, else the one the sweep's parent run recorded (report_inputs.settings), so every
-    way of naming a sweep gives one answer; lr_criterion, when given, wins."""
+    way of naming a sweep gives one answer; lr_criterion, when given, wins. ui_port: the port of
+    `orchestrator ui` the printed links open."""
     from orchestrator.reporting import pipeline, results  # pandas and matplotlib only when a report runs
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
@@ -52,7 +54,7 @@ def run(
     if sweep is not None and sweep.branch is not None:
         experiment = report_inputs.tracking_for(target, list(overrides), read)[2]
         compare = report_inputs.compared_sweep(sweep.branch, uri, experiment)
-    pipeline.make(inputs, settings, out_dir, target_losses, compare_with=compare)
+    pipeline.make(inputs, settings, out_dir, target_losses, ui_port=ui_port, compare_with=compare)
     return 0
 
 

@@ -4,6 +4,7 @@ lines and as document blocks."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.analysis.answer import BranchStudy
@@ -21,8 +22,9 @@ BRANCH_COLUMNS = [
 SCRATCH_COLUMN = ("from-scratch B_crit at that loss", "scratch_shown", S)
 GROWTH = {
     "rising": "The critical batch size grows along training (the exponent's interval is above 0).",
-    "plateau": "The critical batch size has plateaued: the exponent's interval holds 0, so no growth is resolved, "
-    "and the ramp grows no further than the measured points.",
+    "plateau": "The growth is not resolved: the exponent's 90% interval holds 0, so the critical batch size may "
+    "have levelled off (Merrill et al.'s plateau) or grow at any rate within it; the ramp grows no further than the "
+    "measured points.",
     "falling": "The critical batch size falls along training (the exponent's interval is below 0); the ramp "
     "follows the measured points only.",
     "not resolved": "Two resolved points give no interval: the growth is not resolved, and the ramp follows the "
@@ -98,7 +100,13 @@ def lines(branch: BranchStudy) -> List[str]:
     out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
     out += ["Suggested batch ramp (doubles where the critical batch size passes twice the batch):"]
     out += ["  " + line for line in branch.ramp_yaml.splitlines()]
-    return out + [f"  or: orchestrator train CONFIG '{branch.ramp_override}'"]
+    return out + [f"  or: {command(branch)}"]
+
+
+def command(branch: BranchStudy) -> str:
+    """The suggested ramp as one command to paste: every key of the YAML snippet, each override
+    quoted for the shell."""
+    return "orchestrator train CONFIG " + shlex.join(branch.ramp_overrides)
 
 
 def blocks(branch: BranchStudy) -> List[tuple]:
@@ -106,4 +114,5 @@ def blocks(branch: BranchStudy) -> List[tuple]:
     out = [("h2", "Critical batch size along training (branches)")]
     out += [("p", sentence) for sentence in sentences(branch)]
     out += [table(table_rows(branch.points), columns(branch))]
-    return out + [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch.ramp_yaml)]
+    out += [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch.ramp_yaml)]
+    return out + [("p", "or on the command line:"), ("code", command(branch))]

@@ -14,12 +14,12 @@ import numpy as np
 
 from orchestrator.analysis import branch_analysis, tables
 from orchestrator.analysis.answer import Answer
-from orchestrator.analysis.trials import Trial
+from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial
 from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import recommended
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
-from orchestrator.reporting.report_render import document
+from orchestrator.reporting.report_render import CRITERIA, document
 
 # ---------------------------------------------------------------- where
 
@@ -81,15 +81,12 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
 
     usable, metric = [t for t in trials if t.batch and t.train], answer.loss_metric
     curves = [{"batch": t.batch, "train": drawn(t.train), "eval": drawn(t.eval)} for t in usable]
+    if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
+        return branch_figures(trials, answer, name, curves)
     figs = {
         "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
         "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
     }
-    if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
-        base = branch_analysis.base_of(trials)
-        b_simple = base.b_simple if base else []
-        figs["branch_cbs.png"] = plots.branch_cbs(list(answer.branch.points), answer.branch.fit, b_simple)
-        return figs
     cells = [
         (t.lr, t.batch, t.final(metric))
         for t in usable
@@ -114,9 +111,8 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
     best, scaling = answer.best_lr, answer.lr_scaling
     if any(r.lr for r in best):
         fit = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
-        figs["lr_vs_batch.png"] = plots.lr_vs_batch(
-            [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr], fit
-        )
+        tried, named = [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr]
+        figs["lr_vs_batch.png"] = plots.lr_vs_batch(tried, named, fit, CRITERIA[answer.lr_criterion])
     return figs
 
 
@@ -134,21 +130,38 @@ def drawn(curve: Sequence[Tuple[int, float]], most: int = DRAWN_POINTS) -> Seque
     return [curve[i] for i in keep] + ([curve[-1]] if keep[-1] != len(curve) - 1 else [])
 
 
+def branch_figures(trials: Sequence[Trial], answer: Answer, name: str, curves: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """A branch study's: the base run's loss with its branches', and the critical batch size along
+    training. (No loss vs steps: a branch's steps count from the base's start at another batch.)"""
+    from orchestrator.reporting import plots
+
+    base = branch_analysis.base_of(trials)
+    b_simple = base.b_simple if base else []
+    branches = [  # each coloured by its own batch, the one it switched to at its branch point
+        {"batch": t.number(RAMP_CHANGE_KEY, int), "train": drawn(t.train), "eval": drawn(t.eval)}
+        for t in trials
+        if branch_analysis.is_branch(t) and t.train and t.number(RAMP_CHANGE_KEY, int)
+    ]
+    title = f"{name}: loss vs tokens of the base run and its branches"
+    figs = {"loss_vs_tokens.png": plots.loss_by_batch(curves + branches, "tokens", title)}
+    figs["branch_cbs.png"] = plots.branch_cbs(list(answer.branch.points), answer.branch.fit, b_simple)
+    return figs
+
+
 def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any]:
     """The figures that compare batch sizes at their chosen learning rates (comparison_plots.py)."""
     from orchestrator.reporting import comparison_plots as cp
 
-    chosen = cp.best_trials(usable, answer.best_per_batch)
-    lr_of = {r.batch: r.lr for r in answer.best_lr}
+    chosen = cp.best_trials(usable, answer.best_per_batch)  # by final loss: so is the lr their labels name
     figs = {}
     if chosen:
-        figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, lr_of)
+        figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, answer.lrs_by("final_loss"))
     if any(f.b_crit or f.b_simple for f in answer.critical_batch):
         figs["critical_batch_vs_loss.png"] = cp.critical_batch_vs_loss(answer.critical_batch)
     if any(t.b_simple for t in chosen):
         figs["b_simple_vs_tokens.png"] = cp.b_simple_over_training(chosen)
     if any(t.lr for t in usable):
-        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, answer.loss_metric, answer.best_lr)
+        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, answer.loss_metric, answer.best_per_batch, answer.axes)
     return figs
 
 

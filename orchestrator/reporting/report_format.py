@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 import re
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -29,6 +29,14 @@ def cell(x: Any, fmt: str = "{:.4g}") -> str:
     if isinstance(x, float) and math.isinf(x):
         return "inf"
     return fmt_tokens(round(x)) if fmt == "tok" else fmt.format(x)
+
+
+def lr_text(lr: Optional[float], edge: Optional[str] = None) -> str:
+    """A best (interpolated) lr as every table, sentence and figure writes it: 3 significant digits,
+    with <= or >= when it is the lowest or highest tried (a bound); '-' when there is none."""
+    if lr is None:
+        return "-"
+    return {"lowest": "<= ", "highest": ">= "}.get(edge or "", "") + f"{lr:.3g}"
 
 
 def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
@@ -58,8 +66,8 @@ def to_markdown(doc: Sequence[tuple]) -> str:
             lines += ["| " + " | ".join(_inert(c).replace("|", "/") for c in row) + " |" for row in rest[1]]
         elif kind == "img":
             lines.append(f"![{rest[0]}]({rest[0]})")
-        elif kind == "pre":
-            lines.append(f"```yaml\n{rest[0].rstrip()}\n```")
+        elif kind in ("pre", "code"):  # pre: YAML; code: a shell command
+            lines.append(f"```{'yaml' if kind == 'pre' else 'bash'}\n{rest[0].rstrip()}\n```")
         else:
             lines.append(_inert(rest[0]) if kind == "p" else "#" * int(kind[1]) + " " + _inert(rest[0]))
         lines.append("")
@@ -83,7 +91,9 @@ def to_html(doc: Sequence[tuple], title: str) -> str:
         elif kind == "img":
             parts.append(f"<p><img src='{e(rest[0])}' alt='{e(rest[0])}'></p>")
         else:
-            parts.append(f"<{kind}>{e(rest[0])}</{kind}>")
+            parts.append(
+                f"<pre><code>{e(rest[0])}</code></pre>" if kind == "code" else f"<{kind}>{e(rest[0])}</{kind}>"
+            )
     return "\n".join(parts + ["</body></html>"])
 
 

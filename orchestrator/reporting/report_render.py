@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from orchestrator.analysis.answer import Answer, BestLr, Counts, TargetFit, Trend
+from orchestrator.analysis.answer import Answer, Counts, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, LR_KEY
 from orchestrator.formulas.schedules import TRUSTED_SHARE
 from orchestrator.reporting import report_branch
-from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, table
+from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, lr_text, table
 
 AXIS_LABELS = {
     "batch.tokens_per_update": "batch size",
@@ -55,11 +55,19 @@ def answer(result: Answer) -> str:
     best, p, n = result.best, result.primary, len(result.trials)
     if best:
         seeds = f", mean of {best.seeds} seeds" if best.seeds > 1 else ""
+        trained = f", trained at lr {_setting(LR_KEY, best.settings[LR_KEY])}" if best.settings.get(LR_KEY) else ""
+        others = {k: v for k, v in best.settings.items() if k != LR_KEY}
         text = (
-            f"Best configuration: B = {cell(best.batch, 'tok')} tokens per update, "
-            f"{_describe(best.settings) or 'the base config'}: "
-            f"final {result.loss_metric} {cell(best.final_loss)} (run {best.run_name}{seeds})."
+            f"Best configuration: B = {cell(best.batch, 'tok')} tokens per update"
+            f"{', ' + _describe(others) if _describe(others) else ''}: "
+            f"final {result.loss_metric} {cell(best.final_loss)} (run {best.run_name}{trained}{seeds})."
         )
+        named = result.lrs_by(result.lr_criterion).get(best.batch)
+        if named and named.lr is not None:  # the table's lr for this batch size, by the same criterion
+            text += (
+                f" Best interpolated lr at B = {cell(best.batch, 'tok')} by {CRITERIA[result.lr_criterion]}: "
+                f"{lr_text(named.lr, named.edge)}."
+            )
         if len(result.best_per_batch) > 1 and best.batch == min(r.batch for r in result.best_per_batch):
             text += (
                 " That is the smallest batch tried, as at equal tokens it tends to be: the critical batch "
@@ -167,13 +175,13 @@ def per_batch_table(result: Answer) -> Tuple[List[str], List[List[str]]]:
     """Header and rows: per batch size the one best lr (its criterion named), the best value of
     every other swept axis and its final loss."""
     axes = [k for k in result.axes if k not in (BATCH_KEY, LR_KEY)]
-    lrs = {r.batch: r for r in result.best_lr}
+    lrs = result.lrs_by(result.lr_criterion)
     header = ["batch size", f"best lr ({CRITERIA[result.lr_criterion]})", *map(_label, axes)]
     header += [f"final {result.loss_metric}", "seeds", "run"]
     rows = [
         [
             cell(r.batch, "tok"),
-            _lr_cell(lrs.get(r.batch)),
+            lr_text(lrs[r.batch].lr, lrs[r.batch].edge) if r.batch in lrs else "-",
             *(_setting(k, r.settings.get(k)) for k in axes),
             cell(r.final_loss) + (f" ± {cell(r.spread, '{:.2g}')}" if r.spread is not None else ""),
             str(r.seeds),
@@ -182,13 +190,6 @@ def per_batch_table(result: Answer) -> Tuple[List[str], List[List[str]]]:
         for r in result.best_per_batch
     ]
     return header, rows
-
-
-def _lr_cell(best: Optional[BestLr]) -> str:
-    """The best lr, with <= or >= when it is the lowest or highest tried (a bound)."""
-    if not best or best.lr is None:
-        return "-"
-    return {"lowest": "<= ", "highest": ">= "}.get(best.edge, "") + cell(best.lr, "{:.3g}")
 
 
 def summary_lines(result: Answer) -> List[str]:
@@ -259,8 +260,11 @@ def _settings_from(source) -> str:
 
 
 def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
-    """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", text), ("table", header, rows), ("img", file)."""
-    metric, src, scaling, counts = result.loss_metric, result.source, result.lr_scaling, result.counts
+    """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", YAML), ("code", a command),
+    ("table", header, rows), ("img", file). A table without rows is left out."""
+    if result.branch:
+        return _branch_document(result, name, images)
+    metric, scaling, counts = result.loss_metric, result.lr_scaling, result.counts
     targets = [
         {
             "target_loss": f.target_loss,
@@ -282,19 +286,16 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
     law = scaling.note if scaling.alpha is None else f"lr_opt ~ {scaling.coef:.3g} x B^{scaling.alpha:.3f}"
     swept = ", ".join(map(_label, result.axes)) or "nothing"
     start = result.start_level
-    doc_branch = report_branch.blocks(result.branch) if result.branch else []  # a branch study: its answer first
-    where = f"{src.kind} {src.run_id or ''} in {src.uri}" if src else "?  in ?"
     doc = [
         ("h1", f"Report: {name}"),
-        *doc_branch,
         ("p", answer(result)),
         (
             "p",
-            f"{len(result.trials)} trials of {where}; "
+            f"{len(result.trials)} trials of {_where(result)}; "
             f"swept: {swept}. Final losses compare the {counts.finished} trials that reached the budget, "
             f"on {metric}; "
             f"{_stopped(counts)}, {counts.failed} failed, {counts.incomplete} incomplete. "
-            f"Optimizer constants: {_forms(result.optimizer)}." + _settings_from(src),
+            f"Optimizer constants: {_forms(result.optimizer)}." + _settings_from(result.source),
         ),
         *([("h2", "What to run"), ("p", " ".join(what_to_run(result)))] if result.recommendation else []),
         ("h2", "Best configuration per batch size"),
@@ -323,10 +324,10 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
             "measured gradient noise scale where those trials reach the target "
             "(rules: orchestrator/analysis/sweep_analysis.py).",
         ),
-        table(targets, TARGET_COLUMNS),
+        *([table(targets, TARGET_COLUMNS)] if targets else []),
     ]
-    for f in result.critical_batch:
-        points = [{**p.to_json(), "lr_shown": _lr_cell(BestLr(p.batch, p.lr, p.lr_edge))} for p in f.points]
+    for f in (f for f in result.critical_batch if f.points):  # a target no batch size reaches has no costs
+        points = [{**p.to_json(), "lr_shown": lr_text(p.lr, p.lr_edge)} for p in f.points]
         doc += [("h3", f"Cost to reach loss {f.target_loss:.4g}"), table(points, COST_COLUMNS)]
     doc += [
         ("h2", "Learning rate vs batch size"),
@@ -336,9 +337,32 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
         ("h2", "All trials"),
         table([t.to_json() for t in result.trials], TRIAL_COLUMNS),
     ]
-    if result.skipped:
-        doc.append(("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result.skipped)))
-    return doc
+    return doc + _skipped(result)
+
+
+def _where(result: Answer) -> str:
+    src = result.source
+    return f"{src.kind} {src.run_id or ''} in {src.uri}" if src else "?  in ?"
+
+
+def _skipped(result: Answer) -> List[tuple]:
+    if not result.skipped:
+        return []
+    return [("p", "Skipped (no batch.tokens_per_update or no train/loss): " + ", ".join(result.skipped))]
+
+
+def _branch_document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
+    """A branch study's summary: its answer (report_branch.blocks), the runs it read and the
+    figures. One base run answers no from-scratch question, so none of its tables is shown."""
+    base = result.best
+    runs = f"the base run {base.run_name} (final {result.loss_metric} {cell(base.final_loss)})" if base else "branches"
+    read = (
+        f"Runs of {_where(result)}: {runs} and its branches, each read as one branch (the table above), "
+        "not as a point of a from-scratch fit (branch.compare_with compares with a sweep of batch sizes)."
+        + _settings_from(result.source)
+    )
+    doc = [("h1", f"Report: {name}"), *report_branch.blocks(result.branch), ("p", read), ("h2", "Figures")]
+    return doc + [("img", f) for f in images] + _skipped(result)
 
 
 def _forms(forms: Dict[str, Dict[str, int]]) -> str:

@@ -279,6 +279,16 @@ class Store:
         exp_ids = [e.experiment_id for e in self._client().search_experiments(max_results=1000)]
         return self._newest_sweep_run(exp_ids, sweep_name) if exp_ids else None
 
+    def newest_sweep_run(self) -> Optional[RunRecord]:
+        """The experiment's newest sweep parent run, whatever its sweep (`orchestrator ui`)."""
+        exp_id = self.experiment_id()
+        if exp_id is None:
+            return None
+        runs = self._client().search_runs(
+            [exp_id], filter_string=SWEEP_RUN_FILTER, max_results=1, order_by=["attributes.start_time DESC"]
+        )
+        return RunRecord.of(runs[0]) if runs else None
+
     def _newest_sweep_run(self, exp_ids: List[str], sweep_name: str) -> Optional[str]:
         query = f"tags.`{SWEEP_TAG}` = {quoted(sweep_name)} and {SWEEP_RUN_FILTER}"
         runs = self._client().search_runs(

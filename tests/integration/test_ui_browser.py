@@ -2,9 +2,10 @@
 port, Debian's headless Chromium driven through Selenium and Debian's chromedriver (nothing is
 downloaded). The experiment link of `tracking.ui_link` must open the training-runs view with
 the four trials under their sweep, a trial's page must draw its `train/loss` curve, and the
-link the sweep prints last must draw every trial's train/loss and eval/loss on one chart.
+link `orchestrator ui` prints for the sweep, on its own port (never the default 5000), must draw
+every trial's train/loss and eval/loss on one chart, each trial in its batch size's colour.
 
-Screenshots go into each test's tmp_path (experiment.png, train_loss.png).
+Screenshots go into each test's tmp_path (experiment.png, train_loss.png, compare.png).
 """
 
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking import mlflow_ui, run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, free_ports, run_cli
 from tests.integration.test_mlflow_server import Service
@@ -44,6 +45,7 @@ def sweep(tmp_path_factory):
 def ui(sweep):
     uri, folder, _, _ = sweep
     (port,) = free_ports(1)
+    assert port != mlflow_ui.DEFAULT_PORT  # the links must follow the UI's port, not assume 5000
     service = Service(
         [sys.executable, "-m", "orchestrator", "ui", f"tracking.uri={uri}", "--port", str(port)],
         folder / "ui.log",
@@ -175,16 +177,21 @@ def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
     browser.save_screenshot(str(tmp_path / "train_loss.png"))
 
 
-def test_the_printed_link_draws_every_trial_on_one_chart(sweep, ui, browser, tmp_path):
-    """The link `sweep` (and `report`) prints opens MLflow's metric page with all four trials'
-    train/loss and eval/loss against tokens on one chart: no nesting to expand, no first-10 limit."""
+def test_the_link_ui_prints_draws_every_trial_on_one_chart_at_its_port(sweep, ui, browser, tmp_path):
+    """The link `orchestrator ui` prints (as `sweep` and `report` do for the default port) opens
+    MLflow's metric page on the UI's own port with all four trials' train/loss and eval/loss
+    against tokens on one chart: no nesting to expand, no first-10 limit, no port to edit."""
     from selenium.webdriver.common.by import By
 
     uri, folder, _, trials = sweep
     out = (folder / "sweep.out").read_text().splitlines()
-    (link,) = [line.strip() for line in out if "/#/metric?" in line]
-    assert out[out.index(next(line for line in out if "/#/metric?" in line)) - 1].startswith("every trial's loss")
-    browser.get(link.replace("127.0.0.1:5000/", f"127.0.0.1:{ui}/"))  # the test's UI has its own port
+    assert out[next(i for i, line in enumerate(out) if "/#/metric?" in line) - 1].startswith("every trial's loss")
+    printed = (folder / "ui.log").read_text(errors="replace").splitlines()
+    (line,) = [line for line in printed if "/#/metric?" in line]
+    assert line.startswith("every trial of sweep 'smoke' on one chart: ")
+    link = line.split(": ", 1)[1].strip()
+    assert link.startswith(f"http://127.0.0.1:{ui}/#/metric?")
+    browser.get(link)
     wait(browser, lambda: f"Comparing {len(trials)} Runs" in text_of(browser), "the metric page's title")
 
     def series():  # the curves drawn in the plot (not the legend's samples; MLflow draws each twice)
@@ -196,3 +203,15 @@ def test_the_printed_link_draws_every_trial_on_one_chart(sweep, ui, browser, tmp
     for name in trials:
         assert f"{name} (train/loss)" in legend and f"{name} (eval/loss)" in legend, name
     browser.save_screenshot(str(tmp_path / "compare.png"))
+    if os.environ.get("UI_SCREENSHOTS"):  # docs/images/: `UI_SCREENSHOTS=1 pytest ...test_ui_browser.py`
+        browser.save_screenshot(str(ROOT / "docs" / "images" / "mlflow_compare_smoke.png"))
+
+
+def test_each_trial_carries_its_batch_sizes_colour_on_the_reports_scale(sweep):
+    from orchestrator.reporting.comparison_plots import batch_hex
+
+    _, _, _, trials = sweep
+    batches = sorted({int(r.params["batch.tokens_per_update"]) for r in trials.values()})
+    assert len(batches) == 2
+    for name, run in trials.items():
+        assert run.tags[run_tags.RUN_COLOR_TAG] == batch_hex(int(run.params["batch.tokens_per_update"]), batches), name

@@ -6,14 +6,21 @@ hyperbola)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import shlex
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+import yaml
 
-from orchestrator.analysis import sweep_analysis
+from orchestrator.analysis import branch_ramp, sweep_analysis
 from orchestrator.analysis.trials import Trial
-from orchestrator.reporting import report_branch
+from orchestrator.core import config
+from orchestrator.core.yaml_files import parse_overrides
+from orchestrator.reporting import report_branch, report_files, report_format, report_render
+from tests.conftest import TINY
 from tests.known_truth import World
 from tests.unit.test_known_truth import LRS
 
@@ -117,11 +124,89 @@ def test_an_eval_set_too_small_for_the_tolerance_is_named_with_the_size_it_needs
 def test_a_plateau_is_reported_as_one_and_the_ramp_stops_at_the_points():
     """Merrill et al.'s plateau: the excess per doubling barely changes along training, so the
     power law's exponent is a hair above 0 with an interval that holds it. The report says the
-    critical batch size has plateaued (no overflow reading the law where it reaches twice the
-    batch), and the ramp grows no further than the measured points (2.83 x B0 at every point)."""
+    growth is not resolved (a plateau or a growth within the interval; no overflow reading the
+    law where it reaches twice the batch), and the ramp grows no further than the measured points
+    (2.83 x B0 at every point)."""
     result = sweep_analysis.analyse(study_trials(rates=(0.0200, 0.01996, 0.02000)))
     fit = result.branch.fit
     assert 0 < fit["exponent"] < 1e-3 and fit["growth"] == "plateau", fit
     assert [s["tokens_per_update"] for s in result.branch.ramp] == [B0, 2 * B0]
     text = "\n".join(report_branch.lines(result.branch))
-    assert "has plateaued" in text and "within 1.00% of the factor-1 branch's" in text
+    assert "growth is not resolved" in text and "within 1.00% of the factor-1 branch's" in text
+
+
+# ---------------------------------------------------------------- what the report says it measured
+
+
+def test_branch_runs_are_read_as_branches_and_no_table_is_empty():
+    """The branches are the study's measurement, not runs skipped; a run with no curve still is.
+    One base run answers no from-scratch question: none of those tables (each of one row or
+    `not resolved`) is in the summary, and no table there is without rows."""
+    lost = Trial("lost", "lost", "FAILED", {"batch.tokens_per_update": B0}, [])
+    result = sweep_analysis.analyse([*study_trials(), lost])
+    assert result.skipped == ("lost",)
+    doc = report_render.document(result, "branches", ["loss_vs_tokens.png", "branch_cbs.png"])
+    tables = [block for block in doc if block[0] == "table"]
+    assert len(tables) == 1 and tables[0][1][0] == "branch point (tokens)" and len(tables[0][2]) == len(AT)
+    text = report_format.to_markdown(doc)
+    assert "Skipped (no batch.tokens_per_update or no train/loss): lost" in text
+    assert not any(name in text for name in ("b16384-1", "Cost to reach", "Best configuration", "B_crit needs"))
+    figures = {b[1] for b in doc if b[0] == "img"}
+    assert figures == {"loss_vs_tokens.png", "branch_cbs.png"}
+
+
+def test_the_loss_figure_draws_every_branch_in_the_colour_of_its_own_batch():
+    trials = study_trials()
+    figs = report_files.figures(trials, sweep_analysis.analyse(trials), "branches")
+    assert set(figs) == {"loss_vs_tokens.png", "branch_cbs.png"}
+    (ax,) = figs["loss_vs_tokens.png"].axes
+    drawn = []  # (a curve, its colour): a batch size's curves are one line broken by NaN
+    for line in ax.get_lines():
+        segment = []
+        for x, y in [*line.get_xydata(), (math.nan, math.nan)]:
+            if math.isnan(x):
+                drawn += [(tuple(segment), line.get_color())] if segment else []
+                segment = []
+            else:
+                segment.append((float(x), float(y)))
+    colours = {}
+    for t in trials:
+        points = tuple((float(x), float(y)) for x, y in t.train if x > 0)
+        (colour,) = [c for xy, c in drawn if xy == points]  # drawn once
+        batch = t.number("batch.ramp.1.tokens_per_update", int) or t.batch
+        assert colours.setdefault(batch, colour) == colour, t.name
+    assert len(colours) == len(FACTORS)
+    for fig in figs.values():
+        plt.close(fig)
+
+
+def test_the_pasteable_command_sets_every_key_of_the_yaml_snippet(tmp_path):
+    """Parsed, the one-liner and the YAML give the same config: the ramp and its lr scaling (without
+    which a pasted ramp would keep the base's lr at every change)."""
+    branch = sweep_analysis.analyse(study_trials()).branch
+    assert branch.lr_scaling == 0.5
+    words = shlex.split(report_branch.command(branch))
+    assert words[:3] == ["orchestrator", "train", "CONFIG"]
+    overrides = words[3:]
+    snippet = yaml.safe_load(branch.ramp_yaml)
+    flat = {f"batch.{key}": value for key, value in snippet["batch"].items()}
+    assert dict(parse_overrides(overrides)) == flat
+    (tmp_path / "ramped.yaml").write_text(f"extends: {TINY}\n{branch.ramp_yaml}")
+    from_yaml, from_command = config.load(tmp_path / "ramped.yaml"), config.load(TINY, overrides)
+    assert from_yaml == from_command and from_yaml.batch.ramp_lr_scaling == 0.5
+    assert [dict(s) for s in snippet["batch"]["ramp"]] == [
+        {"from_tokens": s.from_tokens, "tokens_per_update": s.tokens_per_update} for s in from_command.batch.ramp
+    ]
+    assert f"  or: {report_branch.command(branch)}" in report_branch.lines(branch)
+    assert ("code", report_branch.command(branch)) in report_branch.blocks(branch)
+
+
+def test_an_exponent_interval_that_holds_zero_says_the_growth_is_not_resolved():
+    """The issue's study: 0.59 with a 90% interval of -0.24 to 1.43 is no measured growth."""
+    branch = sweep_analysis.analyse(study_trials()).branch
+    fit = {**branch.fit, "exponent": 0.59, "exponent_interval": [-0.24, 1.43]}
+    fit["growth"] = branch_ramp.growth(fit["exponent"], fit["exponent_interval"])
+    text = " ".join(report_branch.sentences(dataclasses.replace(branch, fit=fit)))
+    assert "^0.59 (90% interval -0.24 to 1.43). The growth is not resolved" in text
+    rising = {**fit, "exponent_interval": [0.2, 1.0], "growth": branch_ramp.growth(0.59, [0.2, 1.0])}
+    assert "grows along training" in " ".join(report_branch.sentences(dataclasses.replace(branch, fit=rising)))

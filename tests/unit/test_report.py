@@ -319,7 +319,7 @@ def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(s
     monkeypatch.setattr(
         pipeline,
         "make",
-        lambda inputs, settings, out, target_losses, **options: made.append((inputs, settings, options)),
+        lambda inputs, settings, out, target_losses, ui_port, **options: made.append((inputs, settings, options)),
     )
     assert report.run(str(path), [], out=str(tmp_path / "out"), target_losses=None) == 0
     assert len(parsed) == 1

@@ -9,7 +9,10 @@ typed records (issue 34): every key in the same order with the same value, and t
 
 The files in tests/data/report_json/ were written by the same cases on commit 1f3fcfe, before the
 change (report.json with the table folder's path as `<folder>`), then written again for the keys
-and lines added since on purpose (where the settings came from, what to run, the trend in words);
+and lines added since on purpose (where the settings came from, what to run, the trend in words;
+issue 35's labels: the headline names its run's lr and the best interpolated lr by the table's
+criterion; its branch reports: branch runs no longer `skipped`, the ramp's `ramp_overrides`, no
+from-scratch tables in a branch study's summary, no table without rows).
 `python -m tests.unit.test_report_json DIR` writes what the code gives now, for a deliberate
 change of the report.
 """

@@ -1,0 +1,162 @@
+"""MLflow compares at a glance (issue 35): the links `ui` and `report` print open the UI on the host
+and port it is served on, in the report's order of runs; a trial's run carries its batch size's
+colour on the report's scale (mlflow.runColor); a run logs the params of its own workload only,
+and a branch the batch it trains at. In memory and on a SQLite store; the browser's view of the
+printed link is tests/integration/test_ui_browser.py's."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+
+import matplotlib
+import numpy as np
+import pytest
+
+from orchestrator import cli
+from orchestrator.core import config
+from orchestrator.core.config import flatten, to_dict
+from orchestrator.driver import run_life
+from orchestrator.reporting.comparison_plots import batch_hex
+from orchestrator.tracking import metric_logger, mlflow_ui, run_tags
+from orchestrator.tracking.store import Store
+from tests.conftest import TINY, free_ports, sqlite_store
+from tests.known_truth import World
+
+EXPERIMENT = "orchestrator"
+LINK = re.compile(r"http://([^/]+)/#/metric\?(\S+)")
+RAMP = "[{from_tokens: 0, tokens_per_update: 256}, {from_tokens: 16384, tokens_per_update: 1024}]"
+"""A base run's 256 tokens per update, then 1,024 from 16,384 tokens on: a branch's ramp."""
+
+
+def _sweep(uri: str, name: str, runs, world=None):
+    """A sweep's parent run and one child per (batch, lr), logged in the order given; with a
+    world, each child holds that world's curves. Returns (parent, child ids by (batch, lr))."""
+    store = Store(uri, EXPERIMENT)
+    parent = store.create_run(name, tags={run_tags.ROLE_TAG: run_tags.SWEEP_ROLE, run_tags.SWEEP_TAG: name})
+    ids = {}
+    for batch, lr in runs:
+        run_id = store.create_run(f"B={batch} lr={lr}", tags={run_tags.PARENT_TAG: parent, run_tags.SWEEP_TAG: name})
+        if world is None:
+            store.log_params(run_id, {"batch.tokens_per_update": batch, "optim.lr": lr})
+        else:
+            (run,) = world.simulate([(batch, lr, 0)])
+            store.log_params(run_id, world.params(run))
+            logger = metric_logger.MetricLogger(uri, run_id, flush_every_s=60)
+            for metric, points in (("train/loss", run.train), ("eval/loss", run.eval)):
+                for step, value in points:
+                    logger.log({metric: value}, step=step)
+            logger.close()
+        store.finish_run(run_id)
+        ids[batch, lr] = run_id
+    store.finish_run(parent)
+    return parent, ids
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Two sweeps, the newer second: its runs logged out of order."""
+    uri = sqlite_store(tmp_path_factory.mktemp("ui"))
+    older = _sweep(uri, "older", [(256, 1e-3)])
+    newer = _sweep(uri, "newer", [(1024, 1e-3), (256, 2e-3), (256, 1e-3), (512, 1e-3)])
+    return {"uri": uri, "older": older, "newer": newer}
+
+
+def _printed_link(text: str):
+    """(host:port, the run ids) of the one compare link in `text`."""
+    ((where, query),) = LINK.findall(text)
+    fields = dict(urllib.parse.parse_qsl(query))
+    return where, json.loads(fields["runs"])
+
+
+def test_ui_prints_the_newest_sweeps_link_at_its_own_port(store, monkeypatch, capsys):
+    served = []
+    monkeypatch.setattr(mlflow_ui, "_serve_until_stopped", lambda cmd, env: served.append(cmd) or 0)
+    (port,) = free_ports(1)
+    assert port != mlflow_ui.DEFAULT_PORT
+    assert cli.main(["ui", f"tracking.uri={store['uri']}", "--port", str(port)]) == 0
+    out = capsys.readouterr().out
+    where, runs = _printed_link(out)
+    assert where == f"127.0.0.1:{port}" and served[0][served[0].index("--port") + 1] == str(port)
+    ids = store["newer"][1]
+    assert runs == [ids[256, 1e-3], ids[256, 2e-3], ids[512, 1e-3], ids[1024, 1e-3]]  # by batch, then lr
+    assert "every trial of sweep 'newer' on one chart" in out
+    assert f"http://127.0.0.1:{port}/#/experiments/" in out
+    assert cli.main(["ui", f"tracking.uri={store['uri']}", "--port", str(port), "--sweep", "older"]) == 0
+    assert _printed_link(capsys.readouterr().out) == (f"127.0.0.1:{port}", list(store["older"][1].values()))
+
+
+def test_ui_of_a_sweep_it_does_not_have_is_exit_2_before_anything_starts(store, monkeypatch, capsys):
+    served = []
+    monkeypatch.setattr(mlflow_ui, "_serve_until_stopped", lambda cmd, env: served.append(cmd) or 0)
+    (port,) = free_ports(1)
+    assert cli.main(["ui", f"tracking.uri={store['uri']}", "--port", str(port), "--sweep", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "error: --sweep: no sweep named 'nope'" in err, err
+    assert served == []
+
+
+def test_a_link_to_a_ui_on_every_interface_browses_to_this_machine():
+    assert mlflow_ui.browse_host("0.0.0.0") == "127.0.0.1" and mlflow_ui.browse_host("::") == "127.0.0.1"
+    assert mlflow_ui.browse_host("::1") == "[::1]" and mlflow_ui.browse_host("10.0.0.7") == "10.0.0.7"
+
+
+def test_report_prints_its_links_for_the_ui_port_it_is_given(store, tmp_path, capsys):
+    world = World(max_points=60)
+    _, ids = _sweep(store["uri"], "world", [(b, lr) for b in (1024, 256, 512) for lr in (0.008, 0.004)], world)
+    args = ["report", "world", f"tracking.uri={store['uri']}", "--out", str(tmp_path / "out"), "--ui-port", "5057"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"orchestrator ui tracking.uri={store['uri']} --port 5057" in out
+    where, runs = _printed_link(out)
+    assert where == "127.0.0.1:5057" and runs == [ids[key] for key in sorted(ids)]
+
+
+def test_a_runs_colour_is_its_batch_sizes_on_the_reports_scale():
+    """viridis over log B from the smallest batch size to the largest, as the report's colour bar."""
+    batches = [256, 512, 1024, 2048]
+    viridis = matplotlib.colormaps["viridis"]
+    for b in batches:
+        share = (np.log(b) - np.log(256)) / (np.log(2048) - np.log(256))
+        assert batch_hex(b, batches) == matplotlib.colors.to_hex(viridis(share)), b
+    assert re.fullmatch(r"#[0-9a-f]{6}", batch_hex(256, [256]))
+
+
+def _ramped_branch(tmp_path):
+    """A branch of a 256-token base run at 16,384 tokens, at 1,024 tokens per update."""
+    (tmp_path / "checkpoint_000001" / "state").mkdir(parents=True)
+    return config.load(
+        TINY,
+        [
+            "data.seq_len=64",
+            "model.max_seq_len=64",
+            f"batch.ramp={RAMP}",
+            f"train.start_from_checkpoint={tmp_path / 'checkpoint_000001'}",
+            "train.stop_at_tokens=32768",
+        ],
+    )
+
+
+def test_a_run_logs_the_params_of_its_own_workload_and_a_branch_its_own_batch(tmp_path):
+    linreg_only, hf_only = {"model.dim", "model.noise_std", "model.w_star_norm"}, "model.hf."
+    TEXT_DATA = ("data.tokenizer", "data.eval_fraction", "data.max_documents_per_source", "data.shard_dir")
+    text_only = {"model.n_layers", "model.n_heads", "model.d_model", "model.mlp_ratio", "model.max_seq_len"}
+    for name, absent, prefixes in (
+        ("gpt", linreg_only, (hf_only,)),
+        ("linreg", text_only | {"model.vocab_size", *TEXT_DATA}, (hf_only, "data.sources.")),
+    ):
+        cfg = config.load(TINY, [f"model.name={name}"])
+        params, whole = run_life.run_params(cfg), flatten(to_dict(cfg))
+        dropped = {k for k in whole if k not in params}
+        assert dropped == {k for k in whole if k in absent or k.startswith(prefixes)}, name
+        assert set(params) - set(whole) <= {k for k in params if k.endswith(("_effective", "_rounded", "_steps"))} | {
+            "model.params"
+        }, name
+    gpt = run_life.run_params(config.load(TINY))
+    assert "model.n_layers" in gpt and "data.sources.0.name" in gpt and "model.hf.architecture" not in gpt
+    branch = _ramped_branch(tmp_path)
+    assert branch.batch.tokens_per_update == 256  # the config's: the ramp's first, the base's
+    assert run_life.own_batch(branch) == 1024 and run_life.run_params(branch)["batch.tokens_per_update"] == 1024
+    fresh = config.load(TINY, ["data.seq_len=64", "model.max_seq_len=64", f"batch.ramp={RAMP}"])
+    assert run_life.run_params(fresh)["batch.tokens_per_update"] == 256  # a ramp trained from 0 starts at its first
