@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.analysis import sweep_analysis
+from orchestrator.analysis import branch_ramp, sweep_analysis
 from orchestrator.analysis.trials import Trial
 from orchestrator.reporting import report_branch
 from tests.known_truth import World
@@ -116,12 +116,15 @@ def test_an_eval_set_too_small_for_the_tolerance_is_named_with_the_size_it_needs
 
 def test_a_plateau_is_reported_as_one_and_the_ramp_stops_at_the_points():
     """Merrill et al.'s plateau: the excess per doubling barely changes along training, so the
-    power law's exponent is a hair above 0 with an interval that holds it. The report says the
-    critical batch size has plateaued (no overflow reading the law where it reaches twice the
-    batch), and the ramp grows no further than the measured points (2.83 x B0 at every point)."""
+        power law's exponent is a hair above 0 with an interval that holds it. The report says the
+        critical batch size has plateaued (no overflow reading the law where it reaches twice the
+        batch), and the ramp grows no further than the measured points (2.83 x B0 at every point: under
+    8 x B0, so not at all by default; at Merrill et al.'s 2x, once)."""
     result = sweep_analysis.analyse(study_trials(rates=(0.0200, 0.01996, 0.02000)))
     fit = result.branch.fit
     assert 0 < fit["exponent"] < 1e-3 and fit["growth"] == "plateau", fit
-    assert [s["tokens_per_update"] for s in result.branch.ramp] == [B0, 2 * B0]
+    assert [s["tokens_per_update"] for s in result.branch.ramp] == [B0]
+    at_2x = branch_ramp.suggested_ramp(result.branch.points, fit, B0, 10**9, 64, 1, threshold=2.0)
+    assert [s["tokens_per_update"] for s in at_2x] == [B0, 2 * B0]
     text = "\n".join(report_branch.lines(result.branch))
     assert "has plateaued" in text and "within 1.00% of the factor-1 branch's" in text
