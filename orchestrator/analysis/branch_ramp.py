@@ -13,6 +13,7 @@ from scipy import stats
 
 from orchestrator.analysis.branch_cbs import ABOVE, BELOW, RESOLVED
 from orchestrator.analysis.critical_batch import INTERVAL_LEVEL
+from orchestrator.formulas import batching
 
 PointLike = Union[Mapping[str, Any], Tuple[float, float]]
 
@@ -242,8 +243,8 @@ def suggested_ramp(
     return steps
 
 
-def _flow(step: Mapping[str, Any]) -> str:
-    return f"{{from_tokens: {int(step['from_tokens'])}, tokens_per_update: {int(step['tokens_per_update'])}}}"
+def _pairs(steps: Sequence[Mapping[str, Any]]) -> List[Tuple[int, int]]:
+    return [(int(s["from_tokens"]), int(s["tokens_per_update"])) for s in steps]
 
 
 def ramp_yaml(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, str, float] = None) -> str:
@@ -256,7 +257,7 @@ def ramp_yaml(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, str, f
 
     With `lr_scaling` (sqrt, linear, an exponent; the branch study's own, so the ramp's lr
     follows what the branches measured) it adds `ramp_lr_scaling`."""
-    lines = ["batch:", "  ramp:"] + [f"    - {_flow(s)}" for s in steps]
+    lines = ["batch:", "  ramp:"] + [f"    - {flow}" for flow in batching.ramp_flow(_pairs(steps))]
     if lr_scaling is not None:
         lines.append(f"  ramp_lr_scaling: {lr_scaling}")
     return "\n".join(lines) + "\n"
@@ -265,4 +266,17 @@ def ramp_yaml(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, str, f
 def ramp_override(steps: Sequence[Mapping[str, Any]]) -> str:
     """The ramp as one command-line override, `orchestrator train CONFIG '<this>'` (quoted: it
     holds spaces): batch.ramp=[{from_tokens: 0, tokens_per_update: 8192}, ...]."""
-    return "batch.ramp=[" + ", ".join(_flow(s) for s in steps) + "]"
+    return batching.ramp_override(_pairs(steps))
+
+
+def calibration(points: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """`batch.calibration_from`: the branched critical batch size over B_simple, the median over
+    the resolved points that have both (a bound is not a value, and the median keeps one odd
+    point from setting it); None without such a point. An adaptive run multiplies its B_simple by
+    it, so it follows the branched critical batch size where the study measured the two."""
+    ratios = [
+        float(p["cbs"]) / float(p["b_simple"])
+        for p in points
+        if p.get("status") == RESOLVED and p.get("cbs") and p.get("b_simple") and p["b_simple"] > 0
+    ]
+    return float(np.median(ratios)) if ratios else None

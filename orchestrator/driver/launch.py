@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Set
 from orchestrator.core import ds_config, registry, storage
 from orchestrator.core.config import flatten, redact_uri, to_dict, to_yaml
 from orchestrator.core.derived import (
+    ADAPTIVE,
     adamw_constants,
     batch_plan,
     rounded_budget,
@@ -34,9 +35,9 @@ from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.driver import micro_batch, ray_session
 from orchestrator.driver import plan as planning
-from orchestrator.formulas import feasibility
+from orchestrator.formulas import batching, feasibility
 from orchestrator.tracking import mlflow_ui
-from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, FAILURE_TAG, warnings_in
+from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, FAILURE_TAG, REALISED_RAMP_TAG, warnings_in
 from orchestrator.tracking.store import Store, resolve_uri
 
 RUN_RECORD = "orchestrator_run.json"
@@ -248,7 +249,8 @@ def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
 
 
 def resolve_paths(cfg: Config) -> None:
-    """Absolute paths for everything workers read or write: Ray workers have their own cwd."""
+    """Absolute paths for everything workers read or write (Ray workers have their own cwd), and
+    batch.calibration_from read from its study (they have no business with the store's sweeps)."""
     for src in cfg.data.sources:
         if src.path and "://" not in src.path:
             src.path = str(Path(src.path).expanduser().resolve())
@@ -264,8 +266,37 @@ def resolve_paths(cfg: Config) -> None:
         )
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
+    resolve_calibration(cfg)
     # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
+
+
+def resolve_calibration(cfg: Config) -> None:
+    """batch.calibration_from: the branch study's branched critical batch size over B_simple
+    (branch_ramp.calibration) becomes batch.calibration, said once; a study that is not in the
+    store, or has no resolved point with B_simple, is a ConfigError naming the key."""
+    name = cfg.batch.calibration_from
+    if not name:
+        return
+    from orchestrator.analysis import branch_analysis, branch_ramp
+    from orchestrator.reporting import report_inputs
+
+    run_id = Store(cfg.tracking.uri, cfg.tracking.experiment).find_sweep_run_anywhere(name)
+    if run_id is None:
+        raise ConfigError(
+            "batch.calibration_from",
+            f"no sweep named {name!r} in {redact_uri(cfg.tracking.uri)}; name a branch study run into the same store",
+        )
+    study = branch_analysis.study(report_inputs.read_trials(cfg.tracking.uri, run_id))
+    ratio = branch_ramp.calibration(study.points) if study else None
+    if ratio is None:
+        raise ConfigError(
+            "batch.calibration_from",
+            f"sweep {name!r} has no resolved branch point with B_simple beside it, so no ratio to calibrate by; "
+            "give batch.calibration instead",
+        )
+    cfg.batch.calibration, cfg.batch.calibration_from = ratio, None
+    print(f"batch.calibration={ratio:.3g}: branch study {name!r}'s critical batch size over B_simple (median)")
 
 
 def _show_worker_warnings(cfg: Config, tags: Dict[str, str], shown: Set[str]) -> None:
@@ -407,4 +438,13 @@ def train(cfg: Config, resume: bool = False) -> int:
         f"run {name!r} finished: {final}MLflow run {run_id}\n"
         f"open it with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}"
     )
+    if cfg.batch.schedule == ADAPTIVE:
+        print(f"the batch sizes it took, to replay as a fixed ramp: '{realised_ramp(cfg, run_id)}'")
     return 0
+
+
+def realised_ramp(cfg: Config, run_id: str) -> str:
+    """An adaptive run's `batch.ramp` override, from its MLflow tag (the worker sets it at every
+    doubling; without one the run kept its first batch)."""
+    tag = Store.of(cfg).get_run(run_id).tags.get(REALISED_RAMP_TAG)
+    return tag or batching.ramp_override([(0, cfg.batch.tokens_per_update)])

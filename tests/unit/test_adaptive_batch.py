@@ -43,3 +43,12 @@ def test_the_state_goes_through_json_unchanged():
     _, state = run([600] * 6)
     again = ab.AdaptiveState.from_json(state.to_json())
     assert again == state and ab.AdaptiveState.from_json(None) == ab.AdaptiveState()
+
+
+def test_a_doubling_waits_for_whole_updates_of_the_new_batch():
+    """Ready after 5 updates of 256 (1,280 tokens, not whole updates of 512): it doubles one
+    update later, at 1,536, the count held through the wait; a low reading then resets it."""
+    trained, state = run([100] + [600] * 6)
+    assert trained == [256] * 6 + [512] and state.ramp == [(0, 256), (1536, 512)]
+    trained, _ = run([100] + [600] * 4 + [100, 600])
+    assert trained == [256] * 7
