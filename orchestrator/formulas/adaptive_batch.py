@@ -71,3 +71,17 @@ def decide(
     state.above = 0
     state.ramp.append((tokens, 2 * batch))
     return 2 * batch
+
+
+def fastest_ramp(rule: AdaptiveRule, base: int, budget: int) -> List[Tuple[int, int]]:
+    """The ramp of a run whose calibrated noise scale is always past the threshold: it doubles as
+    soon as the rule lets it (after `patience` updates at each batch, at whole updates of the
+    next), up to the cap, with one update of the new batch left before `budget`. The fewest
+    optimizer steps an adaptive run can take: what `plan` predicts before the run measures anything."""
+    past_every_threshold = 2 * rule.threshold * rule.max_tokens_per_update / rule.calibration
+    state, tokens, batch = AdaptiveState([(0, base)]), 0, base
+    while tokens + batch <= budget:
+        tokens += batch
+        if tokens + 2 * batch <= budget:
+            batch = decide(rule, state, tokens, batch, past_every_threshold) or batch
+    return state.ramp
