@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from orchestrator.analysis import branch_ramp
+from orchestrator.analysis.trials import Trial
 from orchestrator.core import config, derived
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.yaml_files import parse_overrides
@@ -160,3 +161,15 @@ def test_the_calibration_is_the_median_ratio_at_resolved_points_and_a_missing_st
         launch.resolve_calibration(cfg)
     assert err.value.key == "batch.calibration_from" and "no sweep named 'no-such-study'" in str(err.value)
     assert cfg.batch.calibration == 1.0
+
+
+def test_the_analysis_leaves_an_adaptive_run_out_as_it_does_a_ramped_one(grown):
+    """The params the driver logs (launch.run_params) say batch.schedule=adaptive and its first
+    batch: it is no point of steps against one batch size, so the critical-batch analysis takes no
+    batch from it."""
+    cfg, run_id, _ = grown
+    params = {k: str(v) for k, v in launch.run_params(cfg).items()}
+    assert params["batch.schedule"] == "adaptive" and int(params["batch.tokens_per_update"]) == B0
+    trial = Trial(run_id, "adaptive", "FINISHED", params, [])
+    assert trial.ramped and trial.batch is None
+    assert Trial(run_id, "fixed", "FINISHED", {**params, "batch.schedule": "fixed"}, []).batch == B0
