@@ -8,19 +8,21 @@ realised ramp, replayed as a fixed `batch.ramp`, trains the same curve."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
-from orchestrator.analysis import branch_ramp
+from orchestrator.analysis import branch_analysis, branch_ramp
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import config, derived
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.yaml_files import parse_overrides
 from orchestrator.driver import launch
 from orchestrator.formulas import adaptive_batch, batching, noise
-from orchestrator.tracking.run_tags import REALISED_RAMP_TAG
+from orchestrator.tracking.run_tags import PARENT_TAG, REALISED_RAMP_TAG, ROLE_TAG, SWEEP_ROLE, SWEEP_TAG
 from orchestrator.tracking.store import Store
+from tests.unit.test_branch_analysis import study_trials
 from tests.unit.test_trainer_in_process import EXPERIMENT, FakeRay, history, linreg, train, uri  # noqa: F401
 from workloads import workload as workloads
 from workloads.builtin.linreg import LinRegData
@@ -173,3 +175,32 @@ def test_the_analysis_leaves_an_adaptive_run_out_as_it_does_a_ramped_one(grown):
     trial = Trial(run_id, "adaptive", "FINISHED", params, [])
     assert trial.ramped and trial.batch is None
     assert Trial(run_id, "fixed", "FINISHED", {**params, "batch.schedule": "fixed"}, []).batch == B0
+
+
+def test_calibration_from_reads_a_branch_study_in_the_store(uri, tmp_path):  # noqa: F811
+    """A branch study written into the store as a sweep does it (parent run, children with their
+    params and curves; test_branch_analysis's study, whose base logs B_simple 300 all along):
+    batch.calibration_from=STUDY becomes the median of its resolved points' cbs / 300, computed
+    here from the same runs in memory, and calibration_from is cleared for the workers."""
+    grid_b_simple = [(t, 300.0) for t in range(0, 180224 + 1, 4096)]
+    trials = study_trials()
+    trials[0] = dataclasses.replace(trials[0], b_simple=grid_b_simple)
+    store = Store(uri, EXPERIMENT)
+    parent = store.create_run("sweep cal-study", {ROLE_TAG: SWEEP_ROLE, SWEEP_TAG: "cal-study"})
+    for t in trials:
+        child = store.create_run(t.name, {PARENT_TAG: parent})
+        store.log_params(child, t.params)
+        for key, curve in (("train/loss", t.train), ("eval/loss", t.eval), ("eval/loss_se", t.eval_se)):
+            for tokens, value in curve:
+                store.log_metrics(child, {key: value}, tokens)
+        for tokens, value in t.b_simple:
+            store.log_metrics(child, {"gns/b_simple": value}, tokens)
+        store.finish_run(child)
+    store.finish_run(parent)
+    points = branch_analysis.study(trials).points
+    resolved = sorted(p["cbs"] for p in points if p["status"] == "resolved")
+    assert len(resolved) == 3, "the premise: three resolved points"
+    cfg = adaptive(uri, tmp_path, "batch.calibration_from=cal-study")
+    launch.resolve_calibration(cfg)
+    assert cfg.batch.calibration == pytest.approx(resolved[1] / 300.0, rel=1e-9)
+    assert cfg.batch.calibration_from is None
