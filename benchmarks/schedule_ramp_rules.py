@@ -11,6 +11,8 @@ The rules: the threshold (double when the measured critical batch size passes k 
 Merrill et al.'s 2, or with a safety factor) and the reading of a resolved point (its value, or
 the lower end of its 90 % interval). The lr jump at a change, Adam's memory and weight decay are
 not in this world (it trains at the best lr of every step): they need ramp_vs_fixed's real runs.
+Then the online rule (batch.schedule: adaptive) at its best: reading the exact B_crit where the
+run is every 1,024 tokens, at the same thresholds (the rule's 2x times 1 / calibration).
 No Ray, no DeepSpeed, no MLflow.
 """
 
@@ -41,6 +43,23 @@ def read_at_lower_end(along: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         else p
         for p in along
     ]
+
+
+CHECK_EVERY = 1024
+"""Tokens between two readings of the online rule on the world (4 updates of the base batch)."""
+
+
+def exact_online(world: ScheduleWorld, base: float, threshold: float) -> List[tuple]:
+    """batch.schedule=adaptive on the world with a perfect noise scale (B_crit where the run is)
+    read every CHECK_EVERY tokens: double when it passes `threshold` x the batch, i.e. the rule's
+    2x with calibration 2 / threshold. No measurement noise and no patience: the rule's best case."""
+    schedule, batch, tokens = [(0.0, base)], base, 0.0
+    while tokens < world.total_tokens:
+        if world.b_crit(world.run(schedule, tokens).loss) >= threshold * batch:
+            batch *= 2
+            schedule.append((tokens, batch))
+        tokens += CHECK_EVERY
+    return schedule
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -88,7 +107,25 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{r.extra_steps_vs_oracle:+,.0f}",
             )
         )
+    online = [("online rule on the exact B_crit", "batches", "steps", "loss - best fixed", "")]
+    for threshold in THRESHOLDS:
+        schedule = exact_online(world, float(BASE), threshold)
+        r = regret(schedule, world, tried)
+        online.append(
+            (
+                f"{threshold:g}x (calibration {2 / threshold:.3g})",
+                " -> ".join(f"{b:g}" for _, b in schedule),
+                f"{r.outcome.steps:,.0f} ({r.outcome.steps / r.best_fixed.steps - 1:+.0%})",
+                f"{r.extra_loss_vs_best_fixed:+.4f}" + (" (within)" if r.extra_loss_vs_best_fixed <= spread else ""),
+                "",
+            )
+        )
+        out.append(
+            {"online": True, "threshold": threshold, "ramp": schedule, "steps": r.outcome.steps}
+            | {"extra_loss_vs_best_fixed": r.extra_loss_vs_best_fixed}
+        )
     common.print_table(rows)
+    common.print_table(online)
     print(
         f"best fixed batch {r.best_fixed_batch:g}: {r.best_fixed.steps:,.0f} steps, loss {r.best_fixed.loss:.4f}; "
         f"the seed spread ({FIXED_SEED_SPREAD:.2%} of it): {spread:.4f}"
