@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
 from orchestrator.analysis import branch_cbs, branch_ramp  # noqa: E402
-from tests.schedule_truth import FIXED_SEED_SPREAD, STUDY_FACTORS, ScheduleWorld, branch_ends, regret  # noqa: E402
+from tests.schedule_truth import FIXED_SEED_SPREAD, STUDY_FACTORS, ScheduleWorld, branch_ends, online_schedule, regret  # noqa: E402
 
 BASE = 256
 THRESHOLDS = (2.0, 4.0, 6.0, 8.0)
@@ -43,23 +43,6 @@ def read_at_lower_end(along: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         else p
         for p in along
     ]
-
-
-CHECK_EVERY = 1024
-"""Tokens between two readings of the online rule on the world (4 updates of the base batch)."""
-
-
-def exact_online(world: ScheduleWorld, base: float, threshold: float) -> List[tuple]:
-    """batch.schedule=adaptive on the world with a perfect noise scale (B_crit where the run is)
-    read every CHECK_EVERY tokens: double when it passes `threshold` x the batch, i.e. the rule's
-    2x with calibration 2 / threshold. No measurement noise and no patience: the rule's best case."""
-    schedule, batch, tokens = [(0.0, base)], base, 0.0
-    while tokens < world.total_tokens:
-        if world.b_crit(world.run(schedule, tokens).loss) >= threshold * batch:
-            batch *= 2
-            schedule.append((tokens, batch))
-        tokens += CHECK_EVERY
-    return schedule
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -109,7 +92,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
     online = [("online rule on the exact B_crit", "batches", "steps", "loss - best fixed", "")]
     for threshold in THRESHOLDS:
-        schedule = exact_online(world, float(BASE), threshold)
+        schedule = online_schedule(world, float(BASE), threshold)
         r = regret(schedule, world, tried)
         online.append(
             (

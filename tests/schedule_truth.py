@@ -215,3 +215,18 @@ def branch_ends(world: ScheduleWorld, base_batch: float) -> List[BranchEnd]:
             batch = k * base_batch
             ends.append(BranchEnd(at, int(batch), world.loss_after(batch, start, length / batch)))
     return ends
+
+
+def online_schedule(
+    world: ScheduleWorld, base: float, threshold: float, every: float = 1024.0
+) -> List[Tuple[float, float]]:
+    """batch.schedule=adaptive on the world with a perfect noise scale (B_crit where the run is)
+    read every `every` tokens: double when it passes `threshold` x the batch, i.e. the rule's 2x
+    with calibration 2 / threshold. No measurement noise and no patience: the rule's best case."""
+    schedule, batch, tokens = [(0.0, base)], base, 0.0
+    while tokens < world.total_tokens:
+        if world.b_crit(world.run(schedule, tokens).loss) >= threshold * batch:
+            batch *= 2
+            schedule.append((tokens, batch))
+        tokens += every
+    return schedule
