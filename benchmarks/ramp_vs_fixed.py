@@ -1,14 +1,23 @@
-"""Does the batch ramp a branch study suggests save optimizer steps? The suggested ramp against
-the base's fixed batch size on the same budget and schedule, the real `orchestrator train`.
+"""Does a batch schedule save optimizer steps without losing loss? The ramp a branch study
+suggests, the same study's ramp at the old 2x rule, and the online schedule (batch.schedule:
+adaptive, calibrated by the study), each against the base's fixed batch size on the same budget
+and lr schedule, the real `orchestrator train`.
 
-    python benchmarks/ramp_vs_fixed.py [--study-uri URI] [--json PATH] [--seeds 2]
+    python benchmarks/ramp_vs_fixed.py [--study-uri URI] [--json PATH] [--seeds 3]
+                                        [--arms fixed,ramp,ramp_2x,adaptive]
 
 1. Reads the branch study `conf/sweep/branches.yaml` from `--study-uri` (a store holding it),
-   or runs it in a temporary folder, and takes its suggested ramp (`report`'s).
-2. Trains the study's base config at its fixed batch size and with the ramp (batch.ramp, the
-   study's lr scaling), `--seeds` seeds each, in one SQLite store.
-3. Reports per arm: optimizer steps, tokens, final eval loss (mean and spread over seeds), and
-   whether the ramp reaches the fixed run's final eval loss within its seed spread in fewer steps.
+   or runs it in a temporary folder, and takes its report (`report.json`): the suggested ramp
+   (branch_ramp.THRESHOLD, 8x), its points and power law.
+2. Trains the study's base config per arm, `--seeds` seeds each (the issue asks for 3), in one
+   SQLite store: `fixed` (its batch), `ramp` (the suggested ramp, the study's lr scaling),
+   `ramp_2x` (suggested_ramp at threshold 2 from the same points: the rule before the schedule
+   world's measurement), `adaptive` (doubling from its own B_simple up to 8 x the base, times the
+   study's median branched critical batch size over B_simple, branch_ramp.calibration, and a
+   quarter: the suggested ramp's safety factor, so it doubles where that passes 8 x the batch).
+3. Reports per arm: optimizer steps (mean over seeds: an adaptive run's vary), tokens, final eval
+   loss (mean and spread over seeds), the steps saved against `fixed` and whether the arm reaches
+   the fixed runs' final eval loss within their seed spread in fewer steps.
 """
 
 from __future__ import annotations
@@ -34,9 +43,10 @@ def cli(*args: str, cwd: Path) -> str:
     return proc.stdout
 
 
-def suggested_ramp(uri: str, folder: Path) -> Dict[str, Any]:
+def study_report(uri: str, folder: Path) -> Dict[str, Any]:
+    """The branch study's report.json (its `branch`, `branch_cbs` and `branch_fit`)."""
     cli("report", str(STUDY), f"tracking.uri={uri}", "--out", str(folder / "report"), cwd=folder)
-    return json.loads((folder / "report" / "report.json").read_text())["branch"]
+    return json.loads((folder / "report" / "report.json").read_text())
 
 
 def train(uri: str, folder: Path, name: str, overrides: List[str]) -> Dict[str, float]:
@@ -57,38 +67,81 @@ def train(uri: str, folder: Path, name: str, overrides: List[str]) -> Dict[str, 
     }
 
 
+ARMS = ("fixed", "ramp", "ramp_2x", "adaptive")
+ADAPTIVE_GROWTH = 8
+"""The adaptive arm's cap: the base batch times this (180,224 tokens are whole updates of 2,048)."""
+
+
+def arm_overrides(report: Dict[str, Any]) -> Dict[str, List[str]]:
+    """Each arm's overrides of the study's base config, from the study's report.json."""
+    from orchestrator.analysis import branch_ramp
+    from orchestrator.core import yaml_files
+    from orchestrator.formulas import adaptive_batch
+
+    branch, points, fit = report["branch"], report["branch_cbs"], report["branch_fit"]
+    base = yaml_files.read_mapping(STUDY, "SWEEP")[0]["base"]["overrides"]
+    first = int(branch["ramp"][0]["tokens_per_update"])
+    at_2x = branch_ramp.suggested_ramp(
+        points, fit, first, int(base["train.total_tokens"]), int(base["data.seq_len"]), 1, threshold=2.0
+    )
+    scaling = [f"batch.ramp_lr_scaling={branch['lr_scaling']}"]
+    # the study's cbs / B_simple, with the suggested ramp's safety factor over the rule's 2x: the
+    # adaptive run then doubles where its calibrated B_simple passes THRESHOLD x the batch
+    safety = adaptive_batch.THRESHOLD / branch_ramp.THRESHOLD
+    calibration = (branch_ramp.calibration(points) or 1.0) * safety
+    return {
+        "fixed": [],
+        "ramp": [branch["ramp_override"], *scaling],
+        "ramp_2x": [branch_ramp.ramp_override(at_2x), *scaling],
+        "adaptive": [
+            "batch.schedule=adaptive",
+            f"batch.max_tokens_per_update={ADAPTIVE_GROWTH * first}",
+            f"batch.calibration={calibration:.6g}",
+            *scaling,
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--study-uri", help="a store holding a finished branches.yaml study")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"a comma-separated subset of {', '.join(ARMS)}")
     args = parser.parse_args()
+    chosen = ["fixed"] + [a for a in args.arms.split(",") if a in ARMS and a != "fixed"]
     folder = Path(tempfile.mkdtemp(prefix="ramp_vs_fixed-"))
     uri = f"sqlite:///{folder}/mlflow.db"
     study_uri = args.study_uri
     if not study_uri:
         cli("sweep", str(STUDY), f"tracking.uri={uri}", cwd=folder)
         study_uri = uri
-    branch = suggested_ramp(study_uri, folder)
-    alpha = branch["lr_scaling"]
-    arms = {"fixed": [], "ramp": []}
-    for seed in range(args.seeds):
-        arms["fixed"].append(train(uri, folder, f"fixed-{seed}", [f"train.seed={seed}"]))
-        ramp = [branch["ramp_override"], f"batch.ramp_lr_scaling={alpha}", f"train.seed={seed}"]
-        arms["ramp"].append(train(uri, folder, f"ramp-{seed}", ramp))
-    out: Dict[str, Any] = {"ramp": branch["ramp"], "lr_scaling": alpha}
+    report = study_report(study_uri, folder)
+    overrides = arm_overrides(report)
+    arms: Dict[str, List[Dict[str, float]]] = {arm: [] for arm in chosen}
+    for seed in range(args.seeds):  # seeds outermost: a load that drifts hits every arm alike
+        for arm in chosen:
+            arms[arm].append(train(uri, folder, f"{arm}-{seed}", [*overrides[arm], f"train.seed={seed}"]))
+    out: Dict[str, Any] = {"overrides": {arm: overrides[arm] for arm in chosen}, "seeds": args.seeds}
     for arm, runs in arms.items():
-        losses = [r["final_eval_loss"] for r in runs]
+        losses, steps = [r["final_eval_loss"] for r in runs], [r["steps"] for r in runs]
         out[arm] = {
-            "steps": runs[0]["steps"],
+            "steps": statistics.mean(steps),
+            "steps_per_seed": steps,
             "tokens": runs[0]["tokens"],
             "final_eval_loss": statistics.mean(losses),
             "spread": statistics.stdev(losses) if len(losses) > 1 else 0.0,
             "losses": losses,
         }
-    fixed, ramp = out["fixed"], out["ramp"]
-    out["steps_saved"] = 1 - ramp["steps"] / fixed["steps"]
-    out["reaches_fixed_loss"] = ramp["final_eval_loss"] <= fixed["final_eval_loss"] + max(fixed["spread"], 1e-9)
+    fixed = out["fixed"]
+    for arm in chosen[1:]:
+        result = out[arm]
+        result["steps_saved"] = 1 - result["steps"] / fixed["steps"]
+        result["loss_difference"] = result["final_eval_loss"] - fixed["final_eval_loss"]
+        result["reaches_fixed_loss"] = (
+            result["final_eval_loss"] <= fixed["final_eval_loss"] + max(fixed["spread"], 1e-9)
+            and result["steps"] < fixed["steps"]
+        )
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -36,6 +36,8 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from orchestrator.analysis.branch_cbs import BranchEnd
+
 Schedule = Sequence[Tuple[float, float]]
 """[(from_tokens, tokens_per_update), ...], the first from 0 (batch.ramp's form)."""
 
@@ -184,3 +186,47 @@ def regret(schedule: Schedule, world: ScheduleWorld = ScheduleWorld(), batches: 
         extra_steps_vs_best_fixed=world.steps_to(schedule, fixed.loss) - fixed.steps,
         extra_loss_vs_best_fixed=outcome.loss - fixed.loss,
     )
+
+
+# ---------------------------------------------------------------- a branch study of the world
+
+STUDY_SHARES = (16384 / 180224, 65536 / 180224, 163840 / 180224)
+"""conf/sweep/branches.yaml's branch points as shares of its budget."""
+STUDY_FACTORS = (1, 2, 4, 8, 16)
+STUDY_BRANCH_SHARE = 16384 / 180224
+"""Its branches' length as a share of its budget."""
+FIXED_SEED_SPREAD = 0.016 / 2.470
+"""The fixed arm's seed spread in ramp_vs_fixed (docs/benchmarks.md) as a share of its final loss:
+the deterministic world has no seeds, so "within the seed spread" is within this share of the
+best fixed batch's loss."""
+
+
+def branch_ends(world: ScheduleWorld, base_batch: float) -> List[BranchEnd]:
+    """The branch study of conf/sweep/branches.yaml laid on the world: a base run at `base_batch`
+    to each branch point, from there a branch at every factor for the same tokens, each ending at
+    the world's exact loss (no eval noise: the branched critical batch size then differs from
+    B_crit(t) only by what the tolerance rule is)."""
+    length = STUDY_BRANCH_SHARE * world.total_tokens
+    ends = []
+    for share in STUDY_SHARES:
+        at = int(share * world.total_tokens) // int(base_batch) * int(base_batch)  # whole base updates
+        start = world.run([(0.0, base_batch)], at).loss
+        for k in STUDY_FACTORS:
+            batch = k * base_batch
+            ends.append(BranchEnd(at, int(batch), world.loss_after(batch, start, length / batch)))
+    return ends
+
+
+def online_schedule(
+    world: ScheduleWorld, base: float, threshold: float, every: float = 1024.0
+) -> List[Tuple[float, float]]:
+    """batch.schedule=adaptive on the world with a perfect noise scale (B_crit where the run is)
+    read every `every` tokens: double when it passes `threshold` x the batch, i.e. the rule's 2x
+    with calibration 2 / threshold. No measurement noise and no patience: the rule's best case."""
+    schedule, batch, tokens = [(0.0, base)], base, 0.0
+    while tokens < world.total_tokens:
+        if world.b_crit(world.run(schedule, tokens).loss) >= threshold * batch:
+            batch *= 2
+            schedule.append((tokens, batch))
+        tokens += every
+    return schedule

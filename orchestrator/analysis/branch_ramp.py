@@ -1,7 +1,7 @@
 """The branched critical batch size along training (orchestrator/analysis/branch_cbs.py measures it per
 branch point): a power law in tokens fitted to the resolved points (`power_law_fit`) and a batch
-ramp that doubles where the critical batch size passes twice the batch (`suggested_ramp`), as a
-YAML snippet (`ramp_yaml`) and as an override (`ramp_override`). Pure: numpy and scipy."""
+ramp that doubles where the critical batch size passes THRESHOLD x the batch (`suggested_ramp`),
+as a YAML snippet (`ramp_yaml`) and as an override (`ramp_override`). Pure: numpy and scipy."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from scipy import stats
 
 from orchestrator.analysis.branch_cbs import ABOVE, BELOW, RESOLVED
 from orchestrator.analysis.critical_batch import INTERVAL_LEVEL
+from orchestrator.formulas import batching
 
 PointLike = Union[Mapping[str, Any], Tuple[float, float]]
 
@@ -114,6 +115,16 @@ def fit_tokens_at(fit: Mapping[str, Any], cbs: float) -> Optional[float]:
 
 # ---------------------------------------------------------------- a batch ramp that follows it
 
+THRESHOLD = 8.0
+"""Double the batch when the measured critical batch size reaches this many times it, so the batch
+stays between an eighth and a quarter of it: a safety factor of 4 over Merrill et al.'s 2. Chosen on
+the schedule world (tests/schedule_truth.py, McCandlish's model with exact B_crit(t), branch tables
+laid out as conf/sweep/branches.yaml's): a step at B costs 1 + B / B_crit times the fewest tokens,
+so at 2x (B up to B_crit) a ramp pays up to twice the tokens and ended 0.044 above the best fixed
+batch's loss (3 x the seed spread of ramp_vs_fixed's fixed arm), at 4x 0.018, at 6x 0.014, at 8x
+0.006 in 39 % fewer steps; reading resolved points at the lower end of their 90 % interval instead
+of at their value did less than the next threshold up (docs/benchmarks.md, "schedule_ramp_rules")."""
+
 
 def _points_curve(along: Sequence[Mapping[str, Any]]) -> Callable[[float, float], Optional[float]]:
     """first(level, after) on the measured points, read conservatively (the ramp should not
@@ -179,11 +190,13 @@ def suggested_ramp(
     total_tokens: int,
     seq_len: int,
     num_workers: int,
+    threshold: float = THRESHOLD,
 ) -> List[Dict[str, int]]:
     """A batch ramp for `batch.ramp`: start at the base batch and double it whenever the
-    measured critical batch size passes twice the current batch (Merrill et al.'s batch-size
-    warmup), so the batch stays between half the critical batch size and it once it has grown
-    past the base: each doubling is then (almost) free in loss per token and halves the steps.
+    measured critical batch size passes `threshold` x the current batch (Merrill et al.'s
+    batch-size warmup doubles at 2x; the default's safety factor is why THRESHOLD says), so the
+    batch stays between 2 / threshold and 1 / threshold of the critical batch size once it has grown
+    past the base: each doubling then costs little loss per token and halves the steps.
 
     The critical batch size followed is the measured points interpolated in log-log and read as
     bounds where they are bounds (see _points_curve: it holds the last point's value after it, so
@@ -192,7 +205,7 @@ def suggested_ramp(
     early. A plateau or a falling law adds nothing to the points.
 
     Each step is {"from_tokens": T, "tokens_per_update": B}, the first {0, base_batch}. A change
-    due at tokens t* (the curve reaches twice the current batch there) is placed at t* rounded
+    due at tokens t* (the curve reaches threshold x the current batch there) is placed at t* rounded
     down to whole updates of the previous batch counted from its own start (so each segment is
     whole updates, as batch.ramp requires: T_new <= t* < T_new + B_prev), but at least one update
     after the previous change (when the curve passes several doublings within one update, they
@@ -207,6 +220,10 @@ def suggested_ramp(
             f"base_batch {base_batch:,} must be a positive multiple of seq_len x num_workers = {unit:,}: "
             "every update splits into whole sequences on every worker"
         )
+    if not threshold >= 2:
+        raise ValueError(
+            f"the ramp's threshold is at least 2 (a doubled batch stays under the critical one), got {threshold}"
+        )
     if total_tokens < base_batch:
         raise ValueError(f"total_tokens {total_tokens:,} is less than one update of the base batch {base_batch:,}")
     points = _points_curve(along)
@@ -215,7 +232,7 @@ def suggested_ramp(
     steps = [{"from_tokens": 0, "tokens_per_update": int(base_batch)}]
     start, batch = 0, int(base_batch)
     while True:
-        due = first(2.0 * batch, float(start))
+        due = first(threshold * batch, float(start))
         if due is None or due >= total_tokens:
             break
         at = start + max(1, int((due - start) // batch)) * batch
@@ -226,8 +243,8 @@ def suggested_ramp(
     return steps
 
 
-def _flow(step: Mapping[str, Any]) -> str:
-    return f"{{from_tokens: {int(step['from_tokens'])}, tokens_per_update: {int(step['tokens_per_update'])}}}"
+def _pairs(steps: Sequence[Mapping[str, Any]]) -> List[Tuple[int, int]]:
+    return [(int(s["from_tokens"]), int(s["tokens_per_update"])) for s in steps]
 
 
 def ramp_yaml(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, str, float] = None) -> str:
@@ -240,7 +257,7 @@ def ramp_yaml(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, str, f
 
     With `lr_scaling` (sqrt, linear, an exponent; the branch study's own, so the ramp's lr
     follows what the branches measured) it adds `ramp_lr_scaling`."""
-    lines = ["batch:", "  ramp:"] + [f"    - {_flow(s)}" for s in steps]
+    lines = ["batch:", "  ramp:"] + [f"    - {flow}" for flow in batching.ramp_flow(_pairs(steps))]
     if lr_scaling is not None:
         lines.append(f"  ramp_lr_scaling: {lr_scaling}")
     return "\n".join(lines) + "\n"
@@ -256,4 +273,17 @@ def ramp_overrides(steps: Sequence[Mapping[str, Any]], lr_scaling: Union[None, s
 def ramp_override(steps: Sequence[Mapping[str, Any]]) -> str:
     """The ramp as one command-line override, `orchestrator train CONFIG '<this>'` (quoted: it
     holds spaces): batch.ramp=[{from_tokens: 0, tokens_per_update: 8192}, ...]."""
-    return "batch.ramp=[" + ", ".join(_flow(s) for s in steps) + "]"
+    return batching.ramp_override(_pairs(steps))
+
+
+def calibration(points: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """`batch.calibration_from`: the branched critical batch size over B_simple, the median over
+    the resolved points that have both (a bound is not a value, and the median keeps one odd
+    point from setting it); None without such a point. An adaptive run multiplies its B_simple by
+    it, so it follows the branched critical batch size where the study measured the two."""
+    ratios = [
+        float(p["cbs"]) / float(p["b_simple"])
+        for p in points
+        if p.get("status") == RESOLVED and p.get("cbs") and p.get("b_simple") and p["b_simple"] > 0
+    ]
+    return float(np.median(ratios)) if ratios else None

@@ -16,6 +16,7 @@ from orchestrator.analysis import critical_batch as cb
 from orchestrator.formulas import schedules
 
 BATCH_KEY, LR_KEY, SEED_KEY = "batch.tokens_per_update", "optim.lr", "train.seed"
+SCHEDULE_KEY = "batch.schedule"
 RAMP_CHANGE_KEY = "batch.ramp.1.tokens_per_update"
 """The param of a batch.ramp's second step (MLflow holds the ramp flattened): present when it changes B."""
 DERIVED = {
@@ -66,8 +67,9 @@ class Trial:
 
     @property
     def ramped(self) -> bool:
-        """Trained along a batch.ramp of more than one batch size."""
-        return RAMP_CHANGE_KEY in self.params
+        """Trained along a batch.ramp of more than one batch size, or with batch.schedule=adaptive
+        (which may change it whenever its noise scale says: not one batch size either)."""
+        return RAMP_CHANGE_KEY in self.params or self.params.get(SCHEDULE_KEY) == "adaptive"
 
     @property
     def batch(self) -> Optional[int]:

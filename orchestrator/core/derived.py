@@ -10,10 +10,11 @@ Pure: the schema and the batch arithmetic only.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from orchestrator.core.schema import AUTO, DEFAULT_BETA2, DEFAULT_WEIGHT_DECAY, Config, RampStep
 from orchestrator.formulas import batching, memory, schedules
+from orchestrator.formulas.adaptive_batch import AdaptiveRule
 
 
 def compile_enabled(cfg: Config) -> bool:
@@ -116,15 +117,37 @@ def measures_adam_noise_scale(cfg: Config) -> bool:
     return measured and cfg.gns.adam and cfg.optim.name == "adamw"
 
 
-def batch_segments(cfg: Config) -> List[batching.Segment]:
-    """The run's batch sizes along its budget (batch.ramp; one segment without it), each
-    decomposed by batch_plan's rule, with the lr factor batch.ramp_lr_scaling gives it."""
-    steps = cfg.batch.ramp or [RampStep(0, cfg.batch.tokens_per_update)]
+ADAPTIVE = "adaptive"
+
+
+def batch_segments(cfg: Config, realised: Optional[Sequence[Tuple[int, int]]] = None) -> List[batching.Segment]:
+    """The run's batch sizes along its budget (batch.ramp; one segment without it; `realised`:
+    the (from_tokens, tokens_per_update) an adaptive run has decided so far, which hold to the
+    end), each decomposed by batch_plan's rule, with the lr factor batch.ramp_lr_scaling gives it."""
+    steps = realised or [
+        (r.from_tokens, r.tokens_per_update) for r in cfg.batch.ramp or [RampStep(0, cfg.batch.tokens_per_update)]
+    ]
     alpha = batching.alpha_of(cfg.batch.ramp_lr_scaling, "batch.ramp_lr_scaling")
     plan_for = functools.lru_cache(maxsize=None)(lambda B: _plan(cfg, B))  # a ramp repeats its batch sizes
-    return batching.segments(
-        [(r.from_tokens, r.tokens_per_update) for r in steps], cfg.train.total_tokens, plan_for, alpha
-    )
+    return batching.segments(list(steps), cfg.train.total_tokens, plan_for, alpha)
+
+
+def adaptive_rule(cfg: Config) -> Optional[AdaptiveRule]:
+    """batch.schedule=adaptive's rule (None for a fixed schedule); batch.calibration is the one
+    the driver resolved (from batch.calibration_from, when given)."""
+    b = cfg.batch
+    if b.schedule != ADAPTIVE:
+        return None
+    return AdaptiveRule(max_tokens_per_update=int(b.max_tokens_per_update), calibration=float(b.calibration))
+
+
+def adaptive_batches(cfg: Config) -> List[int]:
+    """The batch sizes an adaptive run may double to: tokens_per_update x 2, 4, ... up to the cap."""
+    out, batch = [], cfg.batch.tokens_per_update
+    while cfg.batch.max_tokens_per_update and 2 * batch <= cfg.batch.max_tokens_per_update:
+        batch *= 2
+        out.append(batch)
+    return out
 
 
 def batch_plan(cfg: Config) -> batching.BatchPlan:

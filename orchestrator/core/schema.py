@@ -126,6 +126,17 @@ class BatchConfig:
     ramp_lr_scaling: Any = 0
     """The peak lr times (B / first B)^alpha from each change of a ramp on: sqrt (0.5), linear (1),
     a number, or 0 for none."""
+    schedule: str = "fixed"
+    """fixed: the batch (or batch.ramp) as given; adaptive: the run doubles its batch from its own
+    smoothed noise scale (orchestrator/formulas/adaptive_batch.py) up to max_tokens_per_update."""
+    max_tokens_per_update: Optional[int] = None
+    """adaptive only: the largest batch, tokens_per_update x a power of 2; train.total_tokens is
+    whole updates of it, so every ramp the run may take ends at the same budget."""
+    calibration: float = 1.0
+    """adaptive only: the critical batch size over B_simple (1: trust B_simple)."""
+    calibration_from: Optional[str] = None
+    """adaptive only: a branch study (sweep name) in the same store whose branched critical batch
+    size over B_simple, the median over its resolved points, replaces calibration (the driver reads it)."""
 
 
 @dataclass

@@ -18,7 +18,15 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from orchestrator.core import registry as workload_registry
 from orchestrator.core import storage
-from orchestrator.core.derived import adamw_constants, batch_plan, batch_segments, zero_extra, zero_stage
+from orchestrator.core.derived import (
+    ADAPTIVE,
+    adamw_constants,
+    adaptive_batches,
+    batch_plan,
+    batch_segments,
+    zero_extra,
+    zero_stage,
+)
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import ADAMW_ONLY_KEYS, AUTO, OPTIMIZERS, ClusterConfig, Config, OptimConfig
 from orchestrator.formulas import batching, schedules
@@ -189,6 +197,8 @@ def storage_location(key: str, value: str) -> None:
         raise ConfigError(key, f"got {value!r}, which is a file; give a folder (new or existing) or a URI")
 
 
+BATCH_SCHEDULES = ("fixed", ADAPTIVE)
+
 LR_SCALING = number(high=2, also=tuple(batching.ALPHA_WORDS))
 """An lr scaling exponent alpha (lr x (B / B_ref) ** alpha: batch.ramp_lr_scaling, a sweep's
 lr_scaling.alpha and branch.lr_scaling): sqrt, linear or a number up to 2, past which it only overflows."""
@@ -226,6 +236,10 @@ FIELDS = {
     "batch.micro_batch_size": count(also=(AUTO,)),
     "batch.grad_accum_steps": count(optional=True),
     "batch.ramp_lr_scaling": LR_SCALING,
+    "batch.schedule": one_of(*BATCH_SCHEDULES),
+    "batch.max_tokens_per_update": count(optional=True),
+    "batch.calibration": number(0, low_open=True),
+    "batch.calibration_from": Field("str", optional=True, check=plain_name),
     "cluster.num_workers": count(),
     "cluster.address": Field("str", optional=True, check=_ray_address),
     "cluster.cpus_per_worker": number(0, low_open=True),
@@ -335,6 +349,7 @@ def _across_fields(cfg: Config) -> None:
             raise ConfigError(f"data.sources.{i}.path", f"missing; a `{src.kind}` source needs a local path")
     plan = batch_plan(cfg)
     batching.total_steps(plan, t.total_tokens)
+    _adaptive_schedule(cfg)
     segments = batch_segments(cfg)  # a ramp's steps: each stretch whole updates, each batch size decomposable
     if t.stop_at_tokens is not None and not batching.updates_until(segments, t.stop_at_tokens):
         ends = [f"{s.start_tokens:,} + k x {s.plan.tokens_per_update:,}" for s in segments]
@@ -380,6 +395,60 @@ def _across_fields(cfg: Config) -> None:
             "use bf16, or fp16 with deepspeed.zero_stage 1 to 3",
         )
     workload_registry.check(cfg)  # e.g. hf: transformers reads the model's config
+
+
+def _adaptive_schedule(cfg: Config) -> None:
+    """batch.schedule=adaptive: the keys it needs and the keys only it uses. Its changes come at
+    whole updates of the new batch, so with the budget (and a branch's stop) whole updates of the
+    largest batch every ramp it may take ends there and the lr schedule never moves."""
+    b, t = cfg.batch, cfg.train
+    if b.schedule != ADAPTIVE:
+        for key, given, default in (
+            ("max_tokens_per_update", b.max_tokens_per_update, None),
+            ("calibration", b.calibration, 1.0),
+            ("calibration_from", b.calibration_from, None),
+        ):
+            if given != default:
+                raise ConfigError(
+                    f"batch.{key}",
+                    f"got {given!r} with batch.schedule={b.schedule}, which does not use it; "
+                    "set batch.schedule=adaptive, or leave it out",
+                )
+        return
+    if b.ramp:
+        raise ConfigError(
+            "batch.ramp", "given with batch.schedule=adaptive, which writes its own ramp; give one or the other"
+        )
+    if not (cfg.gns.enabled and t.loss_normalization == "token"):
+        raise ConfigError(
+            "batch.schedule",
+            "got 'adaptive', which follows the run's own noise scale; it needs gns.enabled=true and "
+            "train.loss_normalization=token",
+        )
+    top = b.max_tokens_per_update
+    if (
+        top is None
+        or top <= b.tokens_per_update
+        or top % b.tokens_per_update
+        or (top // b.tokens_per_update) & (top // b.tokens_per_update - 1)
+    ):
+        raise ConfigError(
+            "batch.max_tokens_per_update",
+            f"got {top!r}; batch.schedule=adaptive doubles batch.tokens_per_update={b.tokens_per_update:,}, so "
+            f"the largest batch is it times a power of 2, e.g. {4 * b.tokens_per_update:,}",
+        )
+    for batch in adaptive_batches(cfg):  # each doubling must split into S x b x D x A
+        try:
+            batch_segments(cfg, [(0, batch)])
+        except ConfigError as error:
+            raise ConfigError("batch.max_tokens_per_update", f"the doubled batch {batch:,}: {error.message}") from None
+    for key, tokens in (("train.total_tokens", t.total_tokens), ("train.stop_at_tokens", t.stop_at_tokens)):
+        if tokens is not None and tokens % top:
+            raise ConfigError(
+                key,
+                f"got {tokens:,}; with batch.schedule=adaptive it is whole updates of batch.max_tokens_per_update="
+                f"{top:,} (so every ramp the run may take ends there): use {max(top, tokens // top * top):,}",
+            )
 
 
 def _forced_zero_stage(cfg: Config) -> None:

@@ -72,6 +72,9 @@ class Row:
     """The throughput assumption the cost rests on."""
     held: float
     """GPUs (or CPUs) the trial holds while it runs."""
+    against_fixed: Optional[Dict[str, Any]] = None
+    """A batch schedule's steps and wall time against its first batch held fixed (plan.against_fixed);
+    None for a fixed batch or a branch (it starts at its branch point)."""
 
 
 def _check(options: Options) -> None:
@@ -83,15 +86,6 @@ def _check(options: Options) -> None:
         )
     if options.startup_s is not None and not (options.startup_s >= 0 and math.isfinite(options.startup_s)):
         raise ConfigError("--startup-s", f"got {options.startup_s:g}; must be >= 0 seconds")
-
-
-def _devices(cfg: Config) -> Tuple[float, float]:
-    """(devices that compute, devices held): GPUs; or on CPU, torch threads (one per whole CPU of
-    cluster.cpus_per_worker, at least one, as the worker sets them) and the CPUs Ray reserves."""
-    c = cfg.cluster
-    if c.use_gpu:
-        return c.num_workers * c.gpus_per_worker, c.num_workers * c.gpus_per_worker
-    return c.num_workers * max(1, int(c.cpus_per_worker)), c.num_workers * c.cpus_per_worker
 
 
 def estimate(name: str, cfg: Config, options: Options, start: int = 0) -> Row:
@@ -110,7 +104,7 @@ def estimate(name: str, cfg: Config, options: Options, start: int = 0) -> Row:
     steps = batching.updates_until(segments, end) - batching.updates_until(segments, start)
     predicted = micro_batch.predict(cfg, plan.micro_batch_size)
     rate = cost.throughput(cfg.cluster.use_gpu, options.peak_flops, options.mfu, options.startup_s)
-    devices, held = _devices(cfg)
+    devices, held = planning.trial_devices(cfg)
     flops_per_token = predicted[1].flops_per_token if predicted else None
     return Row(
         name=name,
@@ -126,6 +120,7 @@ def estimate(name: str, cfg: Config, options: Options, start: int = 0) -> Row:
         cost=cost.trial_cost(end - start, flops_per_token, devices, held, rate),
         rate=rate,
         held=held,
+        against_fixed=None if start else planning.against_fixed(cfg, segments, flops_per_token, rate),
     )
 
 
@@ -247,6 +242,17 @@ def totals(sweep: sweep_schema.Sweep, rows: Sequence[Row]) -> Tuple[List[str], c
     return lines, total
 
 
+def schedules(rows: Sequence[Row]) -> List[str]:
+    """Per trial with a batch schedule (a ramp, or adaptive: a prediction), its steps and wall time
+    against its first batch held fixed, as `plan` gives them."""
+    return [
+        f"[{r.name}] {what}: {text}"
+        for r in rows
+        if r.against_fixed
+        for what, text in planning.against_fixed_rows(r.against_fixed)
+    ]
+
+
 def _distribution(spec: Dict[str, Any]) -> str:
     ((kind, args),) = spec.items()
     if kind in ("grid", "choice"):
@@ -304,6 +310,7 @@ def grid_report(prepared: search_space.Prepared, options: Options) -> List[str]:
     for kind in sorted({r.cost.kind for r in rows}):
         lines += assumption(next(r.rate for r in rows if r.cost.kind == kind), options)
     lines += table(rows)
+    lines += schedules(rows)
     lines += [f"skipped, infeasible (infeasible: skip): [{t.name}] {t.problem}" for t in skipped]
     lines += [f"would not start: {p}" for p in problems]
     lines += totals(sweep, rows)[0]

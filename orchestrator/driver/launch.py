@@ -21,14 +21,14 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from orchestrator.core import storage
 from orchestrator.core.config import redact_uri, to_dict
-from orchestrator.core.derived import rounded_budget
+from orchestrator.core.derived import ADAPTIVE, rounded_budget
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.driver import micro_batch, ray_session, run_life
 from orchestrator.driver import plan as planning
-from orchestrator.formulas import feasibility
+from orchestrator.formulas import batching, feasibility
 from orchestrator.tracking import mlflow_ui
-from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, warnings_in
+from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, REALISED_RAMP_TAG, warnings_in
 from orchestrator.tracking.store import Store
 
 RUN_RECORD = "orchestrator_run.json"
@@ -174,4 +174,13 @@ def train(cfg: Config, resume: bool = False) -> int:
         f"run {name!r} finished: {final}MLflow run {run_id}\n"
         f"open it with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}"
     )
+    if cfg.batch.schedule == ADAPTIVE:
+        print(f"the batch sizes it took, to replay as a fixed ramp: '{realised_ramp(cfg, run_id)}'")
     return 0
+
+
+def realised_ramp(cfg: Config, run_id: str) -> str:
+    """An adaptive run's `batch.ramp` override, from its MLflow tag (the worker sets it at every
+    doubling; without one the run kept its first batch)."""
+    tag = Store.of(cfg).get_run(run_id).tags.get(REALISED_RAMP_TAG)
+    return tag or batching.ramp_override([(0, cfg.batch.tokens_per_update)])

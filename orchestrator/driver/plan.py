@@ -19,7 +19,7 @@ from orchestrator.core.derived import (
 )
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.driver import micro_batch
-from orchestrator.formulas import batching, memory
+from orchestrator.formulas import adaptive_batch, batching, cost, memory
 
 DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
 
@@ -76,7 +76,55 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "zero_stage_given": cfg.deepspeed.zero_stage,
         "precision": cfg.deepspeed.precision,
         "memory": _memory(peak_b, predicted, capacity, capacity_from),
+        "against_fixed": against_fixed(cfg, segments, predicted[1].flops_per_token if predicted else None),
     }
+
+
+def against_fixed(
+    cfg: Config,
+    segments: List[batching.Segment],
+    flops_per_token: Optional[float],
+    rate: Optional[cost.Throughput] = None,
+) -> Optional[Dict[str, Any]]:
+    """What a batch schedule buys: its optimizer steps and wall time against its first batch held
+    fixed over the same tokens (None without one: a fixed batch). An adaptive run's ramp is not
+    known before it runs, so its steps are a prediction: from the fewest (its noise scale past the
+    threshold all along: adaptive_batch.fastest_ramp, up to batch.max_tokens_per_update) to the
+    fixed batch's (never past it). Wall time is the cost model's (formulas/cost.py: FLOPs over
+    throughput plus start-up), which counts tokens, not updates, so it is the same for both: what
+    fewer updates save (the optimizer step, the gradient all-reduce per update, a larger b's better
+    utilisation) is not in it. `rate`: the throughput assumed (cost.py's default for the device)."""
+    rule = derived.adaptive_rule(cfg)
+    if not cfg.batch.ramp and rule is None:
+        return None
+    tokens, first = segments[-1].end_tokens, segments[0].plan.tokens_per_update
+    if rule:
+        fewest = derived.batch_segments(cfg, adaptive_batch.fastest_ramp(rule, first, tokens))
+        steps, ramp = derived.total_updates(cfg, fewest), [(s.start_tokens, s.plan.tokens_per_update) for s in fewest]
+    else:
+        steps, ramp = derived.total_updates(cfg, segments), None
+    rate = rate or cost.throughput(cfg.cluster.use_gpu)
+    devices, held = trial_devices(cfg)
+    wall = cost.trial_cost(tokens, flops_per_token, devices, held, rate).wall_s
+    return {
+        "schedule": "adaptive" if rule else "ramp",
+        "tokens": tokens,
+        "steps": steps,
+        "prediction": ramp,
+        "fixed_tokens_per_update": first,
+        "fixed_steps": tokens // first,
+        "wall_s": wall,
+        "fixed_wall_s": wall,
+    }
+
+
+def trial_devices(cfg: Config) -> Tuple[float, float]:
+    """(devices that compute, devices held): GPUs; or on CPU, torch threads (one per whole CPU of
+    cluster.cpus_per_worker, at least one, as the worker sets them) and the CPUs Ray reserves."""
+    c = cfg.cluster
+    if c.use_gpu:
+        return c.num_workers * c.gpus_per_worker, c.num_workers * c.gpus_per_worker
+    return c.num_workers * max(1, int(c.cpus_per_worker)), c.num_workers * c.cpus_per_worker
 
 
 def _ramp(cfg: Config, segments: List[batching.Segment]) -> List[Dict[str, Any]]:
@@ -223,6 +271,7 @@ def format_table(info: Dict[str, Any]) -> str:
                 f"{s['updates']:,} updates, lr x {s['lr_factor']:.3g}: {s['lr_after_change']:.3g} after the change",
             )
         )
+    rows += against_fixed_rows(info["against_fixed"])
     if info["optimizer"] == "sgd":
         rows += [
             ("SGD momentum", f"{info['momentum']:.6g}"),
@@ -259,6 +308,36 @@ def format_table(info: Dict[str, Any]) -> str:
         ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def against_fixed_rows(against: Optional[Dict[str, Any]]) -> List[Tuple[str, str]]:
+    """against_fixed's lines of the plan table (none for a fixed batch)."""
+    if not against:
+        return []
+    fixed = (
+        f"{against['fixed_steps']:,} at a fixed {against['fixed_tokens_per_update']:,} "
+        f"over the same {against['tokens']:,} tokens"
+    )
+    saved = 1 - against["steps"] / against["fixed_steps"]
+    if against["prediction"] is None:
+        steps = ("optimizer steps vs fixed", f"{against['steps']:,} with the ramp against {fixed} ({-saved:+.0%})")
+    else:
+        top = against["prediction"][-1]
+        steps = (
+            "optimizer steps vs fixed",
+            f"predicted: {against['steps']:,} ({-saved:+.0%}; B {top[1]:,} from {top[0]:,} tokens, doubling at "
+            f"every chance) to {fixed} (never doubling); the run decides from its noise scale",
+        )
+    wall = against["wall_s"]
+    return [
+        steps,
+        (
+            "wall time vs fixed",
+            "unknown (the workload states no FLOPs)"
+            if wall is None
+            else f"{cost.format_duration(wall)} both: the cost model counts tokens, not updates",
+        ),
+    ]
 
 
 def _zero_stage_text(info: Dict[str, Any]) -> str:

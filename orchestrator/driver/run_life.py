@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.core import ds_config, registry, storage
-from orchestrator.core.config import flatten, to_dict, to_yaml
+from orchestrator.core.config import flatten, redact_uri, to_dict, to_yaml
 from orchestrator.core.derived import (
     adamw_constants,
     batch_plan,
@@ -41,7 +41,8 @@ def ready(cfg: Config) -> None:
 
 
 def resolve_paths(cfg: Config) -> None:
-    """Absolute paths for everything workers read or write: Ray workers have their own cwd."""
+    """Absolute paths for everything workers read or write (Ray workers have their own cwd), and
+    batch.calibration_from read from its study (they have no business with the store's sweeps)."""
     for src in cfg.data.sources:
         if src.path and "://" not in src.path:
             src.path = str(Path(src.path).expanduser().resolve())
@@ -57,8 +58,37 @@ def resolve_paths(cfg: Config) -> None:
         )
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
+    resolve_calibration(cfg)
     # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
+
+
+def resolve_calibration(cfg: Config) -> None:
+    """batch.calibration_from: the branch study's branched critical batch size over B_simple
+    (branch_ramp.calibration) becomes batch.calibration, said once; a study that is not in the
+    store, or has no resolved point with B_simple, is a ConfigError naming the key."""
+    name = cfg.batch.calibration_from
+    if not name:
+        return
+    from orchestrator.analysis import branch_analysis, branch_ramp
+    from orchestrator.reporting import report_inputs
+
+    run_id = Store(cfg.tracking.uri, cfg.tracking.experiment).find_sweep_run_anywhere(name)
+    if run_id is None:
+        raise ConfigError(
+            "batch.calibration_from",
+            f"no sweep named {name!r} in {redact_uri(cfg.tracking.uri)}; name a branch study run into the same store",
+        )
+    study = branch_analysis.study(report_inputs.read_trials(cfg.tracking.uri, run_id))
+    ratio = branch_ramp.calibration(study.points) if study else None
+    if ratio is None:
+        raise ConfigError(
+            "batch.calibration_from",
+            f"sweep {name!r} has no resolved branch point with B_simple beside it, so no ratio to calibrate by; "
+            "give batch.calibration instead",
+        )
+    cfg.batch.calibration, cfg.batch.calibration_from = ratio, None
+    print(f"batch.calibration={ratio:.3g}: branch study {name!r}'s critical batch size over B_simple (median)")
 
 
 def preflight(cfg: Config) -> None:

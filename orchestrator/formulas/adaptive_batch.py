@@ -9,8 +9,10 @@ update on, up to `max_tokens_per_update`. Doubling only at threshold 2 keeps the
 half the (calibrated) noise scale and it, as the branch study's ramp does; the patience is the
 hysteresis: the noise scale is an EMA of noisy estimates, and a single high reading must not
 double the batch (it never halves, so a wrong doubling is never undone). A change comes at a whole
-update of the current batch (the next update starts there), D stays, b and A are solved per batch
-as a ramp's are. The decisions are the run's state: they are checkpointed, so a resumed run
+update of the current batch that is also whole updates of the new one (at most one update late),
+so every change point is whole updates of every batch after it and, with the budget whole updates
+of the largest, every ramp the run may take ends at the same budget; D stays, b and A are solved
+per batch as a ramp's are. The decisions are the run's state: they are checkpointed, so a resumed run
 makes the same ones, and the realised ramp can be replayed as a `batch.ramp`.
 """
 
@@ -64,6 +66,22 @@ def decide(
     state.above = state.above + 1 if reading is not None and reading >= rule.threshold * batch else 0
     if state.above < rule.patience or 2 * batch > rule.max_tokens_per_update:
         return None
+    if tokens % (2 * batch):  # not whole updates of the new batch yet: the next update is (the count holds)
+        return None
     state.above = 0
     state.ramp.append((tokens, 2 * batch))
     return 2 * batch
+
+
+def fastest_ramp(rule: AdaptiveRule, base: int, budget: int) -> List[Tuple[int, int]]:
+    """The ramp of a run whose calibrated noise scale is always past the threshold: it doubles as
+    soon as the rule lets it (after `patience` updates at each batch, at whole updates of the
+    next), up to the cap, with one update of the new batch left before `budget`. The fewest
+    optimizer steps an adaptive run can take: what `plan` predicts before the run measures anything."""
+    past_every_threshold = 2 * rule.threshold * rule.max_tokens_per_update / rule.calibration
+    state, tokens, batch = AdaptiveState([(0, base)]), 0, base
+    while tokens + batch <= budget:
+        tokens += batch
+        if tokens + 2 * batch <= budget:
+            batch = decide(rule, state, tokens, batch, past_every_threshold) or batch
+    return state.ramp

@@ -228,3 +228,14 @@ def segment_ending(run: Sequence[Segment], tokens: float) -> Segment:
     or before 0, the last past the end): by bisection, so a long ramp's lrs cost log time each."""
     i = bisect.bisect_left(run, tokens, key=lambda s: s.end_tokens)
     return run[min(i, len(run) - 1)]
+
+
+def ramp_flow(steps: Sequence[Tuple[int, int]]) -> List[str]:
+    """Each (from_tokens, tokens_per_update) of a ramp as a YAML flow mapping, as batch.ramp reads it."""
+    return [f"{{from_tokens: {int(t)}, tokens_per_update: {int(b)}}}" for t, b in steps]
+
+
+def ramp_override(steps: Sequence[Tuple[int, int]]) -> str:
+    """A ramp as one command-line override, `orchestrator train CONFIG '<this>'` (quoted: it holds
+    spaces): batch.ramp=[{from_tokens: 0, tokens_per_update: 8192}, ...]."""
+    return "batch.ramp=[" + ", ".join(ramp_flow(steps)) + "]"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from orchestrator.analysis import branch_ramp
 from orchestrator.analysis.answer import BranchStudy
 from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, table
 
@@ -98,7 +99,9 @@ def lines(branch: BranchStudy) -> List[str]:
     """A branch study's answer: the table, the power law, the suggested ramp."""
     header, cells = table(table_rows(branch.points), columns(branch))[1:]
     out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
-    out += ["Suggested batch ramp (doubles where the critical batch size passes twice the batch):"]
+    out += [
+        f"Suggested batch ramp (doubles where the critical batch size passes {branch_ramp.THRESHOLD:g} x the batch):"
+    ]
     out += ["  " + line for line in branch.ramp_yaml.splitlines()]
     return out + [f"  or: {command(branch)}"]
 

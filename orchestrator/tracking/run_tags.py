@@ -17,6 +17,7 @@ SWEEP_TAG = "orchestrator.sweep"
 FAILURE_TAG = "orchestrator.failure_reason"
 STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a trial was stopped at
 WARNING_TAG_PREFIX = "orchestrator.warning."  # + a 3-digit index: what a worker warned about, in order
+REALISED_RAMP_TAG = "orchestrator.realised_ramp"  # batch.schedule=adaptive: the batch.ramp it took, to replay
 CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folders live (path or URI)
 RUN_COLOR_TAG = "mlflow.runColor"  # MLflow's UI draws the run in this colour ("#rrggbb"): its batch size's
 

@@ -43,3 +43,21 @@ def test_the_state_goes_through_json_unchanged():
     _, state = run([600] * 6)
     again = ab.AdaptiveState.from_json(state.to_json())
     assert again == state and ab.AdaptiveState.from_json(None) == ab.AdaptiveState()
+
+
+def test_a_doubling_waits_for_whole_updates_of_the_new_batch():
+    """Ready after 5 updates of 256 (1,280 tokens, not whole updates of 512): it doubles one
+    update later, at 1,536, the count held through the wait; a low reading then resets it."""
+    trained, state = run([100] + [600] * 6)
+    assert trained == [256] * 6 + [512] and state.ramp == [(0, 256), (1536, 512)]
+    trained, _ = run([100] + [600] * 4 + [100, 600])
+    assert trained == [256] * 7
+
+
+def test_the_fastest_ramp_doubles_after_patience_updates_at_each_batch_up_to_the_cap():
+    """Always past the threshold: 4 updates of 256 (to 1,024), 4 of 512 (to 3,072), then 1,024 up
+    to the cap (at 8,192: 7,168 is not whole updates of 2,048), as `run` gives with a reading past
+    every threshold; none where the budget has no update of the new batch left."""
+    assert ab.fastest_ramp(CAP_2048, 256, 10**6) == [(0, 256), (1024, 512), (3072, 1024), (8192, 2048)]
+    assert ab.fastest_ramp(CAP_2048, 256, 10**6) == run([1e9] * 30)[1].ramp
+    assert ab.fastest_ramp(CAP_2048, 256, 3072 + 1024 - 1) == [(0, 256), (1024, 512)]

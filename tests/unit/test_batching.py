@@ -169,3 +169,59 @@ def test_plan_prints_the_segments_and_refuses_a_ramp_that_does_not_split(capsys)
     assert main(["plan", str(TINY), ramp.replace("8192", "8000")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "batch.ramp.1.from_tokens: got 8,000" in line and "valid from_tokens 7,168 or 8,192" in line
+
+
+def test_plan_and_the_dry_run_show_a_schedules_steps_against_its_first_batch_fixed(tmp_path, capsys):
+    """A ramp 256 -> 1,024 over 49,152 tokens: 16 + 44 updates (4,096 / 256 and 45,056 / 1,024)
+    against 192 at a fixed 256; adaptive from 256 up to 1,024 on linear regression (76,800
+    examples): at best 4 updates of 256, 4 of 512 (to 3,072), then 72 of 1,024 = 80 against 300,
+    a prediction; the wall time the same for both (the cost model counts tokens). `sweep
+    --dry-run` says the same per trial."""
+    from orchestrator.cli import main
+    from orchestrator.core import config
+    from orchestrator.driver import plan
+    from tests.conftest import ROOT, TINY, write_sweep
+
+    ramp = "batch.ramp=[{from_tokens: 0, tokens_per_update: 256}, {from_tokens: 4096, tokens_per_update: 1024}]"
+    tiny = ["data.seq_len=64", "model.max_seq_len=64", "train.total_tokens=49152"]
+    info = plan.describe(config.load(TINY, [*tiny, ramp]))["against_fixed"]
+    assert (info["steps"], info["fixed_steps"], info["prediction"]) == (16 + 44, 192, None)
+    assert info["wall_s"] == info["fixed_wall_s"] > 0
+    assert plan.describe(config.load(TINY, tiny))["against_fixed"] is None
+    linreg = config.load(
+        ROOT / "conf" / "train" / "linreg.yaml", ["batch.schedule=adaptive", "batch.max_tokens_per_update=1024"]
+    )
+    info = plan.describe(linreg)["against_fixed"]
+    assert (info["steps"], info["fixed_steps"]) == (80, 300)
+    assert info["prediction"] == [(0, 256), (1024, 512), (3072, 1024)]
+    assert (
+        main(
+            [
+                "plan",
+                str(ROOT / "conf" / "train" / "linreg.yaml"),
+                "batch.schedule=adaptive",
+                "batch.max_tokens_per_update=1024",
+            ]
+        )
+        == 0
+    )
+    assert "predicted: 80 (-73%; B 1,024 from 3,072 tokens" in capsys.readouterr().out
+
+    overrides = {"data.seq_len": 64, "model.max_seq_len": 64, "train.total_tokens": 49152}
+    path = write_sweep(
+        tmp_path,
+        space={
+            "batch.ramp": {
+                "grid": [
+                    [{"from_tokens": 0, "tokens_per_update": 256}, {"from_tokens": 4096, "tokens_per_update": 1024}]
+                ]
+            }
+        },
+        base={"config": str(TINY), "overrides": overrides},
+    )
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "optimizer steps vs fixed: 60 with the ramp against 192 at a fixed 256 over the same 49,152 tokens (-69%)"
+        in out
+    )

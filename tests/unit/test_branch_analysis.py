@@ -126,11 +126,13 @@ def test_a_plateau_is_reported_as_one_and_the_ramp_stops_at_the_points():
     power law's exponent is a hair above 0 with an interval that holds it. The report says the
     growth is not resolved (a plateau or a growth within the interval; no overflow reading the
     law where it reaches twice the batch), and the ramp grows no further than the measured points
-    (2.83 x B0 at every point)."""
+    (2.83 x B0 at every point: under 8 x B0, so not at all by default; at Merrill et al.'s 2x, once)."""
     result = sweep_analysis.analyse(study_trials(rates=(0.0200, 0.01996, 0.02000)))
     fit = result.branch.fit
     assert 0 < fit["exponent"] < 1e-3 and fit["growth"] == "plateau", fit
-    assert [s["tokens_per_update"] for s in result.branch.ramp] == [B0, 2 * B0]
+    assert [s["tokens_per_update"] for s in result.branch.ramp] == [B0]
+    at_2x = branch_ramp.suggested_ramp(result.branch.points, fit, B0, 10**9, 64, 1, threshold=2.0)
+    assert [s["tokens_per_update"] for s in at_2x] == [B0, 2 * B0]
     text = "\n".join(report_branch.lines(result.branch))
     assert "growth is not resolved" in text and "within 1.00% of the factor-1 branch's" in text
 

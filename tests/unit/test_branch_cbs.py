@@ -308,6 +308,26 @@ def _check_ramp(steps, total):
     assert [s.end_tokens for s in segments[:-1]] == [s["from_tokens"] for s in steps[1:]]
 
 
+def ramp_at_2x(*args):
+    """The ramp's mechanics at Merrill et al.'s threshold 2, where the crossings' closed forms are
+    simplest (the default's safety factor is tested on the schedule world, test_schedule_truth.py)."""
+    return br.suggested_ramp(*args, threshold=2.0)
+
+
+def test_the_default_threshold_doubles_where_the_points_pass_eight_times_the_batch():
+    """Points on a square-root law: at THRESHOLD 8 every change is where the law passes 8 x the
+    batch (its closed form), a quarter of the 2x ramp's batch at the same tokens; a threshold under
+    2 (a doubled batch past the critical one) is refused."""
+    points, fit = on_law(30_000.0, 0.5, 4e6, [4e6 * 4**i for i in range(-4, 8)])
+    steps = br.suggested_ramp(points, fit, B0, 2 * 10**9, SEQ, WORKERS)
+    assert br.THRESHOLD == 8 and len(steps) == 5
+    for prev, step in zip(steps, steps[1:]):
+        due = 4e6 * (8 * prev["tokens_per_update"] / 30_000.0) ** 2
+        assert step["from_tokens"] <= due < step["from_tokens"] + prev["tokens_per_update"]
+    with pytest.raises(ValueError, match="threshold is at least 2"):
+        br.suggested_ramp(points, fit, B0, 10**8, SEQ, WORKERS, threshold=1.5)
+
+
 def on_law(coef, exponent, t_ref, tokens):
     """Resolved branch points exactly on cbs = coef (t / t_ref)^exponent, and that law's fit."""
     points = [{"tokens": t, "cbs": coef * (t / t_ref) ** exponent, "status": "resolved"} for t in tokens]
@@ -324,7 +344,7 @@ def test_the_ramp_doubles_where_the_law_passes_twice_the_batch():
     so every change comes where the law's closed form puts it."""
     points, fit = on_law(30_000.0, 0.5, 4e6, [4e6 * 4**i for i in range(-4, 8)])
     total = 2_000_000_000 + 12_345
-    steps = br.suggested_ramp(points, fit, B0, total, SEQ, WORKERS)
+    steps = ramp_at_2x(points, fit, B0, total, SEQ, WORKERS)
     _check_ramp(steps, total)
     assert len(steps) == 7  # 8192 -> 524288: the next change (to 2 x 524288) is due at 4.9e9, past the budget
     for prev, step in zip(steps, steps[1:]):
@@ -332,19 +352,19 @@ def test_the_ramp_doubles_where_the_law_passes_twice_the_batch():
         assert step["from_tokens"] <= due < step["from_tokens"] + prev["tokens_per_update"]
     assert 4e6 * (2 * steps[-1]["tokens_per_update"] / 30_000.0) ** 2 >= total
     # a budget that ends before the second change is due (at 4.77e6 tokens) keeps the first only
-    assert br.suggested_ramp(points, fit, B0, 3_000_000, SEQ, WORKERS) == steps[:2]
+    assert ramp_at_2x(points, fit, B0, 3_000_000, SEQ, WORKERS) == steps[:2]
     # the first change is due at 1.193e6 and placed at 1,187,840: one update of 2 x B0 would end past 1.2e6
-    assert br.suggested_ramp(points, fit, B0, 1_200_000, SEQ, WORKERS) == steps[:1]
+    assert ramp_at_2x(points, fit, B0, 1_200_000, SEQ, WORKERS) == steps[:1]
 
 
 def test_the_ramp_stops_growing_where_the_measurement_stops():
     """The same law measured up to 64e6 tokens only: the ramp grows as before until the law passes
     twice the batch there, then holds (the law is not extrapolated past the last point)."""
     points, fit = on_law(30_000.0, 0.5, 4e6, [4e6 * 2**i for i in range(-4, 5)])  # last at 64e6: cbs 120,000
-    steps = br.suggested_ramp(points, fit, B0, 2 * 10**9, SEQ, WORKERS)
+    steps = ramp_at_2x(points, fit, B0, 2 * 10**9, SEQ, WORKERS)
     _check_ramp(steps, 2 * 10**9)
     assert steps[-1]["tokens_per_update"] == 65536 and steps[-1]["tokens_per_update"] <= points[-1]["cbs"]
-    full = br.suggested_ramp(
+    full = ramp_at_2x(
         on_law(30_000.0, 0.5, 4e6, [4e6 * 4**i for i in range(-4, 8)])[0], fit, B0, 2 * 10**9, SEQ, WORKERS
     )
     assert steps == full[: len(steps)]
@@ -352,7 +372,7 @@ def test_the_ramp_stops_growing_where_the_measurement_stops():
 
 def test_doublings_due_within_one_update_come_one_update_apart():
     points, fit = on_law(1e6, 0.5, 4e6, [4e6 * 4**i for i in range(-12, 2)])  # 2 x B0 passed after 1 token
-    steps = br.suggested_ramp(points, fit, B0, 10**8, SEQ, WORKERS)
+    steps = ramp_at_2x(points, fit, B0, 10**8, SEQ, WORKERS)
     _check_ramp(steps, 10**8)
     assert steps[1] == {"from_tokens": B0, "tokens_per_update": 2 * B0}  # one update of B0, not zero
     assert steps[2] == {"from_tokens": B0 + 2 * B0, "tokens_per_update": 4 * B0}
@@ -368,7 +388,7 @@ def test_an_above_point_is_a_bound_the_ramp_never_passes_however_the_law_rises()
         {"tokens": 16e6, "cbs": 16 * B0, "status": "above", "batches": [B0, 16 * B0]},
     ]
     steep = {"coef": 12 * B0, "exponent": 1.0, "t_ref": 4e6, "exponent_interval": [0.8, 1.2]}
-    steps = br.suggested_ramp(along, steep, B0, 10**9, SEQ, WORKERS)
+    steps = ramp_at_2x(along, steep, B0, 10**9, SEQ, WORKERS)
     _check_ramp(steps, 10**9)
     assert max(s["tokens_per_update"] for s in steps) <= 16 * B0
     assert steps[-1]["tokens_per_update"] == 16 * B0
@@ -384,8 +404,8 @@ def test_a_flat_law_reports_a_plateau_and_adds_no_growth():
     fit = br.power_law_fit(along)
     assert fit["growth"] == "plateau" and fit["exponent_interval"][0] < 0 < fit["exponent_interval"][1]
     assert br.fit_tokens_at({"coef": 4 * B0, "exponent": 1.6e-4, "t_ref": 1e6}, 8 * B0) is None  # not 1e1880
-    steps = br.suggested_ramp(along, fit, B0, 10**9, SEQ, WORKERS)
-    assert steps == br.suggested_ramp(along, None, B0, 10**9, SEQ, WORKERS)
+    steps = ramp_at_2x(along, fit, B0, 10**9, SEQ, WORKERS)
+    assert steps == ramp_at_2x(along, None, B0, 10**9, SEQ, WORKERS)
     assert [s["tokens_per_update"] for s in steps] == [B0, 2 * B0]  # twice 2 B0 is over the measured 3 B0
     falling = br.power_law_fit([(1e6, 8.0 * B0), (4e6, 4.0 * B0), (16e6, 2.1 * B0)])
     assert falling["growth"] == "falling"
@@ -400,7 +420,7 @@ def test_without_a_fit_the_ramp_follows_the_points_in_log_log_and_reads_bounds_l
         {"tokens": 32e6, "cbs": 16 * B0, "status": "above"},  # at least 16 B0
     ]
     total = 10**9
-    steps = br.suggested_ramp(along, None, B0, total, SEQ, WORKERS)
+    steps = ramp_at_2x(along, None, B0, total, SEQ, WORKERS)
     _check_ramp(steps, total)
 
     def due(level):  # the log-log line between (4e6, 1.5 B0) and (16e6, 12 B0), then to (32e6, 16 B0)
@@ -412,21 +432,19 @@ def test_without_a_fit_the_ramp_follows_the_points_in_log_log_and_reads_bounds_l
     for prev, step in zip(steps, steps[1:]):
         d = due(2 * prev["tokens_per_update"])
         assert step["from_tokens"] <= d < step["from_tokens"] + prev["tokens_per_update"]
-    assert br.suggested_ramp(along[:1], None, B0, total, SEQ, WORKERS) == steps[:1]
+    assert ramp_at_2x(along[:1], None, B0, total, SEQ, WORKERS) == steps[:1]
     # a fit that does not rise falls back on the points
     falling = {"coef": 1e9, "exponent": -0.1, "t_ref": 1.0, "exponent_interval": [-0.2, -0.05]}
-    assert br.suggested_ramp(along, falling, B0, total, SEQ, WORKERS) == steps
+    assert ramp_at_2x(along, falling, B0, total, SEQ, WORKERS) == steps
 
 
 def test_the_ramp_refuses_a_base_batch_that_does_not_split():
     with pytest.raises(ValueError, match="multiple of seq_len x num_workers"):
-        br.suggested_ramp([], None, B0 + 128, 10**8, SEQ, WORKERS)
+        ramp_at_2x([], None, B0 + 128, 10**8, SEQ, WORKERS)
 
 
 def test_the_yaml_and_the_override_parse_back_to_the_ramp():
-    steps = br.suggested_ramp(
-        *on_law(30_000.0, 0.5, 4e6, [4e6 * 4**i for i in range(-4, 8)]), B0, 2 * 10**9, SEQ, WORKERS
-    )
+    steps = ramp_at_2x(*on_law(30_000.0, 0.5, 4e6, [4e6 * 4**i for i in range(-4, 8)]), B0, 2 * 10**9, SEQ, WORKERS)
     text = br.ramp_yaml(steps)
     assert text.startswith("batch:\n  ramp:\n    - {from_tokens: 0, tokens_per_update: 8192}\n")
     assert yaml.safe_load(text) == {"batch": {"ramp": steps}}

@@ -397,3 +397,36 @@ def test_the_gradient_buckets_of_a_model_with_an_odd_parameter_count_are_even():
     cfg = config.load(ROOT / "conf" / "train" / "linreg.yaml", ["model.dim=9"])
     zero = ds_config.build(cfg, derived.batch_plan(cfg), 9)["zero_optimization"]
     assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 10
+
+
+LINREG = ROOT / "conf" / "train" / "linreg.yaml"  # 256 per update, 76,800 tokens: whole updates of 1,024
+ADAPTIVE = ["batch.schedule=adaptive", "batch.max_tokens_per_update=1024"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["batch.schedule=growing"], "batch.schedule", "one of fixed, adaptive"),
+        (["batch.schedule=adaptive"], "batch.max_tokens_per_update", "a power of 2, e.g. 1,024"),
+        (ADAPTIVE[:1] + ["batch.max_tokens_per_update=768"], "batch.max_tokens_per_update", "a power of 2"),
+        (ADAPTIVE + ["train.total_tokens=76288"], "train.total_tokens", "use 75,776"),
+        (ADAPTIVE + ["train.stop_at_tokens=512"], "train.stop_at_tokens", "use 1,024"),
+        (ADAPTIVE + ["gns.enabled=false"], "batch.schedule", "gns.enabled=true"),
+        (ADAPTIVE + ["batch.ramp=[{from_tokens: 0, tokens_per_update: 256}]"], "batch.ramp", "one or the other"),
+        (ADAPTIVE + ["batch.calibration=0"], "batch.calibration", "> 0"),
+        (["batch.max_tokens_per_update=1024"], "batch.max_tokens_per_update", "set batch.schedule=adaptive"),
+        (["batch.calibration=2"], "batch.calibration", "set batch.schedule=adaptive"),
+        (["batch.micro_batch_size=64", "batch.grad_accum_steps=4"] + ADAPTIVE, "batch.max_tokens_per_update", "512"),
+    ],
+)
+def test_the_adaptive_schedule_is_checked(overrides, key, words):
+    with pytest.raises(ConfigError) as err:
+        config.load(LINREG, overrides)
+    assert err.value.key == key and words in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_an_adaptive_schedule_doubles_up_to_its_cap_with_the_calibration_given():
+    cfg = config.load(LINREG, ADAPTIVE + ["batch.calibration=0.5", "train.stop_at_tokens=2048"])
+    assert derived.adaptive_batches(cfg) == [512, 1024]
+    assert derived.adaptive_rule(cfg) == derived.AdaptiveRule(max_tokens_per_update=1024, calibration=0.5)
+    assert derived.adaptive_rule(config.load(LINREG)) is None

@@ -38,6 +38,9 @@ class TrainState:
     gns: Dict[str, Any] = field(default_factory=dict)
     gns_adam: Dict[str, Any] = field(default_factory=dict)
     """The EMA of the noise scale of the gradient as AdamW preconditions it (empty: none)."""
+    adaptive: Dict[str, Any] = field(default_factory=dict)
+    """batch.schedule=adaptive: AdaptiveState.to_json(), the ramp decided so far and the count
+    towards the next doubling (empty: a fixed schedule, or none decided yet)."""
     stable_loss: float = float("nan")
     """eval/loss where the stable part of the schedule ends (schedules.stable_end_tokens); NaN before."""
     mlflow_watermarks: Dict[str, int] = field(default_factory=dict)

@@ -22,13 +22,19 @@ import torch.distributed as dist
 
 from orchestrator.core import logs, registry
 from orchestrator.core.config import from_dict
-from orchestrator.core.derived import batch_segments, gns_ema_tokens, measures_adam_noise_scale, scheduled_lr
+from orchestrator.core.derived import (
+    adaptive_rule,
+    batch_segments,
+    gns_ema_tokens,
+    measures_adam_noise_scale,
+    scheduled_lr,
+)
 from orchestrator.core.phases import Phases
 from orchestrator.core.schema import AUTO, Config
-from orchestrator.formulas import batching, cost, noise
+from orchestrator.formulas import adaptive_batch, batching, cost, noise
 from orchestrator.formulas.schedules import stable_end_tokens
 from orchestrator.tracking import metric_logger
-from orchestrator.tracking.run_tags import FAILURE_TAG
+from orchestrator.tracking.run_tags import FAILURE_TAG, REALISED_RAMP_TAG
 from orchestrator.tracking.store import Store
 from orchestrator.tracking.system_metrics import start_system_metrics
 from workloads import workload as workloads
@@ -72,6 +78,9 @@ class Run:
     probe: Optional[GradNormProbe] = None
     logger: Optional[metric_logger.MetricLogger] = None  # rank 0 only, like everything sent to MLflow
     warnings: Optional[worker_warnings.WarningCollector] = None
+    rule: Optional[adaptive_batch.AdaptiveRule] = None  # batch.schedule=adaptive
+    decided: Optional[adaptive_batch.AdaptiveState] = None  # ... its ramp so far (checkpointed)
+    budget: int = 0  # the schedule's tokens, the same for every ramp an adaptive run may take
     last_eval: float = float("nan")
     updated_at: float = 0.0  # wall clock at the end of the latest update: where teardown starts
 
@@ -90,7 +99,8 @@ def _train(cfg: Config, payload: WorkerPayload, api: RayApi, startup: Optional[P
     with contextlib.ExitStack() as resources:  # teardown runs however the run ends
         run = _set_up(cfg, payload, api, resources, startup or Phases("startup"))
         window = MetricsWindow(run.state.tokens)
-        for update in range(run.state.update, run.steps):
+        while run.state.update < run.steps:  # an adaptive run's steps change with its batch
+            update = run.state.update
             _maybe_inject_fault(run.state.tokens, run.rank, payload.fault, run.logger)
             before = run.state.tokens
             lr, stats = _update(run, update)
@@ -101,6 +111,7 @@ def _train(cfg: Config, payload: WorkerPayload, api: RayApi, startup: Optional[P
             _log_update(run, stats, lr, before)
             window.add(stats)
             _update_noise_scale(run, stats, before)
+            _adapt(run)
 
             last, tokens, every = run.state.update == run.steps, run.state.tokens, cfg.train
             evaluated = due(before, tokens, every.eval_every_tokens) or last
@@ -130,6 +141,7 @@ def _set_up(cfg: Config, payload: WorkerPayload, api: RayApi, resources: context
     collector = _capture_warnings(cfg, payload.run_id, resources) if rank == 0 else None
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
     assert cfg.batch.micro_batch_size != AUTO, "the driver resolves batch.micro_batch_size: auto before launching"
+    assert cfg.batch.calibration_from is None, "the driver reads batch.calibration_from before launching"
     segments = batch_segments(cfg)
     plan = segments[0].plan
     assert plan.num_workers == world, f"config says {plan.num_workers} workers, Ray Train started {world}"
@@ -148,6 +160,13 @@ def _set_up(cfg: Config, payload: WorkerPayload, api: RayApi, resources: context
     startup.mark("engine")
     state = restore(engine, TrainState(run_id=payload.run_id), api, cfg.train.start_from_checkpoint)
     startup.mark("restore")
+    rule = adaptive_rule(cfg)
+    decided = None
+    if rule:  # the decisions so far hold to the end: the same segments as when they were taken
+        decided = adaptive_batch.AdaptiveState.from_json(state.adaptive) if state.adaptive else None
+        decided = decided or adaptive_batch.AdaptiveState([(0, segments[0].plan.tokens_per_update)])
+        segments = batch_segments(cfg, decided.ramp)
+        steps = batching.updates_until(segments, cfg.train.stop_at_tokens or budget)
     plan = batching.segment_at(segments, state.tokens).plan  # a resume within a later segment
     set_plan(engine, plan)
     gns = noise.NoiseScaleEMA(gns_ema_tokens(cfg))
@@ -175,6 +194,9 @@ def _set_up(cfg: Config, payload: WorkerPayload, api: RayApi, resources: context
         gns_adam=gns_adam,
         probe=probe,
         warnings=collector,
+        rule=rule,
+        decided=decided,
+        budget=budget,
     )
     if rank == 0:
         run.logger = _open_tracking(cfg, state, resources)
@@ -360,6 +382,24 @@ def _update_noise_scale(run: Run, stats: UpdateStats, before: int) -> None:
             )
 
 
+def _adapt(run: Run) -> None:
+    """batch.schedule=adaptive, after every update: double the batch from the next update on when
+    the rule says so (every rank decides alike: the noise scale's inputs are all-reduced). The
+    decided ramp becomes the run's segments (b and A per batch, the lr factor of
+    batch.ramp_lr_scaling), and its `batch.ramp` goes on the MLflow run as a tag to replay."""
+    if run.rule is None:
+        return
+    b_simple = run.gns.b_simple if run.probe else None
+    if adaptive_batch.decide(run.rule, run.decided, run.state.tokens, run.plan.tokens_per_update, b_simple) is None:
+        return
+    run.segments = batch_segments(run.cfg, run.decided.ramp)
+    run.steps = batching.updates_until(run.segments, run.cfg.train.stop_at_tokens or run.budget)
+    override = batching.ramp_override(run.decided.ramp)
+    log.info("batch.schedule=adaptive: %s tokens per update from %s tokens on", *run.decided.ramp[-1][::-1])
+    if run.logger:
+        Store(run.logger.uri).set_tags(run.state.run_id, {REALISED_RAMP_TAG: override})
+
+
 def _evaluate(run: Run) -> None:
     run.last_eval, se = evaluate(run.engine, run.work, run.rank, run.world)
     if run.logger:
@@ -388,6 +428,7 @@ def _report(run: Run, window: MetricsWindow, lr: float, evaluated: bool, checkpo
         "stable_loss": state.stable_loss,  # NaN until the run reaches the end of its stable phase
     }
     state.gns = run.gns.state_dict()
+    state.adaptive = run.decided.to_json() if run.decided else {}
     state.gns_adam = run.gns_adam.state_dict() if run.gns_adam else {}
     # A Ray Train report is a barrier across workers (about a second here), so Ray hears
     # only at evaluations and checkpoints: that is where Tune's schedulers decide.
