@@ -332,7 +332,7 @@ def finish(
                 print(f"no comparison: {redact_uri(str(exc))}")
                 compare = None
             options = report.sweep_options(sweep.search, branch=sweep.branch)
-            pipeline.make(inputs, compare_with=compare, **options)
+            pipeline.make(inputs, compare_with=compare, ladder=report.ladder_request(sweep), **options)
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {redact_uri(str(exc))}")
     status = "FAILED" if error is not None or not finished else "FINISHED"

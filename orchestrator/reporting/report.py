@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from orchestrator.analysis import branch_cbs, tables
-from orchestrator.core import sweep_file, sweep_schema
+from orchestrator.core import ladder_target, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_files import check_out_folder, default_out
@@ -35,16 +35,29 @@ def sweep_options(
     return {**options, "branch_tolerance": tolerance}
 
 
+def ladder_request(sweep: Optional[sweep_schema.Sweep], params: Optional[float] = None, tokens: Optional[float] = None):
+    """What the report asks of a ladder: the sweep file's ladder.target (the command line's N and D
+    over it) and ladder.tolerance."""
+    from orchestrator.reporting import report_ladder
+
+    found = ladder_target.with_options(ladder_target.target(sweep), params, tokens)
+    if sweep is not None and sweep.ladder is not None:
+        return report_ladder.Request(found, sweep.ladder.tolerance)
+    return report_ladder.Request(found)
+
+
 def run(
     target: str,
     overrides: List[str],
     out: Optional[str] = None,
     target_losses: Optional[List[float]] = None,
     lr_criterion: Optional[str] = None,
+    target_params: Optional[float] = None,
+    target_tokens: Optional[float] = None,
 ) -> int:
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
     trials.csv and curves.csv; returns the exit code. lr_criterion None: the sweep file's, else
-    final_loss."""
+    final_loss. target_params / target_tokens: a ladder's target, over the sweep file's."""
     from orchestrator.reporting import pipeline, results  # pandas and matplotlib only when a report runs
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
@@ -52,6 +65,7 @@ def run(
     options = sweep_options(
         read.search if read else sweep_schema.SearchConfig(), lr_criterion, read.branch if read else None
     )
+    options["ladder"] = ladder_request(read, target_params, target_tokens)
     if tables.is_table_folder(target):
         return _run_tables(Path(target), out, target_losses, options)
     uri, name, run_id = _resolve(target, list(overrides), read)

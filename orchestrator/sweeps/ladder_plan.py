@@ -14,9 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from orchestrator.core import config as config_lib
-from orchestrator.core import derived, registry, yaml_files
-from orchestrator.core.errors import ConfigError
+from orchestrator.core import derived, ladder_target
+from orchestrator.core.ladder_target import model_params as _params
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 
@@ -55,14 +54,6 @@ def _short(n: float) -> str:
     return f"{n:g}"
 
 
-def _params(sweep: Sweep, model: Dict[str, Any], key: str) -> int:
-    cfg = config_lib.load(sweep.base_config, sweep.base_overrides + yaml_files.dotlist(model))
-    n = registry.compute_params(cfg)
-    if not n:
-        raise ConfigError(key, f"workload {cfg.model.name!r} states no costs(cfg), so its model.params is unknown")
-    return n
-
-
 def _largest_batch(sweep: Sweep) -> int:
     grid = sweep.space.get("batch.tokens_per_update", {}).get("grid") or [1]
     return int(max(grid))
@@ -91,12 +82,8 @@ def rungs(sweep: Sweep) -> List[RungPlan]:
 
 def target(sweep: Sweep) -> Optional[Tuple[float, float, Optional[Dict[str, Any]]]]:
     """(N, D, the target's model overrides or None) of the ladder's target; None without one."""
-    t = sweep.ladder.target if sweep.ladder else None
-    if t is None or t.tokens is None:
-        return None
-    if t.overrides:
-        return float(_params(sweep, t.overrides, "ladder.target.overrides")), float(t.tokens), dict(t.overrides)
-    return float(t.params), float(t.tokens), None
+    found = ladder_target.target(sweep)
+    return (found.params, found.tokens, found.model) if found else None
 
 
 def held(hold: str, base: Config, budget: int) -> Dict[str, Any]:
