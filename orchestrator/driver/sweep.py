@@ -26,7 +26,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.phases import Phases
 from orchestrator.driver import launch, micro_batch, ray_session
 from orchestrator.reporting import report_files
-from orchestrator.sweeps import branch_study, placement, search_space
+from orchestrator.sweeps import branch_study, ladder_plan, placement, search_space
 from orchestrator.tracking.run_tags import (
     BRANCH_AT_TAG,
     BRANCH_OF_TAG,
@@ -73,6 +73,7 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
         SWEEP_TAG: sweep.name,
     }
     tags.update(setup.get("tags", {}))
+    tags.update(ladder_plan.rung_tags(sweep, cfg))
     at = branch_study.branch_point(cfg)
     if at is not None:
         tags[BRANCH_AT_TAG] = str(at)

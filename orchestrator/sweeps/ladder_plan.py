@@ -14,10 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from orchestrator.core import derived, ladder_target
+from orchestrator.core import derived, ladder_target, registry
 from orchestrator.core.ladder_target import model_params as _params
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
+from orchestrator.tracking.run_tags import RUNG_TAG
 
 TOTAL_KEY = "train.total_tokens"
 
@@ -44,7 +45,20 @@ class RungPlan:
     @property
     def label(self) -> str:
         """`N=213k D=426k`: how trial names and the report name the rung."""
-        return f"N={_short(self.params)} D={_short(self.tokens)}"
+        return label(self.params, self.tokens)
+
+
+def label(params: float, tokens: float) -> str:
+    return f"N={_short(params)} D={_short(tokens)}"
+
+
+def rung_tags(sweep: Sweep, cfg: Config) -> Dict[str, str]:
+    """The tag of a ladder trial's MLflow run naming its rung (RUNG_TAG: `N=213k D=426k`, its
+    model.params and budget), so the runs of one rung can be filtered in the UI; {} outside a
+    ladder."""
+    if sweep.ladder is None:
+        return {}
+    return {RUNG_TAG: label(registry.compute_params(cfg) or 0, cfg.train.total_tokens)}
 
 
 def _short(n: float) -> str:

@@ -17,6 +17,7 @@ SWEEP_TAG = "orchestrator.sweep"
 FAILURE_TAG = "orchestrator.failure_reason"
 STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a trial was stopped at
 WARNING_TAG_PREFIX = "orchestrator.warning."  # + a 3-digit index: what a worker warned about, in order
+RUNG_TAG = "orchestrator.ladder_rung"  # a ladder trial's rung, `N=213k D=426k` (sweeps/ladder_plan.py)
 CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folders live (path or URI)
 
 

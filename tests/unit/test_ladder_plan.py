@@ -12,6 +12,7 @@ import pytest
 from orchestrator.core import config, derived, sweep_file
 from orchestrator.core.errors import ConfigError
 from orchestrator.sweeps import ladder_plan, search_space
+from orchestrator.tracking.run_tags import RUNG_TAG
 from tests.conftest import TINY, write_sweep
 
 MODELS = [{"model.d_model": 64, "model.n_layers": 2}, {"model.d_model": 96, "model.n_layers": 3}]
@@ -100,3 +101,13 @@ def test_a_ladder_is_a_bracket_search(tmp_path):
     with pytest.raises(ConfigError) as info:
         sweep_file.load(write_sweep(tmp_path, ladder=body, space=SPACE))
     assert info.value.key == "ladder" and "bracket" in str(info.value)
+
+
+def test_each_ladder_trial_is_tagged_with_its_rung_and_a_plain_sweeps_are_not(tmp_path):
+    sweep = ladder_sweep(tmp_path)
+    for rung in ladder_plan.rungs(sweep):
+        trial = search_space.resolve(sweep, {**rung.values, "batch.tokens_per_update": 2048, "optim.lr": 3e-3})
+        assert ladder_plan.rung_tags(sweep, trial.cfg) == {RUNG_TAG: rung.label}
+    assert rung.label == f"N={rung.params / 1e3:.3g}k D={rung.tokens / 1e3:.3g}k"  # the tiny models' sizes
+    plain = sweep_file.load(write_sweep(tmp_path, space=SPACE, search=SEARCH))
+    assert ladder_plan.rung_tags(plain, config.load(TINY)) == {}
