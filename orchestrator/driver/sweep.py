@@ -31,7 +31,9 @@ from orchestrator.tracking.run_tags import (
     BRANCH_AT_TAG,
     BRANCH_OF_TAG,
     CHECKPOINTS_TAG,
+    DIGEST_TAG,
     PARENT_TAG,
+    REUSED_BY_PREFIX,
     ROLE_TAG,
     SCHEDULER_TAG,
     SEARCH_TAG,
@@ -47,6 +49,16 @@ _trials_in_this_process = 0  # a reused trial actor pays no process start
 
 
 # ---------------------------------------------------------------- inside each Tune trial
+
+
+def _finished_result(run) -> Dict[str, Any]:
+    """What a finished run's trial reports to Tune without training: its latest numbers."""
+    latest = run.metrics
+    return {
+        "tokens": int(latest.get("train/tokens", 0)),
+        "eval_loss": latest.get("eval/loss"),
+        "loss": latest.get("train/loss"),
+    }
 
 
 def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
@@ -78,21 +90,23 @@ def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
     if at is not None:
         tags[BRANCH_AT_TAG] = str(at)
     store = Store.of(cfg)
-    run_id = store.find_run(tags)
+    run_id = store.find_run(tags)  # this trial's own run, retried or after --resume
     if run_id and store.get_run(run_id).status == "FINISHED":
         # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
-        latest = store.get_run(run_id).metrics
-        tune.report(
-            {
-                "tokens": int(latest.get("train/tokens", 0)),
-                "eval_loss": latest.get("eval/loss"),
-                "loss": latest.get("train/loss"),
-            }
-        )
+        tune.report(_finished_result(store.get_run(run_id)))
+        return
+    digest = launch.config_digest(cfg)
+    reused = None if run_id else store.find_finished({DIGEST_TAG: digest})
+    if reused is not None:
+        # An earlier sweep (a ladder before a rung was added) finished this very config: its run
+        # stands for this trial, tagged so that this sweep's report reads it (report_inputs.trial_runs).
+        store.set_tags(reused.run_id, {REUSED_BY_PREFIX + setup["parent_run_id"]: trial_id})
+        print(f"trial {trial.name}: reusing finished run {reused.run_id} of the same config")
+        tune.report(_finished_result(reused))
         return
     if run_id:
         store.reopen_run(run_id)  # a retried trial: RUNNING again
-    run_id = run_id or launch.open_run(cfg, trial.name, tags)
+    run_id = run_id or launch.open_run(cfg, trial.name, {**tags, DIGEST_TAG: digest})
     local = placement.in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
     # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.

@@ -315,7 +315,7 @@ def finish(
 
     stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri = base.tracking.uri
-    runs = Store(uri).child_runs(parent)
+    runs = report_inputs.trial_runs(uri, parent)  # and the finished runs it reused
     inputs = report_inputs.read_mlflow(uri, sweep.name, parent, results.METRICS, runs)
     trials = inputs.trials
     _close_unfinished_runs(uri, trials, stopped_at or {})  # the records too: the report reads them as closed

@@ -29,10 +29,13 @@ from orchestrator.sweeps import search_space
 def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
     """Optimizer steps the run tagged `tags` took to reach `target` (inf if it did not, or has no run)."""
     from orchestrator.reporting import report_inputs
+    from orchestrator.tracking.run_tags import PARENT_TAG, REUSED_BY_PREFIX, TRIAL_TAG
     from orchestrator.tracking.store import Store
 
     store = Store(uri, experiment)
     run_id = store.find_run(tags)
+    if run_id is None and PARENT_TAG in tags and TRIAL_TAG in tags:  # a finished run it reused
+        run_id = store.find_run({REUSED_BY_PREFIX + tags[PARENT_TAG]: tags[TRIAL_TAG]})
     if run_id is None:
         return math.inf
     (trial,) = report_inputs.trials_of(uri, [store.get_run(run_id)])

@@ -144,3 +144,40 @@ def test_a_sweep_files_target_and_tolerance_reach_the_report(tmp_path):
     request = report.ladder_request(sweep)
     assert request.target == ladder_target.Target(float(n_of(model)), 2.0e8, model) and request.tolerance == 0.01
     assert report.ladder_request(sweep, params=5.0e6).target == ladder_target.Target(5.0e6, 2.0e8, None)
+
+
+def test_a_later_sweep_reads_the_finished_runs_it_reused_as_its_own(tmp_path):
+    """A re-run sweep (a ladder with a rung added) reuses a finished run of an identical config
+    (found by its config digest, tagged with the new parent) instead of running it again; the new
+    parent's trials are its children and those runs (report_inputs.trial_runs), and the bracket
+    search's steps criterion finds them by the same tag."""
+    from orchestrator.reporting import report_inputs
+    from orchestrator.sweeps import bracket_search
+    from orchestrator.tracking import run_tags
+    from orchestrator.tracking.store import Store
+    from tests.conftest import sqlite_store
+
+    uri = sqlite_store(tmp_path)
+    store = Store(uri, "ladders")
+    old_parent, new_parent = (store.create_run(f"sweep {i}", {run_tags.ROLE_TAG: "sweep"}) for i in (1, 2))
+    digest = {run_tags.DIGEST_TAG: "0123456789abcdef"}
+    finished = store.create_run("d_model=32 D=40Ki B=256", {run_tags.PARENT_TAG: old_parent, **digest})
+    store.log_params(finished, {"batch.tokens_per_update": 256, "train.total_tokens": 40960, "schedule.decay": "wsd"})
+    for step in range(0, 40960, 2560):  # loss 3 falling to 2: below 2.5 at 20,480 tokens, update 80
+        store.log_metrics(finished, {"train/loss": 3.0 - step / 40960}, step=step)
+    store.finish_run(finished)
+    unfinished = store.create_run("d_model=32 D=40Ki B=512", {run_tags.PARENT_TAG: old_parent, **digest})
+    store.finish_run(unfinished, "KILLED")
+    own = store.create_run("d_model=64 D=80Ki B=256", {run_tags.PARENT_TAG: new_parent})
+
+    assert store.find_finished(digest).run_id == finished  # not the killed one
+    assert store.find_finished({run_tags.DIGEST_TAG: "another"}) is None
+    assert (
+        report_inputs.trial_runs(uri, new_parent)[0].run_id == own
+        and len(report_inputs.trial_runs(uri, new_parent)) == 1
+    )
+    store.set_tags(finished, {run_tags.REUSED_BY_PREFIX + new_parent: "trial_7"})
+    assert {r.run_id for r in report_inputs.trial_runs(uri, new_parent)} == {own, finished}
+    assert {r.run_id for r in report_inputs.trial_runs(uri, old_parent)} == {finished, unfinished}
+    tags = {run_tags.PARENT_TAG: new_parent, run_tags.TRIAL_TAG: "trial_7"}
+    assert bracket_search.steps_to_target(uri, "ladders", tags, 2.5) < math.inf  # read from the reused run
