@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from orchestrator.analysis import ladder, ladder_rungs, optimal_batch
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import config as config_lib
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import Target
 from orchestrator.reporting import recommended
 from orchestrator.reporting.report_files import Part
@@ -126,8 +127,12 @@ def write_recommended(
     if template is None:
         print("ladder: the largest rung's best run is not among the trials: no recommended.yaml")
         return None
-    overrides, why = recommendation(result, target, template.params)
-    return recommended.write(out / recommended.FILE, template.params, overrides, why)
+    try:
+        overrides, why = recommendation(result, target, template.params)
+        return recommended.write(out / recommended.FILE, template.params, overrides, why)
+    except ConfigError as exc:  # e.g. a table from another trainer whose params are no train config
+        print(f"ladder: no recommended.yaml: {exc}")
+        return None
 
 
 def recommendation(result: ladder.Ladder, target: Target, params: Dict[str, Any]):

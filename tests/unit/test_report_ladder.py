@@ -181,3 +181,18 @@ def test_a_later_sweep_reads_the_finished_runs_it_reused_as_its_own(tmp_path):
     assert {r.run_id for r in report_inputs.trial_runs(uri, old_parent)} == {finished, unfinished}
     tags = {run_tags.PARENT_TAG: new_parent, run_tags.TRIAL_TAG: "trial_7"}
     assert bracket_search.steps_to_target(uri, "ladders", tags, 2.5) < math.inf  # read from the reused run
+
+
+def test_a_template_run_that_is_no_train_config_gives_no_recommended_yaml(folder, in_memory, tmp_path, capsys):
+    """A table from another trainer may carry params no train config takes: the report says so
+    instead of failing (the end of a long sweep must not)."""
+    import dataclasses
+
+    trials = tables.read(folder)
+    template = report_ladder.template_run(in_memory, trials)
+    assert template is not None and template.name == in_memory.rungs[-1].best_run
+    broken = [dataclasses.replace(t, params={**t.params, "optim.name": "lion"}) if t is template else t for t in trials]
+    target = ladder_target.Target(*TARGET)
+    assert report_ladder.write_recommended(in_memory, broken, target, tmp_path) is None
+    assert "no recommended.yaml: optim.name" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
