@@ -50,12 +50,14 @@ def run_demo(folder: Path, overrides: List[str]) -> str:
 def analyse(uri: str, smoothing: float = 0.0) -> Dict[str, Any]:
     from orchestrator.analysis import sweep_analysis
     from orchestrator.core import sweep_file
-    from orchestrator.reporting import report, report_inputs
+    from orchestrator.reporting import report_inputs
 
     sweep = sweep_file.load(DEMO, check=False)
     _, _, parent = report_inputs.resolve(str(DEMO), [f"tracking.uri={uri}"])
     trials = report_inputs.read_trials(uri, parent)
-    result = sweep_analysis.analyse(trials, smoothing_tokens=smoothing, **report.sweep_options(sweep.search))
+    result = sweep_analysis.analyse(
+        trials, smoothing_tokens=smoothing, **report_inputs.settings(sweep, str(DEMO)).options
+    )
     p = result.primary
     return {
         "target_loss": p.target_loss,

@@ -176,26 +176,27 @@ def main(argv: List[str] | None = None) -> int:
     Spent.probe = Spent.adam = 0.0
     periods = common.abba(run_period, args.seconds)
 
-    tokens = UPDATES_PER_PERIOD * plan.tokens_per_update
-    on_p, off_p = [q for q in periods if q["on"]], [q for q in periods if not q["on"]]
-    rate = lambda ps, k: tokens * len(ps) / sum(q[k] for q in ps)  # noqa: E731  tokens per second
-    group_ratios = [1 / r for r in common.abba_group_ratios(periods)]  # tokens/s on/off = CPU off/on
+    on_p = [q for q in periods if q["on"]]
+    measured = common.on_off(periods, UPDATES_PER_PERIOD * plan.tokens_per_update)  # seconds per token
+    cpu = {side: 1 / s for side, s in measured.cpu_s.items()}  # tokens per second
+    wall = {side: 1 / s for side, s in measured.wall_s.items()}
+    group_ratios = [1 / r for r in measured.group_ratios]  # tokens/s on/off = CPU off/on
     result = {
         "benchmark": "gns_overhead",
         "measures": (
             "tokens/s of workloads.train.engine.train_update (DeepSpeed engine, one process), GNS probe on vs off"
         ),
-        "ratio": rate(on_p, "cpu_s") / rate(off_p, "cpu_s"),
-        "ratio_wall": rate(on_p, "wall_s") / rate(off_p, "wall_s"),
+        "ratio": cpu["on"] / cpu["off"],
+        "ratio_wall": wall["on"] / wall["off"],
         "ratio_median_abba_group": statistics.median(group_ratios),
         "goal": f"ratio >= {GOAL}",
         "probe_share_of_on_cpu": (Spent.probe + Spent.adam) / sum(q["cpu_s"] for q in on_p),
         "probe_cpu_ms_per_update": 1000 * Spent.probe / (len(on_p) * UPDATES_PER_PERIOD),
         "adam_refresh_cpu_ms_per_update": 1000 * Spent.adam / (len(on_p) * UPDATES_PER_PERIOD),
         "adam_preconditioner_bytes": adam.nbytes if adam else 0,
-        "tokens_per_cpu_s": {"off": rate(off_p, "cpu_s"), "on": rate(on_p, "cpu_s")},
-        "tokens_per_wall_s": {"off": rate(off_p, "wall_s"), "on": rate(on_p, "wall_s")},
-        "updates": {"on": len(on_p) * UPDATES_PER_PERIOD, "off": len(off_p) * UPDATES_PER_PERIOD},
+        "tokens_per_cpu_s": cpu,
+        "tokens_per_wall_s": wall,
+        "updates": {"on": len(on_p) * UPDATES_PER_PERIOD, "off": (len(periods) - len(on_p)) * UPDATES_PER_PERIOD},
         "b_simple_after_run": gns.b_simple,
         "b_simple_adam_after_run": gns_adam.b_simple if adam else None,
         "wall_s": time.perf_counter() - started,
@@ -215,13 +216,11 @@ def main(argv: List[str] | None = None) -> int:
         },
         "machine": common.machine(load_before),
     }
-    cpu, wall = result["tokens_per_cpu_s"], result["tokens_per_wall_s"]
     rows = [
-        ("tokens/s", "off", "on", "on/off"),
-        ("per CPU second", f"{cpu['off']:,.0f}", f"{cpu['on']:,.0f}", f"{result['ratio']:.4f}"),
-        ("per wall second", f"{wall['off']:,.0f}", f"{wall['on']:,.0f}", f"{result['ratio_wall']:.4f}"),
-        ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
-        ("1 - probe's own CPU share", "", "", f"{1 - result['probe_share_of_on_cpu']:.4f}"),
+        ("per CPU second", cpu, result["ratio"]),
+        ("per wall second", wall, result["ratio_wall"]),
+        ("CPU, median of ABBA groups", None, result["ratio_median_abba_group"]),
+        ("1 - probe's own CPU share", None, 1 - result["probe_share_of_on_cpu"]),
     ]
     adam_note = (
         f"; with AdamW's preconditioner ({result['adam_preconditioner_bytes'] / 1e6:.2f} MB, refreshed and read at "
@@ -230,7 +229,7 @@ def main(argv: List[str] | None = None) -> int:
         if adam
         else " (B_simple alone: gns.adam off or SGD)"
     )
-    common.print_table(rows)
+    common.print_ratio_table("tokens/s", rows, ",.0f")
     print(
         f"\n{result['updates']['on']} updates on, {result['updates']['off']} off, "
         f"{plan.tokens_per_update:,} tokens each "
@@ -239,12 +238,7 @@ def main(argv: List[str] | None = None) -> int:
         "the probe's hooks and read-out "
         f"took {result['probe_cpu_ms_per_update']:.2f} ms CPU per update{adam_note}"
     )
-    verdict = "meets" if result["ratio"] >= GOAL else "misses"
-    print(
-        f"ratio (tokens/s per CPU second, on/off) = {result['ratio']:.4f} -> {verdict} the goal >= {GOAL}  "
-        f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
-        f"on {os.cpu_count()} CPUs)"
-    )
+    common.print_verdict("tokens/s per CPU second, on/off", result, result["ratio"] >= GOAL, f">= {GOAL}", load_before)
     return common.finish(result, args.json)
 
 

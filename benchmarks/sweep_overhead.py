@@ -152,11 +152,11 @@ def whole_command(command: List[str], cwd: Path) -> float:
 def against_plain_tune(args, tmp: Path) -> Dict[str, Any]:
     """`orchestrator sweep` against benchmarks/plain_tune.py, whole commands, ABBA rounds."""
     from orchestrator.core import config
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     trial = ["cluster.cpus_per_worker=0.8", *args.overrides]  # 0.8 + the trial's 0.2: two fit on two CPUs
     path = write_sweep(tmp, args.trials, args.concurrency, trial, local_mode=True, base_overrides={})
-    launch.preflight(config.load(str(ROOT / "conf" / "train" / "tiny.yaml"), list(args.overrides)))  # token cache
+    run_life.preflight(config.load(str(ROOT / "conf" / "train" / "tiny.yaml"), list(args.overrides)))  # token cache
     walls: Dict[str, List[float]] = {"sweep": [], "plain": []}
     load_before = os.getloadavg()[0]
     for r in range(args.rounds):
@@ -200,7 +200,7 @@ def main(argv: List[str] | None = None) -> int:
         return common.finish(against_plain_tune(args, tmp), args.json, tmp, args.keep)
 
     from orchestrator.core import sweep_file
-    from orchestrator.driver import launch, ray_session
+    from orchestrator.driver import ray_session, run_life
     from orchestrator.sweeps import search_space
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
@@ -214,8 +214,8 @@ def main(argv: List[str] | None = None) -> int:
     spec.base_overrides += shared
     configs = [t.cfg for t in search_space.expand(spec)]
     for cfg in configs:
-        launch.resolve_paths(cfg)
-    launch.preflight(configs[0])  # token cache built outside any timing
+        run_life.resolve_paths(cfg)
+    run_life.preflight(configs[0])  # token cache built outside any timing
     load_before = os.getloadavg()[0]
 
     t = time.perf_counter()

@@ -159,19 +159,19 @@ def main(argv: List[str] | None = None) -> int:
     logger.close(timeout_s=60)
     last_send = time.perf_counter() - t
 
-    on_p, off_p = [q for q in periods if q["on"]], [q for q in periods if not q["on"]]
-    per_update = lambda ps, k: sum(q[k] for q in ps) / (len(ps) * every)  # noqa: E731
-    group_ratios = common.abba_group_ratios(periods)
+    on_p = [q for q in periods if q["on"]]
+    measured = common.on_off(periods, every)  # seconds per update
+    cpu, wall = measured.cpu_s, measured.wall_s
     result = {
         "benchmark": "tracking_overhead",
-        "ratio": per_update(on_p, "cpu_s") / per_update(off_p, "cpu_s"),
-        "ratio_wall": per_update(on_p, "wall_s") / per_update(off_p, "wall_s"),
-        "ratio_median_abba_group": statistics.median(group_ratios),
+        "ratio": cpu["on"] / cpu["off"],
+        "ratio_wall": wall["on"] / wall["off"],
+        "ratio_median_abba_group": statistics.median(measured.group_ratios),
         "ratio_from_tracking_wall_time": 1
         + sum(q["log_s"] + q["send_s"] for q in on_p) / sum(q["cpu_s"] for q in on_p),
         "goal": f"ratio <= {GOAL}",
-        "update_cpu_ms": {"off": 1000 * per_update(off_p, "cpu_s"), "on": 1000 * per_update(on_p, "cpu_s")},
-        "update_wall_ms": {"off": 1000 * per_update(off_p, "wall_s"), "on": 1000 * per_update(on_p, "wall_s")},
+        "update_cpu_ms": {side: 1000 * s for side, s in cpu.items()},
+        "update_wall_ms": {side: 1000 * s for side, s in wall.items()},
         "log_us_per_report_median_wall": 1e6 * statistics.median(q["log_s"] for q in on_p),
         "send_ms": {
             "wall_median": 1000 * statistics.median(x["wall_s"] for x in sends) if sends else None,
@@ -179,7 +179,7 @@ def main(argv: List[str] | None = None) -> int:
         },
         "sends": len(sends),
         "final_send_ms": 1000 * last_send,
-        "updates": {"on": len(on_p) * every, "off": len(off_p) * every},
+        "updates": {"on": len(on_p) * every, "off": (len(periods) - len(on_p)) * every},
         "updates_per_report": every,
         "metrics_per_update": len(update_metrics(1.0)),
         "metrics_per_report": len([v for v in report(1, 1, sources).values() if v == v]),
@@ -200,15 +200,13 @@ def main(argv: List[str] | None = None) -> int:
         },
         "machine": common.machine(load_before),
     }
-    cpu, wall = result["update_cpu_ms"], result["update_wall_ms"]
     rows = [
-        ("per update", "off", "on", "on/off"),
-        ("CPU time, ms", f"{cpu['off']:.2f}", f"{cpu['on']:.2f}", f"{result['ratio']:.4f}"),
-        ("wall clock, ms", f"{wall['off']:.2f}", f"{wall['on']:.2f}", f"{result['ratio_wall']:.4f}"),
-        ("CPU, median of ABBA groups", "", "", f"{result['ratio_median_abba_group']:.4f}"),
-        ("tracking's own wall time", "", "", f"{result['ratio_from_tracking_wall_time']:.4f}"),
+        ("CPU time, ms", result["update_cpu_ms"], result["ratio"]),
+        ("wall clock, ms", result["update_wall_ms"], result["ratio_wall"]),
+        ("CPU, median of ABBA groups", None, result["ratio_median_abba_group"]),
+        ("tracking's own wall time", None, result["ratio_from_tracking_wall_time"]),
     ]
-    common.print_table(rows)
+    common.print_ratio_table("per update", rows, ".2f")
     print(
         f"\n{result['updates']['on']} updates on, {result['updates']['off']} off; "
         f"{result['metrics_per_update']} metrics "
@@ -218,12 +216,7 @@ def main(argv: List[str] | None = None) -> int:
         f"points, median {result['send_ms']['wall_median'] or 0:.1f} ms wall, "
         f"{result['send_ms']['cpu_median'] or 0:.1f} ms CPU; {logger.sent_points:,} points"
     )
-    verdict = "meets" if result["ratio"] <= GOAL else "misses"
-    print(
-        f"ratio (CPU time per update, on/off) = {result['ratio']:.4f} -> {verdict} the goal <= {GOAL}  "
-        f"(wall clock {result['ratio_wall']:.3f}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
-        f"on {os.cpu_count()} CPUs)"
-    )
+    common.print_verdict("CPU time per update, on/off", result, result["ratio"] <= GOAL, f"<= {GOAL}", load_before)
     return common.finish(result, args.json, tmp)
 
 

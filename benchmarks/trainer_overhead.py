@@ -50,7 +50,7 @@ GOAL = 0.97  # issue 25: the median real run within 3 % of the plain loop
 
 def load_config(path: str, overrides: List[str], tmp: Path):
     from orchestrator.core import config
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     cfg = config.load(
         path,
@@ -61,8 +61,8 @@ def load_config(path: str, overrides: List[str], tmp: Path):
             *overrides,
         ],
     )
-    launch.resolve_paths(cfg)
-    launch.preflight(cfg)  # builds the token cache outside any timing
+    run_life.resolve_paths(cfg)
+    run_life.preflight(cfg)  # builds the token cache outside any timing
     return cfg
 
 
@@ -70,80 +70,29 @@ def load_config(path: str, overrides: List[str], tmp: Path):
 
 
 def run_plain(cfg) -> Dict[str, Any]:
-    """Same model, data, loss, optimizer, clipping and evaluations; no Ray, DeepSpeed or MLflow."""
+    """The plain loop (_common.PlainLoop), timed over the windows the trainer reports."""
     import torch
-
-    from orchestrator.core.derived import batch_plan
-    from orchestrator.formulas import batching
-    from orchestrator.formulas.schedules import lr_at
-    from workloads.builtin import gpt
-    from workloads.text.packing import TokenDataset
 
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # as train_worker does
     try:
-        plan = batch_plan(cfg)
-        steps = batching.total_steps(plan, cfg.train.total_tokens)
-        budget = plan.tokens_for_steps(steps)
-        torch.manual_seed(cfg.train.seed)
-        model = gpt.GPT(cfg.model)
-        train, held = TokenDataset(cfg, "train"), TokenDataset(cfg, "eval")
-        o, constants = cfg.optim, derived.adamw_constants(cfg)  # as the trainer resolves them
-        opt = torch.optim.AdamW(
-            gpt.param_groups(model, constants.weight_decay), lr=o.lr, betas=(o.beta1, constants.beta2), eps=o.eps
-        )
-
-        def loss_of(batch):
-            return gpt.token_losses(model(batch.inputs, batch.positions, batch.doc_ids), batch.targets, batch.loss_mask)
-
-        @torch.no_grad()
-        def evaluate() -> float:
-            model.eval()
-            total, count = 0.0, 0.0
-            for batch in held.eval_batches(cfg.train.eval_tokens, plan.micro_batch_size):
-                s, n = loss_of(batch)
-                total, count = total + float(s), count + float(n)
-            model.train()
-            return total / max(count, 1.0)
-
-        evaluate()
+        loop = common.PlainLoop(cfg)
+        loop.evaluate()
         windows: List[Dict[str, float]] = []
         tokens, window_start, window_tokens = 0, time.perf_counter(), 0
         updates: List[List[float]] = []
-        for update in range(steps):
+        for update in range(loop.steps):
             clock = _clocks()
             before = tokens
-            for group in opt.param_groups:
-                group["lr"] = lr_at(
-                    before + plan.tokens_per_update,
-                    peak=o.lr,
-                    total_tokens=budget,
-                    warmup_tokens=cfg.schedule.warmup_tokens,
-                    decay=cfg.schedule.decay,
-                    min_lr_ratio=cfg.schedule.min_lr_ratio,
-                    wsd_decay_share=cfg.schedule.wsd_decay_share,
-                )
-            batches = [
-                train.micro_batch(update * plan.sequences_per_update, plan, 0, a) for a in range(plan.grad_accum_steps)
-            ]
-            real = max(sum(b.real_tokens for b in batches), 1)  # token-weighted, as docs/design.md 4.2
-            for batch in batches:
-                summed, _ = loss_of(batch)
-                (summed / real).backward()
-                float(summed.detach())
-            if o.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loop.update(update, before)
             updates.append([b - a for a, b in zip(clock, _clocks())])
-            tokens += plan.tokens_per_update
-            window_tokens += plan.tokens_per_update
-            last = update + 1 == steps
-            evaluated = _due(before, tokens, cfg.train.eval_every_tokens) or last
+            tokens += loop.plan.tokens_per_update
+            window_tokens += loop.plan.tokens_per_update
+            evaluated = common.due(before, tokens, cfg.train.eval_every_tokens) or update + 1 == loop.steps
             if evaluated:
-                evaluate()
-            if _due(before, tokens, cfg.train.report_every_tokens) or evaluated:
+                loop.evaluate()
+            if common.due(before, tokens, cfg.train.report_every_tokens) or evaluated:
                 now = time.perf_counter()
                 windows.append(
                     {"step": tokens, "tokens": window_tokens, "seconds": now - window_start, "eval": evaluated}
@@ -151,16 +100,12 @@ def run_plain(cfg) -> Dict[str, Any]:
                 window_start, window_tokens = time.perf_counter(), 0
     finally:
         torch.set_num_threads(threads)
-    return {"windows": windows, "wall_s": time.perf_counter() - started, "budget": budget, "updates": updates}
+    return {"windows": windows, "wall_s": time.perf_counter() - started, "budget": loop.budget, "updates": updates}
 
 
 def _clocks() -> List[float]:
     """Wall time, CPU time of this thread, CPU time of the whole process (all its threads)."""
     return [time.perf_counter(), time.thread_time(), time.process_time()]
-
-
-def _due(before: int, after: int, every: int) -> bool:
-    return every > 0 and after // every > before // every
 
 
 # ---------------------------------------------------------------- the real path
@@ -204,7 +149,7 @@ def _pickle_by_value() -> None:
 def run_real(cfg, name: str, gns: bool = True) -> Dict[str, Any]:
     """launch.train on Ray Train; the windows are read back from what the run logged to MLflow.
 
-    The only change to the real path: launch.build_trainer is handed a train_worker that times
+    The only change to the real path: run_life.build_trainer is handed a train_worker that times
     each train_update call (three clock reads per update)."""
     import copy
 
@@ -257,13 +202,13 @@ def run_plain_in_worker(cfg, tmp: Path, i: int) -> Dict[str, Any]:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     out = tmp / f"plain-in-worker-{i}.json"
     _pickle_by_value()
     TorchTrainer(
         _plain_in_worker,
-        train_loop_config={"config": launch.worker_config(cfg), "out": str(out), "root": str(ROOT)},
+        train_loop_config={"config": run_life.worker_config(cfg), "out": str(out), "root": str(ROOT)},
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": cfg.cluster.cpus_per_worker}),
         torch_config=TorchConfig(backend="gloo"),
         run_config=RunConfig(name=f"plain-in-worker-{i}", storage_path=str(tmp / "runs")),

@@ -158,11 +158,11 @@ def touched(what: str):
 @pytest.fixture
 def nothing_starts(monkeypatch, tmp_path):
     """Sentinels in place of Ray, MLflow runs and the corpus; a working directory to keep empty."""
-    from orchestrator.driver import launch, ray_session
+    from orchestrator.driver import ray_session, run_life
     from orchestrator.tracking.store import Store
 
     monkeypatch.setattr(ray_session, "ray_init", touched("Ray"))
-    monkeypatch.setattr(launch, "preflight", touched("the corpus"))
+    monkeypatch.setattr(run_life, "preflight", touched("the corpus"))
     monkeypatch.setattr(Store, "create_run", touched("MLflow"))
     work = tmp_path / "cwd"
     work.mkdir()

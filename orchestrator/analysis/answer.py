@@ -9,8 +9,10 @@ report.json's contract (docs/design.md 3), and a field added here is a key added
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple
+
+from orchestrator.analysis.recommend import Recommendation
 
 
 def _json(value: Any) -> Any:
@@ -304,6 +306,10 @@ class Source(Record):
     """The sweep's parent run or the single run; None for tables."""
     kind: str
     """sweep | single | tables."""
+    settings: Dict[str, str] = field(default_factory=dict)
+    """Where each analysis setting came from: {lr_criterion | primary_target | branch_tolerance |
+    target_losses: the command line | the sweep file (path) | the parent run's recorded sweep file
+    | default}."""
 
 
 @dataclass(frozen=True)
@@ -347,6 +353,9 @@ class Answer(Record):
     """Every usable trial (a batch size and a train/loss curve), in the order read."""
     skipped: Tuple[str, ...]
     """The names of the trials left out (no batch.tokens_per_update or no train/loss)."""
+    recommendation: Optional[Recommendation] = None
+    """What to run at the sweep's budget (analysis/recommend.py); None for a branch study or
+    without final losses."""
     source: Optional[Source] = None
     """Where the trials were read from; None for an answer computed from trials in memory."""
 
@@ -381,5 +390,6 @@ class Answer(Record):
             "optimizer": {name: dict(forms) for name, forms in self.optimizer.items()},
             "trials": [t.to_json() for t in self.trials],
             "skipped": list(self.skipped),
+            "recommendation": self.recommendation.to_json() if self.recommendation else None,
         }
         return {**out, "source": self.source.to_json()} if self.source else out

@@ -41,6 +41,9 @@ class Recommendation:
     """How the lr was read: `power law`, `interpolated` or `tried`."""
     rule: List[str] = field(default_factory=list)
     """The rule and the numbers, as sentences for the file's header and the report."""
+    launchable: bool = False
+    """The runs logged this project's train config (data.seq_len among their params), so the
+    template run's params make recommended.yaml; tables from another trainer do not."""
 
     def overrides(self) -> Dict[str, Any]:
         """Train-config keys to set on the template run's config."""
@@ -54,30 +57,37 @@ class Recommendation:
             "template_run": self.template_run,
             "b_opt": self.b_opt.to_json(),
             "rule": list(self.rule),
+            "launchable": self.launchable,
         }
 
 
 def for_sweep(
     rows: Sequence[Mapping[str, Any]],
     lr_law: Optional[Tuple[float, float]],
-    unit: int,
+    unit: Optional[int],
     tolerance: float = optimal_batch.DEFAULT_TOLERANCE,
 ) -> Optional[Recommendation]:
     """From the report's best row per batch size (`batch`, `final_loss`, `lr`, `run_id`), the lr
-    law (coef, alpha) of lr = coef B^alpha or None, and `unit` = seq_len x num_workers tokens; None
+    law (coef, alpha) of lr = coef B^alpha or None, and `unit` = seq_len x num_workers tokens (None:
+    the runs logged no seq_len, so B is rounded to a whole token and no file can be written); None
     when no batch size has a final loss."""
     found = optimal_batch.b_opt(rows, tolerance)
     if found.batch is None:
         return None
     scored = sorted((r for r in rows if r.get("final_loss") is not None), key=lambda r: r["batch"])
-    batch = max(unit, int(found.batch // unit) * unit)
+    step = unit or 1
+    batch = max(step, int(found.batch // step) * step)
     below = [r for r in scored if r["batch"] <= batch] or scored[:1]
     template = below[-1]
     lr, lr_from = _lr_at(batch, scored, lr_law)
     words = [
         f"B = {batch:,} tokens per update: the largest batch size whose final loss is within {tolerance:.1%} of the "
         f"best batch size's ({found.reference_batch:,} tokens, loss {found.reference_loss:.4g}); B_opt "
-        f"{found.batch:,.0f} rounded down to whole sequences per worker ({unit:,} tokens)."
+        + (
+            f"{found.batch:,.0f} rounded down to whole sequences per worker ({unit:,} tokens)."
+            if unit
+            else f"{found.batch:,.0f} rounded down to a whole token (the runs logged no data.seq_len)."
+        )
     ]
     if found.status == "above":
         words.append(
@@ -90,7 +100,7 @@ def for_sweep(
         "tried": "the best lr at that batch size",
     }[lr_from]
     words.append(f"lr {lr:.3g}: {how}. Warmup and schedule: the best configuration at {template['batch']:,} tokens.")
-    return Recommendation(batch, lr, str(template["run_id"]), found, lr_from, words)
+    return Recommendation(batch, lr, str(template["run_id"]), found, lr_from, words, launchable=unit is not None)
 
 
 def _lr_at(batch: int, rows: Sequence[Mapping[str, Any]], lr_law: Optional[Tuple[float, float]]) -> Tuple[float, str]:

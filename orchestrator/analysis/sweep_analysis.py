@@ -56,7 +56,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from orchestrator.analysis import branch_analysis, branch_cbs, lr_optimum, steps_to_target
+from orchestrator.analysis import branch_analysis, branch_cbs, lr_optimum, recommend, steps_to_target
 from orchestrator.analysis.answer import Answer, BestLr, BestRow, Counts, LrScaling, TrialRow
 from orchestrator.analysis.trials import LR_KEY, SEED_KEY, Trial, by_batch, lr_scans, settings, swept_axes
 
@@ -196,8 +196,10 @@ def analyse(
     else:
         best_lr = [BestLr(r.batch, r.lr, r.lr_edge) for r in best]
     name, scratch = compare_with or (None, ())
+    branch = branch_analysis.study(trials, branch_tolerance, scratch, name)  # None unless a branch study
+    scaling = lr_scaling(best_lr, axes)
     return Answer(
-        branch=branch_analysis.study(trials, branch_tolerance, scratch, name),  # None unless a branch study
+        branch=branch,
         loss_metric=metric,
         axes=tuple(axes),
         targets_chosen=not target_losses,
@@ -208,14 +210,30 @@ def analyse(
         counts=counts(usable),
         best_per_batch=tuple(best),
         best_lr=tuple(best_lr),
-        lr_scaling=lr_scaling(best_lr, axes),
+        lr_scaling=scaling,
         critical_batch=study.critical_batch,
         primary=study.primary,
         trend=study.trend,
         optimizer=optimizer_forms(usable),
         trials=tuple(row(t, metric) for t in usable),
         skipped=tuple(t.name for t in trials if t not in usable),
+        recommendation=None if branch else what_to_run(usable, best, best_lr, scaling),
     )
+
+
+def what_to_run(
+    usable: Sequence[Trial], best: Sequence[BestRow], best_lr: Sequence[BestLr], scaling: LrScaling
+) -> Optional[recommend.Recommendation]:
+    """recommend.for_sweep on the best configuration per batch size, each with the one lr the report
+    names for it (best_lr), the lr law when there is one, and whole sequences per worker as the unit."""
+    lr_of = {r.batch: r.lr for r in best_lr}
+    rows = [
+        {"batch": r.batch, "final_loss": r.final_loss, "lr": lr_of.get(r.batch) or r.lr, "run_id": r.run_id}
+        for r in best
+    ]
+    law = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
+    seq_len, workers = usable[0].number("data.seq_len"), usable[0].number("cluster.num_workers")
+    return recommend.for_sweep(rows, law, int(seq_len * (workers or 1)) if seq_len else None)
 
 
 def row(t: Trial, metric: str) -> TrialRow:

@@ -432,7 +432,20 @@ def load(path: str | Path, check: bool = True) -> Sweep:
     one-line ConfigError (exit 2). check=False reads only READ_UNCHECKED, checks no rule and
     leaves base_config None when the file names none."""
     path = Path(path)
-    raw, text = yaml_files.read_mapping(path, "SWEEP", kind="sweep", shape="a mapping with name, base, space, ...")
+    raw, text = yaml_files.read_mapping(path, "SWEEP", kind="sweep", shape=SHAPE)
+    return _read(raw, text, path, check)
+
+
+def read_recorded(text: str, path: Path) -> Sweep:
+    """A sweep file as its parent run recorded it (the artifact `path.name`), read as load(check=False)
+    reads it: what `report` needs to answer as the file would have it."""
+    return _read(yaml_files.parse_mapping(text, path, "SWEEP", SHAPE), text, path, check=False)
+
+
+SHAPE = "a mapping with name, base, space, ..."
+
+
+def _read(raw: Dict[str, Any], text: str, path: Path, check: bool) -> Sweep:
     named = {**raw, "name": path.stem if raw.get("name") is None else raw["name"]}  # the stem too names a folder
     read = table_reader.read(Sweep, named, FIELDS, only=None if check else READ_UNCHECKED)
     base = read.get("base") or BaseConfig()

@@ -33,6 +33,13 @@ def read_mapping(
     if not path.is_file():
         raise ConfigError(what, f"{kind} file {str(path)!r} not found")
     text = path.read_text()
+    return parse_mapping(text, path, what, shape), text
+
+
+def parse_mapping(
+    text: str, path: Path, what: str = "CONFIG", shape: str = "a mapping of config sections"
+) -> Dict[str, Any]:
+    """The mapping of one YAML text that `path` names (a file, or an MLflow run's copy of one)."""
     try:
         raw = yaml.load(text, Loader=SAFE_LOADER) or {}
     except yaml.YAMLError as exc:
@@ -41,7 +48,7 @@ def read_mapping(
         raise ConfigError(what, f"YAML syntax error in {path}{where}: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(what, f"{path} must hold {shape}, got {type(raw).__name__}")
-    return raw, text
+    return raw
 
 
 def extends_chain(path: Path) -> List[Tuple[Path, Dict[str, Any], str]]:

@@ -1,9 +1,10 @@
-"""One run = one Ray Train TorchTrainer of D DeepSpeed workers (`orchestrator train`).
+"""`orchestrator train`: one run = one Ray Train TorchTrainer of D DeepSpeed workers, its life
+in driver/run_life.py; here what the command adds: the run's name and record, resuming, the
+progress it prints.
 
-The driver validates everything that can be validated before Ray starts (exit 2, and no MLflow
-run is created for bad input), opens or re-opens the MLflow run, and hands the workers the
-resolved config. Re-running the same command with the same `train.run_name` resumes: Ray Train
-finds the run's checkpoints under `train.storage_path/<run_name>` and the MLflow run id is
+Everything that can be validated is validated before Ray starts (exit 2, and no MLflow run is
+created for bad input). Re-running the same command with the same `train.run_name` resumes: Ray
+Train finds the run's checkpoints under `train.storage_path/<run_name>` and the MLflow run id is
 kept beside them.
 """
 
@@ -12,260 +13,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-from orchestrator.core import ds_config, registry, storage
-from orchestrator.core.config import flatten, redact_uri, to_dict, to_yaml
-from orchestrator.core.derived import (
-    adamw_constants,
-    batch_plan,
-    rounded_budget,
-    sgd_weight_decay,
-    total_updates,
-    zero_stage,
-)
+from orchestrator.core import storage
+from orchestrator.core.config import redact_uri, to_dict
+from orchestrator.core.derived import rounded_budget
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
-from orchestrator.driver import micro_batch, ray_session
+from orchestrator.driver import micro_batch, ray_session, run_life
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import feasibility
 from orchestrator.tracking import mlflow_ui
-from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, FAILURE_TAG, warnings_in
-from orchestrator.tracking.store import Store, resolve_uri
+from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, warnings_in
+from orchestrator.tracking.store import Store
 
 RUN_RECORD = "orchestrator_run.json"
 log = logging.getLogger(__name__)
-
-
-def preflight(cfg: Config) -> None:
-    """Checks that need the data or the environment; ConfigError (exit 2) before Ray starts."""
-    if cfg.train.start_from_checkpoint:  # its form is validated; what it would unpickle is checked here, first
-        from workloads.train import checkpoint
-
-        checkpoint.check_files(storage.local_path(cfg.train.start_from_checkpoint), "train.start_from_checkpoint")
-    plan = batch_plan(cfg)
-    if cfg.model.name in ("gpt", "hf"):
-        from workloads.text import packing
-
-        packing.check_corpus(cfg, plan.tokens_per_update)
-
-    if cfg.model.init_from and cfg.model.name in ("gpt", "hf"):
-        check_init_from(cfg)
-    if cfg.model.name not in registry.BUILTIN:
-        check_workload(cfg, plan)
-    if cfg.cluster.use_gpu and not ray_session.on_cluster(cfg):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                "cluster.use_gpu",
-                "true, but this torch build sees no CUDA device; "
-                "use cluster.use_gpu=false or install the CUDA build (README)",
-            )
-
-
-def check_init_from(cfg: Config) -> None:
-    """model.init_from's names and shapes against the built-in model's, built on the meta device
-    (no memory, no data): a mismatch is a ConfigError before any run is created. A user's
-    workload is built whole by check_workload, which loads its init_from as the workers will."""
-    import torch
-
-    from workloads.train.checkpoint import check_weights
-
-    with torch.device("meta"):
-        if cfg.model.name == "gpt":
-            from workloads.builtin import gpt
-
-            model = gpt.GPT(gpt.GPTConfig.of(cfg.model))
-        else:
-            from workloads.builtin.hf_model import build_model
-
-            model = build_model(cfg)
-    check_weights(model, cfg.model.init_from)
-
-
-def check_workload(cfg: Config, plan) -> None:
-    """Build a user's workload once on this machine's CPU: one that breaks the Workload protocol,
-    or fails to build, is a ConfigError naming what is wrong, before any run starts."""
-    import torch
-
-    from workloads import workload
-
-    try:
-        workload.build(cfg, plan, torch.device("cpu"))
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError("model.name", f"got {cfg.model.name!r}; {exc}") from None
-
-
-def run_params(cfg: Config) -> Dict[str, Any]:
-    """MLflow params: the whole resolved config flattened (secrets redacted) plus derived values."""
-    plan = batch_plan(cfg)
-    params = flatten(to_dict(cfg))
-    params["batch.grad_accum_steps"] = plan.grad_accum_steps
-    params["batch.micro_batch_size"] = plan.micro_batch_size
-    params["train.total_steps"] = total_updates(cfg)
-    params["train.total_tokens_rounded"] = rounded_budget(cfg)
-    params["deepspeed.zero_stage_effective"] = zero_stage(cfg)  # with one worker it can be lower
-    n = registry.compute_params(cfg)
-    if n:  # the N of a ladder's laws (docs/ladders.md)
-        params["model.params"] = n
-    # The beta2 and weight decay used, whichever form gave them (the given keys stay as given);
-    # SGD has no beta2, and its weight decay is the coupled L2 it applies.
-    if cfg.optim.name == "sgd":
-        params["optim.weight_decay_effective"] = sgd_weight_decay(cfg)
-    else:
-        adamw = adamw_constants(cfg)
-        params["optim.beta2_effective"], params["optim.weight_decay_effective"] = adamw.beta2, adamw.weight_decay
-    return params
-
-
-def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> str:
-    """Create the MLflow run of a training run with its params and set-up artifacts."""
-    store = Store.of(cfg)
-    run_id = store.create_run(name, tags)
-    store.log_params(run_id, run_params(cfg))
-    store.log_text(run_id, to_yaml(cfg), "config.yaml")
-    store.log_dict(run_id, ds_config.build(cfg, batch_plan(cfg), _num_params(cfg)), "deepspeed.json")
-    store.log_text(run_id, planning.format_table(planning.describe(cfg)), "plan.txt")
-    return run_id
-
-
-def _num_params(cfg: Config) -> Optional[int]:
-    from workloads import workload
-
-    costs = workload.costs(cfg)
-    return costs.params if costs else None
-
-
-def worker_config(cfg: Config) -> Dict[str, Any]:
-    """What travels to the workers: the resolved config, secrets included (never logged)."""
-    return to_dict(cfg, redact=False)
-
-
-def build_trainer(
-    cfg: Config,
-    run_id: str,
-    storage_path: str,
-    name: str,
-    callbacks: List[Any] = (),
-    local_mode: bool = False,
-    startup: Optional[Phases] = None,
-):
-    """The TorchTrainer of one run, to be fit() at once. `local_mode` (single-worker sweep trials
-    only): Ray Train's local mode runs the one worker in this process, the Tune trial's, without
-    a worker group (no controller, worker or helper actors to start: about 15 s less per trial
-    here); reports and checkpoints then go to Ray Tune, and Tune's FailureConfig retries the
-    trial. `startup`: the phases timed so far, which the workers carry on (startup/* metrics)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    startup = startup or Phases("startup")
-    from workloads.train.train_loop import FAULT_ENV, train_worker
-
-    startup.mark("imports")  # torch, DeepSpeed: paid once per process
-
-    plan = batch_plan(cfg)
-    assert not local_mode or plan.num_workers == 1, "local mode runs exactly one worker"
-    # Fault injection for tests is read here, in the driver: Ray workers inherit the
-    # environment of the Ray instance, not of the command that submits to it.
-    marker = storage.local_path(storage.join(storage_path, name, ".fault_injected"))
-    fault = {"at_tokens": os.environ.get(FAULT_ENV), "marker": str(marker) if marker else None}
-    payload = {
-        "config": worker_config(cfg),
-        "run_id": run_id,
-        "fault": fault,
-        "local_mode": local_mode,
-        "workloads": registry.importable(),
-        "startup": startup.as_payload(),
-    }
-    return TorchTrainer(
-        train_worker,
-        train_loop_config=payload,
-        scaling_config=ScalingConfig(
-            num_workers=0 if local_mode else plan.num_workers,
-            use_gpu=cfg.cluster.use_gpu,
-            resources_per_worker=feasibility.worker_resources(cfg),
-            placement_strategy=cfg.cluster.placement_strategy,
-        ),
-        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
-        run_config=RunConfig(
-            name=name,
-            storage_path=storage_path,
-            failure_config=FailureConfig(max_failures=cfg.train.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
-            callbacks=list(callbacks),
-        ),
-    )
-
-
-def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
-    """Close the MLflow run: status, failure reason, loss plot. Returns the status."""
-    uri, store = cfg.tracking.uri, Store.of(cfg)
-    status, reason = "FINISHED", None
-    if error is not None:
-        status, reason = "FAILED", failure_cause(error)
-    else:  # a worker that saw a non-finite loss tagged the run and stopped
-        reason = store.get_run(run_id).tags.get(FAILURE_TAG)
-        status = "FAILED" if reason else status
-    if reason:
-        store.set_tags(run_id, {FAILURE_TAG: reason[:5000]})
-    close_run(uri, run_id, status, title=cfg.train.run_name or "")
-    return reason or status
-
-
-def failure_cause(error: BaseException) -> str:
-    """'Type: message' of the exception where training failed: the first failing worker's own,
-    not Ray's wrapper around it (whose text is a traceback)."""
-    failures = getattr(error, "worker_failures", None)
-    if failures:
-        error = failures[min(failures)]
-    error = getattr(error, "_base_exc", None) or getattr(error, "controller_failure", None) or error
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
-def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
-    """Loss-versus-tokens plot as an artifact, then the final status; the seconds this took go
-    in as `teardown/finish_s`."""
-    from orchestrator.reporting import plots
-
-    teardown, store = Phases("teardown"), Store(uri)
-    try:
-        curves = {k: store.metric_history(run_id, k) for k in ("train/loss", "eval/loss")}
-        if curves["train/loss"]:
-            store.log_figure(run_id, plots.loss_vs_tokens(curves, title=title), "loss_vs_tokens.png")
-            teardown.mark("finish")
-            store.log_metrics(run_id, teardown.seconds, curves["train/loss"][-1][0])
-    finally:
-        store.finish_run(run_id, status)
-
-
-def resolve_paths(cfg: Config) -> None:
-    """Absolute paths for everything workers read or write: Ray workers have their own cwd."""
-    for src in cfg.data.sources:
-        if src.path and "://" not in src.path:
-            src.path = str(Path(src.path).expanduser().resolve())
-    if cfg.data.shard_dir:
-        cfg.data.shard_dir = str(Path(cfg.data.shard_dir).resolve())
-    if cfg.data.tokenizer != "bytes":
-        cfg.data.tokenizer = str(Path(cfg.data.tokenizer).expanduser().resolve())
-    if cfg.model.init_from and "://" not in cfg.model.init_from:
-        cfg.model.init_from = str(Path(cfg.model.init_from).expanduser().resolve())
-    if cfg.train.start_from_checkpoint:  # a path or file:// (storage.checkpoint_folder)
-        cfg.train.start_from_checkpoint = str(
-            storage.local_path(cfg.train.start_from_checkpoint).expanduser().resolve()
-        )
-    cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
-    cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
-    # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.
-    os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
 
 
 def _show_worker_warnings(cfg: Config, tags: Dict[str, str], shown: Set[str]) -> None:
@@ -346,8 +113,7 @@ def unfinished_run(cfg: Config, digest: str) -> str:
 
 
 def train(cfg: Config, resume: bool = False) -> int:
-    resolve_paths(cfg)
-    preflight(cfg)
+    run_life.ready(cfg)
     storage.check_reachable(cfg.train.storage_path, "train.storage_path")
     digest = config_digest(cfg)
     if resume and not cfg.train.run_name:
@@ -368,7 +134,7 @@ def train(cfg: Config, resume: bool = False) -> int:
         Store.of(cfg).reopen_run(run_id)  # RUNNING again, so system metrics resume
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {redact_uri(folder)}")
     else:
-        run_id = open_run(cfg, name, {CHECKPOINTS_TAG: folder})  # for `orchestrator export`
+        run_id = run_life.open_run(cfg, name, {CHECKPOINTS_TAG: folder})  # for `orchestrator export`
         record = {
             "mlflow_run_id": run_id,
             "experiment": cfg.tracking.experiment,
@@ -380,20 +146,21 @@ def train(cfg: Config, resume: bool = False) -> int:
         print("  interrupted? the same command with --resume continues it")
     print(planning.format_table(planning.describe(cfg)), flush=True)
 
-    outcome: Dict[str, Any] = {}
+    fitted: List[Tuple[Optional[Dict[str, Any]], Optional[BaseException]]] = []
 
     def fit() -> None:
         try:
-            result = build_trainer(cfg, run_id, cfg.train.storage_path, name).fit()
-            outcome.update(metrics=result.metrics, error=result.error)
-        except Exception as exc:  # TrainingFailedError and friends: the run failed, not the input
-            outcome.update(error=exc)
+            trainer = run_life.build_trainer(cfg, run_id, cfg.train.storage_path, name)
+        except Exception as exc:  # the run failed, not the input (checked above)
+            fitted.append((None, exc))
+        else:
+            fitted.append(run_life.fit(trainer))
 
     worker = threading.Thread(target=fit, name="trainer-fit", daemon=True)
     worker.start()
     _show_progress(cfg, run_id, worker)
-    metrics, error = outcome.get("metrics"), outcome.get("error")
-    outcome = finish(cfg, run_id, error)
+    metrics, error = fitted[0] if fitted else (None, None)
+    outcome = run_life.finish(cfg, run_id, error)
     link = mlflow_ui.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
     if outcome != "FINISHED":
         print(

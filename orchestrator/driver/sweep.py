@@ -1,13 +1,11 @@
-"""`orchestrator sweep`: a Ray Tune study in which every trial is the Ray Train run of
-`orchestrator train` (the Train V2 pattern: a function trainable that calls TorchTrainer.fit()).
-A single-worker trial runs its TorchTrainer in Ray Train's local mode, inside the Tune trial's
-process, unless the sweep file says `local_mode: false`: start-up, not compute, dominates
-small trials.
+"""`orchestrator sweep`, the driver: a Ray Tune study in which every trial is the Ray Train run
+of `orchestrator train` (driver/trial.py runs inside each trial's process). A single-worker trial
+runs its TorchTrainer in Ray Train's local mode, inside the Tune trial's process, unless the
+sweep file says `local_mode: false`: start-up, not compute, dominates small trials.
 
-One MLflow parent run per sweep, one child run per trial. A trial finds its child run again by
-its Tune trial id, so a retry or `--resume` keeps logging into the same run. Everything is
-checked before anything launches: bad sweep files and infeasible combinations exit 2 and no
-MLflow run is created.
+One MLflow parent run per sweep, one child run per trial. Everything is checked before anything
+launches: bad sweep files and infeasible combinations exit 2 and no MLflow run is created. The
+live table is driver/progress_table.py; closing the sweep and its answer driver/sweep_summary.py.
 """
 
 from __future__ import annotations
@@ -17,137 +15,28 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any, Dict, List
 
 from orchestrator.core import config as config_lib
 from orchestrator.core import storage, sweep_schema
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.phases import Phases
-from orchestrator.driver import launch, micro_batch, ray_session
+from orchestrator.driver import micro_batch, ray_session, run_life
+from orchestrator.driver.trial import TrialSetup, run_trial
 from orchestrator.reporting import report_files
-from orchestrator.sweeps import branch_study, ladder_plan, placement, search_space
+from orchestrator.sweeps import branch_study, placement, search_space
 from orchestrator.tracking.run_tags import (
-    BRANCH_AT_TAG,
     BRANCH_OF_TAG,
-    CHECKPOINTS_TAG,
-    DIGEST_TAG,
     PARENT_TAG,
-    REUSED_BY_PREFIX,
     ROLE_TAG,
     SCHEDULER_TAG,
     SEARCH_TAG,
     SWEEP_ROLE,
     SWEEP_TAG,
-    TRIAL_TAG,
 )
 from orchestrator.tracking.store import Store
 
 log = logging.getLogger(__name__)
 RECORD = "sweep_run.json"
-_trials_in_this_process = 0  # a reused trial actor pays no process start
-
-
-# ---------------------------------------------------------------- inside each Tune trial
-
-
-def _finished_result(run) -> Dict[str, Any]:
-    """What a finished run's trial reports to Tune without training: its latest numbers."""
-    latest = run.metrics
-    return {
-        "tokens": int(latest.get("train/tokens", 0)),
-        "eval_loss": latest.get("eval/loss"),
-        "loss": latest.get("train/loss"),
-    }
-
-
-def run_trial(params: Dict[str, Any], setup: Dict[str, Any]) -> None:
-    """One trial: resolve its config, open (or find) its MLflow child run, run TorchTrainer."""
-    from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    startup = _trial_startup()
-    sweep: sweep_schema.Sweep = setup["sweep"]
-    if Path(setup["cwd"]).is_dir():  # Tune starts trials in their own folder; paths are the user's
-        os.chdir(setup["cwd"])
-    trial = search_space.resolve(sweep, params["trial"])
-    if trial.cfg is None:  # optuna proposed an infeasible point: report it as very bad
-        tune.report({"tokens": 0, "eval_loss": float("inf"), "infeasible": trial.problem})
-        return
-    cfg = trial.cfg
-    launch.resolve_paths(cfg)
-    micro_batch.resolve(cfg)  # the sweep's driver found it before the trials started: a cache hit
-    trial_id = tune.get_context().get_trial_id()
-    cfg.train.run_name = trial_id
-    tags = {
-        PARENT_TAG: setup["parent_run_id"],
-        TRIAL_TAG: trial_id,
-        SWEEP_TAG: sweep.name,
-    }
-    tags.update(setup.get("tags", {}))
-    tags.update(ladder_plan.rung_tags(sweep, cfg))
-    at = branch_study.branch_point(cfg)
-    if at is not None:
-        tags[BRANCH_AT_TAG] = str(at)
-    store = Store.of(cfg)
-    run_id = store.find_run(tags)  # this trial's own run, retried or after --resume
-    if run_id and store.get_run(run_id).status == "FINISHED":
-        # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
-        tune.report(_finished_result(store.get_run(run_id)))
-        return
-    digest = launch.config_digest(cfg)
-    reused = None if run_id else store.find_finished({DIGEST_TAG: digest})
-    if reused is not None:
-        # An earlier sweep (a ladder before a rung was added) finished this very config: its run
-        # stands for this trial, tagged so that this sweep's report reads it (report_inputs.trial_runs).
-        store.set_tags(reused.run_id, {REUSED_BY_PREFIX + setup["parent_run_id"]: trial_id})
-        print(f"trial {trial.name}: reusing finished run {reused.run_id} of the same config")
-        tune.report(_finished_result(reused))
-        return
-    if run_id:
-        store.reopen_run(run_id)  # a retried trial: RUNNING again
-    run_id = run_id or launch.open_run(cfg, trial.name, {**tags, DIGEST_TAG: digest})
-    local = placement.in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
-    # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
-    # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
-    tune_dir = storage.join(setup["tune_storage"], Path(tune.get_context().get_trial_dir()).name)
-    checkpoints = tune_dir if local else storage.join(setup["train_storage"], trial_id)
-    store.set_tags(run_id, {CHECKPOINTS_TAG: checkpoints})
-    startup.mark("open_run")
-    trainer = launch.build_trainer(
-        cfg,
-        run_id,
-        setup["train_storage"],
-        trial_id,
-        callbacks=[] if local else [TuneReportCallback()],
-        local_mode=local,
-        startup=startup,
-    )
-    error = None
-    try:
-        error = trainer.fit().error
-    except Exception as exc:
-        error = exc
-    launch.finish(cfg, run_id, error)
-    if error is not None:
-        raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
-
-
-def _trial_startup() -> Phases:
-    """The trial's start-up phases from here on; the first trial of a process also counts the
-    process's start (Python, Ray's worker, the trainable's imports) as `startup/process_s`."""
-    global _trials_in_this_process
-    _trials_in_this_process += 1
-    if _trials_in_this_process > 1:
-        return Phases("startup")
-    import psutil
-
-    startup = Phases("startup", since=psutil.Process().create_time())
-    startup.mark("process")
-    return startup
-
-
-# ---------------------------------------------------------------- the driver
 
 
 def _sweep_dir(root: str, name: str, resume: bool) -> str:
@@ -171,8 +60,7 @@ def _preflight(trials: List[search_space.Trial]) -> None:
         key = json.dumps(what, sort_keys=True, default=str)
         if key not in seen:
             seen.add(key)
-            launch.resolve_paths(t.cfg)
-            launch.preflight(t.cfg)
+            run_life.ready(t.cfg)
 
 
 def _open_parent(sweep: sweep_schema.Sweep, cfg, trials) -> str:
@@ -282,7 +170,7 @@ def _how_many(sweep: sweep_schema.Sweep, trials) -> str:
 def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
     prepared = search_space.prepare(sweep_path, overrides)
     sweep, base, trials, base_trial = prepared.sweep, prepared.base, prepared.trials, prepared.base_trial
-    launch.resolve_paths(base)
+    run_life.resolve_paths(base)
     for t in prepared.skipped:
         log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
     first, base_run = prepared.all_trials(), None
@@ -345,9 +233,10 @@ def _train_base(sweep, base, parent: str, folder: str, resume: bool, branches: i
 def _from_checkpoints(sweep, base, run_id: str, branches) -> List[search_space.Trial]:
     """The branch trials, each with the base run's checkpoint at its branch point."""
     checkpoints = branch_study.checkpoints_of(base.tracking.uri, run_id, sweep.branch.at_tokens)
+    unvalidated = search_space.base_of(sweep)
     trials = [
         search_space.resolve(
-            sweep, {**t.values, "train.start_from_checkpoint": checkpoints[branch_study.branch_at(t.cfg)]}
+            sweep, {**t.values, "train.start_from_checkpoint": checkpoints[branch_study.branch_at(t.cfg)]}, unvalidated
         )
         for t in branches
     ]
@@ -383,16 +272,17 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
     """The Tune run of `trials` (a branch study's base is a phase of its own, `base`)."""
     from ray import tune
 
-    from orchestrator.driver.sweep_summary import ProgressTable
+    from orchestrator.driver.progress_table import ProgressTable
 
-    setup = {
-        "sweep": sweep,
-        "parent_run_id": parent,
-        "train_storage": storage.join(folder, "train"),
-        "tune_storage": storage.join(folder, phase),
-        "cwd": os.getcwd(),
-        "tags": dict(tags or {}),
-    }
+    setup = TrialSetup(
+        sweep=sweep,
+        base=search_space.base_of(sweep),
+        parent_run_id=parent,
+        train_storage=storage.join(folder, "train"),
+        tune_storage=storage.join(folder, phase),
+        cwd=os.getcwd(),
+        tags=dict(tags or {}),
+    )
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, setup=setup), lambda params: placement.trial_resources(sweep, params)
     )

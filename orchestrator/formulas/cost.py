@@ -1,6 +1,6 @@
 """What a sweep will cost and when it will end: pure arithmetic (no Ray, MLflow or torch) for
 `orchestrator sweep --dry-run` (orchestrator/driver/dry_run.py) and for the live table of a running
-sweep (orchestrator/driver/sweep_summary.py).
+sweep (orchestrator/driver/progress_table.py).
 
 Before a sweep (a model, stated in the output):
 
@@ -21,7 +21,7 @@ first free slot of `search.max_concurrent` (what Tune does when the cluster fits
 
 While a sweep runs: a trial's rate is its tokens since its first result over the time since
 then; the sweep's ETA is the remaining tokens of every unfinished trial at the rate the sweep
-has kept since its first trial started (`rate`, `eta_s`; driver/sweep_summary.py).
+has kept since its first trial started (`rate`, `eta_s`; driver/progress_table.py).
 """
 
 from __future__ import annotations

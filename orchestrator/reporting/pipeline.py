@@ -11,11 +11,11 @@ or a folder of tables) and the end of `sweep` both call `make`, so the two alway
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from orchestrator.analysis.answer import Answer
 from orchestrator.reporting import report_files, report_inputs, report_ladder, results
-from orchestrator.reporting.report_inputs import Inputs
+from orchestrator.reporting.report_inputs import Inputs, Settings
 from orchestrator.reporting.report_render import summary_lines
 from orchestrator.tracking import mlflow_ui
 from orchestrator.tracking.store import Store
@@ -23,16 +23,17 @@ from orchestrator.tracking.store import Store
 
 def make(
     inputs: Inputs,
+    settings: Settings,
     out: Optional[Path] = None,
     target_losses: Optional[Sequence[float]] = None,
     ladder: Optional[report_ladder.Request] = None,
     **options,
 ) -> Answer:
-    """The report of `inputs` in `out` (default reports/<name>): analysed with `options`
-    (sweep_analysis.analyse's), written, logged to MLflow when read from there, and printed; when
-    the trials form a ladder, its part too (report_ladder.py; `ladder`: its target and tolerance).
-    Returns the answer."""
-    answer = report_inputs.analyse(inputs, target_losses, **options)
+    """The report of `inputs` in `out` (default reports/<name>): analysed with `settings` and
+    `options` (sweep_analysis.analyse's), written, logged to MLflow when read from there, and
+    printed; when the trials form a ladder, its part too (report_ladder.py; `ladder`: its target
+    and tolerance). Returns the answer."""
+    answer = report_inputs.analyse(inputs, target_losses, settings.origin, **settings.options, **options)
     rungs = report_ladder.analyse(inputs.trials, ladder)
     out = out or report_files.default_out(inputs.name)
     report_files.check_out_folder(out, inputs.folder)  # again: a sweep's folder may have changed while it ran
@@ -51,6 +52,9 @@ def make(
         store = Store(inputs.uri)
         for path in written:
             store.log_file(inputs.source.run_id, path, "report")
+        if inputs.source.kind == "sweep":  # so sweeps compare in MLflow's runs table
+            store.log_metrics(inputs.source.run_id, answer_metrics(answer), step=0)
+            store.set_tags(inputs.source.run_id, answer_tags(answer))
         where = f"logged to run {inputs.source.run_id} under report/"
     print(f"report: {out / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; {where})")
     print("\n".join(summary_lines(answer) + report_ladder.lines(rungs)))
@@ -59,3 +63,30 @@ def make(
         print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(inputs.uri)}`, then")
         print(f"  {mlflow_ui.compare_link(inputs.uri, compared)}")
     return answer
+
+
+def answer_metrics(answer: Answer) -> Dict[str, float]:
+    """The answer as the sweep's parent run's metrics (answer/...): B_crit and its interval's ends,
+    B_simple at the primary target, the best final loss and its batch size, what to run."""
+    p, best, rec = answer.primary, answer.best, answer.recommendation
+    found = {
+        "answer/b_crit": p.b_crit if p else None,
+        "answer/b_crit_low": p.b_crit_interval[0] if p and p.b_crit_interval else None,
+        "answer/b_crit_high": p.b_crit_interval[1] if p and p.b_crit_interval else None,
+        "answer/b_simple": p.b_simple if p else None,
+        "answer/best_final_loss": best.final_loss if best else None,
+        "answer/best_tokens_per_update": best.batch if best else None,
+        "answer/recommended_tokens_per_update": rec.tokens_per_update if rec else None,
+        "answer/recommended_lr": rec.lr if rec else None,
+    }
+    return {k: float(v) for k, v in found.items() if v is not None}
+
+
+def answer_tags(answer: Answer) -> Dict[str, str]:
+    """The answer's words as the parent run's tags: B_crit's status and the loss it is stated at."""
+    p = answer.primary
+    return {
+        "answer.status": p.status if p else "no target",
+        "answer.primary_target": f"{p.target_loss:.4g}" if p else "-",
+        "answer.lr_criterion": answer.lr_criterion,
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import matplotlib
@@ -77,22 +78,23 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = batch_colors([t["batch"] for t in trials])
     labelled = set()
-    for t in sorted(trials, key=lambda t: t["batch"]):
-        scale = t["batch"] if x == "steps" else 1.0
-        label = None if t["batch"] in labelled else f"B = {fmt_tokens(t['batch'])} tokens"
-        labelled.add(t["batch"])
+    for batch in sorted({t["batch"] for t in trials}):
+        scale = batch if x == "steps" else 1.0
+        label = f"B = {fmt_tokens(batch)} tokens"
+        labelled.add(batch)
         for key, style, width in (("train", "-", 1.2), ("eval", "--", 1.0)):
-            points = [(p / scale, v) for p, v in t.get(key) or [] if p > 0]  # log axis: not the point at 0
-            if points:
-                xs, ys = zip(*points)
+            # The trials of one batch size as one line broken by NaN: a figure of hundreds of trials
+            # draws a handful of lines, not hundreds.
+            xs: List[float] = []
+            ys: List[float] = []
+            for t in trials:
+                points = [(p / scale, v) for p, v in t.get(key) or [] if p > 0] if t["batch"] == batch else []
+                if points:  # log axis: not the point at 0
+                    xs += [p for p, _ in points] + [math.nan]
+                    ys += [v for _, v in points] + [math.nan]
+            if xs:
                 ax.plot(
-                    xs,
-                    ys,
-                    style,
-                    color=colors[t["batch"]],
-                    lw=width,
-                    alpha=0.8,
-                    label=label if key == "train" else None,
+                    xs, ys, style, color=colors[batch], lw=width, alpha=0.8, label=label if key == "train" else None
                 )
     ax.plot([], [], "k-", lw=1.2, label="train/loss")
     ax.plot([], [], "k--", lw=1.0, label="eval/loss")

@@ -3,36 +3,21 @@ size lies and what each choice costs, read back from a sweep's (or one run's) ML
 from a folder of `trials.csv` and `curves.csv` written by any trainer (orchestrator/analysis/tables.py).
 
 This module resolves what the command names (a sweep file, parsed once; a sweep's name; a run id;
-a table folder) and what the sweep file asks of the analysis (`sweep_options`); the report itself
-is the pipeline's (pipeline.py: read -> analyse -> write), the same the end of `sweep` runs, so the
-two always say the same.
+a table folder) and what the sweep file asks of the analysis (report_inputs.settings: the file
+given, else the one its parent run recorded); the report itself is the pipeline's (pipeline.py:
+read -> analyse -> write), the same the end of `sweep` runs, so the two always say the same.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
-from orchestrator.analysis import branch_cbs, tables
+from orchestrator.analysis import tables
 from orchestrator.core import ladder_target, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_files import check_out_folder, default_out
-
-
-def sweep_options(
-    search, lr_criterion: Optional[str] = None, branch: Optional[sweep_schema.BranchConfig] = None
-) -> Dict[str, Any]:
-    """What a sweep's search section asks of the analysis, the same for `sweep`'s summary and for
-    `report SWEEP_FILE`: the best lr by fewest steps when the search scored lrs by steps (or its
-    stable-phase proxy), the loss it named as the primary target, and a branch study's tolerance."""
-    if lr_criterion is None:
-        lr_criterion = "steps" if search.criterion in ("stable_loss", "steps") else "final_loss"
-    options = {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
-    if branch is None:
-        return options
-    tolerance = branch_cbs.Tolerance(branch.tolerance, branch.tolerance_kind, branch.compare)
-    return {**options, "branch_tolerance": tolerance}
 
 
 def ladder_request(sweep: Optional[sweep_schema.Sweep], params: Optional[float] = None, tokens: Optional[float] = None):
@@ -56,18 +41,18 @@ def run(
     target_tokens: Optional[float] = None,
 ) -> int:
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
-    trials.csv and curves.csv; returns the exit code. lr_criterion None: the sweep file's, else
-    final_loss. target_params / target_tokens: a ladder's target, over the sweep file's."""
+    trials.csv and curves.csv; returns the exit code. The analysis settings are the sweep file's:
+    the one given, else the one the sweep's parent run recorded (report_inputs.settings), so every
+    way of naming a sweep gives one answer; lr_criterion, when given, wins. target_params /
+    target_tokens: a ladder's target, over the sweep file's ladder.target."""
     from orchestrator.reporting import pipeline, results  # pandas and matplotlib only when a report runs
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
     read = sweep_file.load(target, check=False) if is_sweep_file else None  # the command's one parse of it
-    options = sweep_options(
-        read.search if read else sweep_schema.SearchConfig(), lr_criterion, read.branch if read else None
-    )
-    options["ladder"] = ladder_request(read, target_params, target_tokens)
+    ladder = ladder_request(read, target_params, target_tokens)  # a bad target: refused before anything
     if tables.is_table_folder(target):
-        return _run_tables(Path(target), out, target_losses, options)
+        settings = report_inputs.settings(None, "default", lr_criterion)
+        return _run_tables(Path(target), out, target_losses, settings, ladder)
     uri, name, run_id = _resolve(target, list(overrides), read)
     out_dir = Path(out) if out else default_out(name)
     check_out_folder(out_dir)  # before reading the runs: a refusal costs nothing
@@ -77,10 +62,14 @@ def run(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
         )
         return 1
-    if read is not None:
+    settings, sweep = report_inputs.settings_of_sweep(read, uri, run_id, lr_criterion)
+    if sweep is not None and read is None:  # the file recorded on the sweep's parent run
+        ladder = ladder_request(sweep, target_params, target_tokens)
+    compare = None
+    if sweep is not None and sweep.branch is not None:
         experiment = report_inputs.tracking_for(target, list(overrides), read)[2]
-        options["compare_with"] = report_inputs.compared_sweep(read.branch, uri, experiment)
-    pipeline.make(inputs, out_dir, target_losses, **options)
+        compare = report_inputs.compared_sweep(sweep.branch, uri, experiment)
+    pipeline.make(inputs, settings, out_dir, target_losses, ladder=ladder, compare_with=compare)
     return 0
 
 
@@ -95,7 +84,7 @@ def _resolve(target: str, overrides: List[str], read: Optional[sweep_schema.Swee
         raise
 
 
-def _run_tables(folder: Path, out: Optional[str], target_losses, options) -> int:
+def _run_tables(folder: Path, out: Optional[str], target_losses, settings: report_inputs.Settings, ladder) -> int:
     """`report DIR`: the same analysis and outputs from a folder's tables (nothing goes to MLflow;
     DIR is never written to)."""
     from orchestrator.reporting import pipeline
@@ -105,5 +94,5 @@ def _run_tables(folder: Path, out: Optional[str], target_losses, options) -> int
     inputs = report_inputs.read_tables(folder)
     if not any(t.batch and t.train for t in inputs.trials):
         raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
-    pipeline.make(inputs, out_dir, target_losses, **options)
+    pipeline.make(inputs, settings, out_dir, target_losses, ladder=ladder)
     return 0

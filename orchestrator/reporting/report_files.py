@@ -9,13 +9,16 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from orchestrator.analysis import branch_analysis, tables
 from orchestrator.analysis.answer import Answer
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
+from orchestrator.reporting import recommended
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
 from orchestrator.reporting.report_render import document
 
@@ -37,7 +40,7 @@ OWNED = (MARKER, "summary.md", "summary.html", tables.TRIALS, tables.CURVES) + (
     "ladder_b_opt.png",
     "ladder_b_crit.png",
     "ladder_lr_opt.png",
-    "recommended.yaml",
+    recommended.FILE,
 )
 """The files a report writes into its folder: the only ones it writes or replaces there (docs/security.md)."""
 
@@ -81,7 +84,7 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
     from orchestrator.reporting import plots
 
     usable, metric = [t for t in trials if t.batch and t.train], answer.loss_metric
-    curves = [{"batch": t.batch, "train": t.train, "eval": t.eval} for t in usable]
+    curves = [{"batch": t.batch, "train": drawn(t.train), "eval": drawn(t.eval)} for t in usable]
     figs = {
         "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
         "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
@@ -119,6 +122,20 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
             [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr], fit
         )
     return figs
+
+
+DRAWN_POINTS = 400
+"""The most points of one curve a figure of every trial draws: more than a 960-pixel-wide figure
+shows, and the figure's cost stays flat however long the runs logged."""
+
+
+def drawn(curve: Sequence[Tuple[int, float]], most: int = DRAWN_POINTS) -> Sequence[Tuple[int, float]]:
+    """The curve thinned to at most `most` points evenly spaced in log position (the figures' x axes
+    are logarithmic), its first and last point kept."""
+    if len(curve) <= most:
+        return curve
+    keep = np.unique(np.geomspace(1, len(curve), most).astype(int) - 1)
+    return [curve[i] for i in keep] + ([curve[-1]] if keep[-1] != len(curve) - 1 else [])
 
 
 def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any]:
@@ -173,7 +190,25 @@ def write_report(
     own = set(all_figures) - {f for p in parts for f in p.figures}  # a part lists its own figures
     doc = document(answer, name, [p.name for p in written[1:] if p.name in own])
     doc += [block for p in parts for block in p.blocks]
+    if parts:  # a ladder recommends for its target (report_ladder), not for the mix of its rungs
+        (out / recommended.FILE).unlink(missing_ok=True)
+    else:
+        written += write_recommended(trials, answer, out)
     for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}"))):
         (out / file).write_text(text)
         written.append(out / file)
     return written
+
+
+def write_recommended(trials: Sequence[Trial], answer: Answer, out: Path) -> List[Path]:
+    """recommended.yaml: the template run's config with the recommended batch size and lr
+    (reporting/recommended.py), or no file (and none left from an earlier report) when there is
+    no recommendation or the runs logged no train config of this project (tables written by
+    another trainer)."""
+    path = out / recommended.FILE
+    path.unlink(missing_ok=True)
+    rec = answer.recommendation
+    template = next((t for t in trials if rec and rec.launchable and t.run_id == rec.template_run), None)
+    if template is None:
+        return []
+    return [recommended.write(path, template.params, rec.overrides(), rec.rule)]

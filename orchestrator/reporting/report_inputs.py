@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from orchestrator.analysis import sweep_analysis, tables
+from orchestrator.analysis import branch_cbs, sweep_analysis, tables
 from orchestrator.analysis.answer import Answer, Source
 from orchestrator.analysis.trials import Curve, Trial
 from orchestrator.core import config, sweep_file, sweep_schema
@@ -94,6 +94,64 @@ def resolve(target: str, overrides: List[str], sweep: Optional[sweep_schema.Swee
     return uri, sweep_name, run_id
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What a report asks of the analysis and where each setting came from: the same whichever way
+    the sweep is named (its file, its name, its parent run's id, `load_sweep`, the end of `sweep`)."""
+
+    options: Dict[str, Any]
+    """sweep_analysis.analyse's keyword arguments: lr_criterion, primary_target, branch_tolerance."""
+    origin: Dict[str, str]
+    """{option: where it came from}: the command line, the sweep file, the file recorded on the
+    sweep's parent run, or the default (report.json's `source.settings`)."""
+
+
+def settings(sweep: Optional[sweep_schema.Sweep], where: str, lr_criterion: Optional[str] = None) -> Settings:
+    """The analysis settings a sweep file asks for (`where`: how the file was found), the command
+    line's lr_criterion over it: the lr by fewest steps when the search scored lrs by steps (or its
+    stable-phase proxy), else by final loss; the loss the search named as the primary target; a
+    branch study's tolerance. Without a sweep file, the defaults."""
+    search = sweep.search if sweep else sweep_schema.SearchConfig()
+    written = sweep.written if sweep else {}
+    origin = {}
+    if lr_criterion is None:
+        lr_criterion = "steps" if search.criterion in ("stable_loss", "steps") else "final_loss"
+        origin["lr_criterion"] = where if "search.criterion" in written else "default"
+    else:
+        origin["lr_criterion"] = "command line"
+    options: Dict[str, Any] = {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
+    origin["primary_target"] = where if search.target_loss is not None else "default"
+    if sweep is not None and sweep.branch is not None:
+        branch = sweep.branch
+        options["branch_tolerance"] = branch_cbs.Tolerance(branch.tolerance, branch.tolerance_kind, branch.compare)
+        origin["branch_tolerance"] = where
+    return Settings(options, origin)
+
+
+def settings_of_sweep(
+    given: Optional[sweep_schema.Sweep], uri: str, run_id: str, lr_criterion: Optional[str] = None
+) -> Tuple[Settings, Optional[sweep_schema.Sweep]]:
+    """(settings, the sweep file they came from): the file the command was given, else the one
+    the sweep's parent run recorded, else none (the defaults)."""
+    if given is not None:
+        return settings(given, f"the sweep file {given.path}", lr_criterion), given
+    recorded = recorded_sweep(uri, run_id)
+    return settings(recorded, f"the sweep file recorded on run {run_id}", lr_criterion), recorded
+
+
+def recorded_sweep(uri: str, run_id: str) -> Optional[sweep_schema.Sweep]:
+    """The sweep file a sweep's parent run recorded (its artifact, logged when the sweep started),
+    read as `report SWEEP_FILE` reads it; None for a run that is no sweep's parent or holds none."""
+    store = Store(uri)
+    if store.get_run(run_id).tags.get(ROLE_TAG) != SWEEP_ROLE:
+        return None
+    for path in store.list_artifacts(run_id):
+        if "/" not in path and path.endswith((".yaml", ".yml")):
+            text = store.read_text_artifact(run_id, path)
+            return sweep_file.read_recorded(text, Path(path)) if text is not None else None
+    return None
+
+
 def compared_sweep(
     branch: Optional[sweep_schema.BranchConfig], uri: str, experiment: str
 ) -> Optional[Tuple[str, List[Trial]]]:
@@ -148,9 +206,19 @@ def read_tables(folder: Path) -> Inputs:
     return Inputs(folder.resolve().name, tuple(trials), curves, METRICS, Source(str(folder), None, "tables"))
 
 
-def analyse(inputs: Inputs, target_losses: Optional[Sequence[float]] = None, **options) -> Answer:
-    """sweep_analysis.analyse of the inputs' trials, with where they were read from."""
-    return replace(sweep_analysis.analyse(inputs.trials, target_losses, **options), source=inputs.source)
+def analyse(
+    inputs: Inputs,
+    target_losses: Optional[Sequence[float]] = None,
+    origin: Optional[Mapping[str, str]] = None,
+    **options,
+) -> Answer:
+    """sweep_analysis.analyse of the inputs' trials, with where they were read from and where its
+    settings came from (`origin`, Settings.origin; target losses given are the command line's)."""
+    answer = sweep_analysis.analyse(inputs.trials, target_losses, **options)
+    origin = dict(origin or {})
+    if target_losses:
+        origin["target_losses"] = "command line"
+    return replace(answer, source=replace(inputs.source, settings=origin))
 
 
 def read_curves(uri: str, runs: Sequence[RunRecord], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, Curve]]:

@@ -122,7 +122,22 @@ def _trend_sentence(trend: Trend) -> str:
     text += f"d log B_crit / d log loss = {slope:+.2f}{band}"
     if trend.b_simple_slope is not None:
         text += f"; B_simple's is {trend.b_simple_slope:+.2f}"
+    if settled:  # the slope in the words a researcher uses: the fall in loss that doubles (halves) it
+        fall = 1 - 2 ** (-1 / abs(slope))
+        text += f"; B_crit about {'doubles' if slope < 0 else 'halves'} for each {fall:.0%} fall in loss"
     return text + "." + (f" {trend.note}." if trend.note else "")
+
+
+def what_to_run(result: Answer) -> List[str]:
+    """The recommendation (analysis/recommend.py) as sentences, and how to launch it; [] without one."""
+    rec = result.recommendation
+    if rec is None:
+        return []
+    head = f"What to run at this budget: B = {cell(rec.tokens_per_update, TOK)} tokens per update, lr {rec.lr:.3g}"
+    if rec.launchable:
+        head += " (recommended.yaml in the report's folder: `orchestrator plan` it, then `orchestrator train` it)"
+    head += "."
+    return [head, *rec.rule]
 
 
 def _edge_warning(result: Answer) -> str:
@@ -184,7 +199,7 @@ def summary_lines(result: Answer) -> List[str]:
     header, rows = per_batch_table(result)
     swept = ", ".join(map(_label, result.axes)) or "nothing"
     lines = [answer(result), f"best configuration per batch size (swept: {swept}):"]
-    return lines + aligned(header, rows)
+    return lines + aligned(header, rows) + what_to_run(result)[:1]
 
 
 TARGET_COLUMNS = [
@@ -235,6 +250,14 @@ def _b_crit_cell(f: TargetFit) -> str:
     return "-"
 
 
+def _settings_from(source) -> str:
+    """Where the analysis settings came from (report_inputs.settings), when any is not a default."""
+    named = {k: v for k, v in (source.settings if source else {}).items() if v != "default"}
+    if not named:
+        return ""
+    return " Settings: " + "; ".join(f"{k.replace('_', ' ')} from {v}" for k, v in named.items()) + "."
+
+
 def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
     """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", text), ("table", header, rows), ("img", file)."""
     metric, src, scaling, counts = result.loss_metric, result.source, result.lr_scaling, result.counts
@@ -271,8 +294,9 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
             f"swept: {swept}. Final losses compare the {counts.finished} trials that reached the budget, "
             f"on {metric}; "
             f"{_stopped(counts)}, {counts.failed} failed, {counts.incomplete} incomplete. "
-            f"Optimizer constants: {_forms(result.optimizer)}.",
+            f"Optimizer constants: {_forms(result.optimizer)}." + _settings_from(src),
         ),
+        *([("h2", "What to run"), ("p", " ".join(what_to_run(result)))] if result.recommendation else []),
         ("h2", "Best configuration per batch size"),
         (
             "p",

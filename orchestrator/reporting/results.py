@@ -25,6 +25,7 @@ import pandas as pd
 
 from orchestrator.analysis.answer import Answer, BestRow, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial
+from orchestrator.core import sweep_file
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_inputs import Curves
 
@@ -124,8 +125,17 @@ class SweepResults:
         out.mkdir(parents=True, exist_ok=True)
         paths = [out / "trials.csv", out / "curves.csv"]
         _inert(self.trials).to_csv(paths[0], index=False)
-        _inert(self.curves).to_csv(paths[1], index=False)
+        write_csv(_inert(self.curves), paths[1])
         return paths
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    """A long table as csv by pyarrow's writer (ten times pandas' on a million rows); strings quoted."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    pacsv.write_csv(table, path, write_options=pacsv.WriteOptions(quoting_style="needed"))
 
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -137,7 +147,10 @@ def _inert(frame: pd.DataFrame) -> pd.DataFrame:
     advice for CSV files. Numbers stay as they are (and no text reads as one: _scalar made those numbers)."""
     out = frame.copy()
     for column in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
-        out[column] = out[column].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(FORMULA_START) else v)
+        values = out[column]
+        risky = values.map(type).eq(str) & values.astype(str).str.startswith(FORMULA_START)
+        if risky.any():
+            out[column] = values.where(~risky, "'" + values.astype(str))
     return out
 
 
@@ -153,10 +166,14 @@ def load_sweep(
     curves to read (default METRICS); `target_losses` as `report --target-loss`."""
     overrides = [f"tracking.uri={tracking_uri}"] if tracking_uri else []
     overrides += [f"tracking.experiment={experiment}"] if experiment else []
-    uri, name, run_id = report_inputs.resolve(os.fspath(name_or_file), overrides)
+    target = os.fspath(name_or_file)
+    given = sweep_file.load(target, check=False) if Path(target).is_file() else None
+    uri, name, run_id = report_inputs.resolve(target, overrides, given)
     inputs = report_inputs.read_mlflow(uri, name, run_id, list(metrics or METRICS))
-    usable = any(t.batch and t.train for t in inputs.trials)
-    answer = report_inputs.analyse(inputs, target_losses) if usable else None
+    answer = None
+    if any(t.batch and t.train for t in inputs.trials):  # the settings `report` takes: one answer per sweep
+        settings, _ = report_inputs.settings_of_sweep(given, uri, run_id)
+        answer = report_inputs.analyse(inputs, target_losses, settings.origin, **settings.options)
     return build(name, run_id, inputs.trials, inputs.curves, answer, inputs.metrics, uri)
 
 

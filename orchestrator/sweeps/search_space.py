@@ -132,7 +132,8 @@ def expand(sweep: Sweep) -> List[Trial]:
             for _ in range(sweep.search.num_samples if sampled or sweep.search.algorithm != "grid" else 1):
                 values.append({**point, **{k: _draw(spec, rng) for k, spec in sampled.items()}})
     seeds = seed_values(sweep)  # replicates of every configuration, side by side
-    return [resolve(sweep, {**v, **s}) for v in values for s in seeds]
+    base = base_of(sweep)
+    return [resolve(sweep, {**v, **s}, base) for v in values for s in seeds]
 
 
 def seed_values(sweep: Sweep) -> List[Dict[str, int]]:
@@ -167,9 +168,17 @@ def bracket_bound(sweep: Sweep) -> int:
     return len(bracket_groups(sweep)) * sweep.search.max_lrs_per_batch * sweep.search.seeds
 
 
-def resolve(sweep: Sweep, values: Dict[str, Any]) -> Trial:
-    """Sampled values -> train-config overrides (shares -> tokens, scaling rule -> lr) -> config."""
-    base = config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False)
+def base_of(sweep: Sweep) -> Config:
+    """The base config trials are resolved against: the file with the sweep's overrides, not
+    validated (each trial's own config is)."""
+    return config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False)
+
+
+def resolve(sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None) -> Trial:
+    """Sampled values -> train-config overrides (shares -> tokens, scaling rule -> lr) -> config.
+    `base`: base_of(sweep), when the caller holds it (it is read only): the base file is then
+    parsed once per trial, for the trial's own config."""
+    base = base or base_of(sweep)
     overrides = {k: v for k, v in values.items() if k not in SHARE_KEYS and k not in LR_KEYS}
     budget = values.get("train.total_tokens", base.train.total_tokens)
     for share_key, tokens_key in SHARE_KEYS.items():

@@ -16,13 +16,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
-
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from orchestrator.core.config import redact_uri
-from orchestrator.tracking.metric_logger import is_local
 from orchestrator.tracking.records import History, MetricPoint, RunRecord
 from orchestrator.tracking.run_tags import (
     FAILURE_TAG,
@@ -35,6 +31,9 @@ from orchestrator.tracking.run_tags import (
     warning_tags,
     warnings_in,
 )
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 SWEEP_RUN_FILTER = f"tags.`{ROLE_TAG}` = '{SWEEP_ROLE}'"  # MLflow search filter of sweep parent runs
 MAX_PARAMS = 100  # MLflow's limit on params per log_batch call
@@ -92,6 +91,8 @@ class Store:
         return f"Store({redact_uri(self.uri)!r}, {self.experiment!r})"
 
     def _client(self) -> MlflowClient:
+        from mlflow.tracking import MlflowClient  # imported on first use: a report of tables never loads MLflow
+
         return MlflowClient(tracking_uri=self.uri)
 
     def _experiment(self) -> str:
@@ -154,11 +155,15 @@ class Store:
         """Params once per run; a resumed run re-logging identical values is skipped."""
         c = self._client()
         existing = c.get_run(run_id).data.params
+        from mlflow.entities import Param
+
         todo = [Param(k, redact_uri(str(v))[:6000]) for k, v in sorted(params.items()) if k not in existing]
         for i in range(0, len(todo), MAX_PARAMS):
             c.log_batch(run_id, params=todo[i : i + MAX_PARAMS])
 
     def set_tags(self, run_id: str, tags: Dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
         self._client().log_batch(run_id, tags=[RunTag(k, redact_uri(str(v))) for k, v in tags.items()])
 
     def log_warnings(self, run_id: str, messages: Dict[int, str]) -> None:
@@ -168,6 +173,8 @@ class Store:
     def log_metrics(self, run_id: str, metrics: Dict[str, float], step: int) -> None:
         """A few values at one step, now (the training loop's own go through MetricLogger)."""
         now = int(time.time() * 1000)
+        from mlflow.entities import Metric
+
         self._client().log_batch(run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in metrics.items()])
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
@@ -223,6 +230,8 @@ class Store:
         time, as threads only contend there (`workers` overrides)."""
         keys, c = list(keys), self._client()
         jobs = [(r.run_id, k) for r in runs for k in keys if k in r.metrics]
+        from orchestrator.tracking.metric_logger import is_local  # it loads MLflow: on first use
+
         workers = workers or (1 if is_local(self.uri) else 8)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             read = list(pool.map(lambda job: c.get_metric_history(*job), jobs))

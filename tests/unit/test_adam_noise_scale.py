@@ -39,6 +39,7 @@ from tests.unit.test_trainer_in_process import EXPERIMENT, FakeRay, history, lin
 from workloads import workload as workloads
 from workloads.builtin.linreg import LinRegData
 from workloads.train import train_loop
+from workloads.train.handoff import FaultInjection, WorkerPayload
 
 uri = in_process.uri  # the fixture: one MLflow store and a process group of one for the module
 
@@ -141,11 +142,13 @@ import torch.distributed as dist
 from orchestrator.core import config
 from tests.unit.test_trainer_in_process import FakeRay
 from workloads.train import train_loop
+from workloads.train.handoff import WorkerPayload
 
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 2), rank=rank, world_size=2)
 for payload, folder in json.loads(open(sys.argv[2]).read()):
-    train_loop._train(config.from_dict(payload["config"]), payload, FakeRay(Path(folder) / str(rank)))
+    payload = WorkerPayload(**payload)
+    train_loop._train(config.from_dict(payload.config), payload, FakeRay(Path(folder) / str(rank)))
     dist.barrier()
 """
 
@@ -156,7 +159,7 @@ def train_on_two_workers(runs: List[Tuple[object, Path]], tmp_path: Path) -> Lis
     payloads, ids = [], []
     for cfg, folder in runs:
         run_id = Store(cfg.tracking.uri, EXPERIMENT).create_run(folder.name)
-        payloads.append(({"config": config.to_dict(cfg, redact=False), "run_id": run_id, "fault": {}}, str(folder)))
+        payloads.append(({"config": config.to_dict(cfg, redact=False), "run_id": run_id}, str(folder)))
         ids.append(run_id)
     plan = tmp_path / "runs.json"
     plan.write_text(json.dumps(payloads))
@@ -200,11 +203,9 @@ def test_a_resumed_run_logs_the_adam_noise_scale_of_an_unbroken_one(uri, tmp_pat
     cfg = run_config(uri, tmp_path, 2, 1, 4, f"train.checkpoint_every_tokens={8 * B}", f"train.total_tokens={16 * B}")
     unbroken = adam_history(cfg, train(cfg, FakeRay(tmp_path / "unbroken")))
     killed = FakeRay(tmp_path / "killed")
-    payload = {
-        "config": config.to_dict(cfg, redact=False),
-        "fault": {"at_tokens": 12 * B, "marker": str(tmp_path / "m")},
-    }
-    payload["run_id"] = run_id = Store(cfg.tracking.uri, EXPERIMENT).create_run("killed")
+    run_id = Store(cfg.tracking.uri, EXPERIMENT).create_run("killed")
+    fault = FaultInjection(at_tokens=12 * B, marker=str(tmp_path / "m"))
+    payload = WorkerPayload(config=config.to_dict(cfg, redact=False), run_id=run_id, fault=fault)
     with pytest.raises(RuntimeError, match="injected fault"):
         train_loop._train(cfg, payload, killed)
     (checkpoint,) = [kept for _, kept in killed.reports if kept is not None]

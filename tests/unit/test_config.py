@@ -86,15 +86,40 @@ def test_env_values_are_redacted(monkeypatch):
 def test_a_password_inside_a_uri_appears_nowhere_it_is_logged_or_printed():
     """A literal `https://user:password@host` (not read from the environment) is redacted in the
     MLflow params, config.yaml and the printed UI command; the run itself still gets the URI."""
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
     from orchestrator.tracking import mlflow_ui
 
     uri = "https://alice:hunter2@mlflow.example.com:5000"
     cfg = config.load(TINY, [f"tracking.uri={uri}", "data.sources.0.path=https://bob:s3cret@host/x.txt"])
     assert cfg.tracking.uri == uri and config.to_dict(cfg, redact=False)["tracking"]["uri"] == uri
-    shown = json.dumps(launch.run_params(cfg)) + config.to_yaml(cfg) + mlflow_ui.ui_command(uri)
+    shown = json.dumps(run_life.run_params(cfg)) + config.to_yaml(cfg) + mlflow_ui.ui_command(uri)
     assert "hunter2" not in shown and "s3cret" not in shown
     assert "https://alice:***@mlflow.example.com:5000" in shown and "https://bob:***@host/x.txt" in shown
+
+
+def test_the_workers_payload_carries_the_secret_pickled_but_never_prints_it(tmp_path, monkeypatch):
+    """What Ray pickles for each worker (run_life.build_trainer's train_loop_config) is the frozen
+    WorkerPayload: it survives pickling unchanged, holds the URI with its password (the worker
+    logs to it), never shows the password in its repr (Ray's state and logs print it), and reads
+    the test's fault injection from the driver's environment."""
+    import dataclasses
+    import pickle
+
+    from orchestrator.driver import run_life
+    from workloads.train import handoff
+    from workloads.train.train_loop import FAULT_ENV
+
+    monkeypatch.setenv(FAULT_ENV, "40")
+    uri = "https://alice:hunter2@mlflow.example.com:5000"
+    cfg = config.load(TINY, [f"tracking.uri={uri}"])
+    trainer = run_life.build_trainer(cfg, "run-id", str(tmp_path), "payload")
+    payload = handoff.payload_of(trainer.train_loop_config)
+    assert pickle.loads(pickle.dumps(trainer.train_loop_config)) == {handoff.PAYLOAD_KEY: payload}
+    assert payload.config["tracking"]["uri"] == uri and payload.run_id == "run-id"
+    assert "hunter2" not in repr(payload) and "hunter2" not in str(trainer.train_loop_config)
+    assert payload.fault == handoff.FaultInjection(at_tokens=40, marker=str(tmp_path / "payload" / ".fault_injected"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        payload.run_id = "another"  # type: ignore[misc]
 
 
 def test_warmup_within_one_update_names_the_smallest_valid_value():
@@ -138,14 +163,14 @@ def test_gns_splits_a_single_micro_batch_update_in_two():
     """tiny: 32 sequences per update. b = 32 would be one micro-batch; with gns.enabled and A
     omitted the solver takes b = 16, A = 2, and plan, the memory model and the MLflow params all
     show that; a given A = 1 is kept and plan says B_simple is then not measured."""
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     split = config.load(TINY, ["batch.micro_batch_size=32"])
     info = plan.describe(split)
     assert (info["micro_batch_size"], info["grad_accum_steps"]) == (16, 2)
     assert info["memory"]["activation_bytes"] == 16 * info["memory"]["activation_bytes_per_sequence"]
     assert "measured over D x A = 2" in info["gns"] and "split for it" in info["gns"]
-    params = launch.run_params(split)
+    params = run_life.run_params(split)
     assert (params["batch.micro_batch_size"], params["batch.grad_accum_steps"]) == (16, 2)
 
     for kept in (["batch.grad_accum_steps=1"], ["gns.enabled=false"], ["train.loss_normalization=micro_batch"]):
@@ -163,7 +188,7 @@ def test_gns_splits_a_single_micro_batch_update_in_two():
 def test_beta2_and_weight_decay_from_their_token_forms():
     """beta2 = 0.5 ** (B / N); weight decay = B / (lr x share x T); defaults when neither form is given."""
     from orchestrator.core import ds_config
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     default = config.load(TINY)
     assert default.optim.beta2 is None and default.optim.weight_decay is None
@@ -185,7 +210,7 @@ def test_beta2_and_weight_decay_from_their_token_forms():
     assert (1 - lr * weight_decay) ** (T / B * 0.5) == pytest.approx(math.exp(-1), rel=0.02)  # e-fold in half the run
     params = ds_config.build(cfg, derived.batch_plan(cfg))["optimizer"]["params"]
     assert params["betas"][1] == beta2 and params["weight_decay"] == weight_decay
-    logged = launch.run_params(cfg)
+    logged = run_life.run_params(cfg)
     assert logged["optim.beta2_effective"] == beta2 and logged["optim.weight_decay_effective"] == weight_decay
     assert logged["optim.beta2"] is None, "what was given stays as given"
     table = plan.format_table(plan.describe(cfg))
@@ -279,7 +304,7 @@ def test_one_worker_runs_the_zero_stage_that_holds_the_least_memory():
     to DeepSpeed in deepspeed.extra or an offload keep what was asked. DeepSpeed's config, the memory
     model, `plan` and the MLflow params all say the stage that runs."""
     from orchestrator.core import ds_config
-    from orchestrator.driver import launch, micro_batch
+    from orchestrator.driver import micro_batch, run_life
     from orchestrator.formulas import memory
 
     gpu = ["cluster.use_gpu=true"]
@@ -313,7 +338,7 @@ def test_one_worker_runs_the_zero_stage_that_holds_the_least_memory():
     info = plan.describe(cfg)
     assert (info["zero_stage"], info["zero_stage_given"]) == (0, 3)
     assert "0 (given 3; one worker" in plan.format_table(info)
-    params = launch.run_params(cfg)
+    params = run_life.run_params(cfg)
     assert (params["deepspeed.zero_stage"], params["deepspeed.zero_stage_effective"]) == (3, 0)
 
     with pytest.raises(ConfigError, match="integer 0 to 3") as refused:
@@ -331,7 +356,7 @@ def test_a_config_error_raised_on_a_worker_reaches_the_driver_whole():
     from ray.train import WorkerGroupError
     from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
 
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     raised = ConfigError("checkpoint", "/runs/x/state/mp_rank_00_model_states.pt is not a checkpoint this tool wrote")
     back = pickle.loads(pickle.dumps(raised))
@@ -339,10 +364,10 @@ def test_a_config_error_raised_on_a_worker_reaches_the_driver_whole():
 
     wrapped = UserExceptionWithTraceback(back, "Traceback (most recent call last):\n  File ...\nConfigError: ...")
     error = pickle.loads(pickle.dumps(WorkerGroupError("rank 1 failed", {1: wrapped, 0: RuntimeError("later")})))
-    assert launch.failure_cause(error) == "RuntimeError: later"  # the lowest rank
+    assert run_life.failure_cause(error) == "RuntimeError: later"  # the lowest rank
     error = WorkerGroupError("rank 1 failed", {1: wrapped})
-    assert launch.failure_cause(error) == f"ConfigError: {raised}"
-    assert launch.failure_cause(ValueError("plain")) == "ValueError: plain"
+    assert run_life.failure_cause(error) == f"ConfigError: {raised}"
+    assert run_life.failure_cause(ValueError("plain")) == "ValueError: plain"
 
 
 @pytest.mark.parametrize(

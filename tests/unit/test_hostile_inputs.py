@@ -333,7 +333,7 @@ def test_submit_names_a_malformed_address_before_the_sweep_file(nothing_starts, 
 
 
 def test_a_checkpoint_that_would_unpickle_code_is_refused_before_ray(tmp_path, monkeypatch, capsys):
-    """train.start_from_checkpoint naming a planted pickle: refused by launch.preflight (its
+    """train.start_from_checkpoint naming a planted pickle: refused by run_life.preflight (its
     first check, before the corpus is read), not by a worker after Ray started and a FAILED run."""
     from tests.planted_pickle import plant
 
@@ -394,6 +394,29 @@ def test_a_hostile_table_is_refused_in_one_line_naming_file_row_and_column(file,
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(f"orchestrator report: error: {file}: {folder}: {where}")
     assert len(err[0]) < 400 and tree(nothing_starts.parent) == before
+
+
+def test_curves_read_by_columns_are_the_row_readers(tmp_path):
+    """The columnar reader of curves.csv (the fast path) gives the row reader's curves, non-finite
+    values left out, columns it does not read ignored; it hands a file it would refuse to the row reader."""
+    from orchestrator.analysis import tables
+
+    folder = world_tables(tmp_path / "tables")
+    lines = (folder / "curves.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    at = {name: header.index(name) for name in ("metric", "value")}
+    cells = lines[5].split(",")
+    cells[at["value"]] = "inf"  # a diverged run's loss
+    lines[5] = ",".join(cells)
+    lines = [line + ",extra" for line in lines]  # a column the analysis does not read
+    (folder / "curves.csv").write_text("\n".join(lines) + "\n")
+    columnar = tables._curves_columnar(folder / "curves.csv", str(folder))
+    rows = tables._curves(tables._rows(folder / "curves.csv"), tables._Where("curves.csv", str(folder)))
+    assert columnar is not None and set(columnar) == set(rows)
+    for trial, metrics in rows.items():
+        assert {m: sorted(c) for m, c in metrics.items()} == columnar[trial]
+    (folder / "curves.csv").write_text("\n".join(lines[:3] + [lines[2]]) + "\n")  # a repeated point
+    assert tables._curves_columnar(folder / "curves.csv", str(folder)) is None
 
 
 # ---------------------------------------------------------------- plan on ramps: linear, and the same answers

@@ -26,9 +26,9 @@ def ladder_sweep(tmp_path, **ladder):
 
 
 def n_of(model):
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
-    return launch.run_params(config.load(TINY, [f"{k}={v}" for k, v in model.items()]))["model.params"]
+    return run_life.run_params(config.load(TINY, [f"{k}={v}" for k, v in model.items()]))["model.params"]
 
 
 def test_rungs_are_models_times_budgets_in_whole_largest_batches_smallest_compute_first(tmp_path):

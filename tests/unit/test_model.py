@@ -212,12 +212,12 @@ def test_model_params_is_what_multiplies_every_token(overrides):
     position table (a lookup), the tied token table once as the output head; for linear regression
     its weights."""
     from orchestrator.core import config
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
     from tests.conftest import ROOT, TINY
 
     cfg = config.load(TINY, overrides)
     model = GPT(GPTConfig.of(cfg.model))
     counted = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
-    assert launch.run_params(cfg)["model.params"] == counted
+    assert run_life.run_params(cfg)["model.params"] == counted
     linreg = config.load(ROOT / "conf" / "train" / "linreg.yaml")
-    assert launch.run_params(linreg)["model.params"] == linreg.model.dim
+    assert run_life.run_params(linreg)["model.params"] == linreg.model.dim

@@ -1,4 +1,4 @@
-"""The live table of a running sweep (orchestrator/driver/sweep_summary.ProgressTable): progress
+"""The live table of a running sweep (orchestrator/driver/progress_table.ProgressTable): progress
 and ETA per trial and for the sweep, pending trials and the best so far, fed fake Tune trials and
 a fake clock; plain text when stdout is not a terminal, a rich Live display on one."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.core import sweep_file
-from orchestrator.driver import sweep_summary
+from orchestrator.driver import progress_table
 from orchestrator.formulas import cost
 from orchestrator.sweeps import search_space
 from tests.conftest import ROOT
@@ -34,7 +34,7 @@ def table_and_trials():
     sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
     assert search_space.expand(sweep)[0].cfg.train.total_tokens == BUDGET, "the figures below assume it"
     clock = Clock()
-    table = sweep_summary.ProgressTable(sweep, clock=clock)
+    table = progress_table.ProgressTable(sweep, clock=clock)
     table.setup(total_num_samples=15)
     a, b = trial("a", 512, 3e-4), trial("b", 8192, 1e-3)
 
@@ -148,7 +148,7 @@ def test_on_a_terminal_the_table_refreshes_in_place_and_stops(capsys):
     sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
     screen = io.StringIO()
     clock = Clock()
-    table = sweep_summary.ProgressTable(
+    table = progress_table.ProgressTable(
         sweep, clock=clock, console=Console(file=screen, force_terminal=True, width=220)
     )
     table.setup(total_num_samples=2)
@@ -157,10 +157,10 @@ def test_on_a_terminal_the_table_refreshes_in_place_and_stops(capsys):
     for at, tokens in ((10.0, 8_192), (20.0, 16_384)):
         clock.now = at
         table.on_trial_result(0, [a], a, {"tokens": tokens, "loss": 2.5})
-    assert table._live is not None and table._live in sweep_summary._LIVE
+    assert table._live is not None and table._live in progress_table._LIVE
     shown = screen.getvalue()
     assert "B=512 lr=3e-4" in shown and "6m 20s" in shown and "2.500" in shown
     assert "ETA " + cost.format_duration((BUDGET - 16_384 + BUDGET) / 819.2) in shown
     table.on_experiment_end([a])
-    assert table._live is None and sweep_summary._LIVE == []
+    assert table._live is None and progress_table._LIVE == []
     assert capsys.readouterr().out == ""  # nothing went to stdout: it all went to the console

@@ -14,7 +14,7 @@ import yaml
 from orchestrator import cli
 from orchestrator.analysis import recommend
 from orchestrator.core import config, derived
-from orchestrator.driver import launch
+from orchestrator.driver import run_life
 from orchestrator.reporting import recommended
 from tests.conftest import TINY
 
@@ -50,7 +50,7 @@ def test_every_batch_within_the_tolerance_recommends_the_largest_and_says_it_is_
 
 def params_of(cfg) -> dict:
     """A run's params as MLflow holds them: the resolved config flattened, every value as text."""
-    return {k: str(v) for k, v in launch.run_params(cfg).items()}
+    return {k: str(v) for k, v in run_life.run_params(cfg).items()}
 
 
 @pytest.mark.parametrize(
@@ -87,3 +87,35 @@ def test_recommended_yaml_from_a_runs_params_passes_plan(tmp_path, capsys):
     assert cfg.model == run.model and cfg.data == run.data and cfg.schedule == run.schedule
     assert path.read_text().startswith("# Written by `orchestrator report`")
     assert yaml.safe_load(path.read_text())["batch"]["micro_batch_size"] == "auto"
+
+
+def test_a_report_on_a_demo_shaped_sweep_writes_a_recommended_yaml_that_plan_accepts(tmp_path, capsys):
+    """A known-truth sweep whose runs logged the tiny config's params (as a demo's do): the report's
+    answer names a batch size and lr, recommended.yaml holds them and `orchestrator plan` takes it;
+    the batch size is B_opt rounded down to whole sequences, its lr between the best lrs of the
+    batch sizes tried around it."""
+    from orchestrator.analysis import sweep_analysis
+    from orchestrator.reporting import report_files
+    from tests.known_truth import World, factor_grid
+
+    world = World(max_points=200, draw=4)
+    trials = world.trials(world.grid(batches=(256, 512, 1024, 2048), lrs=factor_grid(0.002, 0.032), seeds=2))
+    for t in trials:
+        cfg = config.load(TINY, [f"{k}={v}" for k, v in t.params.items()])
+        t.params = {**params_of(cfg), **t.params}
+    answer = sweep_analysis.analyse(trials)
+    rec = answer.recommendation
+    unit = 128  # tiny: seq_len 128, one worker
+    assert rec.tokens_per_update == max(unit, int(rec.b_opt.batch // unit) * unit)
+    lrs = {r.batch: r.lr for r in answer.best_lr}
+    below = max(b for b in lrs if b <= rec.tokens_per_update)
+    above = min((b for b in lrs if b >= rec.tokens_per_update), default=below)
+    assert min(lrs[below], lrs[above]) <= rec.lr * (1 + 1e-9) and rec.lr <= max(lrs[below], lrs[above]) * (1 + 1e-9)
+
+    written = report_files.write_report(trials, answer, "demo-shaped", tmp_path)
+    path = tmp_path / recommended.FILE
+    assert path in written
+    assert cli.main(["plan", str(path)]) == 0
+    cfg = config.load(path)
+    assert (cfg.batch.tokens_per_update, cfg.optim.lr) == (rec.tokens_per_update, rec.lr)
+    assert f"{rec.tokens_per_update:,}" in capsys.readouterr().out

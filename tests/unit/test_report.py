@@ -316,15 +316,20 @@ def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(s
     parsed, made = [], []
     load = sweep_file.load
     monkeypatch.setattr(sweep_file, "load", lambda *a, **k: parsed.append(a) or load(*a, **k))
-    monkeypatch.setattr(pipeline, "make", lambda inputs, out, target_losses, **options: made.append((inputs, options)))
+    monkeypatch.setattr(
+        pipeline,
+        "make",
+        lambda inputs, settings, out, target_losses, **options: made.append((inputs, settings, options)),
+    )
     assert report.run(str(path), [], out=str(tmp_path / "out"), target_losses=None) == 0
     assert len(parsed) == 1
-    ((inputs, options),) = made
+    ((inputs, settings, options),) = made
     assert inputs.name == SWEEP and inputs.source.run_id == store["parent"] and inputs.source.kind == "sweep"
     assert len(inputs.trials) == len(store["runs"]) + len(store["poor"])
     ladder = options.pop("ladder")  # no ladder section: no target, the default tolerance
     assert (ladder.target, ladder.tolerance) == (None, 0.005)
-    assert options == {"lr_criterion": "steps", "primary_target": None, "compare_with": None}
+    assert settings.options == {"lr_criterion": "steps", "primary_target": None} and options == {"compare_with": None}
+    assert settings.origin == {"lr_criterion": f"the sweep file {path}", "primary_target": "default"}
 
 
 def test_cli_report_and_unknown_sweep(store, tmp_path, cli):
@@ -341,3 +346,72 @@ def test_cli_report_and_unknown_sweep(store, tmp_path, cli):
     code, stdout, stderr = cli("report", "no-such-sweep", f"tracking.uri={store['uri']}", "--out", tmp_path / "x")
     assert code == 2
     assert len(stderr.strip().splitlines()) == 1 and "no-such-sweep" in stderr, stderr
+
+
+# ---------------------------------------------------------------- one answer per sweep
+
+
+def test_a_sweep_named_by_its_file_its_name_or_its_parent_run_gets_one_answer(store, tmp_path):
+    """The sweep file's analysis settings (search.criterion, search.target_loss) are recorded on the
+    parent run (the file as an artifact, as `sweep` logs it) and read back when the file is not
+    given: report by file, by name, by parent run id and load_sweep agree, and say where the
+    settings came from; the command line's lr criterion wins over them."""
+    from orchestrator.reporting import results
+
+    name, uri = "settings-recorded", store["uri"]
+    text = (
+        f"name: {name}\nbase:\n  config: conf/train/tiny.yaml\n  overrides:\n"
+        f"    - tracking.uri={uri}\n    - tracking.experiment={EXPERIMENT}\n"
+        "search:\n  criterion: steps\n  target_loss: 3.6\n"
+    )
+    parent = Store(uri, EXPERIMENT).create_run(
+        name, tags={run_tags.ROLE_TAG: run_tags.SWEEP_ROLE, run_tags.SWEEP_TAG: name}
+    )
+    Store(uri).log_text(parent, text, "sweep.yaml")
+    for run in WORLD.grid(batches=BATCHES[:3], lrs=LRS[1:4], seeds=1):
+        _log(uri, parent, run, WORLD.params(run), run.status)
+    Store(uri).finish_run(parent)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+
+    written = {}
+    for way, target in (("file", str(path)), ("name", name), ("run id", parent)):
+        out = tmp_path / way.replace(" ", "_")
+        assert report.run(target, [f"tracking.uri={uri}", f"tracking.experiment={EXPERIMENT}"], out=str(out)) == 0
+        written[way] = json.loads((out / "report.json").read_text())
+    answers = {way: {k: v for k, v in j.items() if k not in ("name", "source")} for way, j in written.items()}
+    assert answers["file"] == answers["name"] == answers["run id"]
+    assert answers["file"]["lr_criterion"] == "steps" and answers["file"]["primary_target"] == 3.6
+    assert written["file"]["source"]["settings"]["lr_criterion"] == f"the sweep file {path}"
+    assert written["name"]["source"]["settings"] == {
+        "lr_criterion": f"the sweep file recorded on run {parent}",
+        "primary_target": f"the sweep file recorded on run {parent}",
+    }
+    loaded = results.load_sweep(name, tracking_uri=uri, experiment=EXPERIMENT)
+    assert loaded.fit.raw == {k: v for k, v in written["name"].items() if k != "name"}
+
+    out = tmp_path / "cli-wins"
+    assert report.run(name, [f"tracking.uri={uri}"], out=str(out), lr_criterion="final_loss") == 0
+    by_cli = json.loads((out / "report.json").read_text())
+    assert by_cli["lr_criterion"] == "final_loss" and by_cli["source"]["settings"]["lr_criterion"] == "command line"
+    assert "lr criterion from command line" in (out / "summary.md").read_text()
+
+
+def test_the_parent_run_holds_the_answer_as_metrics_and_tags(store, tmp_path):
+    """So sweeps compare in MLflow's runs table: the primary's B_crit, its interval and B_simple,
+    the best final loss and what to run, as the report.json beside them says (the latest report's)."""
+    overrides = [f"tracking.uri={store['uri']}", f"tracking.experiment={EXPERIMENT}"]
+    assert report.run(SWEEP, overrides, out=str(tmp_path)) == 0
+    answer = json.loads((tmp_path / "report.json").read_text())
+    primary, run = answer["primary"], Store(store["uri"]).get_run(store["parent"])
+    assert run.metrics["answer/b_crit"] == pytest.approx(primary["b_crit"])
+    assert [run.metrics["answer/b_crit_low"], run.metrics["answer/b_crit_high"]] == pytest.approx(
+        primary["b_crit_interval"]
+    )
+    assert run.metrics["answer/b_simple"] == pytest.approx(primary["b_simple"])
+    assert run.metrics["answer/best_final_loss"] == pytest.approx(answer["best"]["final_loss"])
+    rec = answer["recommendation"]
+    assert run.metrics["answer/recommended_tokens_per_update"] == rec["tokens_per_update"]
+    assert run.metrics["answer/recommended_lr"] == pytest.approx(rec["lr"])
+    assert run.tags["answer.status"] == primary["status"]
+    assert float(run.tags["answer.primary_target"]) == pytest.approx(primary["target_loss"], rel=1e-3)

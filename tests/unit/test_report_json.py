@@ -8,8 +8,10 @@ typed records (issue 34): every key in the same order with the same value, and t
 - two branch studies: one compared with a from-scratch sweep, one with a noisy eval set.
 
 The files in tests/data/report_json/ were written by the same cases on commit 1f3fcfe, before the
-change (report.json with the table folder's path as `<folder>`); `python -m tests.unit.test_report_json DIR`
-writes what the code gives now, for a deliberate change of the report.
+change (report.json with the table folder's path as `<folder>`), then written again for the keys
+and lines added since on purpose (where the settings came from, what to run, the trend in words);
+`python -m tests.unit.test_report_json DIR` writes what the code gives now, for a deliberate
+change of the report.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from workloads import workload as workloads
 from workloads.builtin.linreg import LinRegData
 from workloads.train import train_loop
 from workloads.train.engine import build_engine, ensure_process_group, release_process_group
+from workloads.train.handoff import FaultInjection, WorkerPayload
 from workloads.workload import LinRegWorkload
 
 LINREG = ROOT / "conf" / "train" / "linreg.yaml"
@@ -115,8 +116,8 @@ def four_updates(uri, tmp_path, *overrides, B=16):
 def train(cfg, api, run_id=None):
     """One worker's run, as Ray Train starts it; returns the MLflow run id."""
     run_id = run_id or Store(cfg.tracking.uri, EXPERIMENT).create_run("run")
-    payload = {"config": config.to_dict(cfg, redact=False), "run_id": run_id, "fault": {}}
-    train_loop._train(config.from_dict(payload["config"]), payload, api)
+    payload = WorkerPayload(config=config.to_dict(cfg, redact=False), run_id=run_id)
+    train_loop._train(config.from_dict(payload.config), payload, api)
     return run_id
 
 
@@ -248,11 +249,11 @@ def test_the_startup_and_teardown_phases_add_up_to_the_runs_own_clock(uri, tmp_p
     and shorter than the time from the last update's loss to the call's return."""
     cfg = four_updates(uri, tmp_path)
     started = time.time() - 2.0
-    payload = {"config": config.to_dict(cfg, redact=False), "fault": {}}
-    payload["run_id"] = run_id = Store(cfg.tracking.uri, EXPERIMENT).create_run("phases")
+    run_id = Store(cfg.tracking.uri, EXPERIMENT).create_run("phases")
+    payload = WorkerPayload(config=config.to_dict(cfg, redact=False), run_id=run_id)
     carried = {"prefix": "startup", "since": started, "seconds": {"startup/process_s": 1.5}}
     called = time.time()
-    train_loop._train(config.from_dict(payload["config"]), payload, FakeRay(tmp_path), Phases.from_payload(carried))
+    train_loop._train(config.from_dict(payload.config), payload, FakeRay(tmp_path), Phases.from_payload(carried))
     returned = time.time()
 
     c = MlflowClient(tracking_uri=cfg.tracking.uri)
@@ -380,8 +381,8 @@ def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri
 
     killed = FakeRay(tmp_path / "killed")
     resumed_id = Store(cfg.tracking.uri, EXPERIMENT).create_run("killed")
-    payload = {"config": config.to_dict(cfg, redact=False), "run_id": resumed_id}
-    payload["fault"] = {"at_tokens": 40, "marker": str(tmp_path / "fault-marker")}
+    fault = FaultInjection(at_tokens=40, marker=str(tmp_path / "fault-marker"))
+    payload = WorkerPayload(config=config.to_dict(cfg, redact=False), run_id=resumed_id, fault=fault)
     with pytest.raises(RuntimeError, match="injected fault at 48 tokens"):
         train_loop._train(cfg, payload, killed)
     (checkpoint,) = [kept for m, kept in killed.reports if kept is not None]
@@ -558,7 +559,7 @@ def test_sgd_through_the_trainer_is_torch_sgd(uri, tmp_path, stage, momentum):
 def test_the_engines_sgd_uses_coupled_weight_decay_and_no_adamw_constants(uri, tmp_path):
     """optim.weight_decay is torch SGD's weight_decay (L2 added to the gradient) for the groups that
     pass it through, 0 when null; no betas or eps anywhere; MLflow gets no beta2_effective."""
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
 
     for given, decay in (("0.01", 0.01), ("null", 0.0)):
         cfg = linreg(uri, tmp_path, "optim.name=sgd", "optim.momentum=0.5", f"optim.weight_decay={given}")
@@ -575,7 +576,7 @@ def test_the_engines_sgd_uses_coupled_weight_decay_and_no_adamw_constants(uri, t
         assert "betas" not in group and "eps" not in group
         section = ds_config.build(cfg, plan)["optimizer"]
         assert section == {"type": "SGD", "params": {"lr": cfg.optim.lr, "momentum": 0.5, "weight_decay": decay}}
-        params = launch.run_params(cfg)
+        params = run_life.run_params(cfg)
         assert params["optim.weight_decay_effective"] == decay and "optim.beta2_effective" not in params
 
 
@@ -742,7 +743,7 @@ def test_eval_loss_comes_with_the_standard_error_of_its_micro_batches():
 def test_a_final_flush_that_fails_leaves_no_run_running(uri, tmp_path, monkeypatch):
     """The store takes no point for the whole run: the worker waits FINAL_FLUSH_S at the end (here
     1 s), then fails with TrackingError; the driver closes the MLflow run FAILED with that reason."""
-    from orchestrator.driver import launch
+    from orchestrator.driver import run_life
     from orchestrator.tracking import metric_logger
 
     cfg = linreg(
@@ -768,7 +769,7 @@ def test_a_final_flush_that_fails_leaves_no_run_running(uri, tmp_path, monkeypat
     ) as failed:
         train(cfg, FakeRay(tmp_path / "ray"), run_id)
     monkeypatch.undo()
-    reason = launch.finish(cfg, run_id, failed.value)
+    reason = run_life.finish(cfg, run_id, failed.value)
     run = Store(cfg.tracking.uri).get_run(run_id)
     assert run.status == "FAILED" and reason.startswith("TrackingError: could not send")
     assert run.tags[run_tags.FAILURE_TAG] == reason

@@ -14,7 +14,7 @@ from orchestrator.cli import main
 from orchestrator.core import config, schema, storage, validation
 from orchestrator.core.schema import RampStep, SourceConfig
 from orchestrator.core.validation import FIELDS, Field
-from orchestrator.driver import launch, ray_session
+from orchestrator.driver import launch, ray_session, run_life
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, TINY, run_cli, write_sweep
 
@@ -333,7 +333,7 @@ def test_the_same_shape_passes_the_init_from_check(tmp_path):
     model = gpt.GPT(gpt.GPTConfig.of(config.load(TINY).model))
     assert model.lm_head.weight is model.wte.weight
     export.save_safetensors(model.state_dict(), tmp_path / "own.safetensors")
-    launch.check_init_from(config.load(TINY, [f"model.init_from={tmp_path / 'own.safetensors'}"]))
+    run_life.check_init_from(config.load(TINY, [f"model.init_from={tmp_path / 'own.safetensors'}"]))
 
 
 def test_train_resume_finds_the_newest_unfinished_run_of_the_same_config(tmp_path, monkeypatch, capsys):
@@ -343,10 +343,10 @@ def test_train_resume_finds_the_newest_unfinished_run_of_the_same_config(tmp_pat
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     overrides = [f"tracking.uri={uri}", "train.storage_path=runs"]
     cfg = config.load(TINY, overrides)
-    launch.resolve_paths(cfg)
+    run_life.resolve_paths(cfg)
     digest = launch.config_digest(cfg)
     other = config.load(TINY, [*overrides, "optim.lr=0.5"])
-    launch.resolve_paths(other)
+    run_life.resolve_paths(other)
     Store(uri, cfg.tracking.experiment).ensure_experiment()
     for name, started, status, of in [
         ("old-killed", 1, "RUNNING", digest),

@@ -25,6 +25,7 @@ from torch import nn
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.storage import CHECKPOINT_TAG
 from orchestrator.tracking import metric_logger
+from workloads.train.handoff import RayApi
 
 
 @dataclass
@@ -95,7 +96,7 @@ def _why(exc: Exception) -> str:
     )
 
 
-def restore(engine, state: TrainState, api, branch_from: Optional[str] = None) -> TrainState:
+def restore(engine, state: TrainState, api: RayApi, branch_from: Optional[str] = None) -> TrainState:
     """The run's own latest checkpoint (a retry), else the one it branches from
     (train.start_from_checkpoint), else `state` as it is (a fresh start)."""
     checkpoint = api.get_checkpoint()
@@ -123,7 +124,7 @@ def _load(engine, folder: str) -> TrainState:
     return restored
 
 
-def save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger, api) -> None:
+def save_and_report(engine, state: TrainState, metrics: Dict[str, float], logger, api: RayApi) -> None:
     """DeepSpeed checkpoint on every rank (ZeRO shards its state), merged and persisted by Ray
     Train (by Ray Tune in local mode)."""
     if logger is not None:

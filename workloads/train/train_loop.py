@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Mapping, Optional
 
 import ray.train
 import torch
@@ -45,6 +45,7 @@ from workloads.train.engine import (
     train_update,
 )
 from workloads.train.gns_probe import GradNormProbe
+from workloads.train.handoff import FaultInjection, RayApi, WorkerPayload, payload_of
 from workloads.train.metrics_window import MetricsWindow, UpdateStats, due, noise_scale_metrics
 
 FAULT_ENV = "ORCHESTRATOR_FAULT_AT_TOKENS"
@@ -56,7 +57,7 @@ class Run:
     """What the training loop works with; built by `_set_up`, released by its ExitStack."""
 
     cfg: Config
-    api: Any  # ray.train, or ray.tune in local mode (see `_ray`)
+    api: RayApi  # ray.train, or ray.tune in local mode (see `_ray`)
     rank: int
     world: int
     segments: List[batching.Segment]  # the batch sizes along the budget (batch.ramp; one without)
@@ -75,23 +76,22 @@ class Run:
     updated_at: float = 0.0  # wall clock at the end of the latest update: where teardown starts
 
 
-def train_worker(payload: Dict[str, Any]) -> None:
-    """Ray Train entry point. payload: resolved `config`, MLflow `run_id`, the driver's
-    registered `workloads`, optional `fault`, `local_mode` (Ray Train's local mode inside a
-    Tune trial), `startup` (the launcher's Phases, which this worker carries on)."""
-    startup = Phases.from_payload(payload.get("startup"))
+def train_worker(config: Mapping[str, WorkerPayload]) -> None:
+    """Ray Train entry point: its config holds the driver's payload (workloads/train/handoff.py)."""
+    payload = payload_of(config)
+    startup = Phases.from_payload(payload.startup)
     startup.mark("ray_train")  # from fit() to here: Ray Train's controller and worker group
     logs.setup()
-    registry.register_all(payload.get("workloads", {}))
-    _train(from_dict(payload["config"]), payload, _ray(payload), startup)
+    registry.register_all(dict(payload.workloads))
+    _train(from_dict(payload.config), payload, _ray(payload), startup)
 
 
-def _train(cfg: Config, payload: Dict[str, Any], api, startup: Optional[Phases] = None) -> None:
+def _train(cfg: Config, payload: WorkerPayload, api: RayApi, startup: Optional[Phases] = None) -> None:
     with contextlib.ExitStack() as resources:  # teardown runs however the run ends
         run = _set_up(cfg, payload, api, resources, startup or Phases("startup"))
         window = MetricsWindow(run.state.tokens)
         for update in range(run.state.update, run.steps):
-            _maybe_inject_fault(run.state.tokens, run.rank, payload.get("fault", {}), run.logger)
+            _maybe_inject_fault(run.state.tokens, run.rank, payload.fault, run.logger)
             before = run.state.tokens
             lr, stats = _update(run, update)
             run.updated_at = time.time()
@@ -120,14 +120,14 @@ def _train(cfg: Config, payload: Dict[str, Any], api, startup: Optional[Phases] 
         _log_teardown(run)
 
 
-def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.ExitStack, startup: Phases) -> Run:
+def _set_up(cfg: Config, payload: WorkerPayload, api: RayApi, resources: contextlib.ExitStack, startup: Phases) -> Run:
     """Process group, tracking, workload, engine, restored state; resources go on `resources`.
     Each phase's seconds go on `startup`, logged once the first evaluation is done."""
     if ensure_process_group(cfg):
         resources.callback(release_process_group)
     startup.mark("process_group")
     rank, world = dist.get_rank(), dist.get_world_size()  # Ray Train's world rank and size
-    collector = _capture_warnings(cfg, payload["run_id"], resources) if rank == 0 else None
+    collector = _capture_warnings(cfg, payload.run_id, resources) if rank == 0 else None
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
     assert cfg.batch.micro_batch_size != AUTO, "the driver resolves batch.micro_batch_size: auto before launching"
     segments = batch_segments(cfg)
@@ -146,7 +146,7 @@ def _set_up(cfg: Config, payload: Dict[str, Any], api, resources: contextlib.Exi
     startup.mark("workload")
     engine = build_engine(cfg, plan, work)
     startup.mark("engine")
-    state = restore(engine, TrainState(run_id=payload["run_id"]), api, cfg.train.start_from_checkpoint)
+    state = restore(engine, TrainState(run_id=payload.run_id), api, cfg.train.start_from_checkpoint)
     startup.mark("restore")
     plan = batching.segment_at(segments, state.tokens).plan  # a resume within a later segment
     set_plan(engine, plan)
@@ -201,12 +201,11 @@ def _log_teardown(run: Run) -> None:
         run.logger.log(teardown.seconds, run.state.tokens)
 
 
-def _maybe_inject_fault(tokens: int, rank: int, fault: Dict[str, Any], logger) -> None:
+def _maybe_inject_fault(tokens: int, rank: int, fault: FaultInjection, logger) -> None:
     """Tests: rank 0 raises once (first attempt only) when it passes N tokens, after sending
-    what it logged, so MLflow holds steps past the last checkpoint (the case to get right).
-    `fault` = {"at_tokens": N from the driver's ORCHESTRATOR_FAULT_AT_TOKENS, "marker": path}."""
-    at, marker = fault.get("at_tokens"), fault.get("marker")
-    if rank != 0 or not at or not marker or tokens < int(at) or Path(marker).exists():
+    what it logged, so MLflow holds steps past the last checkpoint (the case to get right)."""
+    at, marker = fault.at_tokens, fault.marker
+    if rank != 0 or not at or not marker or tokens < at or Path(marker).exists():
         return
     Path(marker).parent.mkdir(parents=True, exist_ok=True)
     Path(marker).touch()
@@ -215,12 +214,12 @@ def _maybe_inject_fault(tokens: int, rank: int, fault: Dict[str, Any], logger) -
     raise RuntimeError(f"injected fault at {tokens:,} tokens ({FAULT_ENV}={at})")
 
 
-def _ray(payload: Dict[str, Any]):
+def _ray(payload: WorkerPayload) -> RayApi:
     """Where reports and checkpoints go. Normally Ray Train's worker group. A single-worker sweep
     trial runs in Ray Train's local mode, inside its Tune trial: there Train keeps nothing, so
     reports and checkpoints go straight to Ray Tune, which persists them and restores the latest
     when it retries the trial."""
-    if payload.get("local_mode"):
+    if payload.local_mode:
         from ray import tune
 
         return tune

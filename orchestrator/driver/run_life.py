@@ -1,0 +1,276 @@
+"""One run's life, for the `train` verb (driver/launch.py) and a sweep's trial (driver/trial.py):
+make its config ready (absolute paths, then the checks that need the data or the environment:
+exit 2 before Ray starts and before any MLflow run exists), open its MLflow run, build the
+TorchTrainer of its D DeepSpeed workers (handing them a workloads/train/handoff.WorkerPayload),
+fit it, and finish: the status, the failure reason, the loss plot, the run closed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from orchestrator.core import ds_config, registry, storage
+from orchestrator.core.config import flatten, to_dict, to_yaml
+from orchestrator.core.derived import (
+    adamw_constants,
+    batch_plan,
+    rounded_budget,
+    sgd_weight_decay,
+    total_updates,
+    zero_stage,
+)
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.phases import Phases
+from orchestrator.core.schema import Config
+from orchestrator.driver import plan as planning
+from orchestrator.driver import ray_session
+from orchestrator.formulas import feasibility
+from orchestrator.tracking.run_tags import FAILURE_TAG
+from orchestrator.tracking.store import Store, resolve_uri
+from workloads.train import handoff
+from workloads.train.handoff import FaultInjection, WorkerPayload
+
+
+def ready(cfg: Config) -> None:
+    """Resolve the config's paths, then run the preflight checks on them."""
+    resolve_paths(cfg)
+    preflight(cfg)
+
+
+def resolve_paths(cfg: Config) -> None:
+    """Absolute paths for everything workers read or write: Ray workers have their own cwd."""
+    for src in cfg.data.sources:
+        if src.path and "://" not in src.path:
+            src.path = str(Path(src.path).expanduser().resolve())
+    if cfg.data.shard_dir:
+        cfg.data.shard_dir = str(Path(cfg.data.shard_dir).resolve())
+    if cfg.data.tokenizer != "bytes":
+        cfg.data.tokenizer = str(Path(cfg.data.tokenizer).expanduser().resolve())
+    if cfg.model.init_from and "://" not in cfg.model.init_from:
+        cfg.model.init_from = str(Path(cfg.model.init_from).expanduser().resolve())
+    if cfg.train.start_from_checkpoint:  # a path or file:// (storage.checkpoint_folder)
+        cfg.train.start_from_checkpoint = str(
+            storage.local_path(cfg.train.start_from_checkpoint).expanduser().resolve()
+        )
+    cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
+    cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
+    # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.
+    os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need the data or the environment; ConfigError (exit 2) before Ray starts."""
+    if cfg.train.start_from_checkpoint:  # its form is validated; what it would unpickle is checked here, first
+        from workloads.train import checkpoint
+
+        checkpoint.check_files(storage.local_path(cfg.train.start_from_checkpoint), "train.start_from_checkpoint")
+    plan = batch_plan(cfg)
+    if cfg.model.name in ("gpt", "hf"):
+        from workloads.text import packing
+
+        packing.check_corpus(cfg, plan.tokens_per_update)
+
+    if cfg.model.init_from and cfg.model.name in ("gpt", "hf"):
+        check_init_from(cfg)
+    if cfg.model.name not in registry.BUILTIN:
+        check_workload(cfg, plan)
+    if cfg.cluster.use_gpu and not ray_session.on_cluster(cfg):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "cluster.use_gpu",
+                "true, but this torch build sees no CUDA device; "
+                "use cluster.use_gpu=false or install the CUDA build (README)",
+            )
+
+
+def check_init_from(cfg: Config) -> None:
+    """model.init_from's names and shapes against the built-in model's, built on the meta device
+    (no memory, no data): a mismatch is a ConfigError before any run is created. A user's
+    workload is built whole by check_workload, which loads its init_from as the workers will."""
+    import torch
+
+    from workloads.train.checkpoint import check_weights
+
+    with torch.device("meta"):
+        if cfg.model.name == "gpt":
+            from workloads.builtin import gpt
+
+            model = gpt.GPT(gpt.GPTConfig.of(cfg.model))
+        else:
+            from workloads.builtin.hf_model import build_model
+
+            model = build_model(cfg)
+    check_weights(model, cfg.model.init_from)
+
+
+def check_workload(cfg: Config, plan) -> None:
+    """Build a user's workload once on this machine's CPU: one that breaks the Workload protocol,
+    or fails to build, is a ConfigError naming what is wrong, before any run starts."""
+    import torch
+
+    from workloads import workload
+
+    try:
+        workload.build(cfg, plan, torch.device("cpu"))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError("model.name", f"got {cfg.model.name!r}; {exc}") from None
+
+
+def run_params(cfg: Config) -> Dict[str, Any]:
+    """MLflow params: the whole resolved config flattened (secrets redacted) plus derived values."""
+    plan = batch_plan(cfg)
+    params = flatten(to_dict(cfg))
+    params["batch.grad_accum_steps"] = plan.grad_accum_steps
+    params["batch.micro_batch_size"] = plan.micro_batch_size
+    params["train.total_steps"] = total_updates(cfg)
+    params["train.total_tokens_rounded"] = rounded_budget(cfg)
+    params["deepspeed.zero_stage_effective"] = zero_stage(cfg)  # with one worker it can be lower
+    n = registry.compute_params(cfg)
+    if n:  # the N of a ladder's laws (docs/ladders.md)
+        params["model.params"] = n
+    # The beta2 and weight decay used, whichever form gave them (the given keys stay as given);
+    # SGD has no beta2, and its weight decay is the coupled L2 it applies.
+    if cfg.optim.name == "sgd":
+        params["optim.weight_decay_effective"] = sgd_weight_decay(cfg)
+    else:
+        adamw = adamw_constants(cfg)
+        params["optim.beta2_effective"], params["optim.weight_decay_effective"] = adamw.beta2, adamw.weight_decay
+    return params
+
+
+def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> str:
+    """Create the MLflow run of a training run with its params and set-up artifacts."""
+    store = Store.of(cfg)
+    run_id = store.create_run(name, tags)
+    store.log_params(run_id, run_params(cfg))
+    store.log_text(run_id, to_yaml(cfg), "config.yaml")
+    store.log_dict(run_id, ds_config.build(cfg, batch_plan(cfg), _num_params(cfg)), "deepspeed.json")
+    store.log_text(run_id, planning.format_table(planning.describe(cfg)), "plan.txt")
+    return run_id
+
+
+def _num_params(cfg: Config) -> Optional[int]:
+    from workloads import workload
+
+    costs = workload.costs(cfg)
+    return costs.params if costs else None
+
+
+def worker_config(cfg: Config) -> Dict[str, Any]:
+    """What travels to the workers: the resolved config, secrets included (never logged)."""
+    return to_dict(cfg, redact=False)
+
+
+def build_trainer(
+    cfg: Config,
+    run_id: str,
+    storage_path: str,
+    name: str,
+    callbacks: List[Any] = (),
+    local_mode: bool = False,
+    startup: Optional[Phases] = None,
+):
+    """The TorchTrainer of one run, to be fit() at once. `local_mode` (single-worker sweep trials
+    only): Ray Train's local mode runs the one worker in this process, the Tune trial's, without
+    a worker group (no controller, worker or helper actors to start: about 15 s less per trial
+    here); reports and checkpoints then go to Ray Tune, and Tune's FailureConfig retries the
+    trial. `startup`: the phases timed so far, which the workers carry on (startup/* metrics)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    startup = startup or Phases("startup")
+    from workloads.train.train_loop import FAULT_ENV, train_worker
+
+    startup.mark("imports")  # torch, DeepSpeed: paid once per process
+
+    plan = batch_plan(cfg)
+    assert not local_mode or plan.num_workers == 1, "local mode runs exactly one worker"
+    # Fault injection for tests is read here, in the driver: Ray workers inherit the
+    # environment of the Ray instance, not of the command that submits to it.
+    marker = storage.local_path(storage.join(storage_path, name, ".fault_injected"))
+    payload = WorkerPayload(
+        config=worker_config(cfg),
+        run_id=run_id,
+        fault=FaultInjection(
+            at_tokens=int(os.environ[FAULT_ENV]) if os.environ.get(FAULT_ENV) else None,
+            marker=str(marker) if marker else None,
+        ),
+        local_mode=local_mode,
+        workloads=registry.importable(),
+        startup=startup.as_payload(),
+    )
+    return TorchTrainer(
+        train_worker,
+        train_loop_config=handoff.train_loop_config(payload),
+        scaling_config=ScalingConfig(
+            num_workers=0 if local_mode else plan.num_workers,
+            use_gpu=cfg.cluster.use_gpu,
+            resources_per_worker=feasibility.worker_resources(cfg),
+            placement_strategy=cfg.cluster.placement_strategy,
+        ),
+        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+            callbacks=list(callbacks),
+        ),
+    )
+
+
+def fit(trainer) -> Tuple[Optional[Dict[str, Any]], Optional[BaseException]]:
+    """Train: the final metrics and the error training ended with (None when it did not fail);
+    an exception fit() raises (TrainingFailedError and friends) is the run failing, not the input."""
+    try:
+        result = trainer.fit()
+    except Exception as exc:
+        return None, exc
+    return result.metrics, result.error
+
+
+def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
+    """Close the MLflow run: status, failure reason, loss plot. Returns the status."""
+    uri, store = cfg.tracking.uri, Store.of(cfg)
+    status, reason = "FINISHED", None
+    if error is not None:
+        status, reason = "FAILED", failure_cause(error)
+    else:  # a worker that saw a non-finite loss tagged the run and stopped
+        reason = store.get_run(run_id).tags.get(FAILURE_TAG)
+        status = "FAILED" if reason else status
+    if reason:
+        store.set_tags(run_id, {FAILURE_TAG: reason[:5000]})
+    close_run(uri, run_id, status, title=cfg.train.run_name or "")
+    return reason or status
+
+
+def failure_cause(error: BaseException) -> str:
+    """'Type: message' of the exception where training failed: the first failing worker's own,
+    not Ray's wrapper around it (whose text is a traceback)."""
+    failures = getattr(error, "worker_failures", None)
+    if failures:
+        error = failures[min(failures)]
+    error = getattr(error, "_base_exc", None) or getattr(error, "controller_failure", None) or error
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
+    """Loss-versus-tokens plot as an artifact, then the final status; the seconds this took go
+    in as `teardown/finish_s`."""
+    from orchestrator.reporting import plots
+
+    teardown, store = Phases("teardown"), Store(uri)
+    try:
+        curves = {k: store.metric_history(run_id, k) for k in ("train/loss", "eval/loss")}
+        if curves["train/loss"]:
+            store.log_figure(run_id, plots.loss_vs_tokens(curves, title=title), "loss_vs_tokens.png")
+            teardown.mark("finish")
+            store.log_metrics(run_id, teardown.seconds, curves["train/loss"][-1][0])
+    finally:
+        store.finish_run(run_id, status)

@@ -1,0 +1,145 @@
+"""What runs inside each Tune trial's process (the Train V2 pattern: a function trainable that
+calls TorchTrainer.fit()): resolve the trial's config, open (or find) its MLflow child run and
+live one run (driver/run_life.py). A trial finds its child run again by its Tune trial id, so a
+retry or the sweep's `--resume` keeps logging into the same run. What the sweep's driver
+(driver/sweep.py) hands every trial is a TrialSetup, pickled by Ray Tune as such.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Mapping
+
+from orchestrator.core import storage
+from orchestrator.core.phases import Phases
+from orchestrator.core.schema import Config
+from orchestrator.core.sweep_schema import Sweep
+from orchestrator.driver import launch, micro_batch, run_life
+from orchestrator.sweeps import branch_study, ladder_plan, placement, search_space
+from orchestrator.tracking.run_tags import (
+    BRANCH_AT_TAG,
+    CHECKPOINTS_TAG,
+    DIGEST_TAG,
+    PARENT_TAG,
+    REUSED_BY_PREFIX,
+    SWEEP_TAG,
+    TRIAL_TAG,
+)
+from orchestrator.tracking.store import Store
+
+_trials_in_this_process = 0  # a reused trial actor pays no process start
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial of one Tune run (a phase of the sweep) gets from the sweep's driver."""
+
+    sweep: Sweep
+    base: Config
+    """search_space.base_of(sweep), read once by the driver: a trial parses the base file once,
+    for its own config."""
+    parent_run_id: str
+    """The sweep's MLflow run, every trial's parent."""
+    train_storage: str
+    """Where Ray Train keeps a multi-worker trial's checkpoints (under its trial id)."""
+    tune_storage: str
+    """The Tune run's folder (a trial in local mode keeps its checkpoints in its trial folder)."""
+    cwd: str
+    """The user's working directory: Tune starts trials in their own folder."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """Tags every trial's run gets besides its own (a branch study's base, or a branch's)."""
+
+
+def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
+    """One trial: resolve its config, open (or find) its MLflow child run, run TorchTrainer."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    startup = _trial_startup()
+    sweep = setup.sweep
+    if Path(setup.cwd).is_dir():  # Tune starts trials in their own folder; paths are the user's
+        os.chdir(setup.cwd)
+    trial = search_space.resolve(sweep, params["trial"], setup.base)
+    if trial.cfg is None:  # optuna proposed an infeasible point: report it as very bad
+        tune.report({"tokens": 0, "eval_loss": float("inf"), "infeasible": trial.problem})
+        return
+    cfg = trial.cfg
+    run_life.resolve_paths(cfg)
+    micro_batch.resolve(cfg)  # the sweep's driver found it before the trials started: a cache hit
+    trial_id = tune.get_context().get_trial_id()
+    cfg.train.run_name = trial_id
+    tags = _tags(setup, trial_id, cfg)
+    store = Store.of(cfg)
+    run_id = store.find_run(tags)  # this trial's own run, retried or after --resume
+    if run_id and store.get_run(run_id).status == "FINISHED":
+        # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
+        tune.report(_finished_result(store.get_run(run_id)))
+        return
+    digest = launch.config_digest(cfg)
+    reused = None if run_id else store.find_finished({DIGEST_TAG: digest})
+    if reused is not None:
+        # An earlier sweep (a ladder before a rung was added) finished this very config: its run
+        # stands for this trial, tagged so that this sweep's report reads it (report_inputs.trial_runs).
+        store.set_tags(reused.run_id, {REUSED_BY_PREFIX + setup.parent_run_id: trial_id})
+        print(f"trial {trial.name}: reusing finished run {reused.run_id} of the same config")
+        tune.report(_finished_result(reused))
+        return
+    if run_id:
+        store.reopen_run(run_id)  # a retried trial: RUNNING again
+    run_id = run_id or run_life.open_run(cfg, trial.name, {**tags, DIGEST_TAG: digest})
+    local = placement.in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
+    # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
+    # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
+    tune_dir = storage.join(setup.tune_storage, Path(tune.get_context().get_trial_dir()).name)
+    checkpoints = tune_dir if local else storage.join(setup.train_storage, trial_id)
+    store.set_tags(run_id, {CHECKPOINTS_TAG: checkpoints})
+    startup.mark("open_run")
+    trainer = run_life.build_trainer(
+        cfg,
+        run_id,
+        setup.train_storage,
+        trial_id,
+        callbacks=[] if local else [TuneReportCallback()],
+        local_mode=local,
+        startup=startup,
+    )
+    _, error = run_life.fit(trainer)
+    run_life.finish(cfg, run_id, error)
+    if error is not None:
+        raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
+
+
+def _finished_result(run) -> Dict[str, Any]:
+    """What a finished run's trial reports to Tune without training: its latest numbers."""
+    latest = run.metrics
+    return {
+        "tokens": int(latest.get("train/tokens", 0)),
+        "eval_loss": latest.get("eval/loss"),
+        "loss": latest.get("train/loss"),
+    }
+
+
+def _tags(setup: TrialSetup, trial_id: str, cfg: Config) -> Dict[str, str]:
+    """The trial's MLflow run tags, by which a retry finds the run again (and a ladder's rung)."""
+    tags = {PARENT_TAG: setup.parent_run_id, TRIAL_TAG: trial_id, SWEEP_TAG: setup.sweep.name, **setup.tags}
+    tags.update(ladder_plan.rung_tags(setup.sweep, cfg))
+    at = branch_study.branch_point(cfg)
+    if at is not None:
+        tags[BRANCH_AT_TAG] = str(at)
+    return tags
+
+
+def _trial_startup() -> Phases:
+    """The trial's start-up phases from here on; the first trial of a process also counts the
+    process's start (Python, Ray's worker, the trainable's imports) as `startup/process_s`."""
+    global _trials_in_this_process
+    _trials_in_this_process += 1
+    if _trials_in_this_process > 1:
+        return Phases("startup")
+    import psutil
+
+    startup = Phases("startup", since=psutil.Process().create_time())
+    startup.mark("process")
+    return startup
