@@ -68,6 +68,17 @@ def _loss(text: str) -> float:
 _loss.__name__ = "loss (a finite number > 0)"
 
 
+def _count(text: str) -> float:
+    """A ladder's target N or D: a finite number > 0 (1e9 and 1000000000 alike)."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+_count.__name__ = "count (a finite number > 0, e.g. 1e9)"
+
+
 def _out_folder(text: str) -> str:
     """A folder to write into: new, or an existing folder, not a file."""
     if not text.strip() or Path(text).exists() and not Path(text).is_dir():
@@ -175,6 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_port,
         default=5000,
         help="the port of `orchestrator ui` its printed links open (default 5000)",
+    )
+    p.add_argument(
+        "--target-params",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="a ladder's target model size, as model.params counts it (overrides the sweep file's ladder.target)",
+    )
+    p.add_argument(
+        "--target-tokens",
+        type=_count,
+        default=None,
+        metavar="D",
+        help="a ladder's target budget in tokens (overrides the sweep file's ladder.target)",
     )
 
     p = _verb(
@@ -308,6 +333,8 @@ def _report(args: argparse.Namespace) -> int:
         target_losses=args.target_loss,
         lr_criterion=args.lr_criterion,
         ui_port=args.ui_port,
+        target_params=args.target_params,
+        target_tokens=args.target_tokens,
     )
 
 

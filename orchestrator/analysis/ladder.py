@@ -290,6 +290,34 @@ def _held(rungs: Sequence[Rung], key: str) -> Optional[float]:
     return float(values.pop()) if complete and len(values) == 1 else None
 
 
+def fitted_at(ladder: Ladder, name: str, params: Optional[float], tokens: float) -> Optional[Value]:
+    """The law `name`'s value, with its 90% interval, at (N, D); a law with a B term read at the
+    B_opt law's prediction there (their resamples paired), as at the target. None: not fitted."""
+    law = ladder.law(name)
+    if law.fit is None:
+        return None
+    b_opt = ladder.law("b_opt").fit if "B" in law.fit.design.variables else None
+    at_b_opt = b_opt.prediction(params or 1.0, tokens) if b_opt is not None else ()
+    value, draws = law.fit.prediction(params or 1.0, tokens, *at_b_opt)
+    return Value(value, ladder_laws.interval_of(draws))
+
+
+def along(ladder: Ladder, name: str, steps: int = 40) -> List[Tuple[Optional[float], float, Value]]:
+    """(N, D, fitted_at) at `steps` points on a straight line in log N and log D from the
+    smallest-compute rung to the target (without one, the largest rung): what its figure draws.
+    [] when the law is not fitted."""
+    if ladder.law(name).fit is None:
+        return []
+    first, last, rec = ladder.rungs[0], ladder.rungs[-1], ladder.recommendation
+    start = np.log([first.params or 1.0, first.tokens])
+    end = np.log([rec.params, rec.tokens] if rec else [last.params or 1.0, last.tokens])
+    out = []
+    for share in np.linspace(0.0, 1.0, steps):
+        n, d = (float(x) for x in np.exp(start + share * (end - start)))
+        out.append((n if first.params else None, d, fitted_at(ladder, name, n, d)))
+    return out
+
+
 # ---------------------------------------------------------------- output
 
 
@@ -314,7 +342,7 @@ def lines(ladder: Ladder) -> List[str]:
         if law.status != "fitted":
             out.append(f"{law.form} ({'; '.join(law.notes)})")
             continue
-        terms = ", ".join(f"{k} {_with(v, '+.3f')}" for k, v in law.exponents.items())
+        terms = ", ".join(f"{k} {with_interval(v, '+.3f')}" for k, v in law.exponents.items())
         test = law.backtest
         held = (
             "no backtest"
@@ -326,9 +354,9 @@ def lines(ladder: Ladder) -> List[str]:
     if rec:
         out.append(
             f"For N = {rec.params:.3g}, D = {rec.tokens:.3g} ({rec.decades:.1f} decades of compute beyond the "
-            f"largest rung): tokens per update {_with(rec.tokens_per_update, ',.0f')} "
-            f"(B_crit {_with(rec.b_crit, ',.0f')}), peak lr {_with(rec.lr, '.3g')}, "
-            f"warmup {_with(rec.warmup_tokens, ',.0f')} tokens"
+            f"largest rung): tokens per update {with_interval(rec.tokens_per_update, ',.0f')} "
+            f"(B_crit {with_interval(rec.b_crit, ',.0f')}), peak lr {with_interval(rec.lr, '.3g')}, "
+            f"warmup {with_interval(rec.warmup_tokens, ',.0f')} tokens"
         )
         held = {k: v for k, v in rec.optimizer.items() if v is not None}
         out.append(
@@ -338,7 +366,7 @@ def lines(ladder: Ladder) -> List[str]:
     return out
 
 
-def _with(v: Optional[Value], fmt: str) -> str:
+def with_interval(v: Optional[Value], fmt: str) -> str:
     if v is None or v.value is None:
         return "none"
     if not v.interval:

@@ -84,6 +84,9 @@ class Rung:
     """The values of OPTIMIZER_KEYS its trials gave (empty: per-step constants)."""
     notes: Tuple[str, ...]
     draws: Draws
+    best_run: Optional[str] = None
+    """The name of the best run at the batch size nearest B_opt (whose warmup_share this is): the
+    config a recommendation for the target starts from."""
 
     @property
     def compute(self) -> Optional[float]:
@@ -194,6 +197,7 @@ def rung(
         optimizer={k: tuple(sorted({v for t in trials if (v := t.number(k)) is not None})) for k in OPTIMIZER_KEYS},
         notes=_notes(batches, float(b_point), bool(above), lr_edge, primary, tolerance),
         draws=Draws(np.log(b_draws), lr_draws, log_b_crit, near),
+        best_run=best.run_name,
     )
 
 

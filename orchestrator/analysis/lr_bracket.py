@@ -103,6 +103,12 @@ class Bracket:
         self.out.append(trial)
         return trial
 
+    def skip(self, why: str) -> None:
+        """Done before any trial ran (a ladder rung's batch size its placement leaves out)."""
+        assert not self.out and not self.results, "a bracket whose trials ran is not skipped"
+        self.queue.clear()
+        self._finish(why)
+
     def record(self, lr: float, seed: int, scores: Mapping[str, float]) -> None:
         """A trial's scores (missing criteria: +inf); decides the next round when it was the last."""
         key = (round_lr(lr), seed)

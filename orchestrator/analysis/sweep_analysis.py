@@ -226,7 +226,10 @@ def what_to_run(
     usable: Sequence[Trial], best: Sequence[BestRow], best_lr: Sequence[BestLr], scaling: LrScaling
 ) -> Optional[recommend.Recommendation]:
     """recommend.for_sweep on the best configuration per batch size, each with the one lr the report
-    names for it (best_lr), the lr law when there is one, and whole sequences per worker as the unit."""
+    names for it (best_lr), the lr law when there is one, and whole sequences per worker as the unit;
+    None for trials of several model sizes or budgets (a ladder recommends for its target instead)."""
+    if any(len({t.params.get(key) for t in usable}) > 1 for key in ("model.params", "train.total_tokens")):
+        return None
     lr_of = {r.batch: r.lr for r in best_lr}
     rows = [
         {"batch": r.batch, "final_loss": r.final_loss, "lr": lr_of.get(r.batch) or r.lr, "run_id": r.run_id}

@@ -85,8 +85,10 @@ def _param_space(sweep: sweep_schema.Sweep, trials, runs: Dict[str, Any]):
     from ray import tune
 
     if sweep.search.algorithm == "bracket":  # trials: its first round
-        from orchestrator.sweeps.bracket_search import BracketSearch
+        from orchestrator.sweeps.bracket_search import BracketSearch, LadderSearch
 
+        if sweep.ladder is not None and sweep.ladder.predict:  # later rungs placed from the finished ones
+            return {}, LadderSearch.from_sweep(sweep, trials, runs)
         return {}, BracketSearch.from_sweep(sweep, trials, runs)
     if trials is not None:
         return {"trial": tune.grid_search([t.values for t in trials])}, None

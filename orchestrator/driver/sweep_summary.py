@@ -42,11 +42,11 @@ def finish(
     stopped_at: Optional[Dict[str, int]] = None,
 ) -> int:
     """Close the parent run and print the answer: the report pipeline's, as `orchestrator report` gives it."""
-    from orchestrator.reporting import pipeline, report_inputs, results
+    from orchestrator.reporting import pipeline, report, report_inputs, results
 
     progress_table.stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri = base.tracking.uri
-    runs = Store(uri).child_runs(parent)
+    runs = report_inputs.trial_runs(uri, parent)  # and the finished runs it reused
     inputs = report_inputs.read_mlflow(uri, sweep.name, parent, results.METRICS, runs)
     trials = inputs.trials
     _close_unfinished_runs(uri, trials, stopped_at or {})  # the records too: the report reads them as closed
@@ -63,7 +63,7 @@ def finish(
                 print(f"no comparison: {redact_uri(str(exc))}")
                 compare = None
             settings = report_inputs.settings(sweep, f"the sweep file {sweep.path}")
-            pipeline.make(inputs, settings, compare_with=compare)
+            pipeline.make(inputs, settings, compare_with=compare, ladder=report.ladder_request(sweep))
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {redact_uri(str(exc))}")
     status = "FAILED" if error is not None or not finished else "FINISHED"

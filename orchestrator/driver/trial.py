@@ -16,12 +16,14 @@ from orchestrator.core import storage
 from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
-from orchestrator.driver import micro_batch, run_life
-from orchestrator.sweeps import branch_study, placement, search_space
+from orchestrator.driver import launch, micro_batch, run_life
+from orchestrator.sweeps import branch_study, ladder_plan, placement, search_space
 from orchestrator.tracking.run_tags import (
     BRANCH_AT_TAG,
     CHECKPOINTS_TAG,
+    DIGEST_TAG,
     PARENT_TAG,
+    REUSED_BY_PREFIX,
     RUN_COLOR_TAG,
     SWEEP_TAG,
     TRIAL_TAG,
@@ -74,21 +76,23 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     cfg.train.run_name = trial_id
     tags = _tags(setup, trial_id, cfg)
     store = Store.of(cfg)
-    run_id = store.find_run(tags)
+    run_id = store.find_run(tags)  # this trial's own run, retried or after --resume
     if run_id and store.get_run(run_id).status == "FINISHED":
         # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
-        latest = store.get_run(run_id).metrics
-        tune.report(
-            {
-                "tokens": int(latest.get("train/tokens", 0)),
-                "eval_loss": latest.get("eval/loss"),
-                "loss": latest.get("train/loss"),
-            }
-        )
+        tune.report(_finished_result(store.get_run(run_id)))
+        return
+    digest = launch.config_digest(cfg)
+    reused = None if run_id else store.find_finished({DIGEST_TAG: digest})
+    if reused is not None:
+        # An earlier sweep (a ladder before a rung was added) finished this very config: its run
+        # stands for this trial, tagged so that this sweep's report reads it (report_inputs.trial_runs).
+        store.set_tags(reused.run_id, {REUSED_BY_PREFIX + setup.parent_run_id: trial_id})
+        print(f"trial {trial.name}: reusing finished run {reused.run_id} of the same config")
+        tune.report(_finished_result(reused))
         return
     if run_id:
         store.reopen_run(run_id)  # a retried trial: RUNNING again
-    run_id = run_id or run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg)})
+    run_id = run_id or run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg), DIGEST_TAG: digest})
     local = placement.in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
     # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
@@ -111,9 +115,20 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
 
 
+def _finished_result(run) -> Dict[str, Any]:
+    """What a finished run's trial reports to Tune without training: its latest numbers."""
+    latest = run.metrics
+    return {
+        "tokens": int(latest.get("train/tokens", 0)),
+        "eval_loss": latest.get("eval/loss"),
+        "loss": latest.get("train/loss"),
+    }
+
+
 def _tags(setup: TrialSetup, trial_id: str, cfg: Config) -> Dict[str, str]:
-    """The trial's MLflow run tags, by which a retry finds the run again."""
+    """The trial's MLflow run tags, by which a retry finds the run again (and a ladder's rung)."""
     tags = {PARENT_TAG: setup.parent_run_id, TRIAL_TAG: trial_id, SWEEP_TAG: setup.sweep.name, **setup.tags}
+    tags.update(ladder_plan.rung_tags(setup.sweep, cfg))
     at = branch_study.branch_point(cfg)
     if at is not None:
         tags[BRANCH_AT_TAG] = str(at)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from orchestrator.analysis.answer import Answer
-from orchestrator.reporting import report_files, report_inputs, results
+from orchestrator.reporting import report_files, report_inputs, report_ladder, results
 from orchestrator.reporting.report_inputs import Inputs, Settings
 from orchestrator.reporting.report_render import summary_lines
 from orchestrator.tracking import mlflow_ui
@@ -27,15 +27,22 @@ def make(
     out: Optional[Path] = None,
     target_losses: Optional[Sequence[float]] = None,
     ui_port: int = mlflow_ui.DEFAULT_PORT,
+    ladder: Optional[report_ladder.Request] = None,
     **options,
 ) -> Answer:
     """The report of `inputs` in `out` (default reports/<name>): analysed with `settings` and
     `options` (sweep_analysis.analyse's), written, logged to MLflow when read from there, and
-    printed, with the links of `orchestrator ui` on `ui_port`. Returns the answer."""
+    printed, with the links of `orchestrator ui` on `ui_port`; when the trials form a ladder, its
+    part too (report_ladder.py; `ladder`: its target and tolerance). Returns the answer."""
     answer = report_inputs.analyse(inputs, target_losses, settings.origin, **settings.options, **options)
+    rungs = report_ladder.analyse(inputs.trials, ladder)
     out = out or report_files.default_out(inputs.name)
     report_files.check_out_folder(out, inputs.folder)  # again: a sweep's folder may have changed while it ran
-    written = report_files.write_report(inputs.trials, answer, inputs.name, out)
+    parts = [report_ladder.part(rungs)] if rungs else []
+    written = report_files.write_report(inputs.trials, answer, inputs.name, out, parts)
+    if rungs:
+        yaml_file = report_ladder.write_recommended(rungs, inputs.trials, ladder and ladder.target, out)
+        written += [yaml_file] if yaml_file else []
     tables = results.build(
         inputs.name, inputs.source.run_id or "", inputs.trials, inputs.curves, answer, inputs.metrics, inputs.uri or ""
     )
@@ -51,7 +58,7 @@ def make(
             store.set_tags(inputs.source.run_id, answer_tags(answer))
         where = f"logged to run {inputs.source.run_id} under report/"
     print(f"report: {out / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; {where})")
-    print("\n".join(summary_lines(answer)))
+    print("\n".join(summary_lines(answer) + report_ladder.lines(rungs)))
     if inputs.uri is not None:  # the link that compares every trial on one chart
         compared = [t.run_id for t in sorted(inputs.trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]
         print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(inputs.uri, ui_port)}`, then")

@@ -303,3 +303,50 @@ def branch_cbs(points: Sequence[Dict], fit: Optional[Dict], b_simple: Sequence[T
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def ladder_law(
+    rungs: Sequence[Tuple[float, float, Optional[Tuple[float, float]]]],
+    fitted: Sequence[Tuple[float, float]],
+    line: Sequence[Tuple[float, float, Optional[Tuple[float, float]]]],
+    backtest: Optional[Tuple[float, float, Optional[Tuple[float, float]], float]],
+    target: Optional[float],
+    title: str,
+    ylabel: str,
+    xlabel: str = "compute C = 6ND (FLOPs)",
+):
+    """A ladder's law on log axes: the rungs' measurements (x, value, interval) and the law's value
+    at each (x, value: its N and D, which one line in C cannot show), the fit and its 90% band
+    along `line` out to the target, the backtest (x, predicted, its interval, measured)
+    and the target's x."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if line:
+        xs = [p[0] for p in line]
+        ax.plot(xs, [p[1] for p in line], color="C0", lw=1.5, label="law (line from the smallest rung to the target)")
+        banded = [p for p in line if p[2]]
+        if banded:
+            ax.fill_between(
+                [p[0] for p in banded], [p[2][0] for p in banded], [p[2][1] for p in banded], color="C0", alpha=0.2
+            )
+    for x, value, interval in rungs:
+        err = [[value - interval[0]], [interval[1] - value]] if interval else None
+        ax.errorbar([x], [value], yerr=err, fmt="o", color="k", ms=5, capsize=3)
+    ax.plot([], [], "o", color="k", label="rungs (90% interval over seeds)")
+    if fitted:
+        ax.plot(*zip(*fitted), "o", mfc="none", color="C0", ms=7, label="the law at each rung's N and D")
+    if backtest is not None:
+        x, predicted, interval, measured = backtest
+        err = [[predicted - interval[0]], [interval[1] - predicted]] if interval else None
+        ax.errorbar([x], [predicted], yerr=err, fmt="D", mfc="none", color="C3", ms=8, capsize=4)
+        ax.plot([x], [measured], "x", color="C3", ms=9, label="backtest: refit without this rung (◇), measured (x)")
+    if target is not None:
+        ax.axvline(target, color="C2", ls="--", lw=1, label="target")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -14,10 +14,21 @@ from pathlib import Path
 from typing import List, Optional
 
 from orchestrator.analysis import tables
-from orchestrator.core import sweep_file, sweep_schema
+from orchestrator.core import ladder_target, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_files import check_out_folder, default_out
+
+
+def ladder_request(sweep: Optional[sweep_schema.Sweep], params: Optional[float] = None, tokens: Optional[float] = None):
+    """What the report asks of a ladder: the sweep file's ladder.target (the command line's N and D
+    over it) and ladder.tolerance."""
+    from orchestrator.reporting import report_ladder
+
+    found = ladder_target.with_options(ladder_target.target(sweep), params, tokens)
+    if sweep is not None and sweep.ladder is not None:
+        return report_ladder.Request(found, sweep.ladder.tolerance)
+    return report_ladder.Request(found)
 
 
 def run(
@@ -27,19 +38,23 @@ def run(
     target_losses: Optional[List[float]] = None,
     lr_criterion: Optional[str] = None,
     ui_port: int = 5000,
+    target_params: Optional[float] = None,
+    target_tokens: Optional[float] = None,
 ) -> int:
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
     trials.csv and curves.csv; returns the exit code. The analysis settings are the sweep file's:
     the one given, else the one the sweep's parent run recorded (report_inputs.settings), so every
     way of naming a sweep gives one answer; lr_criterion, when given, wins. ui_port: the port of
-    `orchestrator ui` the printed links open."""
+    `orchestrator ui` the printed links open. target_params / target_tokens: a ladder's target,
+    over the sweep file's ladder.target."""
     from orchestrator.reporting import pipeline, results  # pandas and matplotlib only when a report runs
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
     read = sweep_file.load(target, check=False) if is_sweep_file else None  # the command's one parse of it
+    ladder = ladder_request(read, target_params, target_tokens)  # a bad target: refused before anything
     if tables.is_table_folder(target):
         settings = report_inputs.settings(None, "default", lr_criterion)
-        return _run_tables(Path(target), out, target_losses, settings)
+        return _run_tables(Path(target), out, target_losses, settings, ladder)
     uri, name, run_id = _resolve(target, list(overrides), read)
     out_dir = Path(out) if out else default_out(name)
     check_out_folder(out_dir)  # before reading the runs: a refusal costs nothing
@@ -50,11 +65,13 @@ def run(
         )
         return 1
     settings, sweep = report_inputs.settings_of_sweep(read, uri, run_id, lr_criterion)
+    if sweep is not None and read is None:  # the file recorded on the sweep's parent run
+        ladder = ladder_request(sweep, target_params, target_tokens)
     compare = None
     if sweep is not None and sweep.branch is not None:
         experiment = report_inputs.tracking_for(target, list(overrides), read)[2]
         compare = report_inputs.compared_sweep(sweep.branch, uri, experiment)
-    pipeline.make(inputs, settings, out_dir, target_losses, ui_port=ui_port, compare_with=compare)
+    pipeline.make(inputs, settings, out_dir, target_losses, ui_port=ui_port, ladder=ladder, compare_with=compare)
     return 0
 
 
@@ -69,7 +86,7 @@ def _resolve(target: str, overrides: List[str], read: Optional[sweep_schema.Swee
         raise
 
 
-def _run_tables(folder: Path, out: Optional[str], target_losses, settings: report_inputs.Settings) -> int:
+def _run_tables(folder: Path, out: Optional[str], target_losses, settings: report_inputs.Settings, ladder) -> int:
     """`report DIR`: the same analysis and outputs from a folder's tables (nothing goes to MLflow;
     DIR is never written to)."""
     from orchestrator.reporting import pipeline
@@ -79,5 +96,5 @@ def _run_tables(folder: Path, out: Optional[str], target_losses, settings: repor
     inputs = report_inputs.read_tables(folder)
     if not any(t.batch and t.train for t in inputs.trials):
         raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
-    pipeline.make(inputs, settings, out_dir, target_losses)
+    pipeline.make(inputs, settings, out_dir, target_losses, ladder=ladder)
     return 0

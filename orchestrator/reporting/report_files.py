@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -36,6 +37,9 @@ OWNED = (MARKER, "summary.md", "summary.html", tables.TRIALS, tables.CURVES) + (
     "critical_batch_vs_loss.png",
     "b_simple_vs_tokens.png",
     "loss_vs_lr.png",
+    "ladder_b_opt.png",
+    "ladder_b_crit.png",
+    "ladder_lr_opt.png",
     recommended.FILE,
 )
 """The files a report writes into its folder: the only ones it writes or replaces there (docs/security.md)."""
@@ -165,21 +169,44 @@ def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any
     return figs
 
 
-def write_report(trials: Sequence[Trial], answer: Answer, name: str, out: Path) -> List[Path]:
+@dataclass(frozen=True)
+class Part:
+    """What a report adds beside the single-sweep answer (a ladder's: report_ladder.part)."""
+
+    json: Dict[str, Any]
+    """Top-level keys of report.json."""
+    figures: Dict[str, Any]
+    """{file in OWNED: matplotlib figure}."""
+    blocks: List[tuple]
+    """The summary's section, as report_render.document's blocks."""
+
+
+def write_report(
+    trials: Sequence[Trial], answer: Answer, name: str, out: Path, parts: Sequence[Part] = ()
+) -> List[Path]:
     """report.json (first: it marks the folder as a report's), the figures and the summaries in
-    `out`, which check_out_folder has accepted."""
+    `out`, which check_out_folder has accepted; each of `parts` after the answer."""
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps(json_safe({"name": name, **answer.to_json()}), indent=2))
+    extra = {k: v for p in parts for k, v in p.json.items()}
+    (out / MARKER).write_text(json.dumps(json_safe({"name": name, **answer.to_json(), **extra}), indent=2))
     written = [out / MARKER]
-    for file, fig in figures(trials, answer, name).items():
+    all_figures = figures(trials, answer, name)
+    for p in parts:
+        all_figures.update(p.figures)
+    for file, fig in all_figures.items():
         assert file in OWNED, f"{file} is not in report_files.OWNED: a re-run would refuse the folder"
         fig.savefig(out / file, dpi=120)
         plt.close(fig)
         written.append(out / file)
-    written += write_recommended(trials, answer, out)
-    doc = document(answer, name, [p.name for p in written[1:]])
+    own = set(all_figures) - {f for p in parts for f in p.figures}  # a part lists its own figures
+    doc = document(answer, name, [p.name for p in written[1:] if p.name in own])
+    doc += [block for p in parts for block in p.blocks]
+    if parts:  # a ladder recommends for its target (report_ladder), not for the mix of its rungs
+        (out / recommended.FILE).unlink(missing_ok=True)
+    else:
+        written += write_recommended(trials, answer, out)
     for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}"))):
         (out / file).write_text(text)
         written.append(out / file)

@@ -169,10 +169,16 @@ def compared_sweep(
     return name, trials_of(uri, sweep_runs(uri, run_id))
 
 
-def sweep_runs(uri: str, run_id: str) -> List[RunRecord]:
-    """The sweep's child runs, or the run itself when it has none."""
+def trial_runs(uri: str, parent_run_id: str) -> List[RunRecord]:
+    """A sweep's trials: its child runs and the finished runs of earlier sweeps it reused
+    (tracking.run_tags.REUSED_BY_PREFIX: a re-run sweep does not run an identical config again)."""
     store = Store(uri)
-    return store.child_runs(run_id) or [store.get_run(run_id)]
+    return store.child_runs(parent_run_id) + store.reused_runs(parent_run_id)
+
+
+def sweep_runs(uri: str, run_id: str) -> List[RunRecord]:
+    """The sweep's trials (trial_runs), or the run itself when it has none."""
+    return trial_runs(uri, run_id) or [Store(uri).get_run(run_id)]
 
 
 def read_trials(uri: str, run_id: str) -> List[Trial]:

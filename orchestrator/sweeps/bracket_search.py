@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ray.tune.search import Searcher
 
@@ -29,15 +29,30 @@ from orchestrator.sweeps import search_space
 def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
     """Optimizer steps the run tagged `tags` took to reach `target` (inf if it did not, or has no run)."""
     from orchestrator.reporting import report_inputs
+    from orchestrator.tracking.run_tags import PARENT_TAG, REUSED_BY_PREFIX, TRIAL_TAG
     from orchestrator.tracking.store import Store
 
     store = Store(uri, experiment)
     run_id = store.find_run(tags)
+    if run_id is None and PARENT_TAG in tags and TRIAL_TAG in tags:  # a finished run it reused
+        run_id = store.find_run({REUSED_BY_PREFIX + tags[PARENT_TAG]: tags[TRIAL_TAG]})
     if run_id is None:
         return math.inf
     (trial,) = report_inputs.trials_of(uri, [store.get_run(run_id)])
     tokens = trial.reach(target) if trial.train and trial.batch else None
     return tokens / trial.batch if tokens is not None else math.inf
+
+
+def groups_of(sweep: sweep_schema.Sweep, first_round: Sequence[search_space.Trial]):
+    """(values, first-round lrs, budget) of the sweep's brackets that have a feasible first-round
+    trial (`infeasible: skip` drops the others); budgets: train.total_tokens rounded down to whole
+    updates."""
+    groups = []
+    for point, lrs in search_space.bracket_groups(sweep):
+        mine = [t for t in first_round if all(t.values.get(k) == v for k, v in point.items())]
+        if mine:
+            groups.append((point, lrs, derived.rounded_budget(mine[0].cfg)))
+    return groups
 
 
 class BracketSearch(Searcher):
@@ -72,25 +87,29 @@ class BracketSearch(Searcher):
     def from_sweep(
         cls, sweep: sweep_schema.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
     ) -> "BracketSearch":
-        """The sweep's brackets that have a feasible first-round trial (`infeasible: skip` drops
-        the others); budgets: train.total_tokens rounded down to whole updates. `runs`: the
-        store, experiment and tags of the sweep's MLflow runs (the steps criterion reads them)."""
-
-        groups = []
-        for point, lrs in search_space.bracket_groups(sweep):
-            mine = [t for t in first_round if all(t.values.get(k) == v for k, v in point.items())]
-            if mine:
-                groups.append((point, lrs, derived.rounded_budget(mine[0].cfg)))
+        """The sweep's brackets (groups_of). `runs`: the store, experiment and tags of the sweep's
+        MLflow runs (the steps criterion reads them)."""
         s = sweep.search
         runs = {**(runs or {}), "target_loss": s.target_loss}
-        return cls(groups, search_space.seed_values(sweep), s.criterion, s.lr_step, s.max_lrs_per_batch, runs)
+        return cls(
+            groups_of(sweep, first_round),
+            search_space.seed_values(sweep),
+            s.criterion,
+            s.lr_step,
+            s.max_lrs_per_batch,
+            runs,
+        )
+
+    def _open(self, i: int) -> bool:
+        """Whether bracket i may hand out trials now (LadderSearch holds a rung back)."""
+        return True
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec) -> bool:
         return True  # the space is the sweep's; Tune's metric is not what a bracket scores by
 
     def suggest(self, trial_id: str):
         for i, bracket in enumerate(self.brackets):
-            taken = bracket.take()
+            taken = bracket.take() if self._open(i) else None
             if taken is not None:
                 lr, k = taken
                 self.trials[trial_id] = (i, lr, k)
@@ -138,3 +157,140 @@ class BracketSearch(Searcher):
         self.brackets = [lr_bracket.Bracket.from_json(b) for b in state["brackets"]]
         self.trials = {t: (int(i), float(lr), int(k)) for t, (i, lr, k) in state["trials"].items()}
         self.runs = state.get("runs", {})
+
+
+class LadderSearch(BracketSearch):
+    """A ladder's bracket search (docs/ladders.md): every rung a group of brackets, as in
+    BracketSearch, served smallest compute first. The first PLACE_AFTER rungs start from the
+    sweep's space at once; each later rung waits until every smaller rung's brackets are done,
+    then its first round is placed from what those rungs predict (analysis/ladder_placement.py:
+    its batch sizes around the predicted B_opt and B_crit, the others skipped; its lrs around the
+    predicted best lr), and bracketed as today. While the finished rungs fit no law, a rung keeps
+    the space's first round."""
+
+    PLACE_AFTER = 3
+    """Rungs that start at once: the fewest a law in D alone can be fitted to and checked on."""
+
+    def __init__(
+        self,
+        groups: Sequence[Tuple[Dict[str, Any], Sequence[float], Optional[int]]],
+        rungs: Sequence[Tuple[float, float]],
+        rung_of: Sequence[int],
+        seeds: Sequence[Dict[str, Any]] = ({},),
+        criterion: str = "final_loss",
+        step: float = 2.0,
+        max_lrs: int = 7,
+        runs: Optional[Dict[str, Any]] = None,
+        tolerance: float = 0.005,
+        finished: Optional[Callable[[], Sequence[Any]]] = None,
+    ):
+        """`rungs`: (N, D) of each rung, smallest compute first; `rung_of`: the rung of each group;
+        `finished`: the sweep's trials so far as analysis records (default: read from its MLflow
+        runs, `runs`)."""
+        super().__init__(groups, seeds, criterion, step, max_lrs, runs)
+        self.rungs = [(float(n), float(d)) for n, d in rungs]
+        self.rung_of = [int(r) for r in rung_of]
+        self.released = [r < self.PLACE_AFTER for r in range(len(self.rungs))]
+        self.tolerance = tolerance
+        self.placed: Dict[int, Dict[str, Any]] = {}
+        """rung -> what placed it (B_opt, B_crit, lr_opt predicted, batch sizes), for the log and state."""
+        self.finished = finished or self._read_finished
+
+    @classmethod
+    def from_sweep(
+        cls, sweep: sweep_schema.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
+    ) -> "LadderSearch":
+        from orchestrator.sweeps import ladder_plan
+
+        plans = ladder_plan.rungs(sweep)
+        groups = groups_of(sweep, first_round)
+        rung_of = [
+            next(i for i, r in enumerate(plans) if all(values.get(k) == v for k, v in r.values.items()))
+            for values, _, _ in groups
+        ]
+        s = sweep.search
+        runs = {**(runs or {}), "target_loss": s.target_loss}
+        return cls(
+            groups,
+            [(r.params, r.tokens) for r in plans],
+            rung_of,
+            search_space.seed_values(sweep),
+            s.criterion,
+            s.lr_step,
+            s.max_lrs_per_batch,
+            runs,
+            sweep.ladder.tolerance,
+        )
+
+    def _read_finished(self):
+        from orchestrator.reporting import report_inputs
+        from orchestrator.tracking.run_tags import PARENT_TAG
+
+        return report_inputs.read_trials(self.runs["uri"], self.runs["tags"][PARENT_TAG])
+
+    def _open(self, i: int) -> bool:
+        self._release()
+        return self.released[self.rung_of[i]]
+
+    def _release(self) -> None:
+        """Release, in order, every held rung whose smaller rungs are all done, placing it."""
+        for rung, released in enumerate(self.released):
+            if released:
+                continue
+            if not all(b.done for i, b in enumerate(self.brackets) if self.rung_of[i] < rung):
+                return  # a larger rung waits too: rungs run smallest first
+            self._place(rung)
+            self.released[rung] = True
+
+    def _place(self, rung: int) -> None:
+        from orchestrator.analysis import ladder_placement
+
+        mine = [i for i, r in enumerate(self.rung_of) if r == rung]
+        grid = sorted({int(self.values[i]["batch.tokens_per_update"]) for i in mine})
+        step = self.brackets[mine[0]].step
+        placement = ladder_placement.place(self.finished(), *self.rungs[rung], grid, step, self.tolerance)
+        if placement is None:
+            return
+        for i in mine:
+            old, batch = self.brackets[i], int(self.values[i]["batch.tokens_per_update"])
+            if batch in placement.lrs:
+                self.brackets[i] = lr_bracket.Bracket(
+                    placement.lrs[batch], old.seeds, old.criteria, old.step, old.max_lrs
+                )
+            else:
+                old.skip(f"outside the placed batch sizes {list(placement.batches)}")
+        self.placed[rung] = {
+            "b_opt": placement.b_opt,
+            "b_crit": placement.b_crit,
+            "lr_opt": placement.lr_opt,
+            "batches": list(placement.batches),
+            "from_rungs": placement.rungs,
+        }
+        print(
+            f"ladder rung N={self.rungs[rung][0]:.3g} D={self.rungs[rung][1]:.3g}: first round placed from "
+            f"{placement.rungs} finished rungs: B_opt {placement.b_opt:,.0f}, lr {placement.lr_opt:.3g}, "
+            f"batch sizes {list(placement.batches)}"
+        )
+
+    def save(self, checkpoint_path: str) -> None:
+        super().save(checkpoint_path)
+        with open(checkpoint_path) as f:
+            state = json.load(f)
+        state["ladder"] = {
+            "rungs": self.rungs,
+            "rung_of": self.rung_of,
+            "released": self.released,
+            "tolerance": self.tolerance,
+            "placed": {str(k): v for k, v in self.placed.items()},
+        }
+        with open(checkpoint_path, "w") as f:
+            json.dump(state, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        super().restore(checkpoint_path)
+        with open(checkpoint_path) as f:
+            ladder = json.load(f)["ladder"]
+        self.rungs = [tuple(r) for r in ladder["rungs"]]
+        self.rung_of, self.released = list(ladder["rung_of"]), list(ladder["released"])
+        self.tolerance = float(ladder["tolerance"])
+        self.placed = {int(k): v for k, v in ladder["placed"].items()}

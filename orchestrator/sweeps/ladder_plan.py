@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from orchestrator.core import config as config_lib
-from orchestrator.core import derived, registry, yaml_files
-from orchestrator.core.errors import ConfigError
+from orchestrator.core import derived, ladder_target, registry
+from orchestrator.core.ladder_target import model_params as _params
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
+from orchestrator.tracking.run_tags import RUNG_TAG
 
 TOTAL_KEY = "train.total_tokens"
 
@@ -45,7 +45,20 @@ class RungPlan:
     @property
     def label(self) -> str:
         """`N=213k D=426k`: how trial names and the report name the rung."""
-        return f"N={_short(self.params)} D={_short(self.tokens)}"
+        return label(self.params, self.tokens)
+
+
+def label(params: float, tokens: float) -> str:
+    return f"N={_short(params)} D={_short(tokens)}"
+
+
+def rung_tags(sweep: Sweep, cfg: Config) -> Dict[str, str]:
+    """The tag of a ladder trial's MLflow run naming its rung (RUNG_TAG: `N=213k D=426k`, its
+    model.params and budget), so the runs of one rung can be filtered in the UI; {} outside a
+    ladder."""
+    if sweep.ladder is None:
+        return {}
+    return {RUNG_TAG: label(registry.compute_params(cfg) or 0, cfg.train.total_tokens)}
 
 
 def _short(n: float) -> str:
@@ -53,14 +66,6 @@ def _short(n: float) -> str:
         if n >= size:
             return f"{n / size:.3g}{unit}"
     return f"{n:g}"
-
-
-def _params(sweep: Sweep, model: Dict[str, Any], key: str) -> int:
-    cfg = config_lib.load(sweep.base_config, sweep.base_overrides + yaml_files.dotlist(model))
-    n = registry.compute_params(cfg)
-    if not n:
-        raise ConfigError(key, f"workload {cfg.model.name!r} states no costs(cfg), so its model.params is unknown")
-    return n
 
 
 def _largest_batch(sweep: Sweep) -> int:
@@ -91,12 +96,8 @@ def rungs(sweep: Sweep) -> List[RungPlan]:
 
 def target(sweep: Sweep) -> Optional[Tuple[float, float, Optional[Dict[str, Any]]]]:
     """(N, D, the target's model overrides or None) of the ladder's target; None without one."""
-    t = sweep.ladder.target if sweep.ladder else None
-    if t is None or t.tokens is None:
-        return None
-    if t.overrides:
-        return float(_params(sweep, t.overrides, "ladder.target.overrides")), float(t.tokens), dict(t.overrides)
-    return float(t.params), float(t.tokens), None
+    found = ladder_target.target(sweep)
+    return (found.params, found.tokens, found.model) if found else None
 
 
 def held(hold: str, base: Config, budget: int) -> Dict[str, Any]:

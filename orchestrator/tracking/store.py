@@ -23,6 +23,7 @@ from orchestrator.tracking.records import History, MetricPoint, RunRecord
 from orchestrator.tracking.run_tags import (
     FAILURE_TAG,
     PARENT_TAG,
+    REUSED_BY_PREFIX,
     ROLE_TAG,
     SWEEP_ROLE,
     SWEEP_TAG,
@@ -247,6 +248,28 @@ class Store:
         exp_id = c.get_run(parent_run_id).info.experiment_id
         query = f"tags.`{PARENT_TAG}` = {quoted(parent_run_id)}"
         return [RunRecord.of(r) for r in c.search_runs([exp_id], filter_string=query, max_results=10000)]
+
+    def reused_runs(self, parent_run_id: str) -> List[RunRecord]:
+        """Finished runs of earlier sweeps that this sweep reused instead of running them again
+        (tagged REUSED_BY_PREFIX + its id)."""
+        c = self._client()
+        exp_id = c.get_run(parent_run_id).info.experiment_id
+        query = f"tags.`{REUSED_BY_PREFIX}{parent_run_id}` != ''"
+        return [RunRecord.of(r) for r in c.search_runs([exp_id], filter_string=query, max_results=10000)]
+
+    def find_finished(self, tags: Dict[str, str]) -> Optional[RunRecord]:
+        """The oldest FINISHED run of the experiment carrying all these tags."""
+        c = self._client()
+        exp = c.get_experiment_by_name(self._experiment())
+        if exp is None:
+            return None
+        query = " and ".join(
+            [*(f"tags.`{k}` = {quoted(v)}" for k, v in tags.items()), "attributes.status = 'FINISHED'"]
+        )
+        runs = c.search_runs(
+            [exp.experiment_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"]
+        )
+        return RunRecord.of(runs[0]) if runs else None
 
     def find_run(self, tags: Dict[str, str]) -> Optional[str]:
         """The oldest run of the experiment carrying all these tags (e.g. a trial's run, found again

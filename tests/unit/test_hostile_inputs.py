@@ -97,6 +97,10 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     # report's target losses
     (["report", "EMPTY", "--target-loss", "nan"], "--target-loss"),
     (["report", "EMPTY", "--target-loss", "-1"], "--target-loss"),
+    # a ladder's target: positive finite N and D, both (or the sweep file's ladder.target)
+    (["report", "EMPTY", "--target-params", "-1", "--target-tokens", "1e9"], "--target-params"),
+    (["report", "EMPTY", "--target-params", "1e9", "--target-tokens", "nan"], "--target-tokens"),
+    (["report", "EMPTY", "--target-params", "1e9"], "--target-tokens"),
 ]
 
 

@@ -12,7 +12,8 @@ import pytest
 from orchestrator.core import config, derived, sweep_file
 from orchestrator.core.errors import ConfigError
 from orchestrator.sweeps import ladder_plan, search_space
-from tests.conftest import TINY, write_sweep
+from orchestrator.tracking.run_tags import RUNG_TAG
+from tests.conftest import ROOT, TINY, write_sweep
 
 MODELS = [{"model.d_model": 64, "model.n_layers": 2}, {"model.d_model": 96, "model.n_layers": 3}]
 SPACE = {"batch.tokens_per_update": {"grid": [1024, 2048, 4096]}, "optim.lr": {"grid": [1e-3, 2e-3, 4e-3]}}
@@ -100,3 +101,26 @@ def test_a_ladder_is_a_bracket_search(tmp_path):
     with pytest.raises(ConfigError) as info:
         sweep_file.load(write_sweep(tmp_path, ladder=body, space=SPACE))
     assert info.value.key == "ladder" and "bracket" in str(info.value)
+
+
+def test_each_ladder_trial_is_tagged_with_its_rung_and_a_plain_sweeps_are_not(tmp_path):
+    sweep = ladder_sweep(tmp_path)
+    for rung in ladder_plan.rungs(sweep):
+        trial = search_space.resolve(sweep, {**rung.values, "batch.tokens_per_update": 2048, "optim.lr": 3e-3})
+        assert ladder_plan.rung_tags(sweep, trial.cfg) == {RUNG_TAG: rung.label}
+    assert rung.label == f"N={rung.params / 1e3:.3g}k D={rung.tokens / 1e3:.3g}k"  # the tiny models' sizes
+    plain = sweep_file.load(write_sweep(tmp_path, space=SPACE, search=SEARCH))
+    assert ladder_plan.rung_tags(plain, config.load(TINY)) == {}
+
+
+def test_the_shipped_ladder_is_3_sizes_by_3_budgets_with_a_target_4_to_10x_its_largest_rung():
+    """conf/sweep/ladder.yaml: the CPU-sized ladder docs/ladders.md runs (its dry run lists it)."""
+    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "ladder.yaml")
+    rungs = ladder_plan.rungs(sweep)
+    assert len(rungs) == 9 and len({r.params for r in rungs}) == 3
+    assert len({round(r.tokens / r.params, 1) for r in rungs}) >= 3  # varied D/N: N and D told apart
+    n, d, model = ladder_plan.target(sweep)
+    assert 4 <= 6 * n * d / rungs[-1].compute <= 10 and model
+    # the tightest trial: the smallest rung's warmup share of its budget at the largest batch size
+    tightest = search_space.resolve(sweep, {**rungs[0].values, "batch.tokens_per_update": 2048, "optim.lr": 1e-3})
+    assert tightest.cfg is not None, tightest.problem

@@ -326,6 +326,8 @@ def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(s
     ((inputs, settings, options),) = made
     assert inputs.name == SWEEP and inputs.source.run_id == store["parent"] and inputs.source.kind == "sweep"
     assert len(inputs.trials) == len(store["runs"]) + len(store["poor"])
+    ladder = options.pop("ladder")  # no ladder section: no target, the default tolerance
+    assert (ladder.target, ladder.tolerance) == (None, 0.005)
     assert settings.options == {"lr_criterion": "steps", "primary_target": None} and options == {"compare_with": None}
     assert settings.origin == {"lr_criterion": f"the sweep file {path}", "primary_target": "default"}
 

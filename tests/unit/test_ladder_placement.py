@@ -1,0 +1,121 @@
+"""A ladder rung's first round placed from the finished rungs' laws
+(orchestrator/analysis/ladder_placement.py), on known-truth ladders (tests/ladder_truth.py) in
+memory: the eight smallest-compute rungs finished, the largest placed, against the world's own
+brute-force optima there."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.analysis import ladder_placement, lr_bracket
+from tests.ladder_truth import WORLDS
+
+GRID = [2**k for k in range(4, 17)]  # 16 .. 65,536 tokens per update: a wide sweep space
+
+
+def placed(name: str):
+    world = WORLDS[name]
+    rungs = sorted(world.rungs(), key=lambda r: r[0] * r[1])
+    *finished, last = rungs
+    return world, last, ladder_placement.place(world.trials(finished), *last, GRID)
+
+
+@pytest.mark.parametrize("name", ["power-law", "lr-depends-on-b"])
+def test_the_first_round_brackets_the_true_optima_with_fewer_batch_sizes(name):
+    world, (params, tokens), p = placed(name)
+    truth = world.truth(params, tokens)
+    assert p.rungs == 8
+    assert p.b_opt == pytest.approx(truth.b_opt, rel=0.15) and p.b_crit == pytest.approx(truth.b_crit, rel=0.15)
+    assert p.lr_opt == pytest.approx(truth.lr_opt, rel=0.15)
+    # The batch sizes reach B_opt / 4 (where the loss has flattened) and past B_crit, from the grid.
+    assert set(p.batches) <= set(GRID) and len(p.batches) <= len(GRID) // 2
+    assert min(p.batches) <= truth.b_opt / 4 and max(p.batches) >= truth.b_crit
+    for b in p.batches:  # each batch size's three lrs hold the world's best lr at that batch size
+        low, middle, high = p.lrs[b]
+        assert low < world.lr_law(params, tokens, b) < high
+        assert middle == lr_bracket.round_lr(p.lr_opt * (b / p.b_opt) ** p.lr_batch_exponent)
+        assert (low, high) == pytest.approx((middle / 2, middle * 2), rel=1e-5)
+    if world.lr_b:  # the lr law's B term moves the lrs with B as the world's do
+        assert p.lr_batch_exponent == pytest.approx(world.lr_b, abs=0.2)
+    else:
+        assert p.lr_batch_exponent == 0.0
+
+
+def test_no_placement_until_the_finished_rungs_fit_the_laws():
+    world = WORLDS["power-law"]
+    rungs = sorted(world.rungs(), key=lambda r: r[0] * r[1])
+    assert ladder_placement.place(world.trials(rungs[:2]), *rungs[2], GRID) is None
+    assert ladder_placement.place([], *rungs[0], GRID) is None
+    narrow = ladder_placement.place(world.trials(rungs[:4]), *rungs[4], [4096, 8192, 16384, 32768])
+    assert narrow.batches == (4096, 8192, 16384)  # the window holds none: the 3 nearest B_opt
+    assert narrow.b_opt < 4096 and all(math.isfinite(lr) for lrs in narrow.lrs.values() for lr in lrs)
+
+
+def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_places_it(tmp_path):
+    """LadderSearch on the four smallest rungs of a known-truth ladder, each trial scored by the
+    world's noise-free final loss: the first three rungs run from the space at once, the fourth
+    only once they are done, at the placed batch sizes and lrs; its state survives save/restore."""
+    from orchestrator.sweeps.bracket_search import LadderSearch
+
+    world = WORLDS["power-law"]
+    rungs = sorted(world.rungs(), key=lambda r: r[0] * r[1])[:4]
+    grid = [2**k for k in range(6, 15)]
+    groups = [  # a rung's values: its model (here its N) and budget, as ladder_plan gives them
+        ({"model.params": n, "train.total_tokens": d, "batch.tokens_per_update": b}, [1.5e-3, 3e-3, 6e-3], None)
+        for n, d in rungs
+        for b in grid
+    ]
+    rung_of = [r for r in range(len(rungs)) for _ in grid]
+    reads = []
+    search = LadderSearch(
+        groups, rungs, rung_of, max_lrs=5, finished=lambda: reads.append(1) or world.trials(rungs[:3])
+    )
+    ran, n = [], 0
+
+    def run_all() -> None:
+        nonlocal n
+        while (suggested := search.suggest(str(n))) not in (None, LadderSearch.FINISHED):
+            values = suggested["trial"]
+            rung = (values["model.params"], values["train.total_tokens"])
+            b, lr = values["batch.tokens_per_update"], values["optim.lr"]
+            ran.append((rung, b, lr))
+            search.on_trial_complete(str(n), {"eval_loss": world.final_loss_at(*rung, b, lr)})
+            n += 1
+
+    run_all()
+    last = rungs[3]
+    first_of_last = next(i for i, (rung, _, _) in enumerate(ran) if rung == last)
+    assert {rung for rung, _, _ in ran[:first_of_last]} == set(rungs[:3])  # smallest first
+    assert len(reads) == 1 and 3 in search.placed
+    placed = search.placed[3]
+    truth = world.truth(*rungs[3])
+    assert placed["b_opt"] == pytest.approx(truth.b_opt, rel=0.3)
+    assert {b for rung, b, _ in ran if rung == last} == set(placed["batches"]) < set(grid)
+    state = tmp_path / "state.json"
+    search.save(str(state))
+    again = LadderSearch(groups, rungs, rung_of, finished=lambda: [])
+    again.restore(str(state))
+    assert again.released == [True] * 4 and again.placed == {3: placed}
+    assert [b.to_json() for b in again.brackets] == [b.to_json() for b in search.brackets]
+    assert search.suggest("end") == LadderSearch.FINISHED
+    per_rung = {rung: sum(1 for x in ran if x[0] == rung) for rung in rungs}
+    assert per_rung[last] < min(per_rung[r] for r in rungs[:3])  # fewer trials than the space's rungs
+
+
+def test_a_ladder_sweeps_searcher_knows_each_groups_rung(tmp_path):
+    from orchestrator.sweeps import ladder_plan, search_space
+    from orchestrator.sweeps.bracket_search import LadderSearch
+    from tests.unit.test_ladder_plan import ladder_sweep
+
+    sweep = ladder_sweep(tmp_path)
+    groups = search_space.bracket_groups(sweep)
+    first = [search_space.resolve(sweep, {**point, "optim.lr": lrs[0]}) for point, lrs in groups]
+    search = LadderSearch.from_sweep(sweep, first)
+    plans = ladder_plan.rungs(sweep)
+    assert search.rungs == [(p.params, p.tokens) for p in plans]
+    for values, rung in zip(search.values, search.rung_of):
+        assert values["train.total_tokens"] == plans[rung].tokens
+        assert all(values[k] == v for k, v in plans[rung].model.items())
+    assert search.rung_of == sorted(search.rung_of) and search.tolerance == sweep.ladder.tolerance
