@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for flag, kind, what in DRY_RUN_OPTIONS:
         p.add_argument(flag, type=kind, default=None, help=f"--dry-run only: {what}")
+    p.add_argument("--all", action="store_true", help="--dry-run only: list every trial (default: the first and last)")
 
     p = _verb(verbs, "report", "plots and critical-batch analysis from MLflow or from tables")
     p.add_argument(
@@ -300,6 +301,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     given = [flag for flag, _, _ in DRY_RUN_OPTIONS if getattr(args, flag[2:].replace("-", "_")) is not None]
+    given += ["--all"] if args.all else []
     if given and not args.dry_run:
         parser.error(f"{', '.join(given)} only with --dry-run")
     if args.dry_run and args.resume:
@@ -316,6 +318,7 @@ def _sweep(args: argparse.Namespace) -> int:
             peak_flops=args.peak_flops,
             startup_s=args.startup_s,
             device_memory=memory.parse_bytes(args.device_memory) if args.device_memory else None,
+            list_all=args.all,
         )
         return dry_run.run(args.sweep, args.overrides, options)
     from orchestrator.driver import sweep

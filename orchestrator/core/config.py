@@ -14,6 +14,7 @@ Pure: imports no Ray, DeepSpeed or MLflow.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import field, fields, is_dataclass
 from pathlib import Path
@@ -207,7 +208,7 @@ def load(
     path: Optional[str | Path] = None, overrides: Optional[List[str]] = None, validate_config: bool = True
 ) -> Config:
     """Schema defaults <- YAML (with `extends`) <- dotlist overrides, validated."""
-    layers, ramp = [OmegaConf.structured(Config)], NO_RAMP
+    layers, ramp = [_schema()], NO_RAMP
     if path is not None:
         merged_file, ramp = _read_yaml(Path(path))
         layers.append(merged_file)
@@ -230,6 +231,14 @@ def load(
     return cfg
 
 
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The schema's defaults as OmegaConf builds them from the dataclasses, once per process: it is
+    most of the cost of a load (a sweep resolves every trial's config), and OmegaConf.merge copies
+    its first config before merging into it, so the one built is never changed."""
+    return OmegaConf.structured(Config)
+
+
 def follow_tokenizer(cfg: Config) -> None:
     """model.vocab_size None -> the tokenizer's; a given one must equal it."""
     size = registry.vocab_size(cfg.data.tokenizer)
@@ -247,7 +256,7 @@ def from_dict(data: Dict[str, Any]) -> Config:
     """A resolved config dict (as shipped to Ray workers) back into the typed schema."""
     data, ramp = _ramp_apart(data)
     try:
-        cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data))  # type: ignore[assignment]
+        cfg: Config = OmegaConf.to_object(OmegaConf.merge(_schema(), data))  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise _omegaconf_error(exc) from None
     cfg.batch.ramp = _ramp_steps(ramp)

@@ -40,6 +40,13 @@ class Options:
     """--startup-s: seconds of start-up per trial."""
     device_memory: Optional[float] = None
     """--device-memory in bytes: the device `auto` micro-batches are sized for."""
+    list_all: bool = False
+    """--all: a row for every trial and every infeasible one skipped, however many (else LISTED)."""
+
+
+LISTED = 60
+"""The most trials (and skipped ones) a dry run lists by name unless --all: the first ones, the last
+few and a count between, so a space of thousands answers in a screen; the totals count them all."""
 
 
 @dataclass(frozen=True)
@@ -309,12 +316,24 @@ def grid_report(prepared: search_space.Prepared, options: Options) -> List[str]:
     lines = [f"sweep {sweep.name!r}: {_count(len(trials), 'trial')} ({sweep.search.algorithm} search); nothing started"]
     for kind in sorted({r.cost.kind for r in rows}):
         lines += assumption(next(r.rate for r in rows if r.cost.kind == kind), options)
-    lines += table(rows)
+    lines += table(rows) if options.list_all else listed(table(rows), len(rows), "trials")
     lines += schedules(rows)
-    lines += [f"skipped, infeasible (infeasible: skip): [{t.name}] {t.problem}" for t in skipped]
+    refused = [f"skipped, infeasible (infeasible: skip): [{t.name}] {t.problem}" for t in skipped]
+    lines += refused if options.list_all else listed([""] + refused, len(refused), "skipped trials")[1:]
     lines += [f"would not start: {p}" for p in problems]
     lines += totals(sweep, rows)[0]
     return lines
+
+
+def listed(lines: List[str], count: int, what: str) -> List[str]:
+    """A table's header line and at most LISTED of its `count` rows: the first ones, a line that
+    counts the rest, the last five; what follows the rows (a footnote) is kept."""
+    if count <= LISTED:
+        return lines
+    head, rows, tail = lines[0], lines[1 : 1 + count], lines[1 + count :]
+    first = rows[: LISTED - 5]
+    more = f"... {count - len(first) - 5:,} {what} more, counted in the totals below (--all lists every one)"
+    return [head, *first, more, *rows[-5:], *tail]
 
 
 def bracket_report(prepared: search_space.Prepared, options: Options) -> List[str]:
