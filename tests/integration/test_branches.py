@@ -75,8 +75,12 @@ def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path
     (tmp_path / "from.yaml").write_text(yaml.safe_dump(body))
     code, out, err = run_cli("sweep", tmp_path / "from.yaml", f"tracking.uri={uri}", cwd=tmp_path)
     assert code == 0, out[-3000:] + err[-3000:]
-    again = Store(uri).child_runs(Store(uri, "orchestrator").find_sweep_run("branches-from"))
+    # Its branches resolve to the very configs the first study ran (the same base checkpoint, batch
+    # and stop), so the sweep reuses those finished runs (by config digest) instead of training them.
+    parent = Store(uri, "orchestrator").find_sweep_run("branches-from")
+    again = Store(uri).child_runs(parent) + Store(uri).reused_runs(parent)
     assert len(again) == 2 and all(r.tags[run_tags.BRANCH_OF_TAG] == base.run_id for r in again)
+    assert {r.run_id for r in again} <= {r.run_id for r in branches}
     (same,) = [r for r in again if int(r.params["batch.ramp.1.tokens_per_update"]) == B]
     mine = Store(uri).metric_history(same.run_id, "train/loss")
     assert [v for _, v in mine] == pytest.approx([held[s] for s, _ in mine], rel=1e-5)
