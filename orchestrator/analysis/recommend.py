@@ -11,7 +11,8 @@ The rule, stated once for a sweep and for a ladder's target (orchestrator/analys
   to a whole number of sequences per worker (seq_len x num_workers), so it stays within the
   tolerance and splits on the sweep's cluster; where every batch size tried is within the
   tolerance, B_opt is only bounded below and the largest tried is recommended (said so).
-- **The learning rate** at that batch size: the power law of the best lr in B when the report
+- **The learning rate** at that batch size, by final loss whatever the sweep searched by (a full
+  run at this budget is judged by its final loss): the power law of the best lr in B when the report
   has one (three or more interior best lrs), else the best lrs of the two batch sizes tried
   around it, interpolated in log-log, else the best lr of the nearest one.
 - **Warmup and schedule** are those of the best configuration at the batch size tried nearest
@@ -95,9 +96,9 @@ def for_sweep(
             "and larger batch sizes were not tried."
         )
     how = {
-        "power law": "the power law of the best lr in B",
-        "interpolated": "the best lrs of the batch sizes tried around it, interpolated in log-log",
-        "tried": "the best lr at that batch size",
+        "power law": "the power law of the best lr (by final loss) in B",
+        "interpolated": "the best lrs (by final loss) of the batch sizes tried around it, interpolated in log-log",
+        "tried": "the best lr (by final loss) at that batch size",
     }[lr_from]
     words.append(f"lr {lr:.3g}: {how}. Warmup and schedule: the best configuration at {template['batch']:,} tokens.")
     return Recommendation(batch, lr, str(template["run_id"]), found, lr_from, words, launchable=unit is not None)
