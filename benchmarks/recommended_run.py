@@ -40,9 +40,8 @@ def main() -> int:
     rec, best = answer["recommendation"], answer["best"]
     runs: List[Dict[str, Any]] = []
     for seed in [int(s) for s in args.seeds.split(",")]:
-        cfg = config.load(
-            args.report / "recommended.yaml", [f"train.seed={seed}", f"train.run_name=recommended-s{seed}"]
-        )
+        name = f"recommended-B{rec['tokens_per_update']}-lr{rec['lr']:.3g}-s{seed}"  # a new name: never a resume
+        cfg = config.load(args.report / "recommended.yaml", [f"train.seed={seed}", f"train.run_name={name}"])
         done = common.run_training(cfg)
         record = Store(cfg.tracking.uri).get_run(done["run_id"])
         runs.append({"seed": seed, "final_eval": record.metrics["eval/loss"], "wall_s": done["wall_s"]})
