@@ -53,7 +53,8 @@ def make(
         store = Store(inputs.uri)
         for path in written:
             store.log_file(inputs.source.run_id, path, "report")
-        if inputs.source.kind == "sweep":  # so sweeps compare in MLflow's runs table
+        if inputs.source.kind == "sweep" and not rungs:  # so sweeps compare in MLflow's runs table (a
+            # ladder's rungs mixed have no one B_crit or best loss: its answer is report.json's ladder)
             store.log_metrics(inputs.source.run_id, answer_metrics(answer), step=0)
             store.set_tags(inputs.source.run_id, answer_tags(answer))
         where = f"logged to run {inputs.source.run_id} under report/"
