@@ -63,13 +63,13 @@ def read(folder: Path) -> List[Trial]:
         if not (folder / name).is_file():
             raise ConfigError("SWEEP_OR_RUN", f"{folder} has no {name}; a table folder holds {TRIALS} and {CURVES}")
     trial_rows = _rows(folder / TRIALS)
-    columnar = _curves_columnar(folder / CURVES, f"{folder}")
+    columnar = _curves_columnar(folder / CURVES)
     if columnar is not None:
         return trials_from(trial_rows, [], f"{folder}", curves=columnar)
     return trials_from(trial_rows, _rows(folder / CURVES), f"{folder}")
 
 
-def _curves_columnar(path: Path, where: str) -> Optional[Dict[str, Dict[str, List[Tuple[int, float]]]]]:
+def _curves_columnar(path: Path) -> Optional[Dict[str, Dict[str, List[Tuple[int, float]]]]]:
     """curves.csv read by columns (pyarrow's csv reader: a million rows in a second): the same
     curves as the row reader's, or None when any row would be refused, so that the row reader
     (_rows, _curves) names it."""
@@ -96,9 +96,9 @@ def _curves_columnar(path: Path, where: str) -> Optional[Dict[str, Dict[str, Lis
         if pa.types.is_string(column.type) and len(column) and pc.max(pc.utf8_length(column)).as_py() > MAX_CELL:
             return None
     table = table.filter(pc.is_in(table["metric"], value_set=pa.array(list(METRICS))))
-    tokens, values = table["tokens"].to_numpy(), table["value"].to_numpy()
     if table["tokens"].null_count or table["value"].null_count:
         return None
+    tokens = table["tokens"].to_numpy()
     if not (np.isfinite(tokens).all() and (tokens >= 0).all() and (tokens == np.floor(tokens)).all()):
         return None
     keys = table.select(["trial", "metric", "tokens"])

@@ -410,13 +410,13 @@ def test_curves_read_by_columns_are_the_row_readers(tmp_path):
     lines[5] = ",".join(cells)
     lines = [line + ",extra" for line in lines]  # a column the analysis does not read
     (folder / "curves.csv").write_text("\n".join(lines) + "\n")
-    columnar = tables._curves_columnar(folder / "curves.csv", str(folder))
+    columnar = tables._curves_columnar(folder / "curves.csv")
     rows = tables._curves(tables._rows(folder / "curves.csv"), tables._Where("curves.csv", str(folder)))
     assert columnar is not None and set(columnar) == set(rows)
     for trial, metrics in rows.items():
         assert {m: sorted(c) for m, c in metrics.items()} == columnar[trial]
     (folder / "curves.csv").write_text("\n".join(lines[:3] + [lines[2]]) + "\n")  # a repeated point
-    assert tables._curves_columnar(folder / "curves.csv", str(folder)) is None
+    assert tables._curves_columnar(folder / "curves.csv") is None
 
 
 # ---------------------------------------------------------------- plan on ramps: linear, and the same answers
