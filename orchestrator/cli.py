@@ -57,26 +57,24 @@ def _port(text: str) -> int:
 _port.__name__ = "port (1..65535)"  # what argparse names in "invalid port (1..65535) value"
 
 
-def _loss(text: str) -> float:
-    """A target loss: a finite number > 0 (a NaN would compare false everywhere, a negative one is never reached)."""
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(text)
-    return value
+def _positive(what: str):
+    """An argparse type: a finite number > 0 (a NaN would compare false everywhere, a negative loss
+    is never reached, a ladder's N or D is a positive size), named `what` in argparse's one line."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = what  # what argparse names in "invalid <what> value"
+    return parse
 
 
-_loss.__name__ = "loss (a finite number > 0)"
-
-
-def _count(text: str) -> float:
-    """A ladder's target N or D: a finite number > 0 (1e9 and 1000000000 alike)."""
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(text)
-    return value
-
-
-_count.__name__ = "count (a finite number > 0, e.g. 1e9)"
+_loss = _positive("loss (a finite number > 0)")
+"""--target-loss."""
+_count = _positive("count (a finite number > 0, e.g. 1e9)")
+"""A ladder's target N or D (1e9 and 1000000000 alike)."""
 
 
 def _out_folder(text: str) -> str:
