@@ -197,7 +197,6 @@ def analyse(
         best_lr = [BestLr(r.batch, r.lr, r.lr_edge) for r in best]
     name, scratch = compare_with or (None, ())
     branch = branch_analysis.study(trials, branch_tolerance, scratch, name)  # None unless a branch study
-    scaling = lr_scaling(best_lr, axes)
     read = set(usable) | ({t for t in trials if branch_analysis.is_branch(t)} if branch else set())
     return Answer(
         branch=branch,
@@ -211,7 +210,7 @@ def analyse(
         counts=counts(usable),
         best_per_batch=tuple(best),
         best_lr=tuple(best_lr),
-        lr_scaling=scaling,
+        lr_scaling=lr_scaling(best_lr, axes),
         critical_batch=study.critical_batch,
         primary=study.primary,
         trend=study.trend,
