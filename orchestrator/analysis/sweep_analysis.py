@@ -226,7 +226,7 @@ def what_to_run(
 ) -> Optional[recommend.Recommendation]:
     """recommend.for_sweep on the best configuration per batch size with its best lr by final loss
     (a full run at this budget is judged by its final loss, whatever criterion the sweep searched
-    by: the demo's lrs of fewest steps to 2.75 lie 30 % below them, and cost 2.4 % of final loss),
+    by; the lr of fewest steps to a loss can cost final loss: docs/benchmarks.md#recommended_run),
     the power law through those lrs when there is one, and whole sequences per worker as the unit;
     None for trials of several model sizes or budgets (a ladder recommends for its target instead)."""
     if any(len({t.params.get(key) for t in usable}) > 1 for key in ("model.params", "train.total_tokens")):
