@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator.analysis import branch_analysis, tables
-from orchestrator.analysis.answer import Answer
+from orchestrator.analysis.answer import Answer, BranchStudy
 from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial
 from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
@@ -214,14 +214,33 @@ def write_report(
 
 
 def write_recommended(trials: Sequence[Trial], answer: Answer, out: Path) -> List[Path]:
-    """recommended.yaml: the template run's config with the recommended batch size and lr
-    (reporting/recommended.py), or no file (and none left from an earlier report) when there is
-    no recommendation or the runs logged no train config of this project (tables written by
-    another trainer)."""
+    """recommended.yaml: the template run's config with what the report recommends on top
+    (reporting/recommended.py): a sweep's batch size and lr, or a branch study's batch ramp on its
+    base run; no file (and none left from an earlier report) when there is nothing to recommend or
+    the runs logged no train config of this project (tables written by another trainer)."""
     path = out / recommended.FILE
     path.unlink(missing_ok=True)
+    if answer.branch:
+        return _write_ramp(trials, answer.branch, path)
     rec = answer.recommendation
     template = next((t for t in trials if rec and rec.launchable and t.run_id == rec.template_run), None)
     if template is None:
         return []
     return [recommended.write(path, template.params, rec.overrides(), rec.rule)]
+
+
+def _write_ramp(trials: Sequence[Trial], study: BranchStudy, path: Path) -> List[Path]:
+    """The base run's config with the suggested batch.ramp and its lr scaling (the keys of the
+    study's pasteable YAML), when the base run logged this project's config."""
+    base = branch_analysis.base_of(trials)
+    if base is None or not study.ramp or base.number("data.seq_len") is None:
+        return []
+    overrides = {"batch.ramp": [dict(step) for step in study.ramp], "batch.ramp_lr_scaling": study.lr_scaling}
+    why = [
+        f"The batch ramp the branch study suggests from its base run {base.name}: "
+        + ", ".join(
+            f"{s['tokens_per_update']:,} tokens per update from {s['from_tokens']:,} tokens" for s in study.ramp
+        )
+        + f"; each change scales the lr by k^{study.lr_scaling:g} (batch.ramp_lr_scaling).",
+    ]
+    return [recommended.write(path, base.params, overrides, why)]

@@ -212,3 +212,37 @@ def test_an_exponent_interval_that_holds_zero_says_the_growth_is_not_resolved():
     assert "^0.59 (90% interval -0.24 to 1.43). The growth is not resolved" in text
     rising = {**fit, "exponent_interval": [0.2, 1.0], "growth": branch_ramp.growth(0.59, [0.2, 1.0])}
     assert "grows along training" in " ".join(report_branch.sentences(dataclasses.replace(branch, fit=rising)))
+
+
+def test_a_branch_study_whose_base_logged_its_config_writes_the_ramp_as_recommended_yaml(tmp_path):
+    """What a branch study recommends is its ramp on its base run: recommended.yaml is the base
+    run's config with the suggested batch.ramp and batch.ramp_lr_scaling (the keys of the YAML to
+    paste), and `orchestrator plan` takes it."""
+    from orchestrator import cli
+    from orchestrator.reporting import recommended
+    from tests.unit.test_recommend import params_of
+
+    trials = study_trials()
+    base = next(t for t in trials if t.name == "base")
+    run = config.load(
+        TINY,
+        [
+            "data.seq_len=64",
+            "model.max_seq_len=64",
+            f"batch.tokens_per_update={B0}",
+            "train.total_tokens=180224",
+            f"train.checkpoint_at_tokens=[{','.join(map(str, AT))}]",
+        ],
+    )
+    base.params = {**params_of(run), **base.params}
+    answer = sweep_analysis.analyse(trials)
+    written = report_files.write_report(trials, answer, "branches", tmp_path)
+    path = tmp_path / recommended.FILE
+    assert path in written
+    assert cli.main(["plan", str(path)]) == 0
+    cfg = config.load(path)
+    assert [(s.from_tokens, s.tokens_per_update) for s in cfg.batch.ramp] == [
+        (s["from_tokens"], s["tokens_per_update"]) for s in answer.branch.ramp
+    ]
+    assert cfg.batch.ramp_lr_scaling == answer.branch.lr_scaling and cfg.train.checkpoint_at_tokens == []
+    assert cfg.model == run.model and cfg.data == run.data
