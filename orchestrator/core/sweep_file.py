@@ -419,7 +419,7 @@ RULES = (
 """The checks that span keys, in the order they run, after every key has passed its row. A branch
 study's batch arithmetic (each factor's split, whole updates) needs the base config: branch_study.check."""
 
-READ_UNCHECKED = ("name", "base", "search", "branch")
+READ_UNCHECKED = ("name", "base", "search", "branch", "ladder")
 """What `load(check=False)` reads (by their rows, no RULES): what `submit` and `report` need of a
 file whose other keys need not be valid there."""
 

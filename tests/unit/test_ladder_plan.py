@@ -53,6 +53,16 @@ def test_a_target_given_by_its_model_is_its_model_params(tmp_path):
     assert (n, d, model) == (n_of(target["overrides"]), 5.0e8, target["overrides"])
 
 
+def test_report_reads_the_ladder_of_a_sweep_file_as_the_sweep_does():
+    """`report FILE` and `report NAME` read the sweep file unchecked (sweep_file.load(check=False),
+    read_recorded): the ladder's target and tolerance must come through, or the report of a
+    ladder named by its file or its name has no target while the end of the sweep has one."""
+    path = ROOT / "conf" / "sweep" / "ladder.yaml"
+    checked = sweep_file.load(path)
+    assert sweep_file.load(path, check=False).ladder == checked.ladder
+    assert sweep_file.read_recorded(path.read_text(), path).ladder == checked.ladder
+
+
 def test_each_rung_holds_the_bases_warmup_share_and_adamws_constants_in_tokens(tmp_path):
     sweep = ladder_sweep(tmp_path)
     base = config.load(sweep.base_config, sweep.base_overrides)
