@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from orchestrator import cli
+from orchestrator.sweeps import ladder_plan
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, sqlite_store
@@ -181,3 +182,58 @@ def test_a_linreg_bracket_sweep_brackets_every_batch_size_and_says_when_not_to_t
     )
     assert primary["b_simple"] == pytest.approx(closed, rel=0.5)
     assert primary["s_min"] < 20 and any("below Adam's beta2 memory" in n for n in primary["notes"])
+
+
+def test_a_linreg_ladder_runs_end_to_end_and_a_rung_added_later_trains_only_its_own_trials(
+    ray_session, tmp_path, monkeypatch, capsys
+):
+    """A ladder of linear regressions (model.params = model.dim) through `sweep` and the report at
+    its end: every trial tagged with its rung, report.json's `ladder` over every rung and for the
+    target the sweep file names. Then the same ladder with
+    one rung added: the new parent trains that rung's trials only, reuses every other finished
+    trial (identical configs, by digest), and its report covers all rungs. (Linear regression
+    reaches its noise floor in a few updates, so its laws are not the point here: a ladder whose
+    laws fit and whose recommended.yaml `plan` accepts is conf/sweep/ladder.yaml, a benchmark.)"""
+    dims_budgets = [(4, 512), (4, 2048), (8, 1024), (8, 4096)]  # D/N of 128 and 512
+
+    def ladder(rungs):
+        return {
+            "rungs": [{"overrides": {"model.dim": d}, "total_tokens": t} for d, t in rungs],
+            "target": {"overrides": {"model.dim": 64}, "tokens": 65536},
+            "predict": False,  # every rung from the space, so the re-run's configs are the first run's
+        }
+
+    overrides = {
+        "train.eval_every_tokens": 512,
+        "train.report_every_tokens": 256,
+        "batch.micro_batch_size": 1024,
+        "gns.enabled": False,
+        "schedule.decay": "wsd",
+    }
+    space = {"batch.tokens_per_update": {"grid": [8, 32]}, "optim.lr": {"grid": [0.02, 0.04]}}
+    search = {"algorithm": "bracket", "criterion": "final_loss", "max_lrs_per_batch": 3}
+    code, out, uri, runs = run_sweep(
+        tmp_path, monkeypatch, capsys, "linreg-ladder", overrides, space, search=search, ladder=ladder(dims_budgets)
+    )
+    assert code == 0, out[-3000:]
+    rung_of = {r.run_id: r.tags[run_tags.RUNG_TAG] for r in runs.values()}
+    assert sorted(set(rung_of.values())) == sorted(ladder_plan.label(d, t) for d, t in dims_budgets)
+    report = tmp_path / "reports" / "linreg-ladder" / "report.json"  # the end of the sweep's
+    result = json.loads(report.read_text())["ladder"]
+    assert sorted((r["params"], r["tokens"]) for r in result["rungs"]) == sorted(dims_budgets)
+    assert {law["name"] for law in result["laws"]} == {"b_opt", "b_crit", "lr_opt"}
+    assert (result["recommendation"]["params"], result["recommendation"]["tokens"]) == (64, 65536)
+    capsys.readouterr()
+
+    body = yaml.safe_load((tmp_path / "linreg-ladder.yaml").read_text())
+    body["ladder"] = ladder([*dims_budgets, (16, 2048)])
+    (tmp_path / "linreg-ladder.yaml").write_text(yaml.safe_dump(body))
+    assert cli.main(["sweep", "linreg-ladder.yaml", f"tracking.uri={uri}"]) == 0, capsys.readouterr().out[-3000:]
+    first_parent = next(iter(runs.values())).tags[run_tags.PARENT_TAG]
+    parent = Store(uri, "orchestrator").find_sweep_run("linreg-ladder")
+    assert parent != first_parent
+    trained, reused = Store(uri).child_runs(parent), Store(uri).reused_runs(parent)
+    assert trained and {r.tags[run_tags.RUNG_TAG] for r in trained} == {ladder_plan.label(16, 2048)}
+    assert {r.run_id for r in reused} == set(rung_of), "every trial of the first ladder is reused, none trained"
+    rungs = json.loads(report.read_text())["ladder"]["rungs"]
+    assert sorted((r["params"], r["tokens"]) for r in rungs) == sorted([*dims_budgets, (16, 2048)])
