@@ -13,15 +13,16 @@ Pure: imports no Ray, DeepSpeed or MLflow.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import re
 from dataclasses import field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, ValueNode
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -30,7 +31,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from orchestrator.core import registry, validation
+from orchestrator.core import registry, validation, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config, RampStep
 from orchestrator.core.validation import check_override
@@ -208,15 +209,9 @@ def load(
     path: Optional[str | Path] = None, overrides: Optional[List[str]] = None, validate_config: bool = True
 ) -> Config:
     """Schema defaults <- YAML (with `extends`) <- dotlist overrides, validated."""
-    layers, ramp = [_schema()], NO_RAMP
-    if path is not None:
-        merged_file, ramp = _read_yaml(Path(path))
-        layers.append(merged_file)
-    ramp, parsed = _ramp_overrides(ramp, parse_overrides(overrides or []))
     try:
-        merged = OmegaConf.merge(*layers)
-        _apply_overrides(merged, parsed)
-        secret_keys = sorted(_interpolated_secret_keys(merged))
+        merged, ramp = _merged(path, overrides or [])
+        secret_keys = sorted(_interpolated_keys(merged, _SECRET_RE))
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise _omegaconf_error(exc) from None
@@ -228,6 +223,82 @@ def load(
     if validate_config:
         follow_tokenizer(cfg)
         validation.validate(cfg)
+    return cfg
+
+
+def _merged(path: Optional[str | Path], overrides: List[str]) -> Tuple[DictConfig, Any]:
+    """(schema <- YAML <- overrides as one DictConfig, the batch.ramp kept apart: _ramp_steps)."""
+    layers, ramp = [_schema()], NO_RAMP
+    if path is not None:
+        merged_file, ramp = _read_yaml(Path(path))
+        layers.append(merged_file)
+    ramp, parsed = _ramp_overrides(ramp, parse_overrides(overrides))
+    merged = OmegaConf.merge(*layers)
+    _apply_overrides(merged, parsed)
+    return merged, ramp
+
+
+def load_variant(path: str | Path, base_overrides: Sequence[str], overrides: Mapping[str, Any]) -> Config:
+    """load(path, base_overrides + dotlist(overrides)), for one of many variants of one base (a
+    sweep's trials): the base is merged through OmegaConf once (_plain_base) and each variant's
+    scalar overrides are converted by their schema nodes as OmegaConf converts them, then
+    validated as load() validates. load() itself answers whatever that cannot stand for: a base
+    with interpolations or a batch.ramp, an override of a section, a list item or the ramp, a value
+    its node refuses (load() then names it)."""
+    dotlist = list(base_overrides) + yaml_files.dotlist(dict(overrides))
+    file = Path(path)
+    stat = file.stat()
+    base = _plain_base(str(file.resolve()), stat.st_mtime_ns, stat.st_size, tuple(base_overrides))
+    cfg = _with_scalars(base, parse_overrides(yaml_files.dotlist(dict(overrides)))) if base else None
+    if cfg is None:
+        return load(path, dotlist)
+    follow_tokenizer(cfg)
+    validation.validate(cfg)
+    return cfg
+
+
+@functools.lru_cache(maxsize=8)
+def _plain_base(path: str, mtime_ns: int, size: int, overrides: Tuple[str, ...]) -> Optional[Config]:
+    """The config of `path` with `overrides`, not validated, when nothing in it is computed from
+    anything else (no interpolation, no batch.ramp), so a variant may set its keys directly; None
+    otherwise, or when it does not load (load() then says why). Keyed by the file's mtime and
+    size: a file rewritten in the same process is read again. Never changed: variants copy it."""
+    try:
+        merged, ramp = _merged(path, list(overrides))
+        if _interpolated_keys(merged) or ramp not in (NO_RAMP, None):
+            return None
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except (OmegaConfBaseException, ConfigError):
+        return None
+
+
+def _with_scalars(base: Config, parsed: List[tuple]) -> Optional[Config]:
+    """A copy of `base` with each (key, value) set as OmegaConf would set it (check_override, then
+    the schema node's validate_and_convert); None when one is not a plain scalar on a leaf of the
+    schema or its node refuses it."""
+    cfg = copy.deepcopy(base)
+    for key, value in parsed:
+        if key == RAMP or key.startswith(f"{RAMP}.") or isinstance(value, (dict, list)):
+            return None
+        if isinstance(value, str) and "${" in value:
+            return None
+        *sections, leaf = key.split(".")
+        node: Any = _schema()
+        owner: Any = cfg
+        for part in sections:
+            node = node._get_node(part) if isinstance(node, DictConfig) and not node._is_none() else None
+            owner = getattr(owner, part, None)
+            if node is None or not is_dataclass(owner):
+                return None
+        node = node._get_node(leaf) if isinstance(node, DictConfig) and not node._is_none() else None
+        if not isinstance(node, ValueNode) or not hasattr(owner, leaf):
+            return None
+        check_override(key, value)
+        try:
+            converted = node.validate_and_convert(value)
+        except (OmegaConfBaseException, ValueError, TypeError):
+            return None
+        setattr(owner, leaf, converted)
     return cfg
 
 
@@ -263,15 +334,16 @@ def from_dict(data: Dict[str, Any]) -> Config:
     return cfg
 
 
-def _interpolated_secret_keys(node: Any, prefix: str = "") -> List[str]:
+def _interpolated_keys(node: Any, pattern: Optional[re.Pattern] = None, prefix: str = "") -> List[str]:
+    """The keys whose value is an interpolation (whose text matches `pattern`, when given)."""
     keys = []
     items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node)
     for key, _ in items:
         full = f"{prefix}{key}"
         child = node._get_node(key)
         if OmegaConf.is_config(child) and not child._is_none():  # a list or section set to None has no items
-            keys += _interpolated_secret_keys(child, full + ".")
-        elif OmegaConf.is_interpolation(node, key) and _SECRET_RE.search(str(child._value())):
+            keys += _interpolated_keys(child, pattern, full + ".")
+        elif OmegaConf.is_interpolation(node, key) and (pattern is None or pattern.search(str(child._value()))):
             keys.append(full)
     return keys
 

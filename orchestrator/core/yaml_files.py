@@ -6,6 +6,8 @@ Knows no schema (orchestrator.core.config builds on it): pure, imports no Ray, D
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -94,20 +96,29 @@ def parse_overrides(overrides: List[str]) -> List[tuple]:
     """key=value strings -> [(key, value)], values parsed as YAML like OmegaConf's dotlist."""
     parsed = []
     for item in overrides:
-        key, sep, _ = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(item, "an override must look like key=value (e.g. optim.lr=3e-4)")
-        match = _RESOLVER_RE.search(item)
-        if match and match.group(1) not in ALLOWED_RESOLVERS:
-            raise ConfigError(
-                key, f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}"
-            )
-        try:
-            # resolve=False keeps `${oc.env:...}` as written, so it can be redacted later.
-            value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
-        except (OmegaConfBaseException, yaml.YAMLError) as exc:  # YAML: e.g. over OmegaConf's 10,000 nodes
-            raise ConfigError(key, str(exc).splitlines()[0]) from None
-        for part in key.split("."):
-            value = value[part]
-        parsed.append((key, value))
+        key, value = _parse_override(item)
+        parsed.append((key, copy.deepcopy(value) if isinstance(value, (list, dict)) else value))
     return parsed
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_override(item: str) -> tuple:
+    """One key=value, parsed once per process: a sweep's trials repeat the same few (the values
+    of its grid), and OmegaConf's parser costs about a millisecond each. Its lists and dicts are
+    shared: parse_overrides hands out copies."""
+    key, sep, _ = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(item, "an override must look like key=value (e.g. optim.lr=3e-4)")
+    match = _RESOLVER_RE.search(item)
+    if match and match.group(1) not in ALLOWED_RESOLVERS:
+        raise ConfigError(
+            key, f"resolver ${{{match.group(1)}:...}} not allowed; allowed: {', '.join(ALLOWED_RESOLVERS)}"
+        )
+    try:
+        # resolve=False keeps `${oc.env:...}` as written, so it can be redacted later.
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
+    except (OmegaConfBaseException, yaml.YAMLError) as exc:  # YAML: e.g. over OmegaConf's 10,000 nodes
+        raise ConfigError(key, str(exc).splitlines()[0]) from None
+    for part in key.split("."):
+        value = value[part]
+    return key, value

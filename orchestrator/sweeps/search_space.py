@@ -17,7 +17,6 @@ import numpy as np
 
 from orchestrator.analysis import lr_bracket
 from orchestrator.core import config as config_lib
-from orchestrator.core import yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_file import load
@@ -192,7 +191,7 @@ def resolve(sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None)
         overrides["optim.lr"] = float(f"{lr:.6g}")
     trial = Trial(overrides, values=dict(values))
     try:
-        trial.cfg = config_lib.load(sweep.base_config, sweep.base_overrides + yaml_files.dotlist(overrides))
+        trial.cfg = config_lib.load_variant(sweep.base_config, sweep.base_overrides, overrides)
     except ConfigError as exc:
         trial.problem = str(exc)
         return trial

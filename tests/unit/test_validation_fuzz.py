@@ -2,6 +2,7 @@
 invalid values of each field's kind drawn by hypothesis, through the CLI's entry in-process with
 Ray, MLflow and the corpus replaced by sentinels that fail the test when touched."""
 
+import json
 import math
 import os
 from dataclasses import fields, is_dataclass
@@ -11,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from orchestrator.core import config, schema, storage, validation
+from orchestrator.core import config, schema, storage, validation, yaml_files
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import RampStep, SourceConfig
 from orchestrator.core.validation import FIELDS, Field
 from orchestrator.driver import launch, ray_session, run_life
@@ -370,3 +372,45 @@ def test_train_resume_finds_the_newest_unfinished_run_of_the_same_config(tmp_pat
     code = main(["train", str(TINY), *overrides, "train.run_name=never-ran", "--resume"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "no run named 'never-ran'" in err[-1], err
+
+
+BAD_OF_KIND = {
+    "int": [-1, 1.5, "abc", None],
+    "float": [math.nan, -1.0, "abc", None],
+    "bool": [2, "maybe", None],
+    "str": ["", [1, 2], 5, None],
+}
+
+
+def variant_cases():
+    """(key, value): every scalar field once with a value of its kind it may refuse, and the
+    valid boundaries above."""
+    cases = []
+    for i, key in enumerate(k for k in KEYS if ".*." not in k):
+        bad = BAD_OF_KIND.get(FIELDS[key].kind, [[1, 2], "abc"])
+        cases.append((key, bad[i % len(bad)]))
+    for override in VALID_BOUNDARIES:
+        key, value = yaml_files.parse_overrides([override])[0]
+        cases.append((key, value))
+    return cases
+
+
+def outcome(load, *args):
+    """The config as JSON (so 0 and 0.0 differ), or the error's text."""
+    try:
+        return json.dumps(config.to_dict(load(*args), redact=False), sort_keys=True, default=str)
+    except ConfigError as exc:
+        return str(exc)
+
+
+def test_a_sweeps_fast_load_of_a_variant_is_the_full_load(monkeypatch):
+    """config.load_variant (a sweep resolves each trial by it: the base merged once, each scalar
+    converted by its schema node) gives what config.load gives, a config or an error alike; the
+    valid values take the fast way (they load with config.load out of reach)."""
+    for key, value in variant_cases():
+        fast = outcome(config.load_variant, TINY, [], {key: value})
+        full = outcome(config.load, TINY, yaml_files.dotlist({key: value}))
+        assert fast == full, (key, value)
+    monkeypatch.setattr(config, "load", lambda *args, **kwargs: pytest.fail("load_variant fell back to load"))
+    for override in VALID_BOUNDARIES:
+        config.load_variant(TINY, [], dict(yaml_files.parse_overrides([override])))
