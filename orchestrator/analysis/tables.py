@@ -237,6 +237,9 @@ def _curves(rows: Sequence[Mapping[str, Any]], where: _Where) -> Dict[str, Dict[
     return curves
 
 
+NON_FINITE = ("inf", "infinity", "nan")
+
+
 def _is_tokens(x: float) -> bool:
     return math.isfinite(x) and x >= 0 and x.is_integer()
 
@@ -251,6 +254,10 @@ def _param_problem(key: str, text: str) -> Optional[str]:
     if key == BATCH_KEY:
         return None if _is_tokens(number) and number >= 1 else f"got {_shown(text)}; a whole number >= 1"
     rule = FIELDS.get(re.sub(r"\.\d+\.", ".*.", key))
+    if rule is not None and rule.kind not in ("int", "float"):
+        return None  # a text field: '29e68690' is a trial's name, not a number too large for a float
+    if not math.isfinite(number) and str(text).strip().lower().lstrip("+-") not in NON_FINITE:
+        return None  # spelled as a finite number that overflows a float: text of another trainer's
     if not math.isfinite(number):
         return f"got {_shown(text)}; a finite number"
     if number < 0 and rule is not None and rule.low is not None and rule.low >= 0:

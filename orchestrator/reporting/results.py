@@ -198,6 +198,7 @@ def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
     """One row per trial, in the order given (report reads them oldest first): what people read
     first, the short aliases, then every param by its dotted key (what `report DIR` reads)."""
     keys = sorted(set().union(*(t.params for t in trials)) if trials else set())
+    typed = {k: _column([t.params.get(k) for t in trials]) for k in keys}
     rows = [
         {
             "trial": t.name,
@@ -213,9 +214,9 @@ def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
             "stopped_at": t.stopped_at,
             "wall_s": t.duration_s,
             "checkpoints": t.checkpoints,
-            **{k: _scalar(t.params.get(k)) for k in keys},
+            **{k: typed[k][i] for k in keys},
         }
-        for t in trials
+        for i, t in enumerate(trials)
     ]
     columns = ["trial", "run_id", "trial_id", "status", "outcome", *ALIASES, "tokens", "final_train_loss"]
     columns += ["final_eval_loss", "b_simple", "stopped_at", "wall_s", "checkpoints", *keys]
@@ -311,6 +312,14 @@ def _last(curve: Curve) -> Optional[float]:
 
 _WORDS = {"None": None, "True": True, "False": False}
 """How MLflow spells Python's None and booleans (it logs str(value))."""
+
+
+def _column(values: List[Any]) -> List[Any]:
+    """A param's values over the trials as the None, bools and numbers they spell when every one
+    spells one (_scalar), else as logged: a column of names keeps a name that looks like a number
+    (a trial id such as '73714518', or '29e68690', which float() reads as inf)."""
+    scalars = [_scalar(v) for v in values]
+    return values if any(isinstance(v, str) for v in scalars) else scalars
 
 
 def _scalar(value: Any) -> Any:

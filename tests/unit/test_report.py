@@ -415,3 +415,35 @@ def test_the_parent_run_holds_the_answer_as_metrics_and_tags(store, tmp_path):
     assert run.metrics["answer/recommended_lr"] == pytest.approx(rec["lr"])
     assert run.tags["answer.status"] == primary["status"]
     assert float(run.tags["answer.primary_target"]) == pytest.approx(primary["target_loss"], rel=1e-3)
+
+
+def test_a_text_param_that_looks_like_a_number_is_written_and_read_back_as_text(tmp_path):
+    """Trial ids are 8 hex digits and name a sweep trial's run (train.run_name): '73714518' looks
+    like an integer and '29e68690' like a float too large for one (inf). trials.csv keeps a column
+    of names as names, so `report DIR` reads the folder `report` wrote."""
+    from orchestrator.analysis import tables
+    from orchestrator.analysis.trials import Trial
+    from orchestrator.reporting import results
+
+    names = ["73714518", "29e68690", "a1b2c3d4"]
+    trials = [
+        Trial(
+            run_id=f"run{i}",
+            name=f"B=256 lr=1e-3 s{i}",
+            status="FINISHED",
+            params={
+                "batch.tokens_per_update": "256",
+                "optim.lr": "0.001",
+                "train.run_name": name,
+                "train.seed": str(i),
+            },
+            train=[(256, 3.0), (512, 2.5)],
+        )
+        for i, name in enumerate(names)
+    ]
+    curves = {t.run_id: {"train/loss": t.train} for t in trials}
+    frames = results.trials_frame(trials), results.curves_frame(trials, curves)
+    results.SweepResults("names", "parent", *frames, fit=None).to_csv(tmp_path)
+    back = tables.read(tmp_path)
+    assert [t.params["train.run_name"] for t in back] == names
+    assert [t.params["train.seed"] for t in back] == ["0", "1", "2"]
