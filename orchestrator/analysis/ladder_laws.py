@@ -42,6 +42,9 @@ SD_FLOOR = 0.02
 """The smallest spread (of a natural log) a rung's weight assumes."""
 SINGULAR = 1e10
 """Normal equations with a larger condition number are singular (a resample that lost a variable)."""
+UNTESTED_DECADES = 2.0
+"""A backtest whose refit's interval spans more decades than this tests nothing (it would hold any
+value the law could give): its `held` is None and its note says so, not True."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -257,6 +260,12 @@ def backtest(points: Sequence[Point], design: Design, seed: Any, measured: Optio
     predicted, boots = refit.prediction(out.params or 1.0, out.tokens, out.batch)
     own = _draws(out, len(boots)) - math.log(out.value)
     held_in = interval_of(boots * np.exp(np.where(np.isfinite(own), own, 0.0)))
+    if held_in is not None and math.log10(held_in[1] / held_in[0]) > UNTESTED_DECADES:
+        note = (
+            f"not a test: the refit's 90% interval spans {math.log10(held_in[1] / held_in[0]):.0f} decades "
+            "(too few rungs left for its terms, or rungs too noisy)"
+        )
+        return Backtest((out.params, out.tokens), predicted, out.value, held_in, None, note)
     inside = held_in is not None and held_in[0] <= out.value <= held_in[1]
     return Backtest((out.params, out.tokens), predicted, out.value, held_in, bool(inside))
 

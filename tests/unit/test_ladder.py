@@ -374,3 +374,26 @@ def test_a_single_sweep_is_not_a_ladder_and_a_ladder_is():
     two = world.trials(world.rungs()[:2])
     assert ladder_rungs.is_ladder(two)
     assert list(ladder_rungs.group(two)) == [(n, d) for n, d in world.rungs()[:2]]
+
+
+def test_a_backtest_whose_interval_spans_decades_is_not_counted_as_held():
+    """A refit so uncertain that its 90% interval spans more than ladder_laws.UNTESTED_DECADES
+    holds any value: the backtest says it is not a test (held None; the recommendation then warns
+    that the law is untested) instead of reporting it held. The same law on rungs with tight seeds
+    is tested and holds."""
+    rng = np.random.default_rng(0)
+    params, tokens = [2e4, 4e4, 1e5] * 3, [4e4, 8e4, 2e5, 1.6e5, 3.2e5, 8e5, 6.4e5, 1.3e6, 3.2e6]
+
+    def rungs(sd):
+        true = [3e-3 * (n / 4e4) ** -0.5 * (d / 1e5) ** 0.3 for n, d in zip(params, tokens)]
+        return [
+            Point(n, d, v, np.log(v) + rng.normal(0, sd, 400), rung=i)
+            for i, (n, d, v) in enumerate(zip(params, tokens, true))
+        ]
+
+    tight, loose = rungs(0.1), rungs(3.0)
+    assert ladder_laws.backtest(tight, ladder_laws.design_of(tight), seed=0).held is True
+    untested = ladder_laws.backtest(loose, ladder_laws.design_of(loose), seed=0)
+    low, high = untested.interval
+    assert math.log10(high / low) > ladder_laws.UNTESTED_DECADES
+    assert untested.held is None and untested.note.startswith("not a test")
