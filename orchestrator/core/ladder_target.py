@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
 
 from orchestrator.core import config as config_lib
 from orchestrator.core import registry, yaml_files
@@ -37,13 +38,17 @@ def model_params(sweep: Sweep, model: Dict[str, Any], key: str) -> int:
     return n
 
 
-def target(sweep: Optional[Sweep]) -> Optional[Target]:
-    """The sweep file's ladder.target; None without one (or without its tokens)."""
+def target(sweep: Optional[Sweep], params_of: Optional[Callable[[Dict[str, Any]], int]] = None) -> Optional[Target]:
+    """The sweep file's ladder.target; None without one (or without its tokens). params_of: N of
+    the target's model keys, when the base config's file is not where the sweep file says (the
+    copy a sweep's parent run recorded names it relative to where the sweep ran)."""
     t = sweep.ladder.target if sweep is not None and sweep.ladder else None
     if t is None or t.tokens is None:
         return None
     if t.overrides:
-        n = model_params(sweep, t.overrides, "ladder.target.overrides")
+        on_disk = sweep.base_config is not None and Path(sweep.base_config).is_file()
+        n = params_of(t.overrides) if params_of and not on_disk else None
+        n = n or model_params(sweep, t.overrides, "ladder.target.overrides")
         return Target(float(n), float(t.tokens), dict(t.overrides))
     return Target(float(t.params), float(t.tokens)) if t.params else None
 

@@ -11,21 +11,29 @@ read -> analyse -> write), the same the end of `sweep` runs, so the two always s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from orchestrator.analysis import tables
+from orchestrator.analysis.trials import Trial
 from orchestrator.core import ladder_target, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_inputs
 from orchestrator.reporting.report_files import check_out_folder, default_out
 
 
-def ladder_request(sweep: Optional[sweep_schema.Sweep], params: Optional[float] = None, tokens: Optional[float] = None):
+def ladder_request(
+    sweep: Optional[sweep_schema.Sweep],
+    params: Optional[float] = None,
+    tokens: Optional[float] = None,
+    trials: Sequence[Trial] = (),
+):
     """What the report asks of a ladder: the sweep file's ladder.target (the command line's N and D
-    over it) and ladder.tolerance."""
+    over it) and ladder.tolerance. trials: the sweep's runs, whose logged config gives the target
+    model's N when the file's base config is not on this disk (the copy the parent run recorded)."""
     from orchestrator.reporting import report_ladder
 
-    found = ladder_target.with_options(ladder_target.target(sweep), params, tokens)
+    params_of = (lambda model: report_ladder.params_of(trials, model)) if trials else None
+    found = ladder_target.with_options(ladder_target.target(sweep, params_of), params, tokens)
     if sweep is not None and sweep.ladder is not None:
         return report_ladder.Request(found, sweep.ladder.tolerance)
     return report_ladder.Request(found)
@@ -66,7 +74,7 @@ def run(
         return 1
     settings, sweep = report_inputs.settings_of_sweep(read, uri, run_id, lr_criterion)
     if sweep is not None and read is None:  # the file recorded on the sweep's parent run
-        ladder = ladder_request(sweep, target_params, target_tokens)
+        ladder = ladder_request(sweep, target_params, target_tokens, inputs.trials)
     compare = None
     if sweep is not None and sweep.branch is not None:
         experiment = report_inputs.tracking_for(target, list(overrides), read)[2]

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from orchestrator.analysis import ladder, ladder_rungs, optimal_batch
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import config as config_lib
+from orchestrator.core import registry
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import Target
 from orchestrator.reporting import recommended
@@ -99,6 +100,19 @@ def _figure(result: ladder.Ladder, name: str):
 
 
 # ---------------------------------------------------------------- recommended.yaml
+
+
+def params_of(trials: Sequence[Trial], model: Dict[str, Any]) -> int:
+    """model.params of the target's model keys on a run's logged config (its data, vocabulary and
+    sequence length are the ladder's)."""
+    for t in trials:
+        try:
+            n = registry.compute_params(config_lib.from_dict(recommended.config_of(t.params, model)))
+        except ConfigError:
+            continue  # a run whose params are no train config of this project
+        if n:
+            return n
+    raise ConfigError("ladder.target.overrides", "no run logged a config to count the target model's parameters on")
 
 
 def template_run(result: ladder.Ladder, trials: Sequence[Trial]) -> Optional[Trial]:

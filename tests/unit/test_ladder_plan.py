@@ -6,6 +6,7 @@ base (warmup share, AdamW's constants in tokens)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,25 @@ def test_report_reads_the_ladder_of_a_sweep_file_as_the_sweep_does():
     checked = sweep_file.load(path)
     assert sweep_file.load(path, check=False).ladder == checked.ladder
     assert sweep_file.read_recorded(path.read_text(), path).ladder == checked.ladder
+
+
+def test_report_by_name_finds_the_targets_model_params_from_the_runs(tmp_path, monkeypatch):
+    """`report NAME` reads the sweep file its parent run recorded, whose base config is a path
+    relative to where the sweep ran (conf/sweep/ladder.yaml: ../train/tiny.yaml), not to here: the
+    target model's N then comes from a run's logged config, and equals what the file gives."""
+    from orchestrator.analysis.trials import Trial
+    from orchestrator.driver import run_life
+    from orchestrator.reporting import report
+
+    path = ROOT / "conf" / "sweep" / "ladder.yaml"
+    expected = ladder_plan.target(sweep_file.load(path))
+    monkeypatch.chdir(tmp_path)
+    recorded = sweep_file.read_recorded(path.read_text(), Path(path.name))
+    assert not recorded.base_config.exists()
+    logged = {k: str(v) for k, v in run_life.run_params(config.load(TINY)).items()}
+    run = Trial(run_id="r", name="r", status="FINISHED", params=logged, train=[(1, 1.0)])
+    found = report.ladder_request(recorded, trials=[run]).target
+    assert (found.params, found.tokens) == expected[:2]
 
 
 def test_each_rung_holds_the_bases_warmup_share_and_adamws_constants_in_tokens(tmp_path):
