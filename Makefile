@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
+# make test runs whole test files on this many processes (pytest-xdist); 0 runs them in one.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test setup test-services clean
 
@@ -32,7 +34,7 @@ test-services:
 test: $(STAMP) test-services
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .cache runs mlflow.db mlartifacts reports
