@@ -12,9 +12,10 @@ and lr schedule, the real `orchestrator train`.
 2. Trains the study's base config per arm, `--seeds` seeds each (the issue asks for 3), in one
    SQLite store: `fixed` (its batch), `ramp` (the suggested ramp, the study's lr scaling),
    `ramp_2x` (suggested_ramp at threshold 2 from the same points: the rule before the schedule
-   world's measurement), `adaptive` (doubling from its own B_simple up to 8 x the base, times the
-   study's median branched critical batch size over B_simple, branch_ramp.calibration, and a
-   quarter: the suggested ramp's safety factor, so it doubles where that passes 8 x the batch).
+   world's measurement), `adaptive` (doubling from its own B_simple up to 8 x the base, at the
+   calibration `batch.calibration_from` gives, branch_ramp.online_calibration: the study's median
+   branched critical batch size over B_simple times a quarter, so it doubles where that passes 8 x
+   the batch, as the suggested ramp does).
 3. Reports per arm: optimizer steps (mean over seeds: an adaptive run's vary), tokens, final eval
    loss (mean and spread over seeds), the steps saved against `fixed` and whether the arm reaches
    the fixed runs' final eval loss within their seed spread in fewer steps.
@@ -85,10 +86,8 @@ def arm_overrides(report: Dict[str, Any]) -> Dict[str, List[str]]:
         points, fit, first, int(base["train.total_tokens"]), int(base["data.seq_len"]), 1, threshold=2.0
     )
     scaling = [f"batch.ramp_lr_scaling={branch['lr_scaling']}"]
-    # the study's cbs / B_simple, with the suggested ramp's safety factor over the rule's 2x: the
-    # adaptive run then doubles where its calibrated B_simple passes THRESHOLD x the batch
-    safety = adaptive_batch.THRESHOLD / branch_ramp.THRESHOLD
-    calibration = (branch_ramp.calibration(points) or 1.0) * safety
+    # what batch.calibration_from gives: the study's cbs / B_simple with the ramp's safety factor
+    calibration = branch_ramp.online_calibration(points) or adaptive_batch.THRESHOLD / branch_ramp.THRESHOLD
     return {
         "fixed": [],
         "ramp": [branch["ramp_override"], *scaling],

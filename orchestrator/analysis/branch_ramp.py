@@ -13,7 +13,7 @@ from scipy import stats
 
 from orchestrator.analysis.branch_cbs import ABOVE, BELOW, RESOLVED
 from orchestrator.analysis.critical_batch import INTERVAL_LEVEL
-from orchestrator.formulas import batching
+from orchestrator.formulas import adaptive_batch, batching
 
 PointLike = Union[Mapping[str, Any], Tuple[float, float]]
 
@@ -277,13 +277,22 @@ def ramp_override(steps: Sequence[Mapping[str, Any]]) -> str:
 
 
 def calibration(points: Sequence[Mapping[str, Any]]) -> Optional[float]:
-    """`batch.calibration_from`: the branched critical batch size over B_simple, the median over
-    the resolved points that have both (a bound is not a value, and the median keeps one odd
-    point from setting it); None without such a point. An adaptive run multiplies its B_simple by
-    it, so it follows the branched critical batch size where the study measured the two."""
+    """The branched critical batch size over B_simple, the median over the resolved points that
+    have both (a bound is not a value, and the median keeps one odd point from setting it); None
+    without such a point."""
     ratios = [
         float(p["cbs"]) / float(p["b_simple"])
         for p in points
         if p.get("status") == RESOLVED and p.get("cbs") and p.get("b_simple") and p["b_simple"] > 0
     ]
     return float(np.median(ratios)) if ratios else None
+
+
+def online_calibration(points: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """`batch.calibration_from`: calibration(points) times the suggested ramp's safety factor over
+    the online rule's threshold (adaptive_batch.THRESHOLD / THRESHOLD, 2 / 8), so an adaptive run
+    doubles where its calibrated B_simple passes 8x the batch, as the suggested ramp does: the
+    setting that held the fixed batch's loss on real runs (ramp_vs_fixed, docs/branches.md); at
+    the ratio itself it doubles at 2x, the rule that lost loss."""
+    ratio = calibration(points)
+    return ratio * adaptive_batch.THRESHOLD / THRESHOLD if ratio is not None else None

@@ -136,7 +136,8 @@ class BatchConfig:
     """adaptive only: the critical batch size over B_simple (1: trust B_simple)."""
     calibration_from: Optional[str] = None
     """adaptive only: a branch study (sweep name) in the same store whose branched critical batch
-    size over B_simple, the median over its resolved points, replaces calibration (the driver reads it)."""
+    size over B_simple, the median over its resolved points, times 1/4 (so the batch doubles where
+    it passes 8x the batch, as the suggested ramp does), replaces calibration (the driver reads it)."""
 
 
 @dataclass

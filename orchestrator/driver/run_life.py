@@ -64,13 +64,15 @@ def resolve_paths(cfg: Config) -> None:
 
 
 def resolve_calibration(cfg: Config) -> None:
-    """batch.calibration_from: the branch study's branched critical batch size over B_simple
-    (branch_ramp.calibration) becomes batch.calibration, said once; a study that is not in the
-    store, or has no resolved point with B_simple, is a ConfigError naming the key."""
+    """batch.calibration_from: the branch study's branched critical batch size over B_simple, with
+    the suggested ramp's safety factor (branch_ramp.online_calibration), becomes batch.calibration,
+    said once; a study that is not in the store, or has no resolved point with B_simple, is a
+    ConfigError naming the key."""
     name = cfg.batch.calibration_from
     if not name:
         return
     from orchestrator.analysis import branch_analysis, branch_ramp
+    from orchestrator.formulas import adaptive_batch
     from orchestrator.reporting import report_inputs
 
     run_id = Store(cfg.tracking.uri, cfg.tracking.experiment).find_sweep_run_anywhere(name)
@@ -80,7 +82,7 @@ def resolve_calibration(cfg: Config) -> None:
             f"no sweep named {name!r} in {redact_uri(cfg.tracking.uri)}; name a branch study run into the same store",
         )
     study = branch_analysis.study(report_inputs.read_trials(cfg.tracking.uri, run_id))
-    ratio = branch_ramp.calibration(study.points) if study else None
+    ratio = branch_ramp.online_calibration(study.points) if study else None
     if ratio is None:
         raise ConfigError(
             "batch.calibration_from",
@@ -88,7 +90,11 @@ def resolve_calibration(cfg: Config) -> None:
             "give batch.calibration instead",
         )
     cfg.batch.calibration, cfg.batch.calibration_from = ratio, None
-    print(f"batch.calibration={ratio:.3g}: branch study {name!r}'s critical batch size over B_simple (median)")
+    print(
+        f"batch.calibration={ratio:.3g}: branch study {name!r}'s critical batch size over B_simple (median), "
+        f"x {adaptive_batch.THRESHOLD / branch_ramp.THRESHOLD:g} so the batch doubles where it passes "
+        f"{branch_ramp.THRESHOLD:g}x the batch, as the suggested ramp does"
+    )
 
 
 def preflight(cfg: Config) -> None:

@@ -181,8 +181,9 @@ def test_the_analysis_leaves_an_adaptive_run_out_as_it_does_a_ramped_one(grown):
 def test_calibration_from_reads_a_branch_study_in_the_store(uri, tmp_path):  # noqa: F811
     """A branch study written into the store as a sweep does it (parent run, children with their
     params and curves; test_branch_analysis's study, whose base logs B_simple 300 all along):
-    batch.calibration_from=STUDY becomes the median of its resolved points' cbs / 300, computed
-    here from the same runs in memory, and calibration_from is cleared for the workers."""
+    batch.calibration_from=STUDY becomes the median of its resolved points' cbs / 300 (computed
+    here from the same runs in memory) times 2 / 8, so the run doubles where that passes 8x the
+    batch as the suggested ramp does, and calibration_from is cleared for the workers."""
     grid_b_simple = [(t, 300.0) for t in range(0, 180224 + 1, 4096)]
     trials = study_trials()
     trials[0] = dataclasses.replace(trials[0], b_simple=grid_b_simple)
@@ -203,5 +204,5 @@ def test_calibration_from_reads_a_branch_study_in_the_store(uri, tmp_path):  # n
     assert len(resolved) == 3, "the premise: three resolved points"
     cfg = adaptive(uri, tmp_path, "batch.calibration_from=cal-study")
     run_life.resolve_calibration(cfg)
-    assert cfg.batch.calibration == pytest.approx(resolved[1] / 300.0, rel=1e-9)
+    assert cfg.batch.calibration == pytest.approx(resolved[1] / 300.0 * 2 / 8, rel=1e-9)
     assert cfg.batch.calibration_from is None
