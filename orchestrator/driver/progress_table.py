@@ -1,4 +1,5 @@
-"""The live table of a running sweep (a Ray Tune callback): every trial's progress, the sweep's
+"""The live table of a running sweep (a Ray Tune callback): each trial's progress (every trial's up
+to ALL_ROWS_UP_TO, then the running, best and failed ones and a count of the rest), the sweep's
 counts and ETA, the best finished trial so far."""
 
 from __future__ import annotations
@@ -6,7 +7,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from collections import Counter
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ray import tune
 
@@ -18,6 +20,12 @@ from orchestrator.sweeps import placement, search_space
 
 PRINT_EVERY_S = 20.0
 ENDED = ("DONE", "STOPPED", "ERROR")
+ALL_ROWS_UP_TO = 30
+"""Up to this many trials the table lists every one. Past it, the running trials, the best finished
+ones and the failed ones, and a count of the rest: a sweep of hundreds stays readable, and a
+refresh costs about the same at any size."""
+BEST_LISTED = 5
+"""Finished trials (lowest eval loss first), and failed ones (latest), listed past ALL_ROWS_UP_TO."""
 COLUMNS = [  # (header, width, right-aligned)
     ("trial", 28, False),
     ("tokens/update", 13, True),
@@ -45,9 +53,10 @@ def stop_live() -> None:
 
 
 class ProgressTable(tune.Callback):
-    """Every trial Tune knows, pending ones included: tokens/update, lr, warmup, tokens done and
-    their share of the trial's budget, ETA, loss, eval, status; above them the sweep's counts and
-    ETA, below them the best finished trial so far.
+    """Every trial Tune knows, pending ones included (past ALL_ROWS_UP_TO: the running, best and
+    failed ones, the rest counted): tokens/update, lr, warmup, tokens done and their share of the
+    trial's budget, ETA, loss, eval, status; above them the sweep's counts and ETA, below them the
+    best finished trial so far.
 
     ETAs (arithmetic in orchestrator/formulas/cost.py). A trial's rate is its tokens since its
     first result (after a restart, since the first result of the restart) over the time since
@@ -202,6 +211,23 @@ class ProgressTable(tune.Callback):
         best = min(done, key=lambda r: r["eval"])
         return f"best so far: {best['name']}, eval {best['eval']:.3f}"
 
+    def listed(self) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+        """(the rows to list, in Tune's order; a line counting the rest, None when none is left out)."""
+        rows = list(self.rows.values())
+        if len(rows) <= ALL_ROWS_UP_TO:
+            return rows, None
+        finished = [r for r in rows if r["status"] == "DONE" and r["eval"] is not None]
+        keep = {id(r) for r in rows if r["status"] == "RUNNING"}
+        keep |= {id(r) for r in sorted(finished, key=lambda r: r["eval"])[:BEST_LISTED]}
+        keep |= {id(r) for r in [r for r in rows if r["status"] == "ERROR"][-BEST_LISTED:]}
+        rest = Counter(r["status"].lower() for r in rows if id(r) not in keep)
+        counted = ", ".join(f"{n} {status}" for status, n in sorted(rest.items()))
+        note = (
+            f"... {sum(rest.values())} more not listed ({counted}): the running, the {BEST_LISTED} best "
+            f"finished and the latest failed are"
+        )
+        return [r for r in rows if id(r) in keep], note
+
     def cells(self, row: Dict[str, Any]) -> List[str]:
         done = row["tokens"] / row["budget"] if row["budget"] else None
         return [
@@ -235,8 +261,10 @@ class ProgressTable(tune.Callback):
         def line(values: List[str]) -> str:
             return " ".join(f"{v:>{w}}" if right else f"{v:<{w}}" for v, (_, w, right) in zip(values, COLUMNS))
 
+        rows, rest = self.listed()
         lines = [f"--- {self.title()} ---", line([c[0] for c in COLUMNS])]
-        lines += [line(self.cells(row)) for row in self.rows.values()]
+        lines += [line(self.cells(row)) for row in rows]
+        lines += [rest] if rest else []
         lines.append(self.best_so_far())
         print("\n".join(lines), flush=True)
 
@@ -245,10 +273,11 @@ class ProgressTable(tune.Callback):
         from rich import box
         from rich.table import Table
 
+        rows, rest = self.listed()
         table = Table(
             title=self.title(compact=True),
             title_justify="left",
-            caption=self.best_so_far(),
+            caption="\n".join(filter(None, [rest, self.best_so_far()])),
             caption_justify="left",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
@@ -258,7 +287,7 @@ class ProgressTable(tune.Callback):
         for header in ("B", "lr", "tokens", "done", "ETA", "loss", "eval"):
             table.add_column(header, justify="right", no_wrap=True)
         table.add_column("status", no_wrap=True)
-        for row in self.rows.values():
+        for row in rows:
             cells = self.cells(row)
             lr = _fmt(row["lr"], ".1e")
             table.add_row(row["name"], cell(row["B"], TOK), lr, cell(row["tokens"], TOK), *cells[5:])

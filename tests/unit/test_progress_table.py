@@ -164,3 +164,34 @@ def test_on_a_terminal_the_table_refreshes_in_place_and_stops(capsys):
     table.on_experiment_end([a])
     assert table._live is None and progress_table._LIVE == []
     assert capsys.readouterr().out == ""  # nothing went to stdout: it all went to the console
+
+
+def test_a_sweep_of_hundreds_lists_the_running_the_best_and_the_failed_and_counts_the_rest(capsys):
+    """200 trials: 120 finished, 2 failed, 3 running, 75 pending. The plain table lists the 3
+    running, the 5 finished with the lowest eval loss and the 2 failed (10 rows, in Tune's order),
+    and counts the other 190 by status; the rich table lists the same rows."""
+    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    clock = Clock()
+    table = progress_table.ProgressTable(sweep, clock=clock)
+    table.setup(total_num_samples=200)
+    trials = [trial(f"t{i}", 256 * 2 ** (i % 6), 1e-4 * (1 + i)) for i in range(200)]
+    for i, t in enumerate(trials[:125]):
+        table.on_trial_start(0, trials, t)
+        if i < 120:
+            table.on_trial_result(
+                0, trials, t, {"tokens": BUDGET, "loss": 3.0, "eval_loss": 3.0 + ((i * 37) % 120) / 100}
+            )
+            table.on_trial_complete(0, trials, t)
+        elif i < 122:
+            table.on_trial_error(0, trials, t)
+    best = sorted(range(120), key=lambda i: (i * 37) % 120)[:5]
+    capsys.readouterr()
+    table.print()
+    lines = last_block(capsys.readouterr().out)
+    rows, rest = table.listed()
+    expected = sorted(best + [120, 121, 122, 123, 124])
+    assert [r["name"] for r in rows] == [table.rows[f"t{i}"]["name"] for i in expected]
+    assert len(lines) == 2 + 10 + 2  # title, header, the rows, the count, the best so far
+    assert lines[-2] == rest and rest.startswith("... 190 more not listed (115 done, 75 pending)")
+    assert lines[0].startswith("--- sweep demo: 122/200 ended, 3 running")
+    assert table.rich_table().row_count == 10
