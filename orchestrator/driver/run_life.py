@@ -30,6 +30,7 @@ from orchestrator.formulas import feasibility
 from orchestrator.sweeps import branch_study
 from orchestrator.tracking.run_tags import FAILURE_TAG
 from orchestrator.tracking.store import Store, resolve_uri
+from workloads.text import corpus
 from workloads.train import handoff
 from workloads.train.handoff import FaultInjection, WorkerPayload
 
@@ -59,8 +60,8 @@ def resolve_paths(cfg: Config) -> None:
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
     resolve_calibration(cfg)
-    # The token cache (workloads/text/corpus.py) is shared by the driver's preflight and all workers.
-    os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(Path(".cache/tokens").resolve()))
+    # The token cache is shared by the driver's preflight and all workers (which inherit this).
+    os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(corpus.cache_root().resolve()))
 
 
 def resolve_calibration(cfg: Config) -> None:

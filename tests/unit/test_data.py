@@ -558,3 +558,19 @@ def test_every_prefix_of_the_stream_holds_each_source_at_its_weight():
         expected = np.arange(1, len(ids) + 1)[:, None] * weights
         assert np.abs(counts - expected).max() < 1, f"B={cfg.batch.tokens_per_update}"
         assert (counts[-1] > 0).all()
+
+
+def test_the_token_cache_is_the_users_not_the_working_folders(monkeypatch, tmp_path):
+    """A run in a new folder finds the corpus already tokenized: the caches live in the user's
+    cache folder ($XDG_CACHE_HOME, else ~/.cache) unless ORCHESTRATOR_CACHE_DIR names another."""
+    from workloads.text import corpus
+
+    monkeypatch.delenv("ORCHESTRATOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    assert corpus.cache_root() == tmp_path / "xdg" / "orchestrator" / "tokens"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert corpus.cache_root() == tmp_path / "home" / ".cache" / "orchestrator" / "tokens"
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "shared"))
+    assert corpus.cache_root() == tmp_path / "shared"

@@ -281,8 +281,18 @@ def _cache_dir(src: SourceConfig, cap: int, key: str, tok: Tokenizer) -> Path:
         inputs = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     else:
         inputs = [sys.version, sysconfig.get_paths()["stdlib"]]
-    root = Path(os.environ.get("ORCHESTRATOR_CACHE_DIR") or Path.cwd() / ".cache" / "tokens")
-    return root / f"{_folder_name(src)}-{_short_hash([_config_hash(src, cap, tok), inputs])}"
+    return cache_root() / f"{_folder_name(src)}-{_short_hash([_config_hash(src, cap, tok), inputs])}"
+
+
+def cache_root() -> Path:
+    """Where the token caches live: ORCHESTRATOR_CACHE_DIR, else the user's cache folder
+    ($XDG_CACHE_HOME, else ~/.cache) / orchestrator / tokens, so a run in a new folder does not
+    tokenize the corpus again. Sharing is safe: a cache's folder name is the hash of everything
+    its tokens depend on (the source, its files' sizes and times, the tokenizer, the cap)."""
+    given = os.environ.get("ORCHESTRATOR_CACHE_DIR")
+    if given:
+        return Path(given)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchestrator" / "tokens"
 
 
 def _meta_hash(folder: Path) -> Optional[str]:
