@@ -13,7 +13,6 @@ No DeepSpeed, no checkpoints, no analysis: the least a user would run.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
@@ -60,7 +59,6 @@ def main(argv: List[str] | None = None) -> int:
     from ray import cloudpickle, tune
     from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-    os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(ROOT / ".cache" / "tokens"))
     cloudpickle.register_pickle_by_value(common)  # a trial's process need not find benchmarks/
     ray.init(dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", log_to_driver=False)  # as the sweep's
     lrs = [round(2e-3 + 1e-3 * i, 6) for i in range(args.trials)]

@@ -140,9 +140,8 @@ def run_sweep(path: Path, overrides: List[str]) -> Dict[str, Any]:
 def whole_command(command: List[str], cwd: Path) -> float:
     import subprocess
 
-    env = {**os.environ, "ORCHESTRATOR_CACHE_DIR": str(ROOT / ".cache" / "tokens")}
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    started = time.perf_counter()  # each command finds its token cache where a user's would
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[:3])} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
