@@ -245,13 +245,12 @@ def load_variant(path: str | Path, base_overrides: Sequence[str], overrides: Map
     validated as load() validates. load() itself answers whatever that cannot stand for: a base
     with interpolations or a batch.ramp, an override of a section, a list item or the ramp, a value
     its node refuses (load() then names it)."""
-    dotlist = list(base_overrides) + yaml_files.dotlist(dict(overrides))
-    file = Path(path)
-    stat = file.stat()
-    base = _plain_base(str(file.resolve()), stat.st_mtime_ns, stat.st_size, tuple(base_overrides))
-    cfg = _with_scalars(base, parse_overrides(yaml_files.dotlist(dict(overrides)))) if base else None
+    own = yaml_files.dotlist(dict(overrides))
+    stat = Path(path).stat()
+    base = _plain_base(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size, tuple(base_overrides))
+    cfg = _with_scalars(base, parse_overrides(own)) if base else None
     if cfg is None:
-        return load(path, dotlist)
+        return load(path, [*base_overrides, *own])
     follow_tokenizer(cfg)
     validation.validate(cfg)
     return cfg
