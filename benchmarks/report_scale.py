@@ -7,7 +7,8 @@ The tables are one known-truth world (tests/known_truth.py: 6 batch sizes x 6 lr
 trials, B_noise 700 tokens), each trial's train/loss thinned or thickened to --points points (plus
 its eval/loss and gns/b_simple), then replicated as more seeds of the same configurations (k x 72
 trials, seeds 0 .. 2k - 1, each replica's curves with its own noise). --big adds 1,000 trials x
-10,000 points (10M rows), the goal's size. Each size is a fresh `python -m orchestrator report DIR
+10,000 points (10M rows: every run's train/loss interpolated onto 10,000 positions), the goal's
+size. Each size is a fresh `python -m orchestrator report DIR
 --out OUT` in a subprocess: its user + system CPU and peak resident memory (getrusage of the
 child), and the wall time. No Ray, no MLflow.
 """
@@ -32,9 +33,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import _common as common  # noqa: E402
 
 
-def write_tables(folder: Path, trials: int, points: int, seed: int = 0) -> int:
+def write_tables(folder: Path, trials: int, points: int, seed: int = 0, thicken: bool = False) -> int:
     """trials.csv and curves.csv of `trials` trials of `points` train/loss points each (a known-truth
-    world's 72, replicated as more seeds); returns the rows of curves.csv."""
+    world's 72, replicated as more seeds); returns the rows of curves.csv. thicken: a run with
+    fewer updates than `points` gets its train/loss interpolated onto `points` token positions, as
+    a trainer logging more often than once an update would write it (the goal's 10M rows)."""
     from tests.known_truth import World, factor_grid
 
     world = World(max_points=points)
@@ -56,11 +59,21 @@ def write_tables(folder: Path, trials: int, points: int, seed: int = 0) -> int:
             values = {**world.params(run), "train.seed": seed_value}
             trial_writer.writerow([name, run.status, *(values[p] for p in params)])
             noise = 0.0 if replica == 0 else 0.002
-            for metric, curve in (("train/loss", run.train), ("eval/loss", run.eval), ("gns/b_simple", run.b_simple)):
+            train = _thickened(run.train, points) if thicken else run.train
+            for metric, curve in (("train/loss", train), ("eval/loss", run.eval), ("gns/b_simple", run.b_simple)):
                 shift = noise * rng.standard_normal(len(curve)) if curve else []
                 curve_writer.writerows((name, metric, tok, v + s) for (tok, v), s in zip(curve, shift))
                 rows += len(curve)
     return rows
+
+
+def _thickened(curve, points: int):
+    """The curve linearly interpolated onto `points` whole token positions from its first to its last."""
+    if len(curve) >= points or len(curve) < 2:
+        return curve
+    tokens, values = np.array(curve, dtype=float).T
+    grid = np.unique(np.linspace(tokens[0], tokens[-1], points).round().astype(np.int64))
+    return list(zip(grid.tolist(), np.interp(grid, tokens, values).tolist()))
 
 
 def measure(folder: Path, out: Path) -> Dict[str, Any]:
@@ -100,7 +113,7 @@ def main(argv: List[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="report-scale-") as tmp:
         for trials, points in cases:
             folder = Path(tmp) / f"t{trials}-p{points}"
-            curve_rows = write_tables(folder, trials, points)
+            curve_rows = write_tables(folder, trials, points, thicken=(trials, points) == (1000, 10_000))
             # peak RSS of the children is a running maximum: measure the sizes in ascending order
             figures = measure(folder, Path(tmp) / f"out-{trials}-{points}")
             cpu = figures["user_s"] + figures["system_s"]
