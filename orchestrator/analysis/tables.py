@@ -106,14 +106,16 @@ def _curves_columnar(path: Path) -> Optional[Dict[str, Dict[str, List[Tuple[int,
         return None  # a repeated (trial, metric, tokens)
     table = table.filter(pc.is_finite(table["value"]))  # a diverged run's loss is left out
     table = table.sort_by([("trial", "ascending"), ("metric", "ascending"), ("tokens", "ascending")])
-    trial, metric = table["trial"].to_pylist(), table["metric"].to_pylist()
-    tokens, values = table["tokens"].to_numpy().astype(np.int64).tolist(), table["value"].to_numpy().tolist()
+    trial, metric = table["trial"].combine_chunks(), table["metric"].combine_chunks()
+    tokens, values = table["tokens"].to_numpy().astype(np.int64), table["value"].to_numpy()
+    # each (trial, metric) run of rows, found by columns: a Python string per row would cost more
+    # memory than the curves themselves at ten million rows
+    changes = pc.or_(pc.not_equal(trial[1:], trial[:-1]), pc.not_equal(metric[1:], metric[:-1]))
+    starts = np.concatenate([[0], np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1]) if len(trial) else []
     curves: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
-    start = 0
-    for end in range(1, len(trial) + 1):
-        if end == len(trial) or trial[end] != trial[start] or metric[end] != metric[start]:
-            curves.setdefault(trial[start], {})[metric[start]] = list(zip(tokens[start:end], values[start:end]))
-            start = end
+    for start, end in zip(starts, [*starts[1:], len(trial)]):
+        points = list(zip(tokens[start:end].tolist(), values[start:end].tolist()))
+        curves.setdefault(trial[start].as_py(), {})[metric[start].as_py()] = points
     return curves
 
 
