@@ -77,7 +77,6 @@ def arm_overrides(report: Dict[str, Any]) -> Dict[str, List[str]]:
     """Each arm's overrides of the study's base config, from the study's report.json."""
     from orchestrator.analysis import branch_ramp
     from orchestrator.core import yaml_files
-    from orchestrator.formulas import adaptive_batch
 
     branch, points, fit = report["branch"], report["branch_cbs"], report["branch_fit"]
     base = yaml_files.read_mapping(STUDY, "SWEEP")[0]["base"]["overrides"]
@@ -87,7 +86,7 @@ def arm_overrides(report: Dict[str, Any]) -> Dict[str, List[str]]:
     )
     scaling = [f"batch.ramp_lr_scaling={branch['lr_scaling']}"]
     # what batch.calibration_from gives: the study's cbs / B_simple with the ramp's safety factor
-    calibration = branch_ramp.online_calibration(points) or adaptive_batch.THRESHOLD / branch_ramp.THRESHOLD
+    calibration = branch_ramp.online_calibration(points) or branch_ramp.ONLINE_FACTOR
     return {
         "fixed": [],
         "ramp": [branch["ramp_override"], *scaling],

@@ -288,11 +288,15 @@ def calibration(points: Sequence[Mapping[str, Any]]) -> Optional[float]:
     return float(np.median(ratios)) if ratios else None
 
 
+ONLINE_FACTOR = adaptive_batch.THRESHOLD / THRESHOLD
+"""What online_calibration multiplies the study's ratio by (2 / 8): the online rule doubles where
+its calibrated B_simple passes adaptive_batch.THRESHOLD x the batch, so this makes it double where
+the critical batch size passes THRESHOLD x the batch, as the suggested ramp does."""
+
+
 def online_calibration(points: Sequence[Mapping[str, Any]]) -> Optional[float]:
-    """`batch.calibration_from`: calibration(points) times the suggested ramp's safety factor over
-    the online rule's threshold (adaptive_batch.THRESHOLD / THRESHOLD, 2 / 8), so an adaptive run
-    doubles where its calibrated B_simple passes 8x the batch, as the suggested ramp does: the
-    setting that held the fixed batch's loss on real runs (ramp_vs_fixed, docs/branches.md); at
-    the ratio itself it doubles at 2x, the rule that lost loss."""
+    """`batch.calibration_from`: calibration(points) x ONLINE_FACTOR, the setting that held the
+    fixed batch's loss on real runs (ramp_vs_fixed, docs/branches.md); at the ratio itself the run
+    doubles at 2x, the rule that lost loss."""
     ratio = calibration(points)
-    return ratio * adaptive_batch.THRESHOLD / THRESHOLD if ratio is not None else None
+    return ratio * ONLINE_FACTOR if ratio is not None else None

@@ -73,7 +73,6 @@ def resolve_calibration(cfg: Config) -> None:
     if not name:
         return
     from orchestrator.analysis import branch_analysis, branch_ramp
-    from orchestrator.formulas import adaptive_batch
     from orchestrator.reporting import report_inputs
 
     run_id = Store(cfg.tracking.uri, cfg.tracking.experiment).find_sweep_run_anywhere(name)
@@ -93,7 +92,7 @@ def resolve_calibration(cfg: Config) -> None:
     cfg.batch.calibration, cfg.batch.calibration_from = ratio, None
     print(
         f"batch.calibration={ratio:.3g}: branch study {name!r}'s critical batch size over B_simple (median), "
-        f"x {adaptive_batch.THRESHOLD / branch_ramp.THRESHOLD:g} so the batch doubles where it passes "
+        f"x {branch_ramp.ONLINE_FACTOR:g} so the batch doubles where it passes "
         f"{branch_ramp.THRESHOLD:g}x the batch, as the suggested ramp does"
     )
 
