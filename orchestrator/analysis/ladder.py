@@ -259,7 +259,7 @@ def _recommend(rungs: Sequence[Rung], laws: Sequence[Law], design: Design, targe
             warnings.append(f"no {law.name} law: " + (law.notes[-1] if law.notes else "too few rungs"))
         elif law.backtest and law.backtest.held is False:
             warnings.append(f"the {law.name} law missed its backtest on the largest rung: distrust its prediction")
-        elif law.backtest and law.backtest.held is None and (law.backtest.note or "").startswith("not a test"):
+        elif law.backtest and law.backtest.untested:
             warnings.append(f"the {law.name} law's backtest is {law.backtest.note}: its prediction is untested")
     if design.variables == ("C",):
         ratio = np.median([r.tokens / r.params for r in rungs])
@@ -349,7 +349,7 @@ def lines(ladder: Ladder) -> List[str]:
         if test is None:
             held = "no backtest"
         elif test.held is None:
-            held = f"backtest {test.note}" if test.note and test.note.startswith("not a test") else "no backtest"
+            held = f"backtest {test.note}" if test.untested else "no backtest"
         else:
             held = "backtest held" if test.held else "BACKTEST MISSED"
         out.append(f"{law.form}: exponents {terms}; {law.rungs} rungs; {held}")

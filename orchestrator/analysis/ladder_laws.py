@@ -131,8 +131,14 @@ class Backtest:
     measured: float
     interval: Optional[Tuple[float, float]]
     held: Optional[bool]
-    """Whether the interval holds the measured value; None when there was too little to refit."""
+    """Whether the interval holds the measured value; None when there was too little to refit, or
+    when the refit's interval is too wide to test anything (`untested`)."""
     note: Optional[str] = None
+
+    @property
+    def untested(self) -> bool:
+        """Refitted, but its interval spans more than UNTESTED_DECADES: it holds any value."""
+        return self.held is None and self.interval is not None
 
     def to_json(self) -> Dict[str, Any]:
         return {
