@@ -41,6 +41,9 @@ OPTIMIZER_KEYS = ("optim.beta2_half_life_tokens", "optim.weight_decay_timescale_
 RESAMPLES, SEED = 400, 0
 SLOPE_WINDOW = 4.0
 """The lr's slope in B is read from the batch sizes within this factor of B_opt."""
+BOUNDS = ("lowest", "highest", "only")
+"""BestRow.lr_edge words that make the best lr a bound. One-sided and not-interpolated optima are
+interior (their neighbours bracket them) and known to half a grid step: read, with that spread."""
 Z90 = 1.6448536269514722
 
 
@@ -256,8 +259,10 @@ def _resampled(scan, metric: str, rng: np.random.Generator, resamples: int):
     pool = [(f - f.mean()) * math.sqrt(len(f) / (len(f) - 1)) for f in finals if len(f) > 1 and np.isfinite(f).all()]
     lrs = [c.lr or 1.0 for c in scan]
     if not pool:
-        optimum = lr_optimum.best_over(lrs, means, maximize=False, forms=sweep_analysis.LOSS_FORMS)
-        return np.full(resamples, float(optimum.at_index)), np.full(resamples, math.log(optimum.position)), False
+        optimum = lr_optimum.best_over(
+            lrs, np.broadcast_to(means, (resamples, len(means))), False, sweep_analysis.LOSS_FORMS
+        )
+        return optimum.at_index, _spread_unrefined(optimum, rng), False
     deviations = np.concatenate(pool)
     draws = np.stack(
         [
@@ -267,7 +272,16 @@ def _resampled(scan, metric: str, rng: np.random.Generator, resamples: int):
         axis=-1,
     )
     optimum = lr_optimum.best_over(lrs, draws, maximize=False, forms=sweep_analysis.LOSS_FORMS)
-    return optimum.at_index, np.log(optimum.position), True
+    return optimum.at_index, _spread_unrefined(optimum, rng), True
+
+
+def _spread_unrefined(optimum: lr_optimum.Optimum, rng: np.random.Generator) -> np.ndarray:
+    """log of each draw's best lr; an interior best that no two-sided parabola refined (one-sided,
+    not interpolated) is known only to half a grid step, so its draws spread uniformly over that."""
+    log_lr = np.log(optimum.position)
+    unrefined = (optimum.edge == 0) & (optimum.kind != lr_optimum.INTERPOLATED)
+    half = np.log(optimum.step) / 2
+    return log_lr + np.where(unrefined, rng.uniform(-1.0, 1.0, log_lr.shape) * half, 0.0)
 
 
 def _interp_log(x: Any, xp: np.ndarray, fp: np.ndarray) -> Any:
@@ -321,7 +335,9 @@ class LrNear:
     @classmethod
     def of(cls, batches, log_lr, log_lr_draws, edges, b_point: float) -> "LrNear":
         near = [
-            j for j, b in enumerate(batches) if abs(math.log(b / b_point)) <= math.log(SLOPE_WINDOW) and not edges[j]
+            j
+            for j, b in enumerate(batches)
+            if abs(math.log(b / b_point)) <= math.log(SLOPE_WINDOW) and edges[j] not in BOUNDS
         ]
         if len(near) < 2:
             return cls(batches, log_lr, log_lr_draws, edges, near, 0.0, 0.0, np.zeros(log_lr_draws.shape[:-1]))
@@ -355,7 +371,7 @@ class LrNear:
         """(log lr at B_opt, its resamples at each resample's B_opt, at an edge)."""
         if self.sxx == 0:
             log_b = np.log(self.batches)
-            edge = any(self.edges[j] for j in _neighbours(float(b_point), self.batches))
+            edge = any(self.edges[j] in BOUNDS for j in _neighbours(float(b_point), self.batches))
             return (
                 float(_interp_log(np.log(b_point), log_b, self.log_lr)),
                 _interp_log(np.log(b_draws), log_b, self.log_lr_draws),

@@ -184,56 +184,73 @@ def test_a_linreg_bracket_sweep_brackets_every_batch_size_and_says_when_not_to_t
     assert primary["s_min"] < 20 and any("below Adam's beta2 memory" in n for n in primary["notes"])
 
 
-def test_a_linreg_ladder_runs_end_to_end_and_a_rung_added_later_trains_only_its_own_trials(
+def test_a_linreg_ladder_runs_end_to_end_writes_a_config_plan_accepts_and_a_rung_added_later_trains_only_its_own(
     ray_session, tmp_path, monkeypatch, capsys
 ):
-    """A ladder of linear regressions (model.params = model.dim) through `sweep` and the report at
-    its end: every trial tagged with its rung, report.json's `ladder` over every rung and for the
-    target the sweep file names. Then the same ladder with
-    one rung added: the new parent trains that rung's trials only, reuses every other finished
-    trial (identical configs, by digest), and its report covers all rungs. (Linear regression
-    reaches its noise floor in a few updates, so its laws are not the point here: a ladder whose
-    laws fit and whose recommended.yaml `plan` accepts is conf/sweep/ladder.yaml, a benchmark.)"""
-    dims_budgets = [(4, 512), (4, 2048), (8, 1024), (8, 4096)]  # D/N of 128 and 512
+    """A ladder of linear regressions (model.params = model.dim, 64 examples per parameter, so N and
+    D go together and the laws are fitted in compute) through `sweep` and the report at its end:
+    every trial tagged with its rung, report.json's `ladder` over every rung with the B_opt and
+    lr_opt laws fitted (the best lr moves with B here, so the lr law has its B term), and a
+    recommended.yaml for the target that `orchestrator plan` accepts. Then the same ladder with one
+    rung added: the new parent trains that rung's trials only, reuses every other finished trial
+    (identical configs, by digest), and its report covers all rungs."""
+    dims_budgets = [(4, 256), (8, 512), (16, 1024), (32, 2048)]
 
     def ladder(rungs):
         return {
             "rungs": [{"overrides": {"model.dim": d}, "total_tokens": t} for d, t in rungs],
-            "target": {"overrides": {"model.dim": 64}, "tokens": 65536},
+            "target": {"overrides": {"model.dim": 128}, "tokens": 8192},
             "predict": False,  # every rung from the space, so the re-run's configs are the first run's
         }
 
     overrides = {
-        "train.eval_every_tokens": 512,
+        "train.eval_every_tokens": 4096,
         "train.report_every_tokens": 256,
         "batch.micro_batch_size": 1024,
         "gns.enabled": False,
-        "schedule.decay": "wsd",
+        "schedule.decay": "cosine",
     }
-    space = {"batch.tokens_per_update": {"grid": [8, 32]}, "optim.lr": {"grid": [0.02, 0.04]}}
-    search = {"algorithm": "bracket", "criterion": "final_loss", "max_lrs_per_batch": 3}
+    space = {"batch.tokens_per_update": {"grid": [2, 8, 32, 128]}}
+    lr_scaling = {"reference_tokens": 8, "base_lr": 0.02, "alpha": "sqrt"}
+    search = {"algorithm": "bracket", "criterion": "final_loss", "max_lrs_per_batch": 7}
     code, out, uri, runs = run_sweep(
-        tmp_path, monkeypatch, capsys, "linreg-ladder", overrides, space, search=search, ladder=ladder(dims_budgets)
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "linreg-ladder",
+        overrides,
+        space,
+        search=search,
+        lr_scaling=lr_scaling,
+        ladder=ladder(dims_budgets),
     )
     assert code == 0, out[-3000:]
     rung_of = {r.run_id: r.tags[run_tags.RUNG_TAG] for r in runs.values()}
     assert sorted(set(rung_of.values())) == sorted(ladder_plan.label(d, t) for d, t in dims_budgets)
-    report = tmp_path / "reports" / "linreg-ladder" / "report.json"  # the end of the sweep's
-    result = json.loads(report.read_text())["ladder"]
+    folder = tmp_path / "reports" / "linreg-ladder"  # the end of the sweep's report
+    result = json.loads((folder / "report.json").read_text())["ladder"]
     assert sorted((r["params"], r["tokens"]) for r in result["rungs"]) == sorted(dims_budgets)
-    assert {law["name"] for law in result["laws"]} == {"b_opt", "b_crit", "lr_opt"}
-    assert (result["recommendation"]["params"], result["recommendation"]["tokens"]) == (64, 65536)
+    laws = {law["name"]: law for law in result["laws"]}
+    assert set(laws) == {"b_opt", "b_crit", "lr_opt"}
+    assert laws["b_opt"]["prediction"] and laws["lr_opt"]["prediction"], out[-3000:]
+    rec = result["recommendation"]
+    assert (rec["params"], rec["tokens"]) == (128, 8192)
+    config = yaml.safe_load((folder / "recommended.yaml").read_text())
+    low, high = rec["tokens_per_update"]["interval"]
+    assert low <= config["batch"]["tokens_per_update"] <= high
+    assert (config["model"]["dim"], config["train"]["total_tokens"]) == (128, 8192)
+    assert cli.main(["plan", str(folder / "recommended.yaml")]) == 0, capsys.readouterr().out[-3000:]
     capsys.readouterr()
 
     body = yaml.safe_load((tmp_path / "linreg-ladder.yaml").read_text())
-    body["ladder"] = ladder([*dims_budgets, (16, 2048)])
+    body["ladder"] = ladder([*dims_budgets, (2, 128)])
     (tmp_path / "linreg-ladder.yaml").write_text(yaml.safe_dump(body))
     assert cli.main(["sweep", "linreg-ladder.yaml", f"tracking.uri={uri}"]) == 0, capsys.readouterr().out[-3000:]
     first_parent = next(iter(runs.values())).tags[run_tags.PARENT_TAG]
     parent = Store(uri, "orchestrator").find_sweep_run("linreg-ladder")
     assert parent != first_parent
     trained, reused = Store(uri).child_runs(parent), Store(uri).reused_runs(parent)
-    assert trained and {r.tags[run_tags.RUNG_TAG] for r in trained} == {ladder_plan.label(16, 2048)}
+    assert trained and {r.tags[run_tags.RUNG_TAG] for r in trained} == {ladder_plan.label(2, 128)}
     assert {r.run_id for r in reused} == set(rung_of), "every trial of the first ladder is reused, none trained"
-    rungs = json.loads(report.read_text())["ladder"]["rungs"]
-    assert sorted((r["params"], r["tokens"]) for r in rungs) == sorted([*dims_budgets, (16, 2048)])
+    rungs = json.loads((folder / "report.json").read_text())["ladder"]["rungs"]
+    assert sorted((r["params"], r["tokens"]) for r in rungs) == sorted([*dims_budgets, (2, 128)])

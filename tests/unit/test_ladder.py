@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.analysis import ladder, ladder_laws, ladder_rungs, optimal_batch, sweep_analysis
+from orchestrator.analysis import ladder, ladder_laws, ladder_rungs, optimal_batch, sweep_analysis, tables
 from orchestrator.analysis.ladder_laws import Point
 from orchestrator.analysis.trials import swept_axes
 from tests.ladder_truth import WORLDS, LadderWorld, exponents, truth_at_target
@@ -397,3 +397,51 @@ def test_a_backtest_whose_interval_spans_decades_is_not_counted_as_held():
     low, high = untested.interval
     assert math.log10(high / low) > ladder_laws.UNTESTED_DECADES
     assert untested.held is None and untested.note.startswith("not a test")
+
+
+def test_an_interior_best_lr_no_parabola_refined_is_read_with_half_a_grid_step_not_as_a_bound():
+    """Seed noise can leave an interior best lr without a concave parabola through it (`not
+    interpolated`) or with a failed neighbour (`one-sided`): its neighbours still bracket it, so the
+    lr near B_opt reads it (only the lowest, highest or only lr tried is a bound), and a rung of one
+    seed spreads its draws over half a grid step instead of claiming it exactly."""
+    batches = np.array([64.0, 128.0, 256.0, 512.0])
+    log_lr = np.log([1e-3, 1.4e-3, 2e-3, 2.8e-3])
+    draws = np.broadcast_to(log_lr, (50, 4))
+    edges = ["not interpolated", "one-sided", None, "highest"]
+    near = ladder_rungs.LrNear.of(batches, log_lr, draws, edges, 150.0)
+    assert list(near.near) == [0, 1, 2], "only the bound is left out"
+    assert near.at(150.0, np.full(50, 150.0))[2] is False
+    two = ladder_rungs.LrNear.of(batches[2:], log_lr[2:], draws[:, 2:], ["not interpolated", "lowest"], 300.0)
+    assert two.at(300.0, np.full(50, 300.0))[2] is True, "a bound beside B_opt still makes lr_opt an edge"
+
+    # A rung of one seed whose best lr at every batch size is interior, with no concave parabola
+    # through it at 128 (its outer point too good): read, its draws spread over half a grid step.
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3]
+    finals = {64: [3.0, 2.9, 2.95, 3.1], 128: [3.0, 2.9, 2.95, 2.9001], 256: [3.1, 2.95, 2.92, 3.0]}
+    rows, curves = [], []
+    for batch, losses in finals.items():
+        for lr, loss in zip(lrs, losses):
+            name = f"B{batch}-lr{lr:g}"
+            rows.append(
+                {
+                    "trial": name,
+                    "status": "FINISHED",
+                    "batch.tokens_per_update": batch,
+                    "optim.lr": lr,
+                    "train.total_tokens": 65536,
+                    "model.params": 1000,
+                }
+            )
+            curves += [
+                (name, metric, t, loss + 0.5 * (t < 65536))
+                for metric in ("train/loss", "eval/loss")
+                for t in (32768, 65536)
+            ]
+    trials = tables.trials_from(rows, [dict(zip(tables.CURVE_FIELDS, c)) for c in curves])
+    by_batch = {r.batch: r for r in sweep_analysis.best_per_batch(trials, swept_axes(trials), "eval/loss")}
+    assert by_batch[128].lr_edge == "not interpolated" and by_batch[128].lr == pytest.approx(2e-3)
+    rung = ladder_rungs.rung(trials, "eval/loss", resamples=400)
+    assert rung.lr_opt.status == "resolved"
+    spread = rung.draws.lr_near.near_log_lr_draws[:, list(rung.draws.lr_near.near_batches).index(128)]
+    assert np.abs(spread - math.log(2e-3)).max() <= math.log(2) / 2 + 1e-12
+    assert spread.std() == pytest.approx(math.log(2) / 2 / math.sqrt(3), rel=0.15), "uniform over +-half a step"
