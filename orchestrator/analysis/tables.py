@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator.analysis.trials import BATCH_KEY, Trial
+from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.validation import FIELDS
 
@@ -69,15 +69,17 @@ def read(folder: Path) -> List[Trial]:
     return trials_from(trial_rows, _rows(folder / CURVES), f"{folder}")
 
 
-def _curves_columnar(path: Path) -> Optional[Dict[str, Dict[str, List[Tuple[int, float]]]]]:
-    """curves.csv read by columns (pyarrow's csv reader, no Python loop per cell): the same
-    curves as the row reader's, or None when any row would be refused, so that the row reader
-    (_rows, _curves) names it."""
+def _curves_columnar(path: Path) -> Optional[Dict[str, Dict[str, Curve]]]:
+    """curves.csv read by columns (pyarrow's csv reader, no Python loop per cell; the trial and
+    metric names dictionary-encoded, so each is held once, not once a row): the same curves as the
+    row reader's, or None when any row would be refused, so that the row reader (_rows, _curves)
+    names it."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
-    types = {"trial": pa.string(), "metric": pa.string(), "tokens": pa.float64(), "value": pa.float64()}
+    names = pa.dictionary(pa.int32(), pa.string())
+    types = {"trial": names, "metric": names, "tokens": pa.float64(), "value": pa.float64()}
     try:
         table = pacsv.read_csv(
             path,
@@ -91,31 +93,40 @@ def _curves_columnar(path: Path) -> Optional[Dict[str, Dict[str, List[Tuple[int,
         for c in table.column_names  # text that is not UTF-8
     ):
         return None
-    for name in table.column_names:  # a cell the row reader refuses for its length
-        column = table[name]
-        if pa.types.is_string(column.type) and len(column) and pc.max(pc.utf8_length(column)).as_py() > MAX_CELL:
-            return None
-    table = table.filter(pc.is_in(table["metric"], value_set=pa.array(list(METRICS))))
-    if table["tokens"].null_count or table["value"].null_count:
-        return None
-    tokens = table["tokens"].to_numpy()
+    table = table.unify_dictionaries()
+    columns = {}
+    for name in table.column_names:
+        column = table[name].combine_chunks() if table[name].num_chunks else pa.array([], table[name].type)
+        if pa.types.is_dictionary(column.type):  # a cell the row reader refuses for its length
+            labels = column.dictionary.to_pylist()
+            if column.null_count or any(len(v) > MAX_CELL for v in labels):
+                return None
+            columns[name] = (column.indices.to_numpy(zero_copy_only=False), labels)
+        elif pa.types.is_string(column.type):
+            if len(column) and (pc.max(pc.utf8_length(column)).as_py() or 0) > MAX_CELL:
+                return None
+        else:
+            if column.null_count and name in ("tokens", "value"):
+                return None
+            columns[name] = column.to_numpy(zero_copy_only=False)
+    (trial, trial_names), (metric, metric_names) = columns["trial"], columns["metric"]
+    keep = np.isin(metric, [i for i, m in enumerate(metric_names) if m in METRICS])
+    trial, metric, tokens, values = trial[keep], metric[keep], columns["tokens"][keep], columns["value"][keep]
     if not (np.isfinite(tokens).all() and (tokens >= 0).all() and (tokens == np.floor(tokens)).all()):
         return None
-    keys = table.select(["trial", "metric", "tokens"])
-    if keys.group_by(["trial", "metric", "tokens"]).aggregate([]).num_rows != keys.num_rows:
+    order = np.lexsort((tokens, metric, trial))
+    trial, metric, tokens, values = trial[order], metric[order], tokens[order].astype(np.int64), values[order]
+    same_curve = (trial[1:] == trial[:-1]) & (metric[1:] == metric[:-1])
+    if (same_curve & (tokens[1:] == tokens[:-1])).any():
         return None  # a repeated (trial, metric, tokens)
-    table = table.filter(pc.is_finite(table["value"]))  # a diverged run's loss is left out
-    table = table.sort_by([("trial", "ascending"), ("metric", "ascending"), ("tokens", "ascending")])
-    trial, metric = table["trial"].combine_chunks(), table["metric"].combine_chunks()
-    tokens, values = table["tokens"].to_numpy().astype(np.int64), table["value"].to_numpy()
-    # each (trial, metric) run of rows, found by columns: a Python string per row would cost more
-    # memory than the curves themselves at ten million rows
-    changes = pc.or_(pc.not_equal(trial[1:], trial[:-1]), pc.not_equal(metric[1:], metric[:-1]))
-    starts = np.concatenate([[0], np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1]) if len(trial) else []
-    curves: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
+    finite = np.isfinite(values)  # a diverged run's loss is left out
+    trial, metric, tokens, values = trial[finite], metric[finite], tokens[finite], values[finite]
+    starts = np.flatnonzero(np.r_[True, (trial[1:] != trial[:-1]) | (metric[1:] != metric[:-1])]) if len(trial) else []
+    curves: Dict[str, Dict[str, Curve]] = {}
     for start, end in zip(starts, [*starts[1:], len(trial)]):
-        points = list(zip(tokens[start:end].tolist(), values[start:end].tolist()))
-        curves.setdefault(trial[start].as_py(), {})[metric[start].as_py()] = points
+        curves.setdefault(trial_names[trial[start]], {})[metric_names[metric[start]]] = Curve(
+            tokens[start:end], values[start:end]
+        )
     return curves
 
 
@@ -170,7 +181,7 @@ def trials_from(
     trial_rows: Iterable[Mapping[str, Any]],
     curve_rows: Iterable[Mapping[str, Any]],
     where: str = "tables",
-    curves: Optional[Dict[str, Dict[str, List[Tuple[int, float]]]]] = None,
+    curves: Optional[Dict[str, Dict[str, Curve]]] = None,
 ) -> List[Trial]:
     """Trials from rows as csv.DictReader gives them (values as text or numbers); `curves`: the
     curves already read by columns (then curve_rows is not read)."""
@@ -198,7 +209,7 @@ def trials_from(
         stopped = _number(r.get("stopped_at"))
         if stopped is not None and not _is_tokens(stopped):
             raise table.error(row, "stopped_at", f"got {_shown(r['stopped_at'])}; tokens: a whole number >= 0")
-        read = {field: sorted(curves.get(name, {}).get(metric, [])) for metric, field in METRICS.items()}
+        read = {field: Curve.of(curves.get(name, {}).get(metric, [])) for metric, field in METRICS.items()}
         trials.append(
             Trial(
                 run_id=_text(r.get("run_id")) or name,

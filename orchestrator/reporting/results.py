@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import pandas as pd
 
 from orchestrator.analysis.answer import Answer, BestRow, TargetFit, Trend
@@ -135,8 +136,18 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
     import pyarrow.csv as pacsv
 
     table = pa.Table.from_pandas(frame, preserve_index=False)
-    pacsv.write_csv(table, path, write_options=pacsv.WriteOptions(quoting_style="needed"))
+    schema = pa.schema(
+        [pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in table.schema]
+    )
+    options = pacsv.WriteOptions(quoting_style="needed")
+    with pacsv.CSVWriter(path, schema, write_options=options) as writer:
+        for batch in table.to_batches(max_chunksize=CSV_CHUNK_ROWS):  # the texts decoded a chunk at a time
+            writer.write_batch(
+                pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(batch.columns, schema)], schema=schema)
+            )
 
+
+CSV_CHUNK_ROWS = 1 << 20
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """What makes a spreadsheet read a cell as a formula (a trial named `=cmd|' /C calc'!A0`)."""
@@ -148,6 +159,12 @@ def _inert(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.copy()
     for column in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
         values = out[column]
+        if isinstance(values.dtype, pd.CategoricalDtype):  # each text once, not once a row
+            labels = values.cat.categories
+            risky = labels.map(lambda v: isinstance(v, str) and v.startswith(FORMULA_START))
+            if risky.any():
+                out[column] = values.cat.rename_categories([f"'{v}" if r else v for v, r in zip(labels, risky)])
+            continue
         risky = values.map(type).eq(str) & values.astype(str).str.startswith(FORMULA_START)
         if risky.any():
             out[column] = values.where(~risky, "'" + values.astype(str))
@@ -225,15 +242,34 @@ def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
 
 
 def curves_frame(trials: Sequence[Trial], curves: Curves, metrics: Sequence[str] = METRICS) -> pd.DataFrame:
-    """Every point of `metrics` for every trial: trial, run_id, metric, tokens (the MLflow step), value."""
-    rows = [
-        (t.name, t.run_id, metric, int(step), float(value))
-        for t in trials
-        for metric in metrics
-        for step, value in curves.get(t.run_id, {}).get(metric, [])
+    """Every point of `metrics` for every trial: trial, run_id, metric, tokens (the MLflow step),
+    value. Built by columns (the names categorical): ten million points as Python rows would cost
+    gigabytes."""
+    parts = [
+        (i, j, Curve.of(curves.get(t.run_id, {}).get(metric, [])))
+        for i, t in enumerate(trials)
+        for j, metric in enumerate(metrics)
     ]
-    frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)
-    return frame.astype({"tokens": "int64", "value": "float64"})
+    parts = [(i, j, c) for i, j, c in parts if len(c)]
+    lengths = np.array([len(c) for _, _, c in parts], dtype=np.int64)
+    trial_codes = np.repeat(np.array([i for i, _, _ in parts], dtype=np.int32), lengths)
+    metric_codes = np.repeat(np.array([j for _, j, _ in parts], dtype=np.int32), lengths)
+    return pd.DataFrame(
+        {
+            "trial": _categorical(trial_codes, [t.name for t in trials]),
+            "run_id": _categorical(trial_codes, [t.run_id for t in trials]),
+            "metric": _categorical(metric_codes, list(metrics)),
+            "tokens": np.concatenate([c.tokens for _, _, c in parts]) if parts else np.zeros(0, np.int64),
+            "value": np.concatenate([c.values for _, _, c in parts]) if parts else np.zeros(0, np.float64),
+        },
+        columns=CURVE_COLUMNS,
+    )
+
+
+def _categorical(codes: np.ndarray, labels: Sequence[str]) -> pd.Categorical:
+    """codes into `labels` (which may repeat: two trials of one name) as a categorical of their texts."""
+    unique, inverse = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)
+    return pd.Categorical.from_codes(inverse[codes] if len(codes) else codes, categories=unique)
 
 
 def fit_of(answer: Optional[Answer]) -> Optional[Fit]:

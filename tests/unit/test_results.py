@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.analysis import sweep_analysis, tables
+from orchestrator.analysis.trials import Curve, Trial
 from orchestrator.reporting import results
 from tests.conftest import ROOT
 from tests.known_truth import World
@@ -219,3 +220,18 @@ def test_only_results_imports_pandas():
         if re.search(r"^\s*(import|from) pandas", p.read_text(), re.M)
     ]
     assert importers == ["orchestrator/reporting/results.py"]
+
+
+def test_a_curve_reads_as_the_sorted_list_of_tuples_it_replaces():
+    """trials.Curve holds points as two arrays; every way the analysis reads a curve gives what
+    the sorted list of (int, float) tuples gave."""
+    points = [(300, 2.5), (0, 4.0), (100, 3.0), (200, 2.75)]
+    as_list, curve = sorted(points), Curve.of(points)
+    assert curve == as_list and as_list == curve and list(curve) == as_list and len(curve) == 4
+    assert curve[0] == (0, 4.0) and curve[-1] == (300, 2.5) and type(curve[-1][0]) is int
+    assert curve[1:3] == as_list[1:3] and curve.until(200) == [p for p in as_list if p[0] <= 200]
+    assert [v for _, v in curve] == [v for _, v in as_list] and dict(curve) == dict(as_list)
+    assert not Curve.of([]) and Curve.of([]) == [] and Curve.of(curve) is curve
+    assert curve != as_list[:3] and curve != Curve.of(as_list[:3])
+    trial = Trial("r", "r", "FINISHED", {}, train=points)
+    assert isinstance(trial.train, Curve) and trial.train == as_list
