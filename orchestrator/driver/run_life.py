@@ -312,13 +312,19 @@ def failure_cause(error: BaseException) -> str:
 
 
 def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
-    """Loss-versus-tokens plot as an artifact, then the final status; the seconds this took go
-    in as `teardown/finish_s`."""
+    """The curves the analysis reads once more as one artifact (Store.write_curves: what a report
+    of many runs reads instead of a history call per metric), the loss-versus-tokens plot, then the
+    final status; the seconds this took go in as `teardown/finish_s`."""
+    from orchestrator.analysis.tables import METRICS
     from orchestrator.reporting import plots
 
     teardown, store = Phases("teardown"), Store(uri)
     try:
-        curves = {k: store.metric_history(run_id, k) for k in ("train/loss", "eval/loss")}
+        record = store.get_run(run_id)
+        curves = store.histories([record], [k for k in METRICS if k in record.metrics])[run_id]
+        if curves:
+            store.write_curves(run_id, curves)
+        curves = {k: curves.get(k, []) for k in ("train/loss", "eval/loss")}
         if curves["train/loss"]:
             store.log_figure(run_id, plots.loss_vs_tokens(curves, title=title), "loss_vs_tokens.png")
             teardown.mark("finish")

@@ -23,6 +23,7 @@ DIGEST_TAG = "orchestrator.config_digest"  # a trial's resolved config, hashed (
 REUSED_BY_PREFIX = (
     "orchestrator.reused_by."  # + a later sweep's parent run id, = its trial id: a finished run it reused
 )
+CURVES_TAG = "orchestrator.curves"  # the metrics the run's curves.parquet artifact holds, comma-joined
 CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folders live (path or URI)
 RUN_COLOR_TAG = "mlflow.runColor"  # MLflow's UI draws the run in this colour ("#rrggbb"): its batch size's
 

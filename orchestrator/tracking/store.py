@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 from orchestrator.core.config import redact_uri
 from orchestrator.tracking.records import History, MetricPoint, RunRecord
 from orchestrator.tracking.run_tags import (
+    CURVES_TAG,
     FAILURE_TAG,
     PARENT_TAG,
     REUSED_BY_PREFIX,
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 
 SWEEP_RUN_FILTER = f"tags.`{ROLE_TAG}` = '{SWEEP_ROLE}'"  # MLflow search filter of sweep parent runs
 MAX_PARAMS = 100  # MLflow's limit on params per log_batch call
+CURVES_ARTIFACT = "curves.parquet"
+"""A finished run's curves once more, as one columnar artifact (metric, step, value): MLflow has no
+bulk history call, and one `get_metric_history` per run and metric dominates reading a study of
+hundreds of runs (docs/mlflow.md, docs/benchmarks.md#history_read)."""
 
 
 def quoted(value: str) -> str:
@@ -47,6 +52,13 @@ def quoted(value: str) -> str:
     if '"' not in value:
         return f'"{value}"'
     raise ValueError(f"{value!r} holds both quote characters, which an MLflow search filter cannot express")
+
+
+def _curves_held(run: RunRecord) -> List[str]:
+    """The keys a run's curves artifact holds: none unless the run has ended since it was written
+    (reopen_run removes the tag when training resumes into it)."""
+    held = run.tags.get(CURVES_TAG)
+    return held.split(",") if held and run.status != "RUNNING" else []
 
 
 def resolve_uri(uri: str) -> str:
@@ -142,10 +154,12 @@ class Store:
         """Mark a run RUNNING again when training resumes into it (a re-run `orchestrator train`,
         a retried trial): MLflow's system-metrics sampler stops at once on a run that is not
         RUNNING, and the UI should not show a run in progress as FAILED. The failure reason of the
-        earlier attempt goes too: it no longer describes the run."""
+        earlier attempt goes too: it no longer describes the run, nor does its curves artifact."""
         c = self._client()
-        if FAILURE_TAG in c.get_run(run_id).data.tags:
-            c.delete_tag(run_id, FAILURE_TAG)
+        tags = c.get_run(run_id).data.tags
+        for stale in (FAILURE_TAG, CURVES_TAG):  # the curves artifact holds the earlier attempt's only
+            if stale in tags:
+                c.delete_tag(run_id, stale)
         c.update_run(run_id, status="RUNNING")
 
     def finish_run(self, run_id: str, status: str = "FINISHED") -> None:
@@ -224,20 +238,67 @@ class Store:
         self, runs: Sequence[RunRecord], keys: Iterable[str], workers: Optional[int] = None
     ) -> Dict[str, Dict[str, History]]:
         """{run id: {key: [(step, value)] sorted by step}} of the runs (their latest metrics say
-        which keys each has; absent ones map to []). MLflow has no bulk history call: from a
-        tracking server the histories are fetched 8 at a time (each is a round trip; 3.5x faster
-        on the demo's runs, docs/benchmarks.md), from a store this process opens (SQLite) one at a
-        time, as threads only contend there (`workers` overrides)."""
+        which keys each has; absent ones map to []). A run that ended with its curves artifact
+        (write_curves; the tag says which keys it holds) is read from it, one download a run; the
+        other keys one `get_metric_history` each. From a tracking server 8 run at a time (each is
+        a round trip; 3.5x faster on the demo's runs, docs/benchmarks.md), from a store this
+        process opens (SQLite) one at a time, as threads only contend there (`workers` overrides)."""
         keys, c = list(keys), self._client()
-        jobs = [(r.run_id, k) for r in runs for k in keys if k in r.metrics]
+        bulk = {r.run_id: [k for k in keys if k in r.metrics and k in _curves_held(r)] for r in runs}
+        jobs = [(r.run_id, [k for k in keys if k in r.metrics and k not in bulk[r.run_id]]) for r in runs]
         from orchestrator.tracking.metric_logger import is_local  # it loads MLflow: on first use
+
+        def read(job) -> Dict[str, History]:
+            run_id, singles = job
+            out = self._read_curves(run_id, bulk[run_id]) if bulk[run_id] else {}
+            for key in singles:
+                out[key] = sorted((m.step, m.value) for m in c.get_metric_history(run_id, key))
+            return out
 
         workers = workers or (1 if is_local(self.uri) else 8)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            read = list(pool.map(lambda job: c.get_metric_history(*job), jobs))
-        out: Dict[str, Dict[str, History]] = {r.run_id: {k: [] for k in keys} for r in runs}
-        for (run_id, key), history in zip(jobs, read):
-            out[run_id][key] = sorted((m.step, m.value) for m in history)
+            read_runs = list(pool.map(read, jobs))
+        return {r.run_id: {k: got.get(k, []) for k in keys} for r, got in zip(runs, read_runs)}
+
+    def write_curves(self, run_id: str, curves: Dict[str, History]) -> None:
+        """The run's curves as CURVES_ARTIFACT, and the tag that says which keys it holds: written
+        once the run has ended, from what MLflow holds then (so a resumed run's points are each in
+        it once), and read instead of one history call per key (`histories`)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        metric = [k for k, points in curves.items() for _ in points]
+        table = pa.table(
+            {
+                "metric": pa.array(metric, pa.string()).dictionary_encode(),
+                "step": pa.array([s for points in curves.values() for s, _ in points], pa.int64()),
+                "value": pa.array([v for points in curves.values() for _, v in points], pa.float64()),
+            }
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / CURVES_ARTIFACT
+            pq.write_table(table, path)
+            self._client().log_artifact(run_id, str(path))
+        self.set_tags(run_id, {CURVES_TAG: ",".join(curves)})
+
+    def _read_curves(self, run_id: str, keys: Sequence[str]) -> Dict[str, History]:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        with tempfile.TemporaryDirectory() as folder:
+            table = pq.read_table(self._client().download_artifacts(run_id, CURVES_ARTIFACT, folder))
+        metric = table["metric"].combine_chunks()
+        if not pa.types.is_dictionary(metric.type):
+            metric = metric.dictionary_encode()
+        codes, labels = metric.indices.to_numpy(zero_copy_only=False), metric.dictionary.to_pylist()
+        steps, values = table["step"].to_numpy(), table["value"].to_numpy()
+        out: Dict[str, History] = {k: [] for k in keys}
+        for code, key in enumerate(labels):
+            if key in out:
+                mine = codes == code
+                order = np.argsort(steps[mine], kind="stable")
+                out[key] = list(zip(steps[mine][order].tolist(), values[mine][order].tolist()))
         return out
 
     # ---------------------------------------------------------------- finding runs

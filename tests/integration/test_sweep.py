@@ -221,6 +221,11 @@ def test_resume_after_the_driver_is_killed(tmp_path):
             assert run.end_ms == done_before[run.run_id], "a finished trial was run again"
         steps = [s for s, _ in Store(uri).metric_history(run.run_id, "train/loss")]
         assert steps == sorted(set(steps))
+        # its curves artifact, written when it ended, holds what MLflow holds: each step once
+        bulk = Store(uri).histories([run], ["train/loss", "eval/loss"])[run.run_id]
+        assert run.tags[run_tags.CURVES_TAG] and bulk == {
+            k: Store(uri).metric_history(run.run_id, k) for k in ("train/loss", "eval/loss")
+        }
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ import dataclasses
 import json
 import math
 import re
+import shutil
+from pathlib import Path
 
 import matplotlib.image as mpimg
 import pytest
@@ -447,3 +449,33 @@ def test_a_text_param_that_looks_like_a_number_is_written_and_read_back_as_text(
     back = tables.read(tmp_path)
     assert [t.params["train.run_name"] for t in back] == names
     assert [t.params["train.seed"] for t in back] == ["0", "1", "2"]
+
+
+def test_runs_that_ended_with_their_curves_artifact_are_read_from_it_in_one_call_each(store, tmp_path, monkeypatch):
+    """Store.write_curves (what run_life.close_run writes when a run ends) and Store.histories: a
+    run with the artifact is read without one history call per metric, to the same curves; a key
+    it does not hold, or a run that training resumed into (reopen_run), is read from MLflow."""
+    from mlflow.tracking import MlflowClient as Client
+
+    shutil.copyfile(Path(store["uri"].removeprefix("sqlite:///")), tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    runs = Store(uri).child_runs(store["parent"])
+    keys = ["train/loss", "eval/loss", "gns/b_simple"]
+    direct = Store(uri).histories(runs, keys)
+    for r in runs:
+        held = {k: v for k, v in direct[r.run_id].items() if k in r.metrics and k != "gns/b_simple"}
+        Store(uri).write_curves(r.run_id, held)
+    calls = []
+    original = Client.get_metric_history
+    monkeypatch.setattr(
+        Client, "get_metric_history", lambda self, run_id, key: calls.append(key) or original(self, run_id, key)
+    )
+    runs = Store(uri).child_runs(store["parent"])
+    assert Store(uri).histories(runs, keys) == direct
+    assert calls and set(calls) == {"gns/b_simple"}, "only the key the artifacts lack is read one call at a time"
+    calls.clear()
+    reopened = runs[0]
+    Store(uri).reopen_run(reopened.run_id)
+    runs = Store(uri).child_runs(store["parent"])
+    assert Store(uri).histories(runs, keys[:2]) == {r: {k: direct[r][k] for k in keys[:2]} for r in direct}
+    assert len(calls) == sum(k in reopened.metrics for k in keys[:2]) > 0, "the reopened run is read from MLflow"
