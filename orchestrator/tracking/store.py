@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 SWEEP_RUN_FILTER = f"tags.`{ROLE_TAG}` = '{SWEEP_ROLE}'"  # MLflow search filter of sweep parent runs
 MAX_PARAMS = 100  # MLflow's limit on params per log_batch call
+MAX_METRICS = 1000  # ... and on metrics
 CURVES_ARTIFACT = "curves.parquet"
 """A finished run's curves once more, as one columnar artifact (metric, step, value): MLflow has no
 bulk history call, and one `get_metric_history` per run and metric dominates reading a study of
@@ -190,6 +191,16 @@ class Store:
         from mlflow.entities import Metric
 
         self._client().log_batch(run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in metrics.items()])
+
+    def log_history(self, run_id: str, curves: Dict[str, History], timestamp_ms: Optional[int] = None) -> None:
+        """Whole curves {key: [(step, value)]} in MLflow's largest batches (tables imported into a
+        store, benchmarks; a trainer streams its points through metric_logger.MetricLogger)."""
+        from mlflow.entities import Metric
+
+        now = timestamp_ms or int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, int(s)) for k, points in curves.items() for s, v in points]
+        for start in range(0, len(metrics), MAX_METRICS):
+            self._client().log_batch(run_id, metrics=metrics[start : start + MAX_METRICS])
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self._client().log_text(run_id, redact_uri(text), artifact_file)

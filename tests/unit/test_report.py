@@ -479,3 +479,17 @@ def test_runs_that_ended_with_their_curves_artifact_are_read_from_it_in_one_call
     runs = Store(uri).child_runs(store["parent"])
     assert Store(uri).histories(runs, keys[:2]) == {r: {k: direct[r][k] for k in keys[:2]} for r in direct}
     assert len(calls) == sum(k in reopened.metrics for k in keys[:2]) > 0, "the reopened run is read from MLflow"
+
+
+def test_whole_curves_logged_in_batches_read_back_as_logged(tmp_path):
+    """Store.log_history sends curves in MLflow's largest batches (1,000 metrics a call): 2,500
+    points of two keys come back as logged, from MLflow and from the curves artifact."""
+    uri = sqlite_store(tmp_path)
+    run_id = Store(uri, EXPERIMENT).create_run("bulk")
+    curves = {"train/loss": [(64 * i, 1.0 / (i + 1)) for i in range(2000)], "eval/loss": [(0, 9.0), (640, 3.5)] * 1}
+    curves["eval/loss"] += [(1280 + 64 * i, 3.0 - i * 1e-3) for i in range(498)]
+    Store(uri).log_history(run_id, curves)
+    Store(uri).finish_run(run_id)
+    assert {k: Store(uri).metric_history(run_id, k) for k in curves} == curves
+    Store(uri).write_curves(run_id, curves)
+    assert Store(uri).histories([Store(uri).get_run(run_id)], curves) == {run_id: curves}
