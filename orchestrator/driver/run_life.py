@@ -29,7 +29,7 @@ from orchestrator.driver import ray_session
 from orchestrator.formulas import feasibility
 from orchestrator.sweeps import branch_study
 from orchestrator.tracking.run_tags import FAILURE_TAG
-from orchestrator.tracking.store import Store, resolve_uri
+from orchestrator.tracking.store import CURVES_STORED, Store, resolve_uri
 from workloads.text import corpus
 from workloads.train import handoff
 from workloads.train.handoff import FaultInjection, WorkerPayload
@@ -315,13 +315,12 @@ def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
     """The curves the analysis reads once more as one artifact (Store.write_curves: what a report
     of many runs reads instead of a history call per metric), the loss-versus-tokens plot, then the
     final status; the seconds this took go in as `teardown/finish_s`."""
-    from orchestrator.analysis.tables import METRICS
     from orchestrator.reporting import plots
 
     teardown, store = Phases("teardown"), Store(uri)
     try:
         record = store.get_run(run_id)
-        curves = store.histories([record], [k for k in METRICS if k in record.metrics])[run_id]
+        curves = store.histories([record], [k for k in CURVES_STORED if k in record.metrics])[run_id]
         if curves:
             store.write_curves(run_id, curves)
         curves = {k: curves.get(k, []) for k in ("train/loss", "eval/loss")}

@@ -39,6 +39,17 @@ if TYPE_CHECKING:
 SWEEP_RUN_FILTER = f"tags.`{ROLE_TAG}` = '{SWEEP_ROLE}'"  # MLflow search filter of sweep parent runs
 MAX_PARAMS = 100  # MLflow's limit on params per log_batch call
 MAX_METRICS = 1000  # ... and on metrics
+CURVES_STORED = (
+    "train/loss",
+    "eval/loss",
+    "gns/b_simple",
+    "train/clipped",
+    "eval/loss_se",
+    "train/lr",
+    "perf/tokens_per_s",
+)
+"""The curves a run's CURVES_ARTIFACT holds: what `report` and `load_sweep` read by default (the
+analysis' and curves.csv's; tests/unit/test_report.py holds them equal)."""
 CURVES_ARTIFACT = "curves.parquet"
 """A finished run's curves once more, as one columnar artifact (metric, step, value): MLflow has no
 bulk history call, and one `get_metric_history` per run and metric dominates reading a study of

@@ -18,8 +18,9 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.analysis import sweep_analysis
 from orchestrator.core.errors import ConfigError
-from orchestrator.reporting import report, report_files, report_inputs, report_render
+from orchestrator.reporting import report, report_files, report_inputs, report_render, results
 from orchestrator.tracking import metric_logger, run_tags
+from orchestrator.tracking import store as store_module
 from orchestrator.tracking.store import Store
 from tests.conftest import sqlite_store
 from tests.known_truth import World, factor_grid
@@ -493,3 +494,7 @@ def test_whole_curves_logged_in_batches_read_back_as_logged(tmp_path):
     assert {k: Store(uri).metric_history(run_id, k) for k in curves} == curves
     Store(uri).write_curves(run_id, curves)
     assert Store(uri).histories([Store(uri).get_run(run_id)], curves) == {run_id: curves}
+
+
+def test_a_runs_curves_artifact_holds_every_curve_report_and_load_sweep_read_by_default():
+    assert set(store_module.CURVES_STORED) == {*report_inputs.METRICS, *results.METRICS}
