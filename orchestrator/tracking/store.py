@@ -307,7 +307,9 @@ class Store:
         import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
+        from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as PROGRESS_BAR
 
+        os.environ.setdefault(PROGRESS_BAR.name, "false")  # else a bar for each run's download
         with tempfile.TemporaryDirectory() as folder:
             table = pq.read_table(self._client().download_artifacts(run_id, CURVES_ARTIFACT, folder))
         metric = table["metric"].combine_chunks()

@@ -452,12 +452,15 @@ def test_a_text_param_that_looks_like_a_number_is_written_and_read_back_as_text(
     assert [t.params["train.seed"] for t in back] == ["0", "1", "2"]
 
 
-def test_runs_that_ended_with_their_curves_artifact_are_read_from_it_in_one_call_each(store, tmp_path, monkeypatch):
+def test_runs_that_ended_with_their_curves_artifact_are_read_from_it_in_one_call_each(
+    store, tmp_path, monkeypatch, capfd
+):
     """Store.write_curves (what run_life.close_run writes when a run ends) and Store.histories: a
     run with the artifact is read without one history call per metric, to the same curves; a key
     it does not hold, or a run that training resumed into (reopen_run), is read from MLflow."""
     from mlflow.tracking import MlflowClient as Client
 
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
     shutil.copyfile(Path(store["uri"].removeprefix("sqlite:///")), tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     runs = Store(uri).child_runs(store["parent"])
@@ -474,6 +477,7 @@ def test_runs_that_ended_with_their_curves_artifact_are_read_from_it_in_one_call
     runs = Store(uri).child_runs(store["parent"])
     assert Store(uri).histories(runs, keys) == direct
     assert calls and set(calls) == {"gns/b_simple"}, "only the key the artifacts lack is read one call at a time"
+    assert "Downloading artifacts" not in capfd.readouterr().err, "no progress bar per run's download"
     calls.clear()
     reopened = runs[0]
     Store(uri).reopen_run(reopened.run_id)
