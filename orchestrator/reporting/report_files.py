@@ -5,11 +5,12 @@ that is new, empty or a report's own (docs/security.md). No MLflow: the report p
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -80,24 +81,26 @@ def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
 # ---------------------------------------------------------------- writing
 
 
-def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any]:
+def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Iterator[Tuple[str, Any]]:
+    """(file, matplotlib figure) of the report, each drawn when asked for: write_report saves and
+    closes one before the next is drawn, so a report of hundreds of trials holds one figure's
+    artists at a time, not every figure's."""
     from orchestrator.reporting import plots
 
     usable, metric = [t for t in trials if t.batch and t.train], answer.loss_metric
     curves = [{"batch": t.batch, "train": drawn(t.train), "eval": drawn(t.eval)} for t in usable]
     if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
-        return branch_figures(trials, answer, name, curves)
-    figs = {
-        "loss_vs_tokens.png": plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens"),
-        "loss_vs_steps.png": plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps"),
-    }
+        yield from branch_figures(trials, answer, name, curves)
+        return
+    yield "loss_vs_tokens.png", plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens")
+    yield "loss_vs_steps.png", plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps")
     cells = [
         (t.lr, t.batch, t.final(metric))
         for t in usable
         if t.lr and t.outcome == "finished" and t.final(metric) is not None
     ]
     if cells:
-        figs["eval_heatmap.png"] = plots.lr_batch_heatmap(cells, f"final {metric}")
+        yield "eval_heatmap.png", plots.lr_batch_heatmap(cells, f"final {metric}")
     fits = [  # the hyperbola is drawn whatever the status: the fit's B_crit
         {
             "target_loss": f.target_loss,
@@ -110,14 +113,13 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Dict[str, Any
         if f.points
     ]
     if fits:
-        figs["critical_batch.png"] = plots.critical_batch(fits)
-    figs.update(comparison_figures(usable, answer))
+        yield "critical_batch.png", plots.critical_batch(fits)
+    yield from comparison_figures(usable, answer)
     best, scaling = answer.best_lr, answer.lr_scaling
     if any(r.lr for r in best):
         fit = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
         tried, named = [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr]
-        figs["lr_vs_batch.png"] = plots.lr_vs_batch(tried, named, fit, CRITERIA[answer.lr_criterion])
-    return figs
+        yield "lr_vs_batch.png", plots.lr_vs_batch(tried, named, fit, CRITERIA[answer.lr_criterion])
 
 
 DRAWN_POINTS = 400
@@ -134,7 +136,9 @@ def drawn(curve: Sequence[Tuple[int, float]], most: int = DRAWN_POINTS) -> Seque
     return [curve[i] for i in keep] + ([curve[-1]] if keep[-1] != len(curve) - 1 else [])
 
 
-def branch_figures(trials: Sequence[Trial], answer: Answer, name: str, curves: List[Dict[str, Any]]) -> Dict[str, Any]:
+def branch_figures(
+    trials: Sequence[Trial], answer: Answer, name: str, curves: List[Dict[str, Any]]
+) -> Iterator[Tuple[str, Any]]:
     """A branch study's: the base run's loss with its branches', and the critical batch size along
     training. (No loss vs steps: a branch's steps count from the base's start at another batch.)"""
     from orchestrator.reporting import plots
@@ -147,26 +151,23 @@ def branch_figures(trials: Sequence[Trial], answer: Answer, name: str, curves: L
         if branch_analysis.is_branch(t) and t.train and t.number(RAMP_CHANGE_KEY, int)
     ]
     title = f"{name}: loss vs tokens of the base run and its branches"
-    figs = {"loss_vs_tokens.png": plots.loss_by_batch(curves + branches, "tokens", title)}
-    figs["branch_cbs.png"] = plots.branch_cbs(list(answer.branch.points), answer.branch.fit, b_simple)
-    return figs
+    yield "loss_vs_tokens.png", plots.loss_by_batch(curves + branches, "tokens", title)
+    yield "branch_cbs.png", plots.branch_cbs(list(answer.branch.points), answer.branch.fit, b_simple)
 
 
-def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Dict[str, Any]:
+def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Iterator[Tuple[str, Any]]:
     """The figures that compare batch sizes at their chosen learning rates (comparison_plots.py)."""
     from orchestrator.reporting import comparison_plots as cp
 
     chosen = cp.best_trials(usable, answer.best_per_batch)  # by final loss: so is the lr their labels name
-    figs = {}
     if chosen:
-        figs["loss_vs_tokens_best.png"] = cp.best_lr_curves(chosen, answer.lrs_by("final_loss"))
+        yield "loss_vs_tokens_best.png", cp.best_lr_curves(chosen, answer.lrs_by("final_loss"))
     if any(f.b_crit or f.b_simple for f in answer.critical_batch):
-        figs["critical_batch_vs_loss.png"] = cp.critical_batch_vs_loss(answer.critical_batch)
+        yield "critical_batch_vs_loss.png", cp.critical_batch_vs_loss(answer.critical_batch)
     if any(t.b_simple for t in chosen):
-        figs["b_simple_vs_tokens.png"] = cp.b_simple_over_training(chosen)
+        yield "b_simple_vs_tokens.png", cp.b_simple_over_training(chosen)
     if any(t.lr for t in usable):
-        figs["loss_vs_lr.png"] = cp.loss_vs_lr(usable, answer.loss_metric, answer.best_per_batch, answer.axes)
-    return figs
+        yield "loss_vs_lr.png", cp.loss_vs_lr(usable, answer.loss_metric, answer.best_per_batch, answer.axes)
 
 
 @dataclass(frozen=True)
@@ -192,15 +193,15 @@ def write_report(
     extra = {k: v for p in parts for k, v in p.json.items()}
     (out / MARKER).write_text(json.dumps(json_safe({"name": name, **answer.to_json(), **extra}), indent=2))
     written = [out / MARKER]
-    all_figures = figures(trials, answer, name)
-    for p in parts:
-        all_figures.update(p.figures)
-    for file, fig in all_figures.items():
+    part_figures = {f: fig for p in parts for f, fig in p.figures.items()}
+    own = []
+    for file, fig in itertools.chain(figures(trials, answer, name), part_figures.items()):
         assert file in OWNED, f"{file} is not in report_files.OWNED: a re-run would refuse the folder"
         fig.savefig(out / file, dpi=120)
         plt.close(fig)
         written.append(out / file)
-    own = set(all_figures) - {f for p in parts for f in p.figures}  # a part lists its own figures
+        if file not in part_figures:  # a part lists its own figures
+            own.append(file)
     doc = document(answer, name, [p.name for p in written[1:] if p.name in own])
     doc += [block for p in parts for block in p.blocks]
     if parts:  # a ladder recommends for its target (report_ladder), not for the mix of its rungs

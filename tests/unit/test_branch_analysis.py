@@ -159,7 +159,7 @@ def test_branch_runs_are_read_as_branches_and_no_table_is_empty():
 
 def test_the_loss_figure_draws_every_branch_in_the_colour_of_its_own_batch():
     trials = study_trials()
-    figs = report_files.figures(trials, sweep_analysis.analyse(trials), "branches")
+    figs = dict(report_files.figures(trials, sweep_analysis.analyse(trials), "branches"))
     assert set(figs) == {"loss_vs_tokens.png", "branch_cbs.png"}
     (ax,) = figs["loss_vs_tokens.png"].axes
     drawn = []  # (a curve, its colour): a batch size's curves are one line broken by NaN

@@ -241,7 +241,7 @@ def test_token_counts_have_one_format_on_every_figure(trials):
     """Every axis and colour bar that counts tokens labels its ticks as report_format.fmt_tokens does; the
     batch-size comparisons colour by B on one ordered scale with a colour bar."""
     result = sweep_analysis.analyse(trials)
-    figs = report_files.figures(trials, result, "known-truth")
+    figs = dict(report_files.figures(trials, result, "known-truth"))
     assert set(FIGURES) <= set(figs)
     checked = 0
     for name, fig in figs.items():

@@ -45,7 +45,7 @@ def trials():
 @pytest.fixture(scope="module", params=["final_loss", "steps"])
 def report(request, trials):
     answer = sweep_analysis.analyse(trials, lr_criterion=request.param)
-    figs = report_files.figures(trials, answer, "labels")
+    figs = dict(report_files.figures(trials, answer, "labels"))
     yield answer, figs
     for fig in figs.values():
         plt.close(fig)
