@@ -3,7 +3,7 @@
     from orchestrator.reporting.results import load_sweep
     sweep = load_sweep("smoke", tracking_uri="sqlite:///mlflow.db")
     sweep.trials    # one row per trial: outcome, final metrics, short aliases, every param by its dotted key
-    sweep.curves    # long: trial, run_id, metric, tokens, value -- every point MLflow holds
+    sweep.curves    # long: trial, run_id, metric (names categorical), tokens, value -- every point MLflow holds
     sweep.fit       # the report's numbers (best configuration per batch size, B_crit, B_simple)
     sweep.fit.answer  # the same as typed records (orchestrator/analysis/answer.py), what report.json holds
 
@@ -130,6 +130,10 @@ class SweepResults:
         return paths
 
 
+CSV_CHUNK_ROWS = 1 << 20
+"""Rows write_csv turns into text at a time: categorical names are decoded a chunk at a time."""
+
+
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
     """A long table as csv by pyarrow's writer (ten times pandas' on a million rows); strings quoted."""
     import pyarrow as pa
@@ -146,8 +150,6 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
                 pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(batch.columns, schema)], schema=schema)
             )
 
-
-CSV_CHUNK_ROWS = 1 << 20
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """What makes a spreadsheet read a cell as a formula (a trial named `=cmd|' /C calc'!A0`)."""
