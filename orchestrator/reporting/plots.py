@@ -131,6 +131,10 @@ def loss_by_batch(trials: Sequence[Dict], x: str = "tokens", title: str = ""):
     return fig
 
 
+HEATMAP_ANNOTATED = 30
+"""Rows (or columns) a heatmap shows one by one, each cell with its value."""
+
+
 def heatmap(
     values,
     row_labels: Sequence[str],
@@ -140,17 +144,22 @@ def heatmap(
     ylabel: str = "peak learning rate",
     cbar: str = "final loss",
 ):
-    """Annotated heatmap of a 2-d array; NaN cells stay blank. Row 0 is drawn at the bottom."""
+    """Annotated heatmap of a 2-d array; NaN cells stay blank. Row 0 is drawn at the bottom. Past
+    HEATMAP_ANNOTATED rows or columns the figure stops growing (a sweep of 256 lrs made a PNG 130
+    inches tall) and the cells go unannotated, with every k-th label."""
     import numpy as np
 
     values = np.asarray(values, dtype=float)
-    fig, ax = plt.subplots(figsize=(1.2 * len(col_labels) + 2.5, 0.5 * len(row_labels) + 2))
+    rows, cols = len(row_labels), len(col_labels)
+    shown_rows, shown_cols = min(rows, HEATMAP_ANNOTATED), min(cols, HEATMAP_ANNOTATED)
+    fig, ax = plt.subplots(figsize=(1.2 * shown_cols + 2.5, 0.5 * shown_rows + 2))
     cmap = plt.get_cmap("viridis_r").with_extremes(bad="white")
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, aspect="auto", origin="lower")
     fig.colorbar(image, ax=ax, label=cbar)
     finite = values[np.isfinite(values)]
     middle = (finite.min() + finite.max()) / 2 if finite.size else 0.0
-    for i in range(values.shape[0]):
+    annotated = rows <= HEATMAP_ANNOTATED and cols <= HEATMAP_ANNOTATED
+    for i in range(values.shape[0] if annotated else 0):
         for j in range(values.shape[1]):
             if np.isfinite(values[i, j]):
                 ax.text(
@@ -162,8 +171,9 @@ def heatmap(
                     fontsize=8,
                     color="white" if values[i, j] > middle else "black",
                 )
-    ax.set_xticks(range(len(col_labels)), col_labels, rotation=30)
-    ax.set_yticks(range(len(row_labels)), row_labels)
+    col_step, row_step = -(-cols // HEATMAP_ANNOTATED), -(-rows // HEATMAP_ANNOTATED)
+    ax.set_xticks(range(0, cols, col_step), col_labels[::col_step], rotation=30)
+    ax.set_yticks(range(0, rows, row_step), row_labels[::row_step])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import matplotlib.image as mpimg
+import matplotlib.pyplot as plt
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -502,3 +503,18 @@ def test_whole_curves_logged_in_batches_read_back_as_logged(tmp_path):
 
 def test_a_runs_curves_artifact_holds_every_curve_report_and_load_sweep_read_by_default():
     assert set(store_module.CURVES_STORED) == {*report_inputs.METRICS, *results.METRICS}
+
+
+def test_a_heatmap_of_hundreds_of_lrs_stays_a_figure_one_can_open():
+    """A sweep of 256 lrs at one batch size made eval_heatmap.png 130 inches tall (and the report's
+    memory peak); past plots.HEATMAP_ANNOTATED rows the figure stops growing and the cells go
+    unannotated. A small grid keeps a value in every cell."""
+    from orchestrator.reporting import plots
+
+    big = plots.lr_batch_heatmap([(0.01 + 0.001 * i, 256, 1.0 + 1e-3 * i) for i in range(256)])
+    assert big.get_size_inches()[1] <= 0.5 * plots.HEATMAP_ANNOTATED + 2 and not big.axes[0].texts
+    assert len(big.axes[0].get_yticks()) <= plots.HEATMAP_ANNOTATED
+    small = plots.lr_batch_heatmap([(lr, b, 1.0 + lr) for lr in (1e-3, 2e-3) for b in (256, 512)])
+    assert len(small.axes[0].texts) == 4
+    for fig in (big, small):
+        plt.close(fig)
