@@ -5,6 +5,7 @@ that every trial shape can be placed and that every node sees a path storage."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import Dict, List, Optional
 
 from orchestrator.core import storage
@@ -24,8 +25,9 @@ def on_cluster(cfg: Config) -> bool:
     return bool(cfg.cluster.address or os.environ.get("RAY_ADDRESS"))
 
 
-def ray_init(address: Optional[str] = None) -> None:
-    """Join a cluster, or start a local Ray whose dashboard listens on 127.0.0.1 only.
+def ray_init(address: Optional[str] = None) -> bool:
+    """Join a cluster, or start a local Ray whose dashboard listens on 127.0.0.1 only. True if
+    this call started or joined Ray (False: this process was on Ray already, e.g. a test's).
 
     Worker output is not forwarded (log_to_driver=False): DeepSpeed's and Ray's worker chatter
     would bury the progress lines, and in Ray Train's local mode the worker is the Tune trial's
@@ -36,7 +38,7 @@ def ray_init(address: Optional[str] = None) -> None:
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     if os.environ.get("RAY_ADDRESS") and not address:
         ray.init(log_to_driver=False)  # inside a Ray job: its runtime_env already carries the env
     elif address:
@@ -51,6 +53,18 @@ def ray_init(address: Optional[str] = None) -> None:
             configure_logging=True,
             logging_level="WARNING",
         )
+    return True
+
+
+def shut_down_meanwhile() -> threading.Thread:
+    """Leave Ray in a thread: a local Ray's processes take a second or more to end, which the
+    caller spends on work that needs Ray no more (the sweep's closing report). Join it before
+    the process ends."""
+    import ray
+
+    thread = threading.Thread(target=ray.shutdown, name="ray-shutdown")
+    thread.start()
+    return thread
 
 
 def cluster_nodes() -> List[Dict[str, float]]:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any, Dict, List
 
@@ -61,6 +62,26 @@ def _preflight(trials: List[search_space.Trial]) -> None:
         if key not in seen:
             seen.add(key)
             run_life.ready(t.cfg)
+
+
+def _import_while_ray_starts(uri: str) -> threading.Thread:
+    """Starting a local Ray takes seconds, much of them in Ray's own new processes: meanwhile a
+    thread imports what the driver needs next (MLflow's store, the closing report's figures),
+    seconds a user would otherwise wait for. Imports only, of modules Ray's start does not import
+    (so the two cannot wait on each other's import locks): nothing is written before every check
+    has passed, and an import that fails here fails again, and is reported, where it is used."""
+    import ray  # noqa: F401  (the package before the thread: what ray.init imports then is Ray's alone)
+
+    def imports() -> None:
+        with contextlib.suppress(Exception):
+            from orchestrator.reporting import pipeline, plots  # noqa: F401
+            from orchestrator.tracking import store
+
+            store.preload(uri)
+
+    thread = threading.Thread(target=imports, name="imports-while-ray-starts", daemon=True)
+    thread.start()
+    return thread
 
 
 def _open_parent(sweep: sweep_schema.Sweep, cfg, trials) -> str:
@@ -186,7 +207,9 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         from workloads.train import checkpoint
 
         checkpoint.check_files(storage.local_path(folder), "--resume")
-    ray_session.ray_init(base.cluster.address)
+    meanwhile = _import_while_ray_starts(base.tracking.uri)
+    on_ray = ray_session.ray_init(base.cluster.address)
+    meanwhile.join()
     ray_session.check_cluster(base, placement.trial_shapes(sweep, first))
     micro_batch.resolve_all([t.cfg for t in first])
     if resume:
@@ -213,7 +236,12 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
         error = exc
     from orchestrator.driver import sweep_summary
 
-    return sweep_summary.finish(sweep, base, parent, error, getattr(scheduler, "stopped_at", None))
+    leaving = ray_session.shut_down_meanwhile() if on_ray else None  # the closing report reads MLflow only
+    try:
+        return sweep_summary.finish(sweep, base, parent, error, getattr(scheduler, "stopped_at", None))
+    finally:
+        if leaving:
+            leaving.join()
 
 
 def _train_base(sweep, base, parent: str, folder: str, resume: bool, branches: int, base_trial) -> str:

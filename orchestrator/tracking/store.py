@@ -82,6 +82,16 @@ def resolve_uri(uri: str) -> str:
     return uri
 
 
+def preload(uri: str) -> None:
+    """Import MLflow's client, and its SQL store for a database URI: seconds of imports that a
+    caller waiting on something else (the sweep, while Ray starts) can take meanwhile. Opens and
+    writes nothing."""
+    from mlflow.tracking import MlflowClient  # noqa: F401
+
+    if uri.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+
+
 def env_for_workers() -> Dict[str, str]:
     """Environment that tracking needs in Ray workers (credentials travel as env, never params)."""
     keys = (
