@@ -210,7 +210,7 @@ def test_a_linreg_ladder_runs_end_to_end_writes_a_config_plan_accepts_and_a_rung
         "gns.enabled": False,
         "schedule.decay": "cosine",
     }
-    space = {"batch.tokens_per_update": {"grid": [2, 8, 32, 128]}}
+    space = {"batch.tokens_per_update": {"grid": [2, 8, 32]}}
     lr_scaling = {"reference_tokens": 8, "base_lr": 0.02, "alpha": "sqrt"}
     search = {"algorithm": "bracket", "criterion": "final_loss", "max_lrs_per_batch": 7}
     code, out, uri, runs = run_sweep(
