@@ -32,7 +32,7 @@ import numpy as np
 from orchestrator.analysis import ladder_laws, ladder_rungs, optimal_batch
 from orchestrator.analysis.ladder_laws import Backtest, Design, Point, Value
 from orchestrator.analysis.ladder_rungs import OPTIMIZER_KEYS, Rung
-from orchestrator.analysis.trials import Trial
+from orchestrator.analysis.trials import Trial, in_one_order
 
 MAX_DECADES = 2.0
 """Beyond this many decades of compute past the largest rung the recommendation warns."""
@@ -138,7 +138,7 @@ def analyse(
 ) -> Ladder:
     """The ladder of `trials` (ladder_rungs.is_ladder says whether they are one) and, with a
     target (params, tokens), its recommendation."""
-    rungs = tuple(ladder_rungs.rungs(trials, tolerance, resamples, seed))
+    rungs = tuple(ladder_rungs.rungs(in_one_order(trials), tolerance, resamples, seed))
     if not rungs:
         raise ValueError("no run has batch.tokens_per_update, train.total_tokens and a train/loss curve")
     design = ladder_laws.design_of([Point(r.params, r.tokens, 1.0) for r in rungs])

@@ -58,7 +58,16 @@ import numpy as np
 
 from orchestrator.analysis import branch_analysis, branch_cbs, lr_optimum, recommend, steps_to_target
 from orchestrator.analysis.answer import Answer, BestLr, BestRow, Counts, LrScaling, TrialRow
-from orchestrator.analysis.trials import LR_KEY, SEED_KEY, Trial, by_batch, lr_scans, settings, swept_axes
+from orchestrator.analysis.trials import (
+    LR_KEY,
+    SEED_KEY,
+    Trial,
+    by_batch,
+    in_one_order,
+    lr_scans,
+    settings,
+    swept_axes,
+)
 
 # ---------------------------------------------------------------- best configurations
 
@@ -183,9 +192,10 @@ def analyse(
     compare_with: a branch study's `branch.compare_with`, (the sweep's name, its runs)."""
     if lr_criterion not in ("final_loss", "steps"):
         raise ValueError(f"lr_criterion {lr_criterion!r}: final_loss or steps")
-    usable = [t for t in trials if t.batch and t.train]
-    if not usable:
+    given = [t for t in trials if t.batch and t.train]  # the report's rows, in the order given
+    if not given:
         raise ValueError("no run has both batch.tokens_per_update and a train/loss curve")
+    usable = in_one_order(given)  # what is computed reads one order
     axes = swept_axes(usable)
     finished = [t for t in usable if t.outcome == "finished"]
     metric = "eval/loss" if finished and all(t.eval for t in finished) else "train/loss"
@@ -196,7 +206,7 @@ def analyse(
     else:
         best_lr = [BestLr(r.batch, r.lr, r.lr_edge) for r in best]
     name, scratch = compare_with or (None, ())
-    branch = branch_analysis.study(trials, branch_tolerance, scratch, name)  # None unless a branch study
+    branch = branch_analysis.study(in_one_order(trials), branch_tolerance, scratch, name)  # None unless a branch study
     read = set(usable) | ({t for t in trials if branch_analysis.is_branch(t)} if branch else set())
     return Answer(
         branch=branch,
@@ -215,7 +225,7 @@ def analyse(
         primary=study.primary,
         trend=study.trend,
         optimizer=optimizer_forms(usable),
-        trials=tuple(row(t, metric) for t in usable),
+        trials=tuple(row(t, metric) for t in given),
         skipped=tuple(t.name for t in trials if t not in read),
         recommendation=None if branch else what_to_run(usable, best, axes),
     )

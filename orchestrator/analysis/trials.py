@@ -213,6 +213,13 @@ class Trial:
 # ---------------------------------------------------------------- axes and configurations
 
 
+def in_one_order(trials: Sequence[Trial]) -> List[Trial]:
+    """The trials by name, then run id: the order the analysis reads them in. MLflow gives a sweep's
+    runs oldest first and concurrent trials start in no fixed order, while the bootstraps draw
+    seeds by position: without one order, the same runs would get different intervals."""
+    return sorted(trials, key=lambda t: (t.name, t.run_id))
+
+
 def swept_axes(trials: Sequence[Trial]) -> List[str]:
     """Config keys whose values differ between the runs, the batch size first."""
     keys = set().union(*(t.params for t in trials)) if trials else set()

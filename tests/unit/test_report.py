@@ -518,3 +518,16 @@ def test_a_heatmap_of_hundreds_of_lrs_stays_a_figure_one_can_open():
     assert len(small.axes[0].texts) == 4
     for fig in (big, small):
         plt.close(fig)
+
+
+def test_the_answer_does_not_depend_on_the_order_the_runs_started_in(trials):
+    """Concurrent trials start in no fixed order, and MLflow gives runs oldest first: the same
+    runs in another order are the same sweep and must get the same answer, intervals included
+    (the demo's B_crit interval had moved between two runs of identical curves)."""
+
+    def answer(order):  # its rows keep the order given; every number must not
+        result = sweep_analysis.analyse(order).to_json()
+        result["trials"] = sorted(result["trials"], key=lambda row: row["run_id"])
+        return json.dumps(result, sort_keys=True, default=str)
+
+    assert answer(trials[::-1]) == answer(trials) == answer(sorted(trials, key=lambda t: t.run_id))

@@ -12,7 +12,8 @@ change (report.json with the table folder's path as `<folder>`), then written ag
 and lines added since on purpose (where the settings came from, what to run, the trend in words;
 issue 35's labels: the headline names its run's lr and the best interpolated lr by the table's
 criterion; its branch reports: branch runs no longer `skipped`, the ramp's `ramp_overrides`, no
-from-scratch tables in a branch study's summary, no table without rows).
+from-scratch tables in a branch study's summary, no table without rows; the `mixed` cases'
+B_crit intervals once the analysis read its trials in one order, trials.in_one_order).
 `python -m tests.unit.test_report_json DIR` writes what the code gives now, for a deliberate
 change of the report.
 """
