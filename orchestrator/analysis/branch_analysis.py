@@ -13,7 +13,7 @@ import numpy as np
 from orchestrator.analysis import branch_cbs, branch_ramp, steps_to_target
 from orchestrator.analysis import critical_batch as cb
 from orchestrator.analysis.answer import BranchStudy, TargetFit
-from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial, swept_axes
+from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial, in_one_order, swept_axes
 
 BRANCH_AT_KEY = "batch.ramp.1.from_tokens"
 BASE_KEY = "train.checkpoint_at_tokens.0"
@@ -101,6 +101,7 @@ def study(
 ) -> Optional[BranchStudy]:
     """The critical batch size along training from a branch study's runs (None: no branches);
     `scratch`: the runs of the from-scratch sweep `scratch_name` to compare with."""
+    trials, scratch = in_one_order(trials), in_one_order(scratch)  # the bootstraps draw by position
     ends = branch_ends(trials)
     if not ends:
         return None

@@ -206,7 +206,7 @@ def analyse(
     else:
         best_lr = [BestLr(r.batch, r.lr, r.lr_edge) for r in best]
     name, scratch = compare_with or (None, ())
-    branch = branch_analysis.study(in_one_order(trials), branch_tolerance, scratch, name)  # None unless a branch study
+    branch = branch_analysis.study(trials, branch_tolerance, scratch, name)  # None unless a branch study
     read = set(usable) | ({t for t in trials if branch_analysis.is_branch(t)} if branch else set())
     return Answer(
         branch=branch,

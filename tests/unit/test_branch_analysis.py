@@ -246,3 +246,17 @@ def test_a_branch_study_whose_base_logged_its_config_writes_the_ramp_as_recommen
     ]
     assert cfg.batch.ramp_lr_scaling == answer.branch.lr_scaling and cfg.train.checkpoint_at_tokens == []
     assert cfg.model == run.model and cfg.data == run.data
+
+
+def test_a_branch_study_read_in_another_order_gets_the_same_answer():
+    """branch_analysis.study is also called on its own (`batch.calibration_from` reads a study's
+    runs, oldest first from MLflow): its runs, and the from-scratch sweep's it compares with, in
+    another order must give the same points, intervals and ramp."""
+    from orchestrator.analysis import branch_analysis
+
+    world = World(draw=0)
+    scratch = world.trials(world.grid(lrs=LRS, seeds=2))
+    trials = study_trials(eval_se=0.002)
+    answer = branch_analysis.study(trials, scratch=scratch, scratch_name="scratch")
+    other = branch_analysis.study(trials[::-1], scratch=scratch[::-1], scratch_name="scratch")
+    assert other == answer
