@@ -86,9 +86,10 @@ def preload(uri: str) -> None:
     """Import MLflow's client, and its SQL store for a database URI: seconds of imports that a
     caller waiting on something else (the sweep, while Ray starts) can take meanwhile. Opens and
     writes nothing."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES
     from mlflow.tracking import MlflowClient  # noqa: F401
 
-    if uri.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+    if uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_ENGINES:  # MLflow's own SQL store
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
 
