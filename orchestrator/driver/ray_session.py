@@ -4,6 +4,7 @@ that every trial shape can be placed and that every node sees a path storage."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from typing import Dict, List, Optional
@@ -59,10 +60,26 @@ def ray_init(address: Optional[str] = None) -> bool:
 def shut_down_meanwhile() -> threading.Thread:
     """Leave Ray in a thread: a local Ray's processes take a second or more to end, which the
     caller spends on work that needs Ray no more (the sweep's closing report). Join it before
-    the process ends."""
+    the process ends.
+
+    While the driver disconnects, nothing in this process may free a Ray object: an ObjectRef or
+    actor handle freed then calls into a core worker half shut down, and Ray aborts the process
+    ("The core worker has already been shutdown"). Tune leaves such handles in reference cycles,
+    which the cyclic collector frees at whatever allocation triggers it, in the caller's thread;
+    so the collector pauses until Ray is left (the caller holds no Ray object itself)."""
     import ray
 
-    thread = threading.Thread(target=ray.shutdown, name="ray-shutdown")
+    collecting = gc.isenabled()
+    gc.disable()
+
+    def leave() -> None:
+        try:
+            ray.shutdown()
+        finally:
+            if collecting:
+                gc.enable()
+
+    thread = threading.Thread(target=leave, name="ray-shutdown")
     thread.start()
     return thread
 
