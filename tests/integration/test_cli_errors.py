@@ -54,8 +54,11 @@ def assert_one_clean_line(code, stderr, must_contain):
 
 
 @pytest.mark.parametrize("extra,key", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_bad_override(extra, key):
-    code, out, err = run_cli("plan", TINY, *extra)
+def test_bad_override(extra, key, capsys):
+    """In this process (`cli.main`, what `python -m orchestrator` calls): the files below go
+    through the real command line."""
+    code = cli.main(["plan", str(TINY), *extra])
+    out, err = capsys.readouterr()
     assert_one_clean_line(code, err, key)
     assert out == ""
 

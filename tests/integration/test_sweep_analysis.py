@@ -119,9 +119,7 @@ def test_a_sweep_over_all_four_axes_names_the_best_of_each_per_batch_size(ray_se
     assert code == 0, out[-3000:]
     assert len(runs) == 16
     assert "best configuration per batch size (swept: batch size, lr, decay, warmup):" in out
-    report_dir = tmp_path / "report"
-    assert cli.main(["report", "four-axes.yaml", f"tracking.uri={uri}", "--out", str(report_dir)]) == 0
-    result = json.loads((report_dir / "report.json").read_text())
+    result = json.loads((tmp_path / "reports" / "four-axes" / "report.json").read_text())  # the sweep's own
     assert result["axes"] == ["batch.tokens_per_update", "optim.lr", "schedule.decay", "schedule.warmup_tokens"]
     for row in result["best_per_batch"]:
         # the best of all four, checked against every run of that batch size read straight from MLflow
@@ -164,9 +162,7 @@ def test_a_linreg_bracket_sweep_brackets_every_batch_size_and_says_when_not_to_t
     )
     assert code == 0, out[-3000:]
     assert "bracket search of the learning rate per batch size, criterion steps" in out
-    report_dir = tmp_path / "report"
-    assert cli.main(["report", "linreg-bcrit.yaml", f"tracking.uri={uri}", "--out", str(report_dir)]) == 0
-    result = json.loads((report_dir / "report.json").read_text())
+    result = json.loads((tmp_path / "reports" / "linreg-bcrit" / "report.json").read_text())  # the sweep's own
     primary = result["primary"]
     assert primary["target_loss"] == 0.8 and result["lr_criterion"] == "steps"
     assert [p["batch"] for p in primary["points"]] == [16, 32, 64, 128, 256]

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from orchestrator import cli
 from orchestrator.core import config, derived
 from orchestrator.driver import launch
 from orchestrator.tracking import run_tags
@@ -213,24 +214,27 @@ def test_tiny_config_through_the_cli(tmp_path):
     print(f"tiny train took {elapsed:.0f} s")  # the 2-minute goal is a benchmark, not an assertion
 
 
-def test_a_worker_warning_reaches_the_driver_and_the_run(tmp_path):
+def test_a_worker_warning_reaches_the_driver_and_the_run(ray_session, tmp_path, monkeypatch, capsys):
     """gns.enabled with a given batch.grad_accum_steps=1 and one worker leaves no small batch to
     measure B_simple with: rank 0 warns in its Ray worker (whose output is not forwarded), and
-    `orchestrator train` still shows it."""
+    `orchestrator train` (in this process, the driver) still shows it."""
     uri = sqlite_store(tmp_path)
-    code, out, err = run_cli(
-        "train",
-        TINY,
-        "gns.enabled=true",
-        "batch.micro_batch_size=32",
-        "batch.grad_accum_steps=1",
-        "train.total_tokens=8192",
-        "schedule.warmup_tokens=0",
-        f"tracking.uri={uri}",
-        f"train.storage_path={tmp_path}/runs",
-        "train.run_name=warned",
-        cwd=tmp_path,
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(
+        [
+            "train",
+            str(TINY),
+            "gns.enabled=true",
+            "batch.micro_batch_size=32",
+            "batch.grad_accum_steps=1",
+            "train.total_tokens=8192",
+            "schedule.warmup_tokens=0",
+            f"tracking.uri={uri}",
+            f"train.storage_path={tmp_path}/runs",
+            "train.run_name=warned",
+        ]
     )
+    out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
     message = "batch.grad_accum_steps=1 is given and D x A = 1, so there is no small batch to compare with"
     assert message in out + err
