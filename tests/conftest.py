@@ -44,6 +44,19 @@ def run_cli(*args, cwd=None, env=None, timeout=600, check=False):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def run_main(capsys, *args):
+    """The command line in this process (`orchestrator.cli.main`, what `python -m orchestrator`
+    calls): (returncode, stdout, stderr). Where a subprocess would prove nothing more."""
+    from orchestrator import cli
+
+    try:
+        code = cli.main([str(a) for a in args])
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @pytest.fixture
 def cli():
     return run_cli

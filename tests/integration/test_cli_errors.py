@@ -5,7 +5,7 @@ import json
 import pytest
 
 from orchestrator import cli
-from tests.conftest import ROOT, TINY, run_cli
+from tests.conftest import ROOT, TINY, run_cli, run_main
 
 CASES = [
     # (extra args, text the message must contain)
@@ -55,10 +55,8 @@ def assert_one_clean_line(code, stderr, must_contain):
 
 @pytest.mark.parametrize("extra,key", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_override(extra, key, capsys):
-    """In this process (`cli.main`, what `python -m orchestrator` calls): the files below go
-    through the real command line."""
-    code = cli.main(["plan", str(TINY), *extra])
-    out, err = capsys.readouterr()
+    """In this process: the files below go through the real command line."""
+    code, out, err = run_main(capsys, "plan", TINY, *extra)
     assert_one_clean_line(code, err, key)
     assert out == ""
 

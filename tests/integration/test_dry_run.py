@@ -9,11 +9,10 @@ import sys
 import pytest
 import yaml
 
-from orchestrator import cli
 from orchestrator.core import derived, sweep_file
 from orchestrator.formulas import cost
 from orchestrator.sweeps import search_space
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_main
 
 DEMO = ROOT / "conf" / "sweep" / "demo.yaml"
 CLUSTER = ROOT / "conf" / "sweep" / "gpt-350m-cluster.yaml"
@@ -167,11 +166,7 @@ def test_bad_mfu_exits_2_with_one_line(tmp_path):
     ],
 )
 def test_bad_options_in_process(args, message, capsys):
-    try:
-        code = cli.main(["sweep", str(DEMO), *args])
-    except SystemExit as exc:  # argparse's errors
-        code = exc.code
-    err = capsys.readouterr().err
+    code, _, err = run_main(capsys, "sweep", DEMO, *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err, err
 

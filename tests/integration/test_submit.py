@@ -26,9 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
 from orchestrator.core.errors import ConfigError
-from tests.conftest import ROOT, TINY, free_ports, run_cli, sqlite_store
+from tests.conftest import ROOT, TINY, free_ports, run_cli, run_main, sqlite_store
 
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
 # submit's local checks need only a YAML mapping inside the project; until the smoke sweep
@@ -251,25 +250,14 @@ def test_token_lookup_follows_ray(monkeypatch, tmp_path):
     assert ray_jobs.ray_auth_token()[0] is None
 
 
-def in_process(capsys, *args):
-    """`orchestrator ARGS` in this process (what `python -m orchestrator` calls): (exit code,
-    stdout, stderr). For refusals before any contact: a subprocess would prove nothing more."""
-    try:
-        code = cli.main([str(a) for a in args])
-    except SystemExit as exc:  # argparse's own refusals
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_missing_sweep_file_exits_2_before_any_contact(tmp_path, capsys, monkeypatch):
     # the address is never tried: a missing file is reported, not the (dead) address
-    code, out, err = in_process(capsys, "submit", tmp_path / "nope.yaml", "--address", "http://127.0.0.1:9")
+    code, out, err = run_main(capsys, "submit", tmp_path / "nope.yaml", "--address", "http://127.0.0.1:9")
     _one_line(code, err, "nope.yaml", "not found")
     # a secret the job would need, with no word on where it comes from: exit 2 before any contact
     monkeypatch.setenv("SECRET_X", "hunter2")
     args = ("submit", SWEEP, "tracking.experiment=${oc.env:SECRET_X}", "--address", "http://127.0.0.1:9")
-    code, out, err = in_process(capsys, *args)
+    code, out, err = run_main(capsys, *args)
     _one_line(code, err, "--send-secrets: the job needs SECRET_X", "--secrets-on-cluster")
     assert "hunter2" not in out + err
     assert out == ""
@@ -277,16 +265,16 @@ def test_missing_sweep_file_exits_2_before_any_contact(tmp_path, capsys, monkeyp
 
 def test_unreachable_address_exits_2_with_one_line(capsys):
     (port,) = free_ports(1)
-    code, out, err = in_process(capsys, "submit", SWEEP, "--address", f"http://127.0.0.1:{port}")
+    code, out, err = run_main(capsys, "submit", SWEEP, "--address", f"http://127.0.0.1:{port}")
     _one_line(code, err, "unreachable address", f"127.0.0.1:{port}")
-    code, _, err = in_process(capsys, "jobs", "list", "--address", f"127.0.0.1:{port}")
+    code, _, err = run_main(capsys, "jobs", "list", "--address", f"127.0.0.1:{port}")
     _one_line(code, err, "unreachable address")
 
 
 def test_jobs_id_argument_checked_before_any_contact(capsys):
-    code, _, err = in_process(capsys, "jobs", "stop", "--address", "http://127.0.0.1:9")
+    code, _, err = run_main(capsys, "jobs", "stop", "--address", "http://127.0.0.1:9")
     _one_line(code, err, "needs a submission id")
-    code, _, err = in_process(capsys, "jobs", "list", "some-id", "--address", "http://127.0.0.1:9")
+    code, _, err = run_main(capsys, "jobs", "list", "some-id", "--address", "http://127.0.0.1:9")
     _one_line(code, err, "takes no submission id")
 
 

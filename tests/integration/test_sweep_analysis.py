@@ -97,7 +97,7 @@ def test_early_stopping_keeps_the_large_batch_that_starts_slower_and_ends_better
 
 
 def test_a_sweep_over_all_four_axes_names_the_best_of_each_per_batch_size(ray_session, tmp_path, monkeypatch, capsys):
-    code, out, uri, runs = run_sweep(
+    code, out, _, runs = run_sweep(
         tmp_path,
         monkeypatch,
         capsys,
@@ -145,7 +145,7 @@ def test_a_linreg_bracket_sweep_brackets_every_batch_size_and_says_when_not_to_t
     updates at any batch size, so S_min falls under Adam's memory and B_crit measures the
     optimizer's start-up, not the noise scale: the report must say so (the closed form B_simple
     there is 43.7; what this run measured is in docs/benchmarks.md)."""
-    code, out, uri, runs = run_sweep(
+    code, out, _, runs = run_sweep(
         tmp_path,
         monkeypatch,
         capsys,

@@ -6,12 +6,11 @@ import time
 
 import pytest
 
-from orchestrator import cli
 from orchestrator.core import config, derived
 from orchestrator.driver import launch
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
-from tests.conftest import TINY, run_cli, sqlite_store, varied_corpus
+from tests.conftest import TINY, run_cli, run_main, sqlite_store, varied_corpus
 
 pytestmark = pytest.mark.slow
 UPDATES = 6
@@ -220,21 +219,19 @@ def test_a_worker_warning_reaches_the_driver_and_the_run(ray_session, tmp_path, 
     `orchestrator train` (in this process, the driver) still shows it."""
     uri = sqlite_store(tmp_path)
     monkeypatch.chdir(tmp_path)
-    code = cli.main(
-        [
-            "train",
-            str(TINY),
-            "gns.enabled=true",
-            "batch.micro_batch_size=32",
-            "batch.grad_accum_steps=1",
-            "train.total_tokens=8192",
-            "schedule.warmup_tokens=0",
-            f"tracking.uri={uri}",
-            f"train.storage_path={tmp_path}/runs",
-            "train.run_name=warned",
-        ]
+    code, out, err = run_main(
+        capsys,
+        "train",
+        TINY,
+        "gns.enabled=true",
+        "batch.micro_batch_size=32",
+        "batch.grad_accum_steps=1",
+        "train.total_tokens=8192",
+        "schedule.warmup_tokens=0",
+        f"tracking.uri={uri}",
+        f"train.storage_path={tmp_path}/runs",
+        "train.run_name=warned",
     )
-    out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
     message = "batch.grad_accum_steps=1 is given and D x A = 1, so there is no small batch to compare with"
     assert message in out + err
