@@ -173,17 +173,13 @@ class World:
         updates = np.arange(min(last, len(losses) - 2) + 1)
         keep = np.unique(np.r_[updates[:: max(1, len(updates) // self.max_points)], updates[-1]])
         noisy = losses[keep] + self.update_noise / math.sqrt(b) * rng.standard_normal(len(keep))
-        train = [(int(s * b), float(v)) for s, v in zip(keep, noisy)]
-        evals = [
-            (int(s * b), float(losses[s] + 0.05 + 0.003 * rng.standard_normal()))
-            for s in range(0, last + 1)
-            if (s * b) % self.eval_every_tokens < b or s == len(losses) - 1
-        ]
-        reports = [s for s in range(1, last + 1) if (s * b) % self.report_every_tokens < b]
-        b_simple = [
-            (int(s * b), float(self.b_noise_at(np.array([losses[s]]))[0] * math.exp(0.05 * rng.standard_normal())))
-            for s in reports
-        ]
+        train = list(zip((keep * b).tolist(), noisy.tolist()))
+        s = np.arange(last + 1)
+        at = s[((s * b) % self.eval_every_tokens < b) | (s == len(losses) - 1)]
+        evals = list(zip((at * b).tolist(), (losses[at] + 0.05 + 0.003 * rng.standard_normal(len(at))).tolist()))
+        reports = s[1:][(s[1:] * b) % self.report_every_tokens < b]
+        noise = self.b_noise_at(losses[reports]) * np.exp(0.05 * rng.standard_normal(len(reports)))
+        b_simple = list(zip((reports * b).tolist(), noise.tolist()))
         return Run(b, lr, seed, train, evals, b_simple, "FAILED" if failed else "FINISHED")
 
     def grid(self, batches: Sequence[int] = BATCHES, lrs: Sequence[float] = (), seeds: int = 3) -> List["Run"]:
@@ -222,7 +218,9 @@ class World:
         from orchestrator.analysis import tables
 
         trial_rows, curve_rows = self.tables(runs)
-        return tables.trials_from(trial_rows, [dict(zip(tables.CURVE_FIELDS, row)) for row in curve_rows])
+        curves = tables.curves_from_columns(*zip(*curve_rows)) if curve_rows else {}
+        assert curves is not None, "the reader would refuse a row of these tables"
+        return tables.trials_from(trial_rows, [], curves=curves)
 
     def write(self, runs: Sequence["Run"], folder: Path) -> Path:
         """trials.csv and curves.csv of `runs` in folder (plain csv: any trainer could write them)."""

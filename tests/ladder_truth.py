@@ -248,10 +248,10 @@ class LadderWorld:
         updates = np.arange(max(last, 1))
         keep = np.unique(np.r_[updates[:: max(1, len(updates) // self.max_points)], updates[-1]])
         noisy = losses[keep] + self.update_noise / math.sqrt(batch) * rng.standard_normal(len(keep))
-        train = [(int(s * batch), float(v)) for s, v in zip(keep, noisy)]
+        train = list(zip((keep * batch).tolist(), noisy.tolist()))
         every = max(1, len(losses) // self.evals)
-        at = sorted({*range(every, last + 1, every), *([last] if not failed else [])})
-        evals = [(int(s * batch), float(losses[s] + self.eval_noise * rng.standard_normal())) for s in at]
+        at = np.array(sorted({*range(every, last + 1, every), *([last] if not failed else [])}), np.int64)
+        evals = list(zip((at * batch).tolist(), (losses[at] + self.eval_noise * rng.standard_normal(len(at))).tolist()))
         name = f"N={params:.4g} D={tokens} B={batch} lr={lr:.4g} seed={seed}"
         return Run(batch, lr, seed, train, evals, [], "FAILED" if failed else "FINISHED", name)
 
@@ -290,7 +290,9 @@ class LadderWorld:
         from orchestrator.analysis import tables
 
         trial_rows, curve_rows = self.tables(rungs)
-        return tables.trials_from(trial_rows, [dict(zip(tables.CURVE_FIELDS, row)) for row in curve_rows])
+        curves = tables.curves_from_columns(*zip(*curve_rows)) if curve_rows else {}
+        assert curves is not None, "the reader would refuse a row of these tables"
+        return tables.trials_from(trial_rows, [], curves=curves)
 
 
 # ---------------------------------------------------------------- calibration and brute force (cached)

@@ -110,8 +110,44 @@ def _curves_columnar(path: Path) -> Optional[Dict[str, Dict[str, Curve]]]:
                 return None
             columns[name] = column.to_numpy(zero_copy_only=False)
     (trial, trial_names), (metric, metric_names) = columns["trial"], columns["metric"]
+    return _curves_of_columns(trial, trial_names, metric, metric_names, columns["tokens"], columns["value"])
+
+
+def _curves_in_memory(rows: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, Dict[str, Curve]]]:
+    """Rows held in memory with numbers as numbers (a caller's tables) read by columns, like
+    curves.csv; None when a row would be refused or a cell is text (then the row reader reads
+    them, and names what it refuses)."""
+    return curves_from_columns(*(([r[c] for r in rows]) for c in CURVE_FIELDS))
+
+
+def curves_from_columns(
+    trial: Sequence[Any], metric: Sequence[Any], tokens: Sequence[Any], values: Sequence[Any]
+) -> Optional[Dict[str, Dict[str, Curve]]]:
+    """{trial: {metric: Curve}} of curves.csv's four columns held in memory (tokens and values as
+    numbers): what the row reader reads of them, or None where it would refuse a row or a cell
+    is text."""
+    tokens, values = np.asarray(tokens), np.asarray(values)
+    if (
+        tokens.dtype.kind not in "iuf"
+        or values.dtype.kind not in "iuf"
+        or not (len(trial) == len(metric) == len(tokens) == len(values))
+    ):
+        return None
+    names: Tuple[Dict[str, int], Dict[str, int]] = ({}, {})
+    trial_codes = np.array([names[0].setdefault(str(t), len(names[0])) for t in trial], np.int64)
+    metric_codes = np.array([names[1].setdefault(str(m), len(names[1])) for m in metric], np.int64)
+    return _curves_of_columns(
+        trial_codes, list(names[0]), metric_codes, list(names[1]), tokens.astype(np.float64), values.astype(np.float64)
+    )
+
+
+def _curves_of_columns(
+    trial: np.ndarray, trial_names: Sequence[str], metric: np.ndarray, metric_names: Sequence[str], tokens, values
+) -> Optional[Dict[str, Dict[str, Curve]]]:
+    """{trial: {metric: Curve}} from columns (trial and metric as codes into their names), the
+    rows `_curves` reads and keeps; None where it would refuse one."""
     keep = np.isin(metric, [i for i, m in enumerate(metric_names) if m in METRICS])
-    trial, metric, tokens, values = trial[keep], metric[keep], columns["tokens"][keep], columns["value"][keep]
+    trial, metric, tokens, values = trial[keep], metric[keep], tokens[keep], values[keep]
     if not (np.isfinite(tokens).all() and (tokens >= 0).all() and (tokens == np.floor(tokens)).all()):
         return None
     order = np.lexsort((tokens, metric, trial))
@@ -194,6 +230,8 @@ def trials_from(
         )
     if curve_rows and any(c not in curve_rows[0] for c in CURVE_FIELDS):
         raise ConfigError(CURVES, f"{where}: the columns must be {', '.join(CURVE_FIELDS)}")
+    if curves is None:
+        curves = _curves_in_memory(curve_rows)
     if curves is None:
         curves = _curves(curve_rows, _Where(CURVES, where))
     table, trials, row_of = _Where(TRIALS, where), [], {}

@@ -419,6 +419,34 @@ def test_curves_read_by_columns_are_the_row_readers(tmp_path):
     assert tables._curves_columnar(folder / "curves.csv") is None
 
 
+def test_curves_held_in_memory_are_read_by_columns_as_the_row_reader_reads_them(tmp_path):
+    """Rows held in memory with numbers as numbers (the known-truth worlds', a caller's) take the
+    columnar path: the row reader's curves; a row it would refuse is still refused by the row
+    reader, which names it."""
+    from orchestrator.analysis import tables
+    from orchestrator.core.errors import ConfigError
+
+    folder = world_tables(tmp_path / "tables")
+    text_rows = tables._rows(folder / "curves.csv")
+    rows = [{**r, "tokens": int(r["tokens"]), "value": float(r["value"])} for r in text_rows]
+    rows[3]["value"] = float("nan")  # a diverged run's loss: left out
+    rows.append({"trial": rows[0]["trial"], "metric": "perf/mfu", "tokens": -1, "value": 0.5})  # not read
+    by_rows = tables._curves(rows, tables._Where("curves.csv", "memory"))
+    by_columns = tables._curves_in_memory(rows)
+    assert by_columns is not None and set(by_columns) == set(by_rows)
+    for trial, metrics in by_rows.items():
+        assert {m: sorted(c) for m, c in metrics.items()} == by_columns[trial]
+    trial_rows = tables._rows(folder / "trials.csv")
+    assert [t.train for t in tables.trials_from(trial_rows, rows)] == [
+        t.train
+        for t in tables.trials_from(trial_rows, text_rows[:3] + [{**text_rows[3], "value": "nan"}] + text_rows[4:])
+    ]
+    repeated = rows[:-1] + [dict(rows[1])]
+    assert tables._curves_in_memory(repeated) is None
+    with pytest.raises(ConfigError, match=f"row {len(repeated) + 1}"):
+        tables.trials_from(trial_rows, repeated)
+
+
 # ---------------------------------------------------------------- plan on ramps: linear, and the same answers
 
 SHORT_RAMPS = {  # overrides of the tiny config -> plan's answers before it was made linear (issue 38)
