@@ -1,7 +1,12 @@
 """A branch study end to end (conf/sweep/branches.yaml, smaller): the base run trains first and
 keeps a checkpoint at each branch point; the branches restore it and train on at 1, 2 and 4 x
-its batch; the factor-1 branch is the base's own continuation, value for value; `report` gives
-the critical batch size at every branch point, the power law, the plot and a ramp `plan` accepts."""
+its batch; the factor-1 branch is the base's own continuation, value for value; the report at the
+sweep's end (`orchestrator report`'s pipeline, in reports/<name>/) gives the critical batch size at
+every branch point, the power law, the plot and a ramp `plan` accepts.
+
+The sweeps run in this process on the shared Ray session (`orchestrator.cli.main`): a
+subprocess would prove nothing more than the smoke sweep in test_sweep.py already does.
+"""
 
 import json
 
@@ -12,7 +17,7 @@ from orchestrator.analysis import branch_cbs
 from orchestrator.cli import main
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
-from tests.conftest import ROOT, run_cli, sqlite_store
+from tests.conftest import ROOT, run_main, sqlite_store
 
 pytestmark = pytest.mark.slow
 AT, TOKENS, B = [8192, 32768], 8192, 256
@@ -30,10 +35,11 @@ def study(tmp_path):
     return path
 
 
-def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path):
+def test_a_branch_study_measures_the_critical_batch_size_along_training(ray_session, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     uri = sqlite_store(tmp_path)
     path = study(tmp_path)
-    code, out, err = run_cli("sweep", path, f"tracking.uri={uri}", cwd=tmp_path)
+    code, out, err = run_main(capsys, "sweep", path, f"tracking.uri={uri}")
     assert code == 0, out[-3000:] + err[-3000:]
     assert "Critical batch size along training:" in out and "Suggested batch ramp" in out
 
@@ -53,15 +59,15 @@ def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path
             mine = Store(uri).metric_history(r.run_id, "train/loss")
             assert [v for _, v in mine] == pytest.approx([held[s] for s, _ in mine], rel=1e-5)
 
-    assert main(["report", str(path), f"tracking.uri={uri}", "--out", str(tmp_path / "report")]) == 0
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    folder = tmp_path / "reports" / "branches"  # the report at the sweep's end, `report`'s pipeline
+    report = json.loads((folder / "report.json").read_text())
     points = report["branch_cbs"]
     assert [p["tokens"] for p in points] == AT
     for p in points:
         assert {"tokens", "cbs", "cbs_interval", "status", "b_simple"} <= set(p)
         assert p["status"] in ("resolved", "above", "below") and p["b_simple"] > 0
         assert p["batches"] == [B, 2 * B, 4 * B]
-    assert "branch_fit" in report and (tmp_path / "report" / "branch_cbs.png").is_file()
+    assert "branch_fit" in report and (folder / "branch_cbs.png").is_file()
     ramp = report["branch"]["ramp_override"]
     assert ramp.startswith("batch.ramp=[{from_tokens: 0, tokens_per_update: 256}")
     assert (
@@ -72,8 +78,9 @@ def test_a_branch_study_measures_the_critical_batch_size_along_training(tmp_path
     body = yaml.safe_load(path.read_text())
     body["name"] = "branches-from"
     body["branch"].update({"from": base.run_id, "at_tokens": AT[:1], "factors": [1, 2]})
+    body["search"]["max_concurrent"] = 1  # two trials that only reuse runs: one trial process for both
     (tmp_path / "from.yaml").write_text(yaml.safe_dump(body))
-    code, out, err = run_cli("sweep", tmp_path / "from.yaml", f"tracking.uri={uri}", cwd=tmp_path)
+    code, out, err = run_main(capsys, "sweep", tmp_path / "from.yaml", f"tracking.uri={uri}")
     assert code == 0, out[-3000:] + err[-3000:]
     # Its branches resolve to the very configs the first study ran (the same base checkpoint, batch
     # and stop), so the sweep reuses those finished runs (by config digest) instead of training them.
@@ -141,8 +148,8 @@ def test_linear_regression_with_sgd_branches_track_the_closed_form_noise_scale(r
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(body))
     uri = sqlite_store(tmp_path)
     assert main(["sweep", "study.yaml", f"tracking.uri={uri}"]) == 0
-    assert main(["report", "study.yaml", f"tracking.uri={uri}", "--out", str(tmp_path / "report")]) == 0
-    points = json.loads((tmp_path / "report" / "report.json").read_text())["branch_cbs"]
+    # the report at the sweep's end (`orchestrator report`'s pipeline)
+    points = json.loads((tmp_path / "reports" / "linreg-branches" / "report.json").read_text())["branch_cbs"]
 
     parent = Store(uri, "orchestrator").find_sweep_run("linreg-branches")
     (base,) = [r for r in Store(uri).child_runs(parent) if r.tags.get(run_tags.ROLE_TAG) == "branch-base"]

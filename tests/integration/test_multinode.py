@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from orchestrator.tracking.store import Store
-from tests.conftest import BUCKET, ROOT, free_ports, run_cli, sqlite_store
+from tests.conftest import BUCKET, ROOT, free_ports, run_cli, run_main, sqlite_store
 
 pytestmark = pytest.mark.slow
 RAY = Path(sys.executable).with_name("ray")
@@ -257,7 +257,7 @@ def test_a_path_the_second_node_cannot_see_is_refused_before_anything_starts(clu
     assert not list((cluster.hidden / "runs").iterdir()), "the probe left its marker behind"
 
 
-def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, tmp_path):
+def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, object_store, tmp_path, monkeypatch, capsys):
     """The sweep runs with storage on S3; once the first checkpoint is there, the second node's
     raylet is killed and the node started again. The trial finishes from that checkpoint, and
     MLflow holds every update's step once. Then `sweep --resume` and `report` find the sweep
@@ -325,9 +325,10 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, tmp_path):
         out[-3000:] + err[-3000:]
     )
     assert len(Store(uri).child_runs(parent)) == 1
-    code, out, err = run_cli(
-        "report", sweep, f"tracking.uri={uri}", "--out", tmp_path / "report", cwd=tmp_path, env=cluster.env, timeout=300
-    )
+    for name, value in object_store.items():  # `report` (in this process: it needs no Ray) reads the store
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(capsys, "report", sweep, f"tracking.uri={uri}", "--out", tmp_path / "report")
     assert code == 0 and (tmp_path / "report" / "summary.md").is_file(), out[-2000:] + err[-2000:]
 
     # `train` keeps its MLflow run id beside the checkpoints in the store, so a re-run resumes.

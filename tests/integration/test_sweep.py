@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
-from tests.conftest import ROOT, run_cli, sqlite_store
+from tests.conftest import ROOT, run_cli, run_main, sqlite_store
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
@@ -41,7 +41,7 @@ def variant(tmp_path, name, **changes):
     return path
 
 
-def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
+def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path, monkeypatch, capsys):
     """4 trials; each fails once after its second checkpoint and is retried from it. Their
     micro-batch is `auto`: probed once for their one shape, against an artificial 12 MiB device."""
     uri = sqlite_store(tmp_path)
@@ -55,6 +55,7 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     )
     assert code == 0, sweep_out[-3000:] + err[-3000:]
     out = sweep_out
+    monkeypatch.chdir(tmp_path)
     assert "Configuration for experiment" not in out and "TensorBoard" not in out  # the progress table alone
     assert (tmp_path / "reports" / "smoke" / "summary.html").is_file()  # the sweep wrote its report
     assert "Best configuration: B = " in out and "best configuration per batch size (swept: batch size, lr)" in out
@@ -88,7 +89,7 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path):
     assert {"smoke.yaml", "loss_vs_tokens.png"} <= names
 
     # `report` on the finished sweep: every plot and the summary, also logged to the parent
-    code, out, err = run_cli("report", SMOKE, f"tracking.uri={uri}", "--out", tmp_path / "report", cwd=tmp_path)
+    code, out, err = run_main(capsys, "report", SMOKE, f"tracking.uri={uri}", "--out", tmp_path / "report")
     assert code == 0, out[-2000:] + err[-2000:]
     expected = {
         "loss_vs_tokens.png",
@@ -154,7 +155,7 @@ def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
     assert steps == list(range(0, 49152, 4096)), "each update once, none missing"
 
 
-def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
+def test_asha_stops_a_diverging_trial_at_its_first_rung(ray_session, tmp_path, monkeypatch, capsys):
     uri = sqlite_store(tmp_path)
     sweep = variant(
         tmp_path,
@@ -164,7 +165,8 @@ def test_asha_stops_a_diverging_trial_at_its_first_rung(tmp_path):
         scheduler={"type": "asha", "grace_period_tokens": 16384, "reduction_factor": 2},
         search={"algorithm": "grid", "max_concurrent": 1},
     )
-    code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(capsys, "sweep", sweep, f"tracking.uri={uri}")
     assert code == 0, out[-3000:] + err[-3000:]
     _, runs = children(uri, "asha")
     by_lr = {float(r.params["optim.lr"]): r for r in runs}
@@ -238,9 +240,9 @@ def test_resume_after_the_driver_is_killed(tmp_path):
         ({"search": {"algorithm": "bayes"}}, "search.algorithm"),
     ],
 )
-def test_bad_sweep_files_create_no_run(tmp_path, change, key):
+def test_bad_sweep_files_create_no_run(tmp_path, nothing_starts, capsys, change, key):
     sweep = variant(tmp_path, "bad", **change)
-    code, out, err = run_cli("sweep", sweep, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", cwd=tmp_path, timeout=120)
+    code, out, err = run_main(capsys, "sweep", sweep, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and key in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "mlflow.db").exists(), "no MLflow run for a bad sweep"

@@ -10,7 +10,7 @@ from orchestrator.core import config, derived
 from orchestrator.driver import launch
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
-from tests.conftest import TINY, run_cli, run_main, sqlite_store, varied_corpus
+from tests.conftest import TINY, run_main, sqlite_store, varied_corpus
 
 pytestmark = pytest.mark.slow
 UPDATES = 6
@@ -192,16 +192,18 @@ def test_non_finite_loss_ends_the_run_with_a_reason(ray_session, corpus, tmp_pat
         )
 
 
-def test_tiny_config_through_the_cli(tmp_path):
-    """The shipped tiny config: under 2 minutes here, and its eval loss clearly falls."""
+def test_tiny_config_through_the_cli(ray_session, tmp_path, monkeypatch, capsys):
+    """The shipped tiny config: under 2 minutes here, and its eval loss clearly falls. The command
+    runs in this process, on the tests' Ray (a command's own Ray start is test_sweep's)."""
+    monkeypatch.chdir(tmp_path)
     started = time.monotonic()
-    code, out, err = run_cli(
+    code, out, err = run_main(
+        capsys,
         "train",
         TINY,
         f"tracking.uri={sqlite_store(tmp_path)}",
         f"train.storage_path={tmp_path}/runs",
         "train.run_name=tiny",
-        cwd=tmp_path,
     )
     elapsed = time.monotonic() - started
     assert code == 0, err[-3000:]

@@ -8,6 +8,8 @@ every trial's train/loss and eval/loss on one chart, each trial in its batch siz
 Screenshots go into each test's tmp_path (experiment.png, train_loss.png, compare.png).
 """
 
+import contextlib
+import io
 import os
 import shutil
 import sys
@@ -18,7 +20,7 @@ import pytest
 
 from orchestrator.tracking import mlflow_ui, run_tags
 from orchestrator.tracking.store import Store
-from tests.conftest import ROOT, free_ports, run_cli
+from tests.conftest import ROOT, free_ports
 from tests.integration.test_mlflow_server import Service
 
 pytestmark = pytest.mark.slow
@@ -29,13 +31,23 @@ WAIT_S = 120  # the page's first load compiles a large bundle: slow on a busy 2-
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(ray_session, tmp_path_factory):
     """The smoke sweep (4 trials, 2 batch sizes x 2 learning rates) with a third of its token
-    budget: the UI needs finished runs with curves, not converged ones."""
+    budget: the UI needs finished runs with curves, not converged ones. The command runs in this
+    process, on the tests' Ray."""
+    from orchestrator import cli
+
     folder = tmp_path_factory.mktemp("ui-sweep")
     uri = f"sqlite:///{folder}/mlflow.db"
-    code, out, err = run_cli("sweep", SMOKE, f"tracking.uri={uri}", "train.total_tokens=16384", cwd=folder, timeout=600)
-    assert code == 0, out[-3000:] + err[-3000:]
+    here, printed = os.getcwd(), io.StringIO()
+    os.chdir(folder)
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = cli.main(["sweep", str(SMOKE), f"tracking.uri={uri}", "train.total_tokens=16384"])
+    finally:
+        os.chdir(here)
+    out = printed.getvalue()
+    assert code == 0, out[-3000:]
     (folder / "sweep.out").write_text(out)
     parent = Store(uri, "orchestrator").find_sweep_run("smoke")
     return uri, folder, parent, {r.name: r for r in Store(uri).child_runs(parent)}
