@@ -11,15 +11,16 @@ gradient distribution and the EMA of the estimates converges.
 - GPT: a brute-force reference from per-sequence gradients (torch.func vmap(grad)) of the
   same global batches at the same (initial) weights.
 
-Statistical budget (linreg): with K = 500 updates of 1,024 examples and gns.ema_tokens = 512,000
-(a decay of 0.998 per update) the EMA averages about 460 updates' worth of estimates. Per update, the |G|^2 estimate has
+Statistical budget (linreg): with K = 256 updates of 2,048 examples and gns.ema_tokens = 512,000
+(a decay of 0.996 per update) the EMA averages about 235 updates' worth of estimates. Per update, the |G|^2 estimate has
 variance about
 4 G'Sigma G / B_big, and the tr(Sigma) estimate about 2 tr(Sigma^2) / (D A) relative to
-tr(Sigma)^2 (worst for D x A = 2): so the cases use B_big = 1024..2048 examples and d >= 16.
-Their relative standard errors, measured over 12 data seeds with the same estimator, are
-0.35-0.7% for B_simple (0.4-0.7% for |G|^2 and tr(Sigma)), so the 5% tolerance is 7 standard
-errors or more: a pass does not depend on a lucky seed, and a 5% error in the trainer's math
-cannot hide in the noise.
+tr(Sigma)^2 (worst for D x A = 2): so the cases use B_big = 2048..4096 examples and d >= 32
+(half the updates of twice the examples and twice the dimension hold the same precision at half
+the DeepSpeed steps). Their relative standard errors, measured over 12 data seeds with the same
+estimator (replay below, without the trainer), are 0.6-1.2% for B_simple (0.4-1.1% for |G|^2 and
+tr(Sigma)), so the 5% tolerance is 4 standard errors or more: a pass does not depend on a lucky
+seed, and a 5% error in the trainer's math cannot hide in the noise.
 """
 
 from __future__ import annotations
@@ -43,15 +44,15 @@ from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus, zero_stage
 pytestmark = pytest.mark.slow
 
 LINREG = ROOT / "conf" / "train" / "linreg.yaml"
-UPDATES = 500
+UPDATES = 256
 EMA_TOKENS = 512_000
 
 # (D, A, ZeRO stage, d, sigma, |w*|, examples per update)
 LINREG_CASES = [
-    pytest.param(1, 4, 2, 32, 1.0, 1.0, 1024, id="D1-A4-zero2-d32"),
-    pytest.param(2, 2, 0, 64, 0.5, 2.0, 1024, id="D2-A2-zero0-d64"),
-    pytest.param(2, 2, 3, 16, 2.0, 1.0, 1024, id="D2-A2-zero3-d16"),
-    pytest.param(2, 1, 2, 128, 1.0, 1.0, 2048, id="D2-A1-zero2-d128"),
+    pytest.param(1, 4, 2, 64, 1.0, 1.0, 2048, id="D1-A4-zero2-d64"),
+    pytest.param(2, 2, 0, 128, 0.5, 2.0, 2048, id="D2-A2-zero0-d128"),
+    pytest.param(2, 2, 3, 32, 2.0, 1.0, 2048, id="D2-A2-zero3-d32"),
+    pytest.param(2, 1, 2, 256, 1.0, 1.0, 4096, id="D2-A1-zero2-d256"),
 ]
 
 
@@ -181,9 +182,13 @@ def test_linreg_noise_scale_matches_closed_form(
 
 # ---------------------------------------------------------------- GPT against brute force
 
-GPT_UPDATES = 100
+# The reference shares the trainer's sampling error, so what is left is its estimator noise: at 100
+# updates (EMA 25,600 tokens) the trainer's B_simple, |G|^2 and tr(Sigma) were within 0.05% of it;
+# at these 40 (EMA 10,240) within 3.2% (B_simple -3.2%, |G|^2 +0.2%, tr(Sigma) -3.0%), against a
+# tolerance of 15%.
+GPT_UPDATES = 40
 B, D, A, S = 2, 2, 2, 32  # 8 sequences of 32 tokens per update: B_small = 64, B_big = 256 tokens
-GPT_EMA_TOKENS = 25_600  # a decay of exp(-256 / 25,600) = 0.990 per update
+GPT_EMA_TOKENS = 10_240  # a decay of exp(-256 / 10,240) = 0.975 per update
 
 
 def per_sequence_gradients(model, batch) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
