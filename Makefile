@@ -10,6 +10,8 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 # make test runs whole test files on this many processes (pytest-xdist); 0 runs them in one.
+# Files go out in collection order (the integration files, minutes each, first; the many short
+# unit files last, to even out the processes' ends), not xdist's most-tests-first.
 TEST_WORKERS ?= 2
 
 .PHONY: demo test setup test-services clean
@@ -34,7 +36,7 @@ test-services:
 test: $(STAMP) test-services
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) .cache runs mlflow.db mlartifacts reports
