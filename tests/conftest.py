@@ -57,11 +57,6 @@ def run_main(capsys, *args):
     return code, out, err
 
 
-@pytest.fixture
-def cli():
-    return run_cli
-
-
 BUCKET = "runs"
 
 

@@ -26,7 +26,7 @@ import pytest
 from orchestrator.driver import launch
 from orchestrator.tracking import metric_logger
 from orchestrator.tracking.store import Store
-from tests.conftest import TINY, free_ports, run_cli
+from tests.conftest import TINY, free_ports, run_main
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "server-tests"
@@ -235,12 +235,16 @@ def test_buffer_bound_while_the_server_is_down(monkeypatch):
         logger.close(timeout_s=1)
 
 
-def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatch):
+def test_a_real_training_run_on_the_postgres_server(server, ray_session, tmp_path, monkeypatch, capsys):
+    """`orchestrator train` in this process, on the tests' Ray, logging to the server."""
     if server.db is None:
         pytest.skip("PostgreSQL unavailable (not root and no postgresql binaries)")
     for key in metric_logger.HTTP_RETRY_DEFAULTS:  # the command's driver runs with MLflow's own defaults
         monkeypatch.delenv(key, raising=False)
-    code, out, err = run_cli(
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(
+        capsys,
         "train",
         TINY,
         "model.n_layers=1",
@@ -260,9 +264,6 @@ def test_a_real_training_run_on_the_postgres_server(server, tmp_path, monkeypatc
         f"tracking.experiment={EXPERIMENT}",
         f"train.storage_path={tmp_path}/runs",
         "train.run_name=pg",
-        cwd=tmp_path,
-        env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"},
-        timeout=300,
     )
     assert code == 0, out[-3000:] + err[-3000:]
     run_id = launch.recorded_run_id(tmp_path / "runs", "pg")

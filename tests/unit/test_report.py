@@ -23,7 +23,7 @@ from orchestrator.reporting import report, report_files, report_inputs, report_r
 from orchestrator.tracking import metric_logger, run_tags
 from orchestrator.tracking import store as store_module
 from orchestrator.tracking.store import Store
-from tests.conftest import sqlite_store
+from tests.conftest import run_main, sqlite_store
 from tests.known_truth import World, factor_grid
 
 EXPERIMENT = "report-test"
@@ -336,10 +336,19 @@ def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(s
     assert settings.origin == {"lr_criterion": f"the sweep file {path}", "primary_target": "default"}
 
 
-def test_cli_report_and_unknown_sweep(store, tmp_path, cli):
+def test_cli_report_and_unknown_sweep(store, tmp_path, capsys):
     out = tmp_path / "cli-report"
-    code, stdout, stderr = cli(
-        "report", SWEEP, f"tracking.uri={store['uri']}", "--out", out, "--target-loss", "4.0", "--lr-criterion", "steps"
+    code, stdout, stderr = run_main(
+        capsys,
+        "report",
+        SWEEP,
+        f"tracking.uri={store['uri']}",
+        "--out",
+        out,
+        "--target-loss",
+        "4.0",
+        "--lr-criterion",
+        "steps",
     )
     assert code == 0, stderr
     assert "summary.md" in stdout and "B_crit" in stdout and "best lr (fewest steps to the primary target)" in stdout
@@ -347,7 +356,9 @@ def test_cli_report_and_unknown_sweep(store, tmp_path, cli):
     written = json.loads((out / "report.json").read_text())
     assert written["critical_batch"][0]["target_loss"] == 4.0 and written["lr_criterion"] == "steps"
     assert [r["lr"] for r in written["best_lr"]] == [p["lr"] for p in written["primary"]["points"]]
-    code, stdout, stderr = cli("report", "no-such-sweep", f"tracking.uri={store['uri']}", "--out", tmp_path / "x")
+    code, stdout, stderr = run_main(
+        capsys, "report", "no-such-sweep", f"tracking.uri={store['uri']}", "--out", tmp_path / "x"
+    )
     assert code == 2
     assert len(stderr.strip().splitlines()) == 1 and "no-such-sweep" in stderr, stderr
 
