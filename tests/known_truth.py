@@ -215,12 +215,7 @@ class World:
 
     def trials(self, runs: Sequence["Run"]):
         """`runs` as the analysis reads them, through the tables' own reader (orchestrator/analysis/tables.py)."""
-        from orchestrator.analysis import tables
-
-        trial_rows, curve_rows = self.tables(runs)
-        curves = tables.curves_from_columns(*zip(*curve_rows)) if curve_rows else {}
-        assert curves is not None, "the reader would refuse a row of these tables"
-        return tables.trials_from(trial_rows, [], curves=curves)
+        return read_back(*self.tables(runs))
 
     def write(self, runs: Sequence["Run"], folder: Path) -> Path:
         """trials.csv and curves.csv of `runs` in folder (plain csv: any trainer could write them)."""
@@ -257,6 +252,16 @@ class Run:
     def final_loss(self) -> float:
         """The last eval loss (inf for a run that failed): what a Tune objective would minimise."""
         return self.eval[-1][1] if self.status == "FINISHED" and self.eval else math.inf
+
+
+def read_back(trial_rows: List[Dict[str, object]], curve_rows: List[Tuple[str, str, int, float]]):
+    """Tables as the analysis reads them, through the tables' own reader
+    (orchestrator/analysis/tables.py; the curves by columns, as curves.csv is read)."""
+    from orchestrator.analysis import tables
+
+    curves = tables.curves_from_columns(*zip(*curve_rows)) if curve_rows else {}
+    assert curves is not None, "the reader would refuse a row of these tables"
+    return tables.trials_from(trial_rows, [], curves=curves)
 
 
 def factor_grid(low: float, high: float, factor: float = 2.0) -> List[float]:

@@ -48,7 +48,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from tests.known_truth import Run, World, factor_grid
+from tests.known_truth import Run, World, factor_grid, read_back
 
 GOLDEN = (math.sqrt(5) - 1) / 2
 MAX_EXTENSIONS = 3
@@ -287,12 +287,7 @@ class LadderWorld:
 
     def trials(self, rungs: Sequence[Tuple[float, int]] = ()):
         """The ladder as the analysis reads it, through the tables' own reader."""
-        from orchestrator.analysis import tables
-
-        trial_rows, curve_rows = self.tables(rungs)
-        curves = tables.curves_from_columns(*zip(*curve_rows)) if curve_rows else {}
-        assert curves is not None, "the reader would refuse a row of these tables"
-        return tables.trials_from(trial_rows, [], curves=curves)
+        return read_back(*self.tables(rungs))
 
 
 # ---------------------------------------------------------------- calibration and brute force (cached)

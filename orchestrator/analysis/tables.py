@@ -117,7 +117,7 @@ def _curves_in_memory(rows: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, D
     """Rows held in memory with numbers as numbers (a caller's tables) read by columns, like
     curves.csv; None when a row would be refused or a cell is text (then the row reader reads
     them, and names what it refuses)."""
-    return curves_from_columns(*(([r[c] for r in rows]) for c in CURVE_FIELDS))
+    return curves_from_columns(*([r[c] for r in rows] for c in CURVE_FIELDS))
 
 
 def curves_from_columns(
