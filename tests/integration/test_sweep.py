@@ -55,7 +55,6 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path, monkeypatch, capsys):
     )
     assert code == 0, sweep_out[-3000:] + err[-3000:]
     out = sweep_out
-    monkeypatch.chdir(tmp_path)
     assert "Configuration for experiment" not in out and "TensorBoard" not in out  # the progress table alone
     assert (tmp_path / "reports" / "smoke" / "summary.html").is_file()  # the sweep wrote its report
     assert "Best configuration: B = " in out and "best configuration per batch size (swept: batch size, lr)" in out
@@ -89,6 +88,7 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path, monkeypatch, capsys):
     assert {"smoke.yaml", "loss_vs_tokens.png"} <= names
 
     # `report` on the finished sweep: every plot and the summary, also logged to the parent
+    monkeypatch.chdir(tmp_path)
     code, out, err = run_main(capsys, "report", SMOKE, f"tracking.uri={uri}", "--out", tmp_path / "report")
     assert code == 0, out[-2000:] + err[-2000:]
     expected = {
