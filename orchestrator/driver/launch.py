@@ -28,6 +28,7 @@ from orchestrator.driver import micro_batch, ray_session, run_life
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import batching, feasibility
 from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking.records import RunRecord
 from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, REALISED_RAMP_TAG, warnings_in
 from orchestrator.tracking.store import Store
 
@@ -86,6 +87,17 @@ def recorded_run_id(storage_path: str | Path, name: str) -> Optional[str]:
     return record["mlflow_run_id"] if record else None
 
 
+def finished_already(cfg: Config, name: str, digest: str) -> Optional[RunRecord]:
+    """The MLflow run of run `name` if it finished with this very config (its record's digest):
+    training it again would train nothing, so it starts no Ray. A run of another config under
+    that name (a longer budget, say) resumes from its checkpoint instead."""
+    record = storage.read_json(storage.join(cfg.train.storage_path, name, RUN_RECORD))
+    if not record or record.get("config_digest") != digest:
+        return None
+    run = Store.of(cfg).try_get_run(record["mlflow_run_id"])
+    return run if run is not None and run.status == "FINISHED" else None
+
+
 def config_digest(cfg: Config) -> str:
     """What makes two `train` commands the same run: the resolved config but its run name."""
     settings = to_dict(cfg)
@@ -123,6 +135,16 @@ def train(cfg: Config, resume: bool = False) -> int:
     run_id = recorded_run_id(cfg.train.storage_path, name)
     if resume and not run_id:
         raise ConfigError("--resume", f"no run named {name!r} under {cfg.train.storage_path} to resume")
+    done = finished_already(cfg, name, digest) if run_id else None
+    if done is not None:
+        final = f"final eval loss {done.metrics['eval/loss']:.4f}, " if "eval/loss" in done.metrics else ""
+        print(
+            f"run {name!r} finished already with this config: {final}MLflow run {run_id}; nothing to train "
+            "(another train.run_name starts a new run)\n"
+            f"open it with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then "
+            f"{mlflow_ui.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)}"
+        )
+        return 0
     if run_id and storage.local_path(folder) is not None:  # remote ones: the worker checks what it loads
         from workloads.train import checkpoint
 
@@ -150,7 +172,9 @@ def train(cfg: Config, resume: bool = False) -> int:
 
     def fit() -> None:
         try:
-            trainer = run_life.build_trainer(cfg, run_id, cfg.train.storage_path, name)
+            trainer = run_life.build_trainer(
+                cfg, run_id, cfg.train.storage_path, name, fault_at_tokens=run_life.injected_fault_at()
+            )
         except Exception as exc:  # the run failed, not the input (checked above)
             fitted.append((None, exc))
         else:

@@ -218,6 +218,14 @@ def worker_config(cfg: Config) -> Dict[str, Any]:
     return to_dict(cfg, redact=False)
 
 
+def injected_fault_at() -> Optional[int]:
+    """Tests: the tokens at which rank 0 fails once (ORCHESTRATOR_FAULT_AT_TOKENS), read by the
+    command itself (`train`, or `sweep` for every trial): Ray workers and Tune trials inherit the
+    environment of the Ray instance, which is not the command's when it joins a running Ray."""
+    value = os.environ.get(handoff.FAULT_ENV)
+    return int(value) if value else None
+
+
 def build_trainer(
     cfg: Config,
     run_id: str,
@@ -226,30 +234,30 @@ def build_trainer(
     callbacks: List[Any] = (),
     local_mode: bool = False,
     startup: Optional[Phases] = None,
+    fault_at_tokens: Optional[int] = None,
 ):
     """The TorchTrainer of one run, to be fit() at once. `local_mode` (single-worker sweep trials
     only): Ray Train's local mode runs the one worker in this process, the Tune trial's, without
     a worker group (no controller, worker or helper actors to start: about 15 s less per trial
     here); reports and checkpoints then go to Ray Tune, and Tune's FailureConfig retries the
-    trial. `startup`: the phases timed so far, which the workers carry on (startup/* metrics)."""
+    trial. `startup`: the phases timed so far, which the workers carry on (startup/* metrics).
+    `fault_at_tokens`: the test hook, as the command read it (`injected_fault_at`)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     startup = startup or Phases("startup")
-    from workloads.train.train_loop import FAULT_ENV, train_worker
+    from workloads.train.train_loop import train_worker
 
     startup.mark("imports")  # torch, DeepSpeed: paid once per process
 
     plan = batch_plan(cfg)
     assert not local_mode or plan.num_workers == 1, "local mode runs exactly one worker"
-    # Fault injection for tests is read here, in the driver: Ray workers inherit the
-    # environment of the Ray instance, not of the command that submits to it.
     marker = storage.local_path(storage.join(storage_path, name, ".fault_injected"))
     payload = WorkerPayload(
         config=worker_config(cfg),
         run_id=run_id,
         fault=FaultInjection(
-            at_tokens=int(os.environ[FAULT_ENV]) if os.environ.get(FAULT_ENV) else None,
+            at_tokens=fault_at_tokens,
             marker=str(marker) if marker else None,
         ),
         local_mode=local_mode,

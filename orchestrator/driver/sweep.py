@@ -311,6 +311,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
         cwd=os.getcwd(),
         tags=dict(tags or {}),
         batches=tuple(sorted({run_life.own_batch(t.cfg) for t in trials if t.cfg is not None})),
+        fault_at_tokens=run_life.injected_fault_at(),
     )
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, setup=setup), lambda params: placement.trial_resources(sweep, params)

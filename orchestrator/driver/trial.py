@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from orchestrator.core import storage
 from orchestrator.core.phases import Phases
@@ -54,6 +54,8 @@ class TrialSetup:
     batches: Tuple[int, ...] = ()
     """The tokens per update of the phase's trials (run_life.own_batch): the scale of the colour
     each trial's run is drawn in (mlflow.runColor), the report's."""
+    fault_at_tokens: Optional[int] = None
+    """The test hook the sweep's command read (run_life.injected_fault_at)."""
 
 
 def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
@@ -108,6 +110,7 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         callbacks=[] if local else [TuneReportCallback()],
         local_mode=local,
         startup=startup,
+        fault_at_tokens=setup.fault_at_tokens,
     )
     _, error = run_life.fit(trainer)
     run_life.finish(cfg, run_id, error)

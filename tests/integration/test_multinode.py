@@ -331,7 +331,7 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, object_sto
     code, out, err = run_main(capsys, "report", sweep, f"tracking.uri={uri}", "--out", tmp_path / "report")
     assert code == 0 and (tmp_path / "report" / "summary.md").is_file(), out[-2000:] + err[-2000:]
 
-    # `train` keeps its MLflow run id beside the checkpoints in the store, so a re-run resumes.
+    # `train` keeps its MLflow run id beside the checkpoints in the store, so a re-run finds it.
     train = [
         ROOT / "conf" / "train" / "tiny.yaml",
         f"cluster.address={cluster.address}",
@@ -351,6 +351,9 @@ def test_a_killed_node_s_trial_resumes_from_the_object_store(cluster, object_sto
     code, first, err = run_cli("train", *train, cwd=tmp_path, env=cluster.env, timeout=300)
     assert code == 0, first[-2000:] + err[-2000:]
     assert any(k.endswith("solo/orchestrator_run.json") for k in s3_keys(cluster.env, prefix))
-    code, again, err = run_cli("train", *train, cwd=tmp_path, env=cluster.env, timeout=300)
+    code, again, err = run_main(capsys, "train", *train)  # in this process: it finds the run finished, starts no Ray
     run_id = re.search(r"run 'solo': MLflow run (\w+)", first).group(1)
-    assert code == 0 and f"resuming run 'solo' (MLflow run {run_id})" in again, again[-2000:] + err[-2000:]
+    assert code == 0 and "run 'solo' finished already with this config: final eval loss" in again, (
+        again[-2000:] + err[-2000:]
+    )
+    assert f"MLflow run {run_id}; nothing to train" in again, again[-2000:]

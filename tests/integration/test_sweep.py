@@ -134,9 +134,11 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path, monkeypatch, capsys):
     assert {"trials.csv", "curves.csv"} <= logged, logged
 
 
-def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
+def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(ray_session, tmp_path, monkeypatch, capsys):
     """D = 2: the trial starts a Ray Train worker group; with no Tune retries (max_failures 0)
-    only Ray Train's own restart from its checkpoint can finish the trial after the fault."""
+    only Ray Train's own restart from its checkpoint can finish the trial after the fault. The
+    command runs in this process on the tests' Ray, whose trials do not see this process's
+    environment: the fault reaches them because the command reads it (run_life.injected_fault_at)."""
     uri = sqlite_store(tmp_path)
     sweep = variant(
         tmp_path,
@@ -145,9 +147,9 @@ def test_multi_worker_trial_runs_a_worker_group_that_retries_itself(tmp_path):
         overrides={"cluster.num_workers": 2, "train.max_failures": 1},
         max_failures=0,
     )
-    code, out, err = run_cli(
-        "sweep", sweep, f"tracking.uri={uri}", cwd=tmp_path, env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864"}
-    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCHESTRATOR_FAULT_AT_TOKENS", "36864")
+    code, out, err = run_main(capsys, "sweep", sweep, f"tracking.uri={uri}")
     assert code == 0, out[-3000:] + err[-3000:]
     _, (run,) = children(uri, "workers")
     assert run.status == "FINISHED" and list((tmp_path / "runs").rglob(".fault_injected"))

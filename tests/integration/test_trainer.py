@@ -172,12 +172,28 @@ def test_resume_after_fault_matches_unbroken_run(reference, corpus, tmp_path, mo
         assert steps == [first + 128 * i for i in range(UPDATES)], (key, steps)
 
 
-def test_rerunning_the_same_name_resumes(reference_run):
-    """A finished run (the reference) re-run under its name finds its checkpoint: nothing is
-    trained twice."""
+def test_rerunning_a_finished_run_trains_nothing_and_starts_no_ray(reference_run, monkeypatch, capsys):
+    """A finished run (the reference) re-run under its name with the same config is found by its
+    record and starts nothing; under that name with another config (a longer budget) it would
+    resume from its checkpoint instead."""
+    from orchestrator.driver import ray_session, run_life
+
     cfg, run_id, first = reference_run
-    run_id2, second = train_curve(copy.deepcopy(cfg))
-    assert run_id2 == run_id and second == first
+
+    def started(*args, **kwargs):
+        raise AssertionError("a finished run started Ray again")
+
+    monkeypatch.setattr(ray_session, "ray_init", started)
+    monkeypatch.setattr(run_life, "build_trainer", started)
+    capsys.readouterr()
+    assert launch.train(copy.deepcopy(cfg)) == 0
+    out = capsys.readouterr().out
+    assert "run 'ref' finished already with this config: final eval loss" in out and run_id in out, out
+    assert Store(cfg.tracking.uri).metric_history(run_id, "train/loss") == first
+    longer = copy.deepcopy(cfg)
+    longer.train.total_tokens *= 2
+    assert launch.finished_already(longer, "ref", launch.config_digest(longer)) is None
+    assert launch.finished_already(cfg, "ref", launch.config_digest(cfg)).run_id == run_id
 
 
 def test_non_finite_loss_ends_the_run_with_a_reason(ray_session, corpus, tmp_path):

@@ -100,19 +100,20 @@ def test_a_password_inside_a_uri_appears_nowhere_it_is_logged_or_printed():
 def test_the_workers_payload_carries_the_secret_pickled_but_never_prints_it(tmp_path, monkeypatch):
     """What Ray pickles for each worker (run_life.build_trainer's train_loop_config) is the frozen
     WorkerPayload: it survives pickling unchanged, holds the URI with its password (the worker
-    logs to it), never shows the password in its repr (Ray's state and logs print it), and reads
-    the test's fault injection from the driver's environment."""
+    logs to it), never shows the password in its repr (Ray's state and logs print it), and carries
+    the test's fault injection as the command read it from its environment."""
     import dataclasses
     import pickle
 
     from orchestrator.driver import run_life
     from workloads.train import handoff
-    from workloads.train.train_loop import FAULT_ENV
 
-    monkeypatch.setenv(FAULT_ENV, "40")
+    monkeypatch.setenv(handoff.FAULT_ENV, "40")
     uri = "https://alice:hunter2@mlflow.example.com:5000"
     cfg = config.load(TINY, [f"tracking.uri={uri}"])
-    trainer = run_life.build_trainer(cfg, "run-id", str(tmp_path), "payload")
+    trainer = run_life.build_trainer(
+        cfg, "run-id", str(tmp_path), "payload", fault_at_tokens=run_life.injected_fault_at()
+    )
     payload = handoff.payload_of(trainer.train_loop_config)
     assert pickle.loads(pickle.dumps(trainer.train_loop_config)) == {handoff.PAYLOAD_KEY: payload}
     assert payload.config["tracking"]["uri"] == uri and payload.run_id == "run-id"

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Protocol
 
 PAYLOAD_KEY = "payload"
+FAULT_ENV = "ORCHESTRATOR_FAULT_AT_TOKENS"
 
 
 @dataclass(frozen=True)
 class FaultInjection:
-    """Tests: rank 0 raises once when it passes `at_tokens` (the driver's
-    ORCHESTRATOR_FAULT_AT_TOKENS, read there because Ray workers inherit the Ray instance's
-    environment, not the submitting command's), the first attempt only: `marker` is the file
-    that says the fault happened."""
+    """Tests: rank 0 raises once when it passes `at_tokens` (FAULT_ENV in the command's
+    environment, read by the command: orchestrator/driver/run_life.injected_fault_at), the first
+    attempt only: `marker` is the file that says the fault happened."""
 
     at_tokens: Optional[int] = None
     marker: Optional[str] = None

@@ -51,10 +51,9 @@ from workloads.train.engine import (
     train_update,
 )
 from workloads.train.gns_probe import GradNormProbe
-from workloads.train.handoff import FaultInjection, RayApi, WorkerPayload, payload_of
+from workloads.train.handoff import FAULT_ENV, FaultInjection, RayApi, WorkerPayload, payload_of
 from workloads.train.metrics_window import MetricsWindow, UpdateStats, due, noise_scale_metrics
 
-FAULT_ENV = "ORCHESTRATOR_FAULT_AT_TOKENS"
 log = logging.getLogger(__name__)
 
 
