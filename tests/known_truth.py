@@ -206,16 +206,18 @@ class World:
 
     def tables(self, runs: Sequence["Run"]) -> Tuple[List[Dict[str, object]], List[Tuple[str, str, int, float]]]:
         """(rows of trials.csv, rows of curves.csv) of `runs`, as a trainer would write them."""
-        trials, curves = [], []
-        for r in runs:
-            trials.append({"trial": r.name, "status": r.status, **self.params(r)})
-            for metric, points in (("train/loss", r.train), ("eval/loss", r.eval), ("gns/b_simple", r.b_simple)):
-                curves += [(r.name, metric, t, v) for t, v in points]
-        return trials, curves
+        trials, series = self.series(runs)
+        return trials, curve_rows(series)
+
+    def series(self, runs: Sequence["Run"]) -> Tuple[List[Dict[str, object]], List[Series]]:
+        """(rows of trials.csv, each run's logged curves) of `runs`."""
+        trials = [{"trial": r.name, "status": r.status, **self.params(r)} for r in runs]
+        logged = (("train/loss", "train"), ("eval/loss", "eval"), ("gns/b_simple", "b_simple"))
+        return trials, [(r.name, metric, getattr(r, name)) for r in runs for metric, name in logged]
 
     def trials(self, runs: Sequence["Run"]):
         """`runs` as the analysis reads them, through the tables' own reader (orchestrator/analysis/tables.py)."""
-        return read_back(*self.tables(runs))
+        return read_back(*self.series(runs))
 
     def write(self, runs: Sequence["Run"], folder: Path) -> Path:
         """trials.csv and curves.csv of `runs` in folder (plain csv: any trainer could write them)."""
@@ -254,12 +256,24 @@ class Run:
         return self.eval[-1][1] if self.status == "FINISHED" and self.eval else math.inf
 
 
-def read_back(trial_rows: List[Dict[str, object]], curve_rows: List[Tuple[str, str, int, float]]):
+Series = Tuple[str, str, List[Tuple[int, float]]]
+"""One logged curve: (trial, metric, its (tokens, value) points)."""
+
+
+def curve_rows(series: Sequence[Series]) -> List[Tuple[str, str, int, float]]:
+    """The rows of curves.csv that hold `series`."""
+    return [(trial, metric, t, v) for trial, metric, points in series for t, v in points]
+
+
+def read_back(trial_rows: List[Dict[str, object]], series: Sequence[Series]):
     """Tables as the analysis reads them, through the tables' own reader
     (orchestrator/analysis/tables.py; the curves by columns, as curves.csv is read)."""
     from orchestrator.analysis import tables
 
-    curves = tables.curves_from_columns(*zip(*curve_rows)) if curve_rows else {}
+    lengths = [len(points) for _, _, points in series]
+    points = np.array([p for _, _, pts in series for p in pts], np.float64).reshape(-1, 2)
+    columns = (np.repeat([t for t, _, _ in series], lengths), np.repeat([m for _, m, _ in series], lengths))
+    curves = tables.curves_from_columns(*columns, points[:, 0], points[:, 1]) if len(points) else {}
     assert curves is not None, "the reader would refuse a row of these tables"
     return tables.trials_from(trial_rows, [], curves=curves)
 

@@ -48,7 +48,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from tests.known_truth import Run, World, factor_grid, read_back
+from tests.known_truth import Run, Series, World, curve_rows, factor_grid, read_back
 
 GOLDEN = (math.sqrt(5) - 1) / 2
 MAX_EXTENSIONS = 3
@@ -276,18 +276,22 @@ class LadderWorld:
 
     def tables(self, rungs: Sequence[Tuple[float, int]] = ()) -> Tuple[List[Dict[str, object]], List[tuple]]:
         """(rows of trials.csv, rows of curves.csv) of every rung (or of `rungs`)."""
-        trials, curves = [], []
+        trials, series = self.series(rungs)
+        return trials, curve_rows(series)
+
+    def series(self, rungs: Sequence[Tuple[float, int]] = ()) -> Tuple[List[Dict[str, object]], List[Series]]:
+        """(rows of trials.csv, each run's logged curves) of every rung (or of `rungs`)."""
+        trials, series = [], []
         for params, tokens in rungs or self.rungs():
             world = self.schedule_world(tokens)
             for r in self.rung_runs(params, tokens):
                 trials.append({"trial": r.name, "status": r.status, **world.params(r), "model.params": int(params)})
-                for metric, points in (("train/loss", r.train), ("eval/loss", r.eval)):
-                    curves += [(r.name, metric, t, v) for t, v in points]
-        return trials, curves
+                series += [(r.name, "train/loss", r.train), (r.name, "eval/loss", r.eval)]
+        return trials, series
 
     def trials(self, rungs: Sequence[Tuple[float, int]] = ()):
         """The ladder as the analysis reads it, through the tables' own reader."""
-        return read_back(*self.tables(rungs))
+        return read_back(*self.series(rungs))
 
 
 # ---------------------------------------------------------------- calibration and brute force (cached)

@@ -46,8 +46,9 @@ def end_level(t: Trial) -> Optional[float]:
     noisiest point (one low point can be a block of its own), which set targets below a noise
     floor that no run reaches."""
     end = t.stable_end()
-    values = [v for tok, v in t.train if end * (1 - END_SHARE) <= tok <= end]
-    return float(np.median(values)) if values else None
+    tokens = t.train.tokens
+    values = t.train.values[(end * (1 - END_SHARE) <= tokens) & (tokens <= end)]
+    return float(np.median(values)) if len(values) else None
 
 
 def choose_targets(usable: Sequence[Trial], start: Optional[float]) -> List[float]:

@@ -133,12 +133,22 @@ def curves_from_columns(
         or not (len(trial) == len(metric) == len(tokens) == len(values))
     ):
         return None
-    names: Tuple[Dict[str, int], Dict[str, int]] = ({}, {})
-    trial_codes = np.array([names[0].setdefault(str(t), len(names[0])) for t in trial], np.int64)
-    metric_codes = np.array([names[1].setdefault(str(m), len(names[1])) for m in metric], np.int64)
+    trial_codes, trial_names = _codes(trial)
+    metric_codes, metric_names = _codes(metric)
     return _curves_of_columns(
-        trial_codes, list(names[0]), metric_codes, list(names[1]), tokens.astype(np.float64), values.astype(np.float64)
+        trial_codes, trial_names, metric_codes, metric_names, tokens.astype(np.float64), values.astype(np.float64)
     )
+
+
+def _codes(cells: Sequence[Any]) -> Tuple[np.ndarray, List[str]]:
+    """(each cell's code, the names in the order they first appear) of a column of names."""
+    text = np.asarray(cells) if len(cells) else np.array([], str)
+    text = text if text.dtype.kind == "U" else np.asarray([str(c) for c in cells])
+    names, first, codes = np.unique(text, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    return rank[codes.reshape(-1)], names[order].tolist()
 
 
 def _curves_of_columns(
