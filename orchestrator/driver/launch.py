@@ -81,17 +81,21 @@ def _run_tags(cfg: Config, run_id: str) -> Dict[str, str]:
         return {}
 
 
+def run_record(storage_path: str | Path, name: str) -> Optional[Dict[str, Any]]:
+    """The record kept beside the checkpoints of run `name` (None before its first start)."""
+    return storage.read_json(storage.join(str(storage_path), name, RUN_RECORD))
+
+
 def recorded_run_id(storage_path: str | Path, name: str) -> Optional[str]:
     """The MLflow run id kept beside the checkpoints of run `name` (None before its first start)."""
-    record = storage.read_json(storage.join(str(storage_path), name, RUN_RECORD))
+    record = run_record(storage_path, name)
     return record["mlflow_run_id"] if record else None
 
 
-def finished_already(cfg: Config, name: str, digest: str) -> Optional[RunRecord]:
-    """The MLflow run of run `name` if it finished with this very config (its record's digest):
-    training it again would train nothing, so it starts no Ray. A run of another config under
-    that name (a longer budget, say) resumes from its checkpoint instead."""
-    record = storage.read_json(storage.join(cfg.train.storage_path, name, RUN_RECORD))
+def finished_already(cfg: Config, record: Optional[Dict[str, Any]], digest: str) -> Optional[RunRecord]:
+    """The MLflow run of a run's `record` if it finished with this very config (the record's
+    digest): training it again would train nothing, so it starts no Ray. A run of another config
+    under that name (a longer budget, say) resumes from its checkpoint instead."""
     if not record or record.get("config_digest") != digest:
         return None
     run = Store.of(cfg).try_get_run(record["mlflow_run_id"])
@@ -110,7 +114,7 @@ def unfinished_run(cfg: Config, digest: str) -> str:
     not finish (`train --resume` without train.run_name)."""
     found = []
     for name in storage.subfolders(cfg.train.storage_path):
-        record = storage.read_json(storage.join(cfg.train.storage_path, name, RUN_RECORD)) or {}
+        record = run_record(cfg.train.storage_path, name) or {}
         if record.get("config_digest") == digest:
             run = Store.of(cfg).try_get_run(record["mlflow_run_id"])
             if run is None or run.status != "FINISHED":
@@ -132,17 +136,16 @@ def train(cfg: Config, resume: bool = False) -> int:
         cfg.train.run_name = unfinished_run(cfg, digest)
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = storage.join(cfg.train.storage_path, name)
-    run_id = recorded_run_id(cfg.train.storage_path, name)
+    record = run_record(cfg.train.storage_path, name)
+    run_id = record["mlflow_run_id"] if record else None
     if resume and not run_id:
         raise ConfigError("--resume", f"no run named {name!r} under {cfg.train.storage_path} to resume")
-    done = finished_already(cfg, name, digest) if run_id else None
+    done = finished_already(cfg, record, digest)
     if done is not None:
         final = f"final eval loss {done.metrics['eval/loss']:.4f}, " if "eval/loss" in done.metrics else ""
         print(
             f"run {name!r} finished already with this config: {final}MLflow run {run_id}; nothing to train "
-            "(another train.run_name starts a new run)\n"
-            f"open it with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then "
-            f"{mlflow_ui.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)}"
+            f"(another train.run_name starts a new run)\nopen it with {_where_to_open(cfg, run_id)}"
         )
         return 0
     if run_id and storage.local_path(folder) is not None:  # remote ones: the worker checks what it loads
@@ -185,22 +188,23 @@ def train(cfg: Config, resume: bool = False) -> int:
     _show_progress(cfg, run_id, worker)
     metrics, error = fitted[0] if fitted else (None, None)
     outcome = run_life.finish(cfg, run_id, error)
-    link = mlflow_ui.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
     if outcome != "FINISHED":
         print(
-            f"run {name!r} failed: {redact_uri(outcome)}\n"
-            f"MLflow run {run_id}: open with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}",
+            f"run {name!r} failed: {redact_uri(outcome)}\nMLflow run {run_id}: open with {_where_to_open(cfg, run_id)}",
             file=sys.stderr,
         )
         return 1
     final = f"final eval loss {metrics['eval_loss']:.4f}, " if metrics and "eval_loss" in metrics else ""
-    print(
-        f"run {name!r} finished: {final}MLflow run {run_id}\n"
-        f"open it with `{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}"
-    )
+    print(f"run {name!r} finished: {final}MLflow run {run_id}\nopen it with {_where_to_open(cfg, run_id)}")
     if cfg.batch.schedule == ADAPTIVE:
         print(f"the batch sizes it took, to replay as a fixed ramp: '{realised_ramp(cfg, run_id)}'")
     return 0
+
+
+def _where_to_open(cfg: Config, run_id: str) -> str:
+    """The command that serves the run's MLflow UI, then the run's page there."""
+    link = mlflow_ui.ui_link(cfg.tracking.uri, cfg.tracking.experiment, run_id=run_id)
+    return f"`{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}"
 
 
 def realised_ramp(cfg: Config, run_id: str) -> str:

@@ -192,8 +192,9 @@ def test_rerunning_a_finished_run_trains_nothing_and_starts_no_ray(reference_run
     assert Store(cfg.tracking.uri).metric_history(run_id, "train/loss") == first
     longer = copy.deepcopy(cfg)
     longer.train.total_tokens *= 2
-    assert launch.finished_already(longer, "ref", launch.config_digest(longer)) is None
-    assert launch.finished_already(cfg, "ref", launch.config_digest(cfg)).run_id == run_id
+    record = launch.run_record(cfg.train.storage_path, "ref")
+    assert launch.finished_already(longer, record, launch.config_digest(longer)) is None
+    assert launch.finished_already(cfg, record, launch.config_digest(cfg)).run_id == run_id
 
 
 def test_non_finite_loss_ends_the_run_with_a_reason(ray_session, corpus, tmp_path):
