@@ -351,10 +351,10 @@ def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
     """Plain nested dict of the config; values read from the environment, and the password of any
     URI (`https://user:password@host`), are redacted (redact=False only for what is shipped to the
     run's own workers)."""
-    ramp = cfg.batch.ramp  # kept out of OmegaConf here too (_ramp_steps says why)
-    bare = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, ramp=None))
-    data = OmegaConf.to_container(OmegaConf.structured(bare), resolve=True)
-    data["batch"]["ramp"] = [dataclasses.asdict(s) for s in ramp] if ramp is not None else None
+    # A loaded config is a plain dataclass with every value resolved: asdict gives the same keys,
+    # order and types as an OmegaConf round trip without building its tree, which a sweep would
+    # build several times per trial (the run's params, config.yaml, digest, worker payload).
+    data = dataclasses.asdict(cfg)
     if redact:
         for key in cfg.secret_keys:
             node = data

@@ -143,7 +143,7 @@ def _colour(setup: TrialSetup, cfg: Config) -> Dict[str, str]:
     and chart view colour runs as the report's figures do (not among the tags a retry finds it by)."""
     if not setup.batches:
         return {}
-    from orchestrator.reporting.comparison_plots import batch_hex  # matplotlib: only when a run is opened
+    from orchestrator.reporting.batch_colours import batch_hex  # matplotlib: only when a run is opened
 
     return {RUN_COLOR_TAG: batch_hex(run_life.own_batch(cfg), setup.batches)}
 

@@ -20,31 +20,16 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Sequence
 
-import matplotlib.colors
 import matplotlib.pyplot as plt
 import numpy as np
 
 from orchestrator.analysis.answer import BestLr, BestRow, TargetFit
 from orchestrator.analysis.trials import BATCH_KEY, LR_KEY, Trial, settings
+from orchestrator.reporting.batch_colours import batch_scale
 from orchestrator.reporting.plots import loss_ticks, plain_log_ticks
 from orchestrator.reporting.report_format import fmt_tokens, lr_text
 
 BATCH_LABEL = "batch size (tokens per update)"
-
-
-def _batch_scale(batches: Sequence[float]):
-    """(colour of a batch size, the ScalarMappable a colour bar draws): viridis over log B."""
-    low, high = min(batches), max(batches)
-    norm = matplotlib.colors.LogNorm(low, high if high > low else low * 2)
-    mappable = plt.cm.ScalarMappable(norm=norm, cmap=plt.get_cmap("viridis"))
-    return (lambda b: mappable.to_rgba(b)), mappable
-
-
-def batch_hex(batch: float, batches: Sequence[float]) -> str:
-    """The colour ("#rrggbb") of `batch` on the scale of a report over `batches`: what a trial's
-    MLflow run carries as mlflow.runColor, so MLflow's charts colour runs as the report does."""
-    colour, _ = _batch_scale([*batches, batch])
-    return matplotlib.colors.to_hex(colour(batch))
 
 
 def _colour_bar(fig, ax, mappable, batches: Sequence[float]) -> None:
@@ -86,7 +71,7 @@ def best_lr_curves(chosen: Sequence[Trial], best_lr: Dict[int, BestLr], title: s
     eval/loss as dots. Its legend names the lr the drawn run was trained at, and beside it the
     best interpolated lr by final loss (`best_lr`), which no run may have been trained at."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    colour, mappable = _batch_scale([t.batch for t in chosen])
+    colour, mappable = batch_scale([t.batch for t in chosen])
     lows, firsts = [], []
     for t in chosen:
         points = [(x, y) for x, y in t.train if x > 0]  # log axis: not the point at 0
@@ -151,7 +136,7 @@ def b_simple_over_training(chosen: Sequence[Trial]):
     """The measured noise scale B_simple against tokens, per batch size (its chosen run)."""
     with_gns = [t for t in chosen if any(b > 0 for _, b in t.b_simple)]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colour, mappable = _batch_scale([t.batch for t in with_gns] or [1])
+    colour, mappable = batch_scale([t.batch for t in with_gns] or [1])
     for t in with_gns:
         xs, bs = map(np.asarray, zip(*[(x, b) for x, b in t.b_simple if x > 0 and b > 0]))
         ax.plot(xs, bs, "-", color=colour(t.batch), lw=0.6, alpha=0.25)
@@ -181,7 +166,7 @@ def loss_vs_lr(trials: Sequence[Trial], metric: str, best_rows: Sequence[BestRow
         if same and t.lr and loss is not None:
             finals[t.batch][float(f"{t.lr:.3g}")].append(loss)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colour, mappable = _batch_scale(list(finals) or [1])
+    colour, mappable = batch_scale(list(finals) or [1])
     for b in sorted(finals):
         lrs = sorted(finals[b])
         means = [float(np.mean(finals[b][lr])) for lr in lrs]

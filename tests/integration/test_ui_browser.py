@@ -220,7 +220,7 @@ def test_the_link_ui_prints_draws_every_trial_on_one_chart_at_its_port(sweep, ui
 
 
 def test_each_trial_carries_its_batch_sizes_colour_on_the_reports_scale(sweep):
-    from orchestrator.reporting.comparison_plots import batch_hex
+    from orchestrator.reporting.batch_colours import batch_hex
 
     _, _, _, trials = sweep
     batches = sorted({int(r.params["batch.tokens_per_update"]) for r in trials.values()})

@@ -75,6 +75,18 @@ def test_every_schema_field_has_a_docstring():
                     )
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "conf" / "train").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_config_as_a_dict_is_omegaconfs_container_of_it(path):
+    """to_dict reads the dataclass directly: the same keys, order, values and types as OmegaConf's
+    container of the same config (data sources given, so lists of records are covered)."""
+    from omegaconf import OmegaConf
+
+    cfg = config.load(path, ["data.sources=[{name: sums, kind: arithmetic, weight: 1.0}]"])
+    mine, omegaconf = config.to_dict(cfg, redact=False), OmegaConf.to_container(OmegaConf.structured(cfg))
+    assert json.dumps(mine) == json.dumps(omegaconf)
+    assert mine == omegaconf and config.from_dict(mine) == cfg
+
+
 def test_env_values_are_redacted(monkeypatch):
     monkeypatch.setenv("TRACKING_SECRET", "hunter2")
     cfg = config.load(TINY, ["tracking.experiment=${oc.env:TRACKING_SECRET}"])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import urllib.parse
 
 import matplotlib
@@ -18,10 +20,10 @@ from orchestrator import cli
 from orchestrator.core import config
 from orchestrator.core.config import flatten, to_dict
 from orchestrator.driver import run_life
-from orchestrator.reporting.comparison_plots import batch_hex
+from orchestrator.reporting.batch_colours import batch_hex
 from orchestrator.tracking import metric_logger, mlflow_ui, run_tags
 from orchestrator.tracking.store import Store
-from tests.conftest import TINY, free_ports, sqlite_store
+from tests.conftest import ROOT, TINY, free_ports, sqlite_store
 from tests.known_truth import World
 
 EXPERIMENT = "orchestrator"
@@ -160,3 +162,19 @@ def test_a_run_logs_the_params_of_its_own_workload_and_a_branch_its_own_batch(tm
     assert run_life.own_batch(branch) == 1024 and run_life.run_params(branch)["batch.tokens_per_update"] == 1024
     fresh = config.load(TINY, ["data.seq_len=64", "model.max_seq_len=64", f"batch.ramp={RAMP}"])
     assert run_life.run_params(fresh)["batch.tokens_per_update"] == 256  # a ramp trained from 0 starts at its first
+
+
+def test_a_trial_colours_its_run_without_the_analysis():
+    """A trial's process picks its run's colour as it opens the run: matplotlib's colour scale
+    only, not the report's figures with the analysis they import (scipy.stats among it), which
+    every trial process would import for nothing."""
+    script = (
+        "import sys, types\n"
+        "from orchestrator.core import config\n"
+        "from orchestrator.driver import trial\n"
+        "cfg = config.load('conf/train/linreg.yaml', ['batch.tokens_per_update=512'])\n"
+        "assert trial._colour(types.SimpleNamespace(batches=[256, 1024]), cfg)\n"
+        "heavy = [m for m in ('scipy.stats', 'orchestrator.analysis.trials') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
