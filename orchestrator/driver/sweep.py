@@ -312,6 +312,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
         tags=dict(tags or {}),
         batches=tuple(sorted({run_life.own_batch(t.cfg) for t in trials if t.cfg is not None})),
         fault_at_tokens=run_life.injected_fault_at(),
+        device_memory=os.environ.get(micro_batch.DEVICE_MEMORY_ENV),
     )
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, setup=setup), lambda params: placement.trial_resources(sweep, params)

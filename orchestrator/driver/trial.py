@@ -56,6 +56,9 @@ class TrialSetup:
     each trial's run is drawn in (mlflow.runColor), the report's."""
     fault_at_tokens: Optional[int] = None
     """The test hook the sweep's command read (run_life.injected_fault_at)."""
+    device_memory: Optional[str] = None
+    """The command's ORCHESTRATOR_DEVICE_MEMORY (micro_batch.DEVICE_MEMORY_ENV, a test hook): part
+    of the key under which the driver kept each shape's micro-batch answer."""
 
 
 def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
@@ -73,6 +76,8 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         return
     cfg = trial.cfg
     run_life.resolve_paths(cfg)
+    if setup.device_memory:  # a trial on a Ray the command joined does not inherit its environment
+        os.environ[micro_batch.DEVICE_MEMORY_ENV] = setup.device_memory
     micro_batch.resolve(cfg)  # the sweep's driver found it before the trials started: a cache hit
     trial_id = tune.get_context().get_trial_id()
     cfg.train.run_name = trial_id

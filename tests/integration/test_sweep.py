@@ -1,5 +1,7 @@
-"""Sweeps end to end through the real command line: MLflow parent/children, retries from
-checkpoints, ASHA at equal tokens, --resume after the driver is killed, bad sweep files."""
+"""Sweeps end to end through the command line: MLflow parent/children, retries from checkpoints,
+ASHA at equal tokens, --resume after the driver is killed, bad sweep files. The commands run in
+this process on the tests' Ray, but the killed driver's: a real `orchestrator sweep` process with
+the local Ray it starts, killed together and resumed by a second one."""
 
 import json
 import os
@@ -41,18 +43,16 @@ def variant(tmp_path, name, **changes):
     return path
 
 
-def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path, monkeypatch, capsys):
+def test_smoke_sweep_with_a_fault_in_every_trial(ray_session, tmp_path, monkeypatch, capsys):
     """4 trials; each fails once after its second checkpoint and is retried from it. Their
-    micro-batch is `auto`: probed once for their one shape, against an artificial 12 MiB device."""
+    micro-batch is `auto`: probed once for their one shape, against an artificial 12 MiB device.
+    The command runs in this process on the tests' Ray, whose trials do not see this process's
+    environment: both test hooks reach them because the command reads them (TrialSetup)."""
     uri = sqlite_store(tmp_path)
-    code, sweep_out, err = run_cli(
-        "sweep",
-        SMOKE,
-        f"tracking.uri={uri}",
-        "batch.micro_batch_size=auto",
-        cwd=tmp_path,
-        env={"ORCHESTRATOR_FAULT_AT_TOKENS": "36864", "ORCHESTRATOR_DEVICE_MEMORY": "12MiB"},
-    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCHESTRATOR_FAULT_AT_TOKENS", "36864")
+    monkeypatch.setenv("ORCHESTRATOR_DEVICE_MEMORY", "12MiB")
+    code, sweep_out, err = run_main(capsys, "sweep", SMOKE, f"tracking.uri={uri}", "batch.micro_batch_size=auto")
     assert code == 0, sweep_out[-3000:] + err[-3000:]
     out = sweep_out
     assert "Configuration for experiment" not in out and "TensorBoard" not in out  # the progress table alone
@@ -88,7 +88,6 @@ def test_smoke_sweep_with_a_fault_in_every_trial(tmp_path, monkeypatch, capsys):
     assert {"smoke.yaml", "loss_vs_tokens.png"} <= names
 
     # `report` on the finished sweep: every plot and the summary, also logged to the parent
-    monkeypatch.chdir(tmp_path)
     code, out, err = run_main(capsys, "report", SMOKE, f"tracking.uri={uri}", "--out", tmp_path / "report")
     assert code == 0, out[-2000:] + err[-2000:]
     expected = {
