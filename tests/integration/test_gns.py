@@ -40,6 +40,7 @@ from orchestrator.driver import launch
 from orchestrator.formulas import noise
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus, zero_stage
+from tests.worker_here import train_here
 
 pytestmark = pytest.mark.slow
 
@@ -76,11 +77,16 @@ def common_overrides(tmp_path: Path, updates: int, tokens_per_update: int) -> Li
 
 
 def train(cfg) -> str:
-    """One real run; returns its MLflow run id."""
+    """One real run; returns its MLflow run id. A one-worker run's worker trains in this process
+    (tests/worker_here.py: the same training function, without a worker group to start)."""
     started = time.monotonic()
-    assert launch.train(cfg) == 0
+    if cfg.cluster.num_workers == 1:
+        run_id = train_here(cfg, Path(cfg.train.storage_path) / "here")
+    else:
+        assert launch.train(cfg) == 0
+        run_id = launch.recorded_run_id(cfg.train.storage_path, cfg.train.run_name)
     print(f"run took {time.monotonic() - started:.0f} s")
-    return launch.recorded_run_id(cfg.train.storage_path, cfg.train.run_name)
+    return run_id
 
 
 def gns_history(cfg, run_id: str) -> Dict[str, List[Tuple[int, float]]]:

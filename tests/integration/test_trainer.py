@@ -2,23 +2,21 @@
 splits and ZeRO stages, the naive mean as a negative control, resume after a fault.
 
 The one-worker splits (the reference, D = 1 with accumulation, the naive mean) run their worker's
-training function in this process (train_loop._train, as test_trainer_in_process does): a worker
-trains the same whichever process runs it, and the fault test runs the reference's split on Ray
-Train against it; the splits over two workers and the ZeRO stages run on Ray Train."""
+training function in this process (tests/worker_here.py): a worker trains the same whichever
+process runs it, and the fault test runs the reference's split on Ray Train against it; the
+splits over two workers and the ZeRO stages run on Ray Train."""
 
 import copy
 import time
 
 import pytest
-import torch
 
 from orchestrator.core import config, derived
 from orchestrator.driver import launch, run_life
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import TINY, run_main, sqlite_store, varied_corpus
-from tests.unit.test_trainer_in_process import FakeRay, train
-from workloads.train.engine import ensure_process_group
+from tests.worker_here import train_here
 
 pytestmark = pytest.mark.slow
 UPDATES = 6
@@ -65,10 +63,8 @@ def train_curve(cfg):
 
 
 def train_curve_here(cfg, folder):
-    """A one-worker run's worker in this process (module docstring), into an MLflow run of its own."""
-    run_life.ready(cfg)
-    run_id = Store(cfg.tracking.uri, cfg.tracking.experiment).create_run(cfg.train.run_name)
-    train(cfg, FakeRay(folder), run_id)
+    """A one-worker run's worker in this process (module docstring)."""
+    run_id = train_here(cfg, folder)
     return run_id, Store(cfg.tracking.uri).metric_history(run_id, "train/loss")
 
 
@@ -81,17 +77,6 @@ def assert_same_curve(a, b, rel=1e-4):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return varied_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def one_worker():
-    """This process as a lone Ray Train worker: a process group of size 1, which stays (DeepSpeed
-    keeps its groups, so the runs here share it); torch's thread count restored after (the worker
-    sets its own)."""
-    threads = torch.get_num_threads()
-    ensure_process_group(config.load(TINY))
-    yield
-    torch.set_num_threads(threads)
 
 
 # (micro-batch size b, workers D, accumulation steps A, ZeRO stage): 4 sequences per update each.
@@ -113,7 +98,7 @@ def split_config(tmp_path, corpus, split, *extra):
 
 
 @pytest.fixture(scope="module")
-def reference_run(one_worker, corpus, tmp_path_factory):
+def reference_run(corpus, tmp_path_factory):
     """(config, MLflow run id, train/loss curve) of the split (4, 1, 1) at ZeRO 0."""
     tmp = tmp_path_factory.mktemp("reference")
     cfg = split_config(tmp, corpus, REFERENCE, "train.run_name=ref")

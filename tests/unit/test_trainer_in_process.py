@@ -1,6 +1,6 @@
 """The worker's training function (`train_loop._train`, what every Ray Train worker runs) in this
 process, on the linear-regression workload, with a real DeepSpeed engine, a real MLflow store and
-a stand-in for Ray's report/checkpoint API, checked against plain PyTorch:
+a stand-in for Ray's report/checkpoint API (tests/worker_here.py), checked against plain PyTorch:
 
 - every update's train/loss, train/grad_norm, train/lr and train/clipped sit at the tokens the
   weights had seen before it (the first at 0), with the values of a plain AdamW copy;
@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
-import shutil
 import time
-from contextlib import contextmanager
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -31,6 +28,7 @@ from orchestrator.formulas.schedules import lr_at
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, zero_stage
+from tests.worker_here import FakeRay
 from workloads import workload as workloads
 from workloads.builtin.linreg import LinRegData
 from workloads.train import train_loop
@@ -40,32 +38,6 @@ from workloads.workload import LinRegWorkload
 
 LINREG = ROOT / "conf" / "train" / "linreg.yaml"
 EXPERIMENT = "in-process"
-
-
-class FakeRay:
-    """What the worker uses of ray.train / ray.tune: report (with a checkpoint folder, copied as
-    Ray persists it) and get_checkpoint (the one to resume from, if any)."""
-
-    def __init__(self, folder: Path, resume_from=None):
-        self.folder, self.resume_from, self.reports = folder, resume_from, []
-        self.Checkpoint = SimpleNamespace(from_directory=lambda path: path)
-
-    def report(self, metrics, checkpoint=None):
-        kept = None
-        if checkpoint is not None:
-            kept = self.folder / f"checkpoint-{metrics['tokens']}"
-            shutil.copytree(checkpoint, kept)
-        self.reports.append((dict(metrics), kept))
-
-    def get_checkpoint(self):
-        if self.resume_from is None:
-            return None
-
-        @contextmanager
-        def as_directory():
-            yield str(self.resume_from)
-
-        return SimpleNamespace(as_directory=as_directory)
 
 
 @pytest.fixture(scope="module")
