@@ -8,7 +8,9 @@ STAMP := $(VENV)/.installed
 # CPU build by default (it lies on the CI machine's disk). GPU users: see README "GPU install".
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-PIP := $(BIN)/python -m pip -q --disable-pip-version-check
+# --no-compile: pip would byte-compile every module of torch, Ray, MLflow and the rest one after
+# another, most of them never imported; Python compiles what is imported, once, on first use.
+PIP := $(BIN)/python -m pip -q --disable-pip-version-check --no-compile
 # make test runs whole test files on this many processes (pytest-xdist); 0 runs them in one.
 # Files go out in collection order (the integration files, minutes each, first; the many short
 # unit files last, to even out the processes' ends), not xdist's most-tests-first.
