@@ -8,9 +8,9 @@ STAMP := $(VENV)/.installed
 # CPU build by default (it lies on the CI machine's disk). GPU users: see README "GPU install".
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-# --no-compile: pip would byte-compile every module of torch, Ray, MLflow and the rest one after
-# another, most of them never imported; Python compiles what is imported, once, on first use.
-PIP := $(BIN)/python -m pip -q --disable-pip-version-check --no-compile
+# install --no-compile: pip would byte-compile every module of torch, Ray, MLflow and the rest one
+# after another, most of them never imported; Python compiles what is imported, once, on first use.
+PIP_INSTALL := $(BIN)/python -m pip -q --disable-pip-version-check install --no-compile
 # make test runs whole test files on this many processes (pytest-xdist); 0 runs them in one.
 # Files go out in collection order (the integration files, minutes each, first; the many short
 # unit files last, to even out the processes' ends), not xdist's most-tests-first.
@@ -20,8 +20,8 @@ TEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(PIP) install -c constraints.txt -e ".[dev,hf]"
+	$(PIP_INSTALL) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(PIP_INSTALL) -c constraints.txt -e ".[dev,hf]"
 	touch $(STAMP)
 
 setup: $(STAMP)
