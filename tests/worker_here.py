@@ -16,7 +16,6 @@ import torch
 from orchestrator.core import config
 from orchestrator.core.schema import Config
 from orchestrator.driver import run_life
-from orchestrator.tracking.store import Store
 from workloads.train import train_loop
 from workloads.train.engine import ensure_process_group
 from workloads.train.handoff import WorkerPayload
@@ -50,11 +49,12 @@ class FakeRay:
 
 def train_here(cfg: Config, folder: Path, run_id: Optional[str] = None) -> str:
     """`cfg` (one worker) trained in this process after the driver's checks (run_life.ready), into
-    `run_id` or a new MLflow run under its experiment; returns the run id. The process group of
+    `run_id` or a new MLflow run the driver's way (run_life.open_run: params, config artifacts);
+    returns the run id. The process group of
     size 1 stays (DeepSpeed keeps its groups, so every run here shares it); torch's thread count,
     which the worker sets, is put back."""
     run_life.ready(cfg)
-    run_id = run_id or Store(cfg.tracking.uri, cfg.tracking.experiment).create_run(cfg.train.run_name or "run")
+    run_id = run_id or run_life.open_run(cfg, cfg.train.run_name or "run")
     payload = WorkerPayload(config=config.to_dict(cfg, redact=False), run_id=run_id)
     threads = torch.get_num_threads()
     ensure_process_group(cfg)

@@ -13,6 +13,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch, ray_session
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, TINY, sqlite_store, varied_corpus, zero_stage
+from tests.worker_here import train_here
 from workloads import workload
 from workloads.text import tokenizer
 from workloads.text.packing import TokenDataset
@@ -184,7 +185,9 @@ def test_a_packed_sequence_loses_what_its_documents_lose_one_by_one():
 
 
 @pytest.mark.slow
-def test_a_llama_gives_one_curve_for_two_splits_at_zero_2_and_logs_the_noise_scale(ray_session, tmp_path):
+def test_a_llama_gives_one_curve_for_two_splits_at_zero_2_and_logs_the_noise_scale(tmp_path):
+    """Two one-worker splits of the update, each trained by the worker's own function in this
+    process (tests/worker_here.py; the Ray Train path of a llama is the export test's)."""
     corpus = varied_corpus(tmp_path / "corpus")
     curves = []
     for b, d, a in [(2, 1, 2), (1, 1, 4)]:
@@ -198,8 +201,7 @@ def test_a_llama_gives_one_curve_for_two_splits_at_zero_2_and_logs_the_noise_sca
             f"batch.grad_accum_steps={a}",
             "train.run_name=llama",
         )
-        assert launch.train(cfg) == 0
-        run_id = launch.recorded_run_id(cfg.train.storage_path, "llama")
+        run_id = train_here(cfg, tmp_path / f"b{b}d{d}a{a}" / "ray")
         curves.append(Store(cfg.tracking.uri).metric_history(run_id, "train/loss"))
         assert Store(cfg.tracking.uri).metric_history(run_id, "gns/b_simple"), "the noise scale is logged"
         assert Store(cfg.tracking.uri).get_run(run_id).params["model.name"] == "hf"
