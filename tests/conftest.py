@@ -117,12 +117,12 @@ def sqlite_store(folder: Path) -> str:
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the in-process integration tests (2 CPUs, fractional per worker), with
-    the settings the commands give a Ray they start (ray_session.LOCAL_TRAIN_SETTINGS)."""
+    the settings the commands give a Ray they start (ray_session.LOCAL_RAY_SETTINGS)."""
     import ray
 
-    from orchestrator.driver.ray_session import LOCAL_TRAIN_SETTINGS
+    from orchestrator.driver.ray_session import LOCAL_RAY_SETTINGS
 
-    for name, value in LOCAL_TRAIN_SETTINGS.items():
+    for name, value in LOCAL_RAY_SETTINGS.items():
         os.environ.setdefault(name, value)
     if not ray.is_initialized():
         ray.init(
