@@ -9,7 +9,6 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
 
 import torch
 
@@ -47,14 +46,13 @@ class FakeRay:
         return SimpleNamespace(as_directory=as_directory)
 
 
-def train_here(cfg: Config, folder: Path, run_id: Optional[str] = None) -> str:
-    """`cfg` (one worker) trained in this process after the driver's checks (run_life.ready), into
-    `run_id` or a new MLflow run the driver's way (run_life.open_run: params, config artifacts);
-    returns the run id. The process group of
-    size 1 stays (DeepSpeed keeps its groups, so every run here shares it); torch's thread count,
-    which the worker sets, is put back."""
+def train_here(cfg: Config, folder: Path) -> str:
+    """`cfg` (one worker) trained in this process after the driver's checks (run_life.ready), into a
+    new MLflow run opened the driver's way (run_life.open_run: params, config artifacts); returns
+    its id. The process group of size 1 stays (DeepSpeed keeps its groups, so every run here shares
+    it); torch's thread count, which the worker sets, is put back."""
     run_life.ready(cfg)
-    run_id = run_id or run_life.open_run(cfg, cfg.train.run_name or "run")
+    run_id = run_life.open_run(cfg, cfg.train.run_name or "run")
     payload = WorkerPayload(config=config.to_dict(cfg, redact=False), run_id=run_id)
     threads = torch.get_num_threads()
     ensure_process_group(cfg)
