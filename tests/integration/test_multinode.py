@@ -102,22 +102,29 @@ class TwoNodes:
             )
         )
 
-    def alive_nodes(self) -> int:
-        script = (
-            "import ray; ray.init(address='%s', logging_level='ERROR'); "
-            "print(sum(n['Alive'] for n in ray.nodes()))" % self.address
-        )
-        proc = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True, timeout=60)
-        return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else 0
-
     def wait_for_nodes(self, n: int, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.alive_nodes() == n:
-                return
-            time.sleep(1)
-        logs = "\n".join(p.read_text()[-1500:] for p in sorted(self.temp.glob("*.log")))
-        raise RuntimeError(f"the cluster did not reach {n} alive nodes in {timeout_s} s:\n{logs}")
+        """Until n nodes are alive: one driver joins the cluster (retrying while its head starts)
+        and watches the node table, so Ray is imported and joined once, not once per look."""
+        script = (
+            "import sys, time, ray\n"
+            "deadline = time.monotonic() + %f\n"
+            "while True:\n"
+            "    try:\n"
+            "        ray.init(address=%r, logging_level='ERROR')\n"
+            "        break\n"
+            "    except Exception:\n"
+            "        if time.monotonic() > deadline: sys.exit(1)\n"
+            "        time.sleep(1)\n"
+            "while sum(node['Alive'] for node in ray.nodes()) != %d:\n"
+            "    if time.monotonic() > deadline: sys.exit(1)\n"
+            "    time.sleep(0.5)\n"
+        ) % (timeout_s, self.address, n)
+        proc = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            logs = "\n".join(p.read_text()[-1500:] for p in sorted(self.temp.glob("*.log")))
+            raise RuntimeError(
+                f"the cluster did not reach {n} alive nodes in {timeout_s} s:\n{proc.stderr[-1500:]}\n{logs}"
+            )
 
     def kill_second_raylet(self) -> None:
         import psutil
