@@ -36,7 +36,9 @@ def loss_vs_tokens(
     ax.grid(alpha=0.3)
     if len(curves) <= 16:
         ax.legend(fontsize=7)
-    fig.tight_layout()
+    # Fixed margins that hold the axis labels and a one-line title: every run draws this figure as
+    # it ends, and tight_layout would measure the text first (a third of the figure's cost).
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.11, top=0.92)
     return fig
 
 

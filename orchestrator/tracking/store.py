@@ -234,7 +234,14 @@ class Store:
         self._client().log_artifact(run_id, str(path), artifact_path)
 
     def log_figure(self, run_id: str, figure: Any, artifact_file: str) -> None:
-        self._client().log_figure(run_id, figure, artifact_file)
+        """Logs a matplotlib figure and closes it: pyplot holds every figure it made until closed,
+        and a trial process that Tune reuses makes one per trial."""
+        import matplotlib.pyplot as plt
+
+        try:
+            self._client().log_figure(run_id, figure, artifact_file)
+        finally:
+            plt.close(figure)
 
     # ---------------------------------------------------------------- a run read back
 

@@ -211,6 +211,21 @@ def test_every_file_written_and_logged(store, sweep_report):
     assert "best lr (final loss)" in md and "L_a" in md
 
 
+def test_a_run_ends_with_its_figure_logged_and_closed(tmp_path):
+    """A run's end (run_life.close_run) logs its loss-versus-tokens figure; pyplot holds a figure
+    until it is closed, and a trial process that Tune reuses ends a run per trial."""
+    from orchestrator.driver import run_life
+
+    uri = sqlite_store(tmp_path)
+    (run,) = WORLD.simulate([(1024, 0.01, 0)])
+    run_id = _log(uri, None, run, {}, "RUNNING")
+    open_before = plt.get_fignums()
+    run_life.close_run(uri, run_id, "FINISHED", title=run.name)
+    assert plt.get_fignums() == open_before
+    assert "loss_vs_tokens.png" in Store(uri).list_artifacts(run_id)
+    assert Store(uri).get_run(run_id).status == "FINISHED"
+
+
 def test_where_a_run_keeps_its_checkpoints_is_in_its_record_and_table(store):
     from orchestrator.reporting import results
 
