@@ -1,7 +1,7 @@
 """Sweeps end to end through the command line: MLflow parent/children, retries from checkpoints,
 ASHA at equal tokens, --resume after the driver is killed, bad sweep files. The commands run in
 this process on the tests' Ray, but the killed driver's: a real `orchestrator sweep` process with
-the local Ray it starts, killed together and resumed by a second one."""
+the local Ray it starts, killed together, then resumed by a command in this process."""
 
 import json
 import os
@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
-from tests.conftest import ROOT, run_cli, run_main, sqlite_store
+from tests.conftest import ROOT, run_main, sqlite_store
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "conf" / "sweep" / "smoke.yaml"
@@ -191,7 +191,9 @@ def test_asha_stops_a_diverging_trial_at_its_first_rung(ray_session, tmp_path, m
         assert [s for s, _ in Store(uri).metric_history(run.run_id, "startup/total_s")] == [0]
 
 
-def test_resume_after_the_driver_is_killed(tmp_path):
+def test_resume_after_the_driver_is_killed(ray_session, tmp_path, monkeypatch, capsys):
+    """The killed driver is a real `orchestrator sweep` process with the local Ray it starts; the
+    resume is a new command, in this process on the tests' Ray."""
     uri = sqlite_store(tmp_path)
     sweep = variant(tmp_path, "resumable", search={"algorithm": "grid", "max_concurrent": 1})
     proc = subprocess.Popen(
@@ -213,7 +215,8 @@ def test_resume_after_the_driver_is_killed(tmp_path):
     assert finished, "no trial finished before the kill"
     done_before = {r.run_id: r.end_ms for r in finished}
     time.sleep(3)
-    code, out, err = run_cli("sweep", sweep, f"tracking.uri={uri}", "--resume", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(capsys, "sweep", sweep, f"tracking.uri={uri}", "--resume")
     assert code == 0, out[-3000:] + err[-3000:]
     assert "resuming sweep" in out
     _, runs = children(uri, "resumable")
