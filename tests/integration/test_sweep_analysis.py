@@ -195,7 +195,7 @@ def test_a_linreg_ladder_runs_end_to_end_writes_a_config_plan_accepts_and_a_rung
     recommended.yaml for the target that `orchestrator plan` accepts. Then the same ladder with one
     rung added: the new parent trains that rung's trials only, reuses every other finished trial
     (identical configs, by digest), and its report covers all rungs."""
-    dims_budgets = [(4, 256), (8, 512), (16, 1024), (32, 2048)]
+    dims_budgets = [(4, 256), (6, 384), (8, 512), (16, 1024)]
 
     def ladder(rungs):
         return {
@@ -244,14 +244,14 @@ def test_a_linreg_ladder_runs_end_to_end_writes_a_config_plan_accepts_and_a_rung
     capsys.readouterr()
 
     body = yaml.safe_load((tmp_path / "linreg-ladder.yaml").read_text())
-    body["ladder"] = ladder([*dims_budgets, (2, 128)])
+    body["ladder"] = ladder([*dims_budgets, (12, 768)])
     (tmp_path / "linreg-ladder.yaml").write_text(yaml.safe_dump(body))
     assert cli.main(["sweep", "linreg-ladder.yaml", f"tracking.uri={uri}"]) == 0, capsys.readouterr().out[-3000:]
     first_parent = next(iter(runs.values())).tags[run_tags.PARENT_TAG]
     parent = Store(uri, "orchestrator").find_sweep_run("linreg-ladder")
     assert parent != first_parent
     trained, reused = Store(uri).child_runs(parent), Store(uri).reused_runs(parent)
-    assert trained and {r.tags[run_tags.RUNG_TAG] for r in trained} == {ladder_plan.label(2, 128)}
+    assert trained and {r.tags[run_tags.RUNG_TAG] for r in trained} == {ladder_plan.label(12, 768)}
     assert {r.run_id for r in reused} == set(rung_of), "every trial of the first ladder is reused, none trained"
     rungs = json.loads((folder / "report.json").read_text())["ladder"]["rungs"]
-    assert sorted((r["params"], r["tokens"]) for r in rungs) == sorted([*dims_budgets, (2, 128)])
+    assert sorted((r["params"], r["tokens"]) for r in rungs) == sorted([*dims_budgets, (12, 768)])
