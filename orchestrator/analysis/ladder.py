@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator.analysis import ladder_laws, ladder_rungs, optimal_batch
+from orchestrator.analysis import ladder_laws, ladder_rungs, optimal_batch, tradeoff
 from orchestrator.analysis.ladder_laws import Backtest, Design, Point, Value
 from orchestrator.analysis.ladder_rungs import OPTIMIZER_KEYS, Rung
 from orchestrator.analysis.trials import Trial, in_one_order
@@ -42,7 +42,14 @@ LAWS = {
     "b_opt": ("B_opt", "b", {"N": "nu", "D": "gamma", "C": "epsilon"}, ("N",)),
     "b_crit": ("B_crit", "c", {"N": "mu", "D": "delta", "C": "epsilon"}, ("N",)),
     "lr_opt": ("lr_opt", "a", {"N": "alpha", "D": "beta", "C": "epsilon", "B": "eta"}, ()),
+    # The loss-optimal point and the penalty curve around it (tradeoff.py), fitted where the rungs'
+    # loss surfaces resolve B*; the penalties pooled (a constant) when neither N nor D moves them.
+    "b_star": ("B*", "s", {"N": "nu", "D": "gamma", "C": "epsilon"}, ("N",)),
+    "loss_star": ("L*", "l", {"N": "alpha", "D": "beta", "C": "epsilon"}, ()),
+    "penalty_half": ("penalty(B*/2)", "p", {"N": "alpha", "D": "beta", "C": "epsilon"}, ("N", "D", "C")),
+    "penalty_double": ("penalty(2B*)", "q", {"N": "alpha", "D": "beta", "C": "epsilon"}, ("N", "D", "C")),
 }
+SURFACE_LAWS = ("b_star", "loss_star", "penalty_half", "penalty_double")
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,7 +76,11 @@ class Law:
             "name": self.name,
             "form": self.form,
             "status": self.status,
-            "coefficients": {"prefactor": self.prefactor.to_json()} if self.prefactor else {},
+            "coefficients": (
+                {"prefactor": self.prefactor.to_json(), **({"floor": self.fit.floor} if self.fit.floor else {})}
+                if self.prefactor
+                else {}
+            ),
             "exponents": {k: v.to_json() for k, v in self.exponents.items()},
             "dropped": {k: v.to_json() for k, v in self.dropped.items()},
             "rungs": self.rungs,
@@ -96,6 +107,16 @@ class Recommendation:
     decades: float
     """log10 of the target's compute over the largest rung's."""
     warnings: Tuple[str, ...]
+    tolerance: float = optimal_batch.DEFAULT_TOLERANCE
+    """The share of the loss traded for a larger batch: tokens_per_update is the largest batch whose
+    predicted penalty against B* is within it (ladder.tolerance, report --loss-tolerance)."""
+    loss_optimal: Optional[tradeoff.LossOptimal] = None
+    """B*, its lr and its predicted loss; None when no rung's loss surface resolves B* (the loss
+    keeps falling to the smallest batch tried: tokens_per_update is then the B_opt law's)."""
+    predicted_loss_penalty: Optional[Value] = None
+    steps_saved: Optional[Value] = None
+    point: str = "the B_opt law (no rung resolves a loss-optimal batch)"
+    """Which point tokens_per_update and lr are, in words."""
 
     def to_json(self) -> Dict[str, Any]:
         def value(v):
@@ -112,6 +133,11 @@ class Recommendation:
             "optimizer": self.optimizer,
             "decades_extrapolated": self.decades,
             "warnings": list(self.warnings),
+            "tolerance": self.tolerance,
+            "point": self.point,
+            "loss_optimal": value(self.loss_optimal),
+            "predicted_loss_penalty": value(self.predicted_loss_penalty),
+            "steps_saved": value(self.steps_saved),
         }
 
 
@@ -124,9 +150,14 @@ class Ladder:
     tolerance: float
     resamples: int
     seed: int
+    tradeoff: Optional[tradeoff.Tradeoff] = None
+    """At the target, when the laws of B* and the penalties are fitted."""
 
     def law(self, name: str) -> Law:
         return next(law for law in self.laws if law.name == name)
+
+    def has(self, name: str) -> bool:
+        return any(law.name == name for law in self.laws)
 
 
 def analyse(
@@ -148,11 +179,23 @@ def analyse(
         _law("b_crit", rungs, design, target, seed + 1),
         _law("lr_opt", rungs, design, target, seed + 2, b_opt),
     )
-    recommendation = _recommend(rungs, laws, design, target) if target else None
-    return Ladder(rungs, laws, design, recommendation, tolerance, resamples, seed)
+    if any(r.b_star.status == "resolved" for r in rungs):  # a loss-optimal batch somewhere: its laws
+        laws += tuple(_law(name, rungs, design, target, seed + 3 + i) for i, name in enumerate(SURFACE_LAWS))
+    found = _tradeoff(laws, target, tolerance) if target else None
+    recommendation = _recommend(rungs, laws, design, target, tolerance, found) if target else None
+    return Ladder(rungs, laws, design, recommendation, tolerance, resamples, seed, found)
 
 
 def _points(name: str, rungs: Sequence[Rung]) -> List[Point]:
+    if name in SURFACE_LAWS:  # the rungs whose loss surface resolves B*; a penalty's draws in logs
+        logged = name in ("b_star", "loss_star")
+        return [
+            Point(r.params, r.tokens, e.value, draws if logged else np.log(np.where(draws > 0, draws, np.nan)))
+            for r in rungs
+            for e in [getattr(r, name)]
+            if r.draws.surface is not None and e.status == "resolved" and e.value is not None and e.value > 0
+            for draws in [getattr(r.draws.surface, "draws_" + name)]
+        ]
     if name == "b_opt":
         return [
             Point(r.params, r.tokens, r.b_opt.value, r.draws.log_b_opt) for r in rungs if r.b_opt.status == "resolved"
@@ -174,27 +217,41 @@ def _law(
     symbol, prefactor, names, drop = LAWS[name]
     points = _points(name, rungs)
     notes = [f"{len(rungs) - len(points)} rung(s) left out: no resolved {symbol}"] if len(points) < len(rungs) else []
+    if name in SURFACE_LAWS and len(points) < len(rungs):
+        notes = [f"{len(rungs) - len(points)} rung(s) left out: their loss surface does not resolve B*"]
     design = ladder_laws.design_of(points) if points else ladder_design
     notes += [design.note] if design.note else []
     fit_points, measured = points, None
     if name == "lr_opt" and points:
         fit_points, design, measured, note = _batch_term(rungs, points, design, b_opt, seed)
         notes += [note] if note else []
+    floor = name == "loss_star"  # a loss falls towards an irreducible part: L* = E + l N^alpha D^beta
     try:
-        fitted, dropped = ladder_laws.drop_if_zero(fit_points, design, drop, seed)
+        fitted, dropped = ladder_laws.drop_if_zero(
+            fit_points, design, drop, seed, keep_one=name not in SURFACE_LAWS, floor=floor
+        )
     except ValueError as e:
         return Law(name, f"{symbol}: not fitted", "not fitted", None, {}, {}, len(points), None, None, (*notes, str(e)))
+    factor, widened = ladder_laws.calibration(fit_points, fitted.design, seed + 200, floor)
+    fitted = fitted.widened(factor)
+    notes += [widened] if widened else []
     prediction, boots = None, None
     if target:
         at_b_opt = (b_opt.prediction.value, b_opt.prediction_draws) if "B" in fitted.design.variables else ()
         value, boots = fitted.prediction(*target, *at_b_opt)
         prediction = Value(value, ladder_laws.interval_of(boots))
-    test = ladder_laws.backtest(fit_points, fitted.design, seed + 100, measured)
+    test = ladder_laws.backtest(fit_points, fitted.design, seed + 100, measured, floor)
     if test.held is False:
         notes.append(
             f"missed its backtest: predicted {test.predicted:.4g} for the largest rung, measured {test.measured:.4g}"
         )
     form = f"{symbol} = {prefactor} " + " ".join(f"{v}^{names[v]}" for v in fitted.design.variables)
+    if floor:
+        form = f"{symbol} = E + {prefactor} " + " ".join(f"{v}^{names[v]}" for v in fitted.design.variables)
+        e = Value(fitted.floor, ladder_laws.interval_of(np.asarray(fitted.floor_draws)))
+        notes.append(f"E = {with_interval(e, '.4g')}, the irreducible loss the rungs point to")
+    if not fitted.design.variables:
+        form = f"{symbol} = {prefactor} (the same at every rung: pooled)"
     return Law(
         name,
         form + (", read at B = B_opt" if "B" in fitted.design.variables else ""),
@@ -244,7 +301,39 @@ def _batch_points(rungs: Sequence[Rung], at_b_opt: Sequence[Point]) -> List[Poin
     ]
 
 
-def _recommend(rungs: Sequence[Rung], laws: Sequence[Law], design: Design, target) -> Recommendation:
+def lr_reader(law: Law, params: Optional[float], tokens: float) -> tradeoff.LrAt:
+    """The lr law at (N, D) as a function of the batch (its B term; without one, the same at every B)."""
+
+    def lr_at(batch: float, batch_draws: Optional[np.ndarray]):
+        if law.fit is None:
+            return None, None
+        if "B" not in law.fit.design.variables:
+            return law.fit.prediction(params or 1.0, tokens)
+        return law.fit.prediction(params or 1.0, tokens, batch, batch_draws)
+
+    return lr_at
+
+
+def _tradeoff(laws: Sequence[Law], target, tolerance: float) -> Optional[tradeoff.Tradeoff]:
+    """The penalty curve at the target from the laws of B* and the penalties (their resamples paired
+    by index), the lr law for the lr at each batch; None unless all three predict."""
+    by_name = {law.name: law for law in laws}
+    needed = [by_name.get(name) for name in ("b_star", "penalty_half", "penalty_double")]
+    if any(law is None or law.prediction is None for law in needed):
+        return None
+    curve = tradeoff.Curve.of(*((law.prediction.value, law.prediction_draws) for law in needed))
+    loss = by_name["loss_star"].prediction if "loss_star" in by_name else None
+    return tradeoff.tradeoff(curve, lr_reader(by_name["lr_opt"], *target), target[1], tolerance, loss)
+
+
+def _recommend(
+    rungs: Sequence[Rung],
+    laws: Sequence[Law],
+    design: Design,
+    target,
+    tolerance: float = optimal_batch.DEFAULT_TOLERANCE,
+    found: Optional[tradeoff.Tradeoff] = None,
+) -> Recommendation:
     params, tokens = target
     by_name = {law.name: law for law in laws}
     largest = max(r.compute or 0.0 for r in rungs)
@@ -271,17 +360,35 @@ def _recommend(rungs: Sequence[Rung], laws: Sequence[Law], design: Design, targe
     shares = [r.warmup_share for r in rungs if r.warmup_share is not None]
     warmup = Value(float(np.median(shares)) * tokens, (min(shares) * tokens, max(shares) * tokens)) if shares else None
     eta = by_name["lr_opt"].exponents.get("B")
+    chosen = dict(tokens_per_update=by_name["b_opt"].prediction, lr=by_name["lr_opt"].prediction)
+    if found is not None:
+        point = found.tolerance_point
+        chosen = dict(
+            tokens_per_update=point.tokens_per_update,
+            lr=point.lr,
+            loss_optimal=found.loss_optimal,
+            predicted_loss_penalty=point.predicted_loss_penalty,
+            steps_saved=point.steps_saved,
+            point=f"the largest batch whose predicted penalty against B* is within {tolerance:.2%}",
+        )
+        if point.beyond:
+            warnings.append(
+                f"the predicted penalty stays within {tolerance:.2%} up to {2**tradeoff.SPAN}x B*, beyond what the "
+                "rungs measured: the tolerance point is that bound"
+            )
+    elif any(law.name == "b_star" for law in laws):
+        warnings.append("no trade-off at the target: the laws of B* and its penalties are not all fitted")
     return Recommendation(
         params=params,
         tokens=tokens,
-        tokens_per_update=by_name["b_opt"].prediction,
         b_crit=by_name["b_crit"].prediction,
-        lr=by_name["lr_opt"].prediction,
         lr_batch_exponent=eta.value if eta else None,
         warmup_tokens=warmup,
         optimizer={k: _held(rungs, k) for k in OPTIMIZER_KEYS},
         decades=decades,
         warnings=tuple(warnings),
+        tolerance=tolerance,
+        **chosen,
     )
 
 
@@ -332,6 +439,7 @@ def to_json(ladder: Ladder) -> Dict[str, Any]:
         "rungs": [r.to_json() for r in ladder.rungs],
         "laws": [law.to_json() for law in ladder.laws],
         "recommendation": ladder.recommendation.to_json() if ladder.recommendation else None,
+        "tradeoff": [row.to_json() for row in ladder.tradeoff.rows] if ladder.tradeoff else [],
     }
 
 
@@ -352,7 +460,8 @@ def lines(ladder: Ladder) -> List[str]:
             held = f"backtest {test.note}" if test.untested else "no backtest"
         else:
             held = "backtest held" if test.held else "BACKTEST MISSED"
-        out.append(f"{law.form}: exponents {terms}; {law.rungs} rungs; {held}")
+        shape = f"exponents {terms}" if terms else f"value {with_interval(law.prefactor, '.3g')}"
+        out.append(f"{law.form}: {shape}; {law.rungs} rungs; {held}")
     rec = ladder.recommendation
     if rec:
         out.append(
@@ -361,6 +470,10 @@ def lines(ladder: Ladder) -> List[str]:
             f"(B_crit {with_interval(rec.b_crit, ',.0f')}), peak lr {with_interval(rec.lr, '.3g')}, "
             f"warmup {with_interval(rec.warmup_tokens, ',.0f')} tokens"
         )
+        if ladder.tradeoff:
+            out += tradeoff.words(ladder.tradeoff)
+        else:
+            out.append(f"Tokens per update: {rec.point}.")
         held = {k: v for k, v in rec.optimizer.items() if v is not None}
         out.append(
             "Optimizer constants held: " + (", ".join(f"{k} = {v:g}" for k, v in held.items()) or "none in token units")

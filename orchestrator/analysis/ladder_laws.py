@@ -79,6 +79,8 @@ class Design:
         b = np.log(np.asarray(batch, np.float64)) if "B" in self.variables else None
         columns = {"N": n, "D": d, "C": (n + d + math.log(6.0)) if n is not None else None, "B": b}
         shape = np.broadcast_shapes(*(np.shape(c) for c in columns.values() if c is not None))
+        if not self.variables:  # a constant law: pooled over the rungs
+            return np.zeros((*shape, 0))
         return np.stack([np.broadcast_to(columns[v], shape) for v in self.variables], axis=-1)
 
     def without(self, variable: str) -> "Design":
@@ -162,6 +164,18 @@ class Fit:
     """[1 + variables]: the log of the value at the reference, then the exponents."""
     draws: np.ndarray
     """[R, 1 + variables]; NaN rows for resamples whose rungs no longer tell the variables apart."""
+    floor: float = 0.0
+    """E of y = E + k N^a D^b (`fit(..., floor=True)`); 0 for a plain power law."""
+    floor_draws: Any = 0.0
+    """E of each resample [R] (or 0)."""
+
+    def widened(self, factor: float) -> "Fit":
+        """The same fit with its resamples' spread around the fit multiplied by `factor`."""
+        if factor == 1.0:
+            return self
+        draws = self.theta + factor * (self.draws - self.theta)
+        floors = self.floor + factor * (np.asarray(self.floor_draws) - self.floor)
+        return Fit(self.design, self.reference, self.theta, draws, self.floor, floors)
 
     def exponent(self, variable: str) -> Value:
         k = 1 + self.design.variables.index(variable)
@@ -176,20 +190,23 @@ class Fit:
     def prediction(self, params: float, tokens: float, batch: Any = None, batch_draws: Any = None):
         """(value, resamples [R]) at (N, D) (and B: a value, with its own resamples to pair)."""
         x = self.design.logs(params, tokens, batch) - self.reference
-        value = float(np.exp(self.theta[0] + x @ self.theta[1:]))
+        value = float(self.floor + np.exp(self.theta[0] + x @ self.theta[1:]))
         if batch_draws is not None:
             x = self.design.logs(params, tokens, np.asarray(batch_draws)) - self.reference  # [R, p - 1]
-            return value, np.exp(self.draws[:, 0] + (self.draws[:, 1:] * x).sum(-1))
-        return value, np.exp(self.draws[:, 0] + self.draws[:, 1:] @ x)
+            return value, self.floor_draws + np.exp(self.draws[:, 0] + (self.draws[:, 1:] * x).sum(-1))
+        return value, self.floor_draws + np.exp(self.draws[:, 0] + self.draws[:, 1:] @ x)
 
 
-def fit(points: Sequence[Point], design: Design, resamples: int = RESAMPLES, seed: Any = SEED) -> Fit:
+def fit(
+    points: Sequence[Point], design: Design, resamples: int = RESAMPLES, seed: Any = SEED, floor: bool = False
+) -> Fit:
     """The weighted fit of `points` in `design`'s variables, and its bootstrap over seeds and rungs:
     a resample draws every point from its own seed resamples and the rungs with replacement (as
-    multiplicities of their points' weights, so a rung's points stay together)."""
+    multiplicities of their points' weights, so a rung's points stay together). With `floor`, the
+    law is y = E + k N^a D^b, E profiled (`_profile`) in the fit and again in every resample."""
     rungs = [p.rung if p.rung is not None else -1 - i for i, p in enumerate(points)]
     labels, cluster = np.unique(rungs, return_inverse=True)
-    p_count = 1 + len(design.variables)
+    p_count = 1 + len(design.variables) + int(floor)
     if len(labels) < p_count + 1 or len(points) < p_count + 1:
         raise ValueError(
             f"a law in {', '.join(design.variables) or 'nothing'} needs {p_count + 1} rungs, got {len(labels)}"
@@ -201,13 +218,45 @@ def fit(points: Sequence[Point], design: Design, resamples: int = RESAMPLES, see
     draws = np.stack([_draws(p, resamples) for p in points], axis=-1)  # [R, n]
     spread = np.nanvar(draws, axis=0)
     w = 1.0 / np.maximum(np.where(np.isfinite(spread), spread, 0.0), SD_FLOOR**2)
-    theta, ok = _solve(x, y, w)
-    if not ok:
-        raise ValueError(f"the rungs do not tell {', '.join(design.variables)} apart")
     rng = np.random.default_rng(seed)
     counts = rng.multinomial(len(labels), np.full(len(labels), 1.0 / len(labels)), size=resamples)  # [R, rungs]
-    thetas, valid = _solve(x, np.where(np.isfinite(draws), draws, y), w * counts[:, cluster])
-    return Fit(design, reference, theta, np.where(valid[:, None], thetas, np.nan))
+    resampled, weights = np.where(np.isfinite(draws), draws, y), w * counts[:, cluster]
+    if not floor:
+        theta, ok = _solve(x, y, w)
+        if not ok:
+            raise ValueError(f"the rungs do not tell {', '.join(design.variables)} apart")
+        thetas, valid = _solve(x, resampled, weights)
+        return Fit(design, reference, theta, np.where(valid[:, None], thetas, np.nan))
+    e, theta, ok = _profile(x, y[None], w[None])
+    if not ok[0]:
+        raise ValueError(f"the rungs do not tell {', '.join(design.variables)} apart")
+    floors, thetas, valid = _profile(x, resampled, weights)
+    return Fit(design, reference, theta[0], np.where(valid[:, None], thetas, np.nan), float(e[0]), floors)
+
+
+FLOOR_STEPS = 120
+"""The offsets E a profile tries, from 0 to 0.99 of the smallest value."""
+
+
+def _profile(x: np.ndarray, log_y: np.ndarray, w: np.ndarray):
+    """E of y = E + k N^a D^b per row of log_y [R, n] (weights w [R, n]): the value, from 0 to just
+    below the row's smallest y, whose weighted power-law fit of y - E leaves the least squared error
+    in ln y. A loss falls towards an irreducible part, which a plain power law misses when it
+    extrapolates (on the basin worlds of tests/basin_truth.py, 1.5 decades past the rungs, 8 % low).
+    (E [R], theta [R, p], valid [R]). Every E of a row shares its normal matrix: one inverse a row."""
+    y = np.exp(log_y)
+    xw = x * w[..., None]  # [R, n, p]
+    a = np.swapaxes(xw, -1, -2) @ x
+    valid = np.linalg.cond(a) < SINGULAR
+    inverse = np.linalg.inv(np.where(valid[:, None, None], a, np.eye(x.shape[1])))
+    e = np.linspace(0.0, 0.99, FLOOR_STEPS)[:, None] * y.min(axis=-1)  # [S, R]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        theta = np.einsum("rpq,rnq,srn->srp", inverse, xw, np.log(y - e[..., None]))  # [S, R, p]
+        fitted = np.log(e[..., None] + np.exp(theta @ x.T))
+        error = np.sum(w * (fitted - log_y) ** 2, axis=-1)  # [S, R]
+    best = np.argmin(np.where(np.isfinite(error), error, np.inf), axis=0)
+    rows = np.arange(len(y))
+    return e[best, rows], theta[best, rows], valid
 
 
 def _draws(point: Point, resamples: int) -> np.ndarray:
@@ -237,21 +286,60 @@ def interval_of(draws: np.ndarray) -> Optional[Tuple[float, float]]:
 
 
 def drop_if_zero(
-    points: Sequence[Point], design: Design, drop: Sequence[str], seed: Any
+    points: Sequence[Point], design: Design, drop: Sequence[str], seed: Any, keep_one: bool = True, floor: bool = False
 ) -> Tuple[Fit, List[Tuple[str, Value]]]:
-    """The fit, with each variable of `drop` removed when its exponent's interval holds 0."""
-    result = fit(points, design, seed=seed)
+    """The fit, with each variable of `drop` removed when its exponent's interval holds 0 (all of
+    them, leaving a constant, unless `keep_one`)."""
+    result = fit(points, design, seed=seed, floor=floor)
     dropped = []
     for variable in drop:
-        if variable in result.design.variables and len(result.design.variables) > 1:
+        if variable in result.design.variables and (len(result.design.variables) > 1 or not keep_one):
             exponent = result.exponent(variable)
             if exponent.interval is None or exponent.interval[0] <= 0 <= exponent.interval[1]:
                 dropped.append((variable, exponent))
-                result = fit(points, result.design.without(variable), seed=seed)
+                result = fit(points, result.design.without(variable), seed=seed, floor=floor)
     return result, dropped
 
 
-def backtest(points: Sequence[Point], design: Design, seed: Any, measured: Optional[Point] = None) -> Backtest:
+def _rung_of(p: Point) -> Any:
+    return p.rung if p.rung is not None else id(p)
+
+
+def calibration(points: Sequence[Point], design: Design, seed: Any, floor: bool = False) -> Tuple[float, Optional[str]]:
+    """How much wider the bootstrap's spread must be to hold what leaving one rung out shows: each
+    rung in turn is refitted without and predicted, its error standardised by the refit's spread and
+    its own (floored at SD_FLOOR, as the weights are); the factor is the root mean square of those
+    errors when above 1, else 1 (a law whose rungs fit it within their noise keeps its intervals).
+    A law that bends, or rungs noisier than their seeds say, widens instead of only failing its
+    backtest. (factor, a note when it widened)."""
+    labels = list(dict.fromkeys(_rung_of(p) for p in points))
+    errors = []
+    for label in labels:
+        rest = [p for p in points if _rung_of(p) != label]
+        try:
+            refit = fit(rest, design, seed=seed, floor=floor)
+        except ValueError:
+            continue
+        for p in points:
+            if _rung_of(p) != label:
+                continue
+            predicted, boots = refit.prediction(p.params or 1.0, p.tokens, p.batch)
+            own = _draws(p, len(boots))
+            spread = np.nanvar(np.log(boots)) + max(
+                float(np.nanvar(own)) if np.isfinite(own).any() else 0.0, SD_FLOOR**2
+            )
+            errors.append((math.log(p.value) - math.log(predicted)) / math.sqrt(spread))
+    if len(errors) < 3:
+        return 1.0, None
+    factor = float(np.sqrt(np.mean(np.square(errors))))
+    if factor <= 1.0:
+        return 1.0, None
+    return factor, f"intervals widened {factor:.2f}x: leaving one rung out missed by more than the bootstrap's spread"
+
+
+def backtest(
+    points: Sequence[Point], design: Design, seed: Any, measured: Optional[Point] = None, floor: bool = False
+) -> Backtest:
     """Refit without the largest-compute rung and predict it (module docstring). `measured`: what
     the held-out rung measured, when its points are not single values of it (a law with a B term
     is fitted to batch sizes, and backtested on the rung's lr_opt at its B_opt)."""
@@ -260,7 +348,7 @@ def backtest(points: Sequence[Point], design: Design, seed: Any, measured: Optio
     rest = [p for p in points if (p.rung if p.rung is not None else id(p)) != rung]
     out = measured or held
     try:
-        refit = fit(rest, design, seed=seed)
+        refit = fit(rest, design, seed=seed, floor=floor)
     except ValueError as e:
         return Backtest((out.params, out.tokens), None, out.value, None, None, f"no backtest: {e}")
     predicted, boots = refit.prediction(out.params or 1.0, out.tokens, out.batch)

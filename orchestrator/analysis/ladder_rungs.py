@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator.analysis import critical_batch as cb
-from orchestrator.analysis import lr_optimum, optimal_batch, steps_to_target, sweep_analysis
+from orchestrator.analysis import loss_surface, lr_optimum, optimal_batch, steps_to_target, sweep_analysis
 from orchestrator.analysis.answer import BestRow, TargetFit
 from orchestrator.analysis.trials import LR_KEY, Trial, by_batch, lr_scans, swept_axes
 
@@ -45,6 +45,8 @@ BOUNDS = ("lowest", "highest", "only")
 """BestRow.lr_edge words that make the best lr a bound. One-sided and not-interpolated optima are
 interior (their neighbours bracket them) and known to half a grid step: read, with that spread."""
 Z90 = 1.6448536269514722
+MIN_CURVE_POINTS = 4
+"""A rung whose runs' train/loss curves all have fewer points is final losses only: no B_crit."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Draws:
     log_b_crit: Optional[np.ndarray]
     lr_near: "LrNear"
     """The best lrs near B_opt that lr_opt is read from, and their resamples."""
+    surface: Optional[loss_surface.Summary] = None
+    """The loss surface's B*, lr*, L* and penalties and their resamples (None: no surface)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,6 +94,18 @@ class Rung:
     best_run: Optional[str] = None
     """The name of the best run at the batch size nearest B_opt (whose warmup_share this is): the
     config a recommendation for the target starts from."""
+    b_star: Estimate = Estimate(None, None, "not resolved")
+    """The loss-optimal batch: the minimum of the rung's loss surface (loss_surface.py)."""
+    lr_star: Estimate = Estimate(None, None, "not resolved")
+    """The best lr at B*, on the surface."""
+    loss_star: Estimate = Estimate(None, None, "not resolved")
+    """The surface's loss at B* and lr*."""
+    penalty_half: Estimate = Estimate(None, None, "not resolved")
+    """The share of the loss lost at B* / 2 (at its best lr), on the surface."""
+    penalty_double: Estimate = Estimate(None, None, "not resolved")
+    """... and at 2 B*."""
+    measured: Tuple[Tuple[int, float], ...] = ()
+    """(batch size, its best final loss): the rung's own evidence of the penalty."""
 
     @property
     def compute(self) -> Optional[float]:
@@ -105,6 +121,11 @@ class Rung:
             "b_crit": self.b_crit.to_json(),
             "lr_opt": self.lr_opt.to_json(),
             "final_loss": self.final_loss.to_json(),
+            "b_star": self.b_star.to_json(),
+            "lr_star": self.lr_star.to_json(),
+            "loss_star": self.loss_star.to_json(),
+            "penalty_half": self.penalty_half.to_json(),
+            "penalty_double": self.penalty_double.to_json(),
             "batch_sizes": list(self.batch_sizes),
             "seeds": self.seeds,
             "trials": self.trials,
@@ -171,8 +192,15 @@ def rung(
     log_lr_draws = np.stack([b[1] for b in boot], axis=-1)
     seeded = any(b[2] for b in boot)
 
-    b_point, above = optimal_batch.b_opt_of(batches, loss, tolerance)
-    b_draws, _ = optimal_batch.b_opt_of(batches, loss_draws, tolerance)
+    surface = loss_surface.fit(loss_surface.Grid.of(trials, metric), resamples, [*np.atleast_1d(seed), 1])
+    star = surface.summary() if surface else None
+    if surface is not None and surface.status == "resolved":  # the largest batch within the tolerance, on it
+        b_point, above, b_draws = _tolerance_point(surface, star, tolerance)
+        b_interval = _interval(b_draws) if not above else None  # the surface's: residuals stand in for seeds
+    else:
+        b_point, above = optimal_batch.b_opt_of(batches, loss, tolerance)
+        b_draws, _ = optimal_batch.b_opt_of(batches, loss_draws, tolerance)
+        b_interval = _interval(b_draws) if seeded and not above else None
     near = LrNear.of(batches, log_lr, log_lr_draws, [r.lr_edge for r in rows], float(b_point))
     lr_point, lr_draws, lr_edge = near.at(b_point, b_draws)
     primary = primary_b_crit(trials, axes)
@@ -183,7 +211,7 @@ def rung(
     return Rung(
         params=params,
         tokens=tokens,
-        b_opt=Estimate(float(b_point), _interval(b_draws) if seeded and not above else None, _status(above)),
+        b_opt=Estimate(float(b_point), b_interval, _status(above)),
         b_crit=b_crit,
         lr_opt=Estimate(
             float(math.exp(lr_point)),
@@ -198,20 +226,60 @@ def rung(
         trials=len(trials),
         warmup_share=warmup / tokens if warmup is not None else None,
         optimizer={k: tuple(sorted({v for t in trials if (v := t.number(k)) is not None})) for k in OPTIMIZER_KEYS},
-        notes=_notes(batches, float(b_point), bool(above), lr_edge, primary, tolerance),
-        draws=Draws(np.log(b_draws), lr_draws, log_b_crit, near),
+        notes=_notes(batches, float(b_point), bool(above), lr_edge, primary, tolerance, surface),
+        draws=Draws(
+            np.log(b_draws), lr_draws, log_b_crit, near, star if surface and surface.status == "resolved" else None
+        ),
         best_run=best.run_name,
+        **_surface_estimates(surface, star, near),
+        measured=tuple((int(b), float(x)) for b, x in zip(batches, loss)),
     )
+
+
+def _tolerance_point(surface: loss_surface.Surface, star: loss_surface.Summary, tolerance: float):
+    """(B_opt, above, its resamples [R]) on the surface: the largest batch above B* whose penalty is
+    within the tolerance, each resample from its own B*."""
+    point, beyond = surface.tolerance_point(tolerance)
+    draws, _ = surface.tolerance_point(tolerance, surface.draws, star.draws_b_star)
+    return math.exp(point), beyond, np.exp(draws)
+
+
+def _surface_estimates(surface: Optional[loss_surface.Surface], star: Optional[loss_surface.Summary], near: "LrNear"):
+    """The rung's B*, lr*, L* and penalties as Estimates: values only where B* is resolved, the bound
+    (the smallest or largest batch tried) where it is `below` or `above`. lr* is the best lr's line
+    near B_opt (LrNear, as lr_opt) read at B*, not the surface's: a response steeper above the best
+    lr than below biases a quadratic in ln lr low (loss_surface.py)."""
+    if surface is None:
+        return {}
+    if surface.status != "resolved":
+        low, high = surface.x_range
+        bound = {"below": math.exp(low), "above": math.exp(high)}.get(surface.status)
+        return {"b_star": Estimate(bound, None, surface.status)}
+
+    def estimate(log_point, log_draws):
+        return Estimate(math.exp(log_point), _interval(np.exp(log_draws)), "resolved")
+
+    log_lr, log_lr_draws, _ = near.at(math.exp(star.log_b_star), np.exp(star.draws_b_star))
+    return {
+        "b_star": estimate(star.log_b_star, star.draws_b_star),
+        "lr_star": estimate(log_lr, log_lr_draws),
+        "loss_star": estimate(star.log_loss_star, star.draws_loss_star),
+        "penalty_half": Estimate(star.penalty_half, _interval(star.draws_penalty_half), "resolved"),
+        "penalty_double": Estimate(star.penalty_double, _interval(star.draws_penalty_double), "resolved"),
+    }
 
 
 def _status(above: Any) -> str:
     return "above" if bool(above) else "resolved"
 
 
-def _notes(batches, b_point: float, above: bool, lr_edge: bool, primary, tolerance: float) -> Tuple[str, ...]:
+def _notes(batches, b_point: float, above: bool, lr_edge: bool, primary, tolerance: float, surface) -> Tuple[str, ...]:
     """What a reader of the rung should know before trusting it."""
-    notes = []
-    if above:
+    notes = list(surface.notes) if surface is not None else ["too few configurations for a loss surface"]
+    if surface is not None and surface.status == "resolved":
+        if above:
+            notes.append(f"the loss surface stays within {tolerance:.1%} of B*'s loss to 4x the largest batch tried")
+    elif above:
         notes.append(
             f"every batch size up to the largest tried ({int(batches[-1]):,}) is within {tolerance:.1%} of the "
             "best: B_opt is at least that; sweep larger batch sizes"
@@ -231,7 +299,10 @@ def _notes(batches, b_point: float, above: bool, lr_edge: bool, primary, toleran
 def primary_b_crit(trials: Sequence[Trial], axes: Sequence[str]) -> Optional[TargetFit]:
     """steps_to_target.study's primary target: the lowest of the chosen targets that resolves. The
     lowest alone is tried first (each target's bootstrap fit costs about 0.15 s, and a ladder has
-    many rungs); only when it does not resolve is the whole study run."""
+    many rungs); only when it does not resolve is the whole study run. None when no run logged a
+    loss curve (a published grid of final losses: two points a run), which has no steps to count."""
+    if all(len(t.train) < MIN_CURVE_POINTS for t in trials):
+        return None
     targets = steps_to_target.choose_targets(trials, steps_to_target.start_level(trials))
     if targets:
         primary = steps_to_target.study(trials, axes, targets[:1]).primary
