@@ -77,6 +77,17 @@ _count = _positive("count (a finite number > 0, e.g. 1e9)")
 """A ladder's target N or D (1e9 and 1000000000 alike)."""
 
 
+def _share(text: str) -> float:
+    """A share strictly between 0 and 1 (--loss-tolerance: 0.005 is half a percent of the loss)."""
+    value = float(text)
+    if not 0 < value < 1:
+        raise ValueError(text)
+    return value
+
+
+_share.__name__ = "share (a number between 0 and 1, e.g. 0.005 for 0.5%)"
+
+
 def _out_folder(text: str) -> str:
     """A folder to write into: new, or an existing folder, not a file."""
     if not text.strip() or Path(text).exists() and not Path(text).is_dir():
@@ -199,6 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="D",
         help="a ladder's target budget in tokens (overrides the sweep file's ladder.target)",
+    )
+    p.add_argument(
+        "--loss-tolerance",
+        type=_share,
+        default=None,
+        metavar="SHARE",
+        help="the share of the final loss to trade for a larger batch: the recommendation is the largest batch "
+        "predicted within it of the loss-optimal batch's loss (default: the sweep file's loss_tolerance or "
+        "ladder.tolerance, else 0.005); not branch.tolerance",
     )
 
     p = _verb(
@@ -336,6 +356,7 @@ def _report(args: argparse.Namespace) -> int:
         ui_port=args.ui_port,
         target_params=args.target_params,
         target_tokens=args.target_tokens,
+        loss_tolerance=args.loss_tolerance,
     )
 
 

@@ -56,8 +56,18 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from orchestrator.analysis import branch_analysis, branch_cbs, lr_optimum, recommend, steps_to_target
+from orchestrator.analysis import (
+    branch_analysis,
+    branch_cbs,
+    loss_surface,
+    lr_optimum,
+    optimal_batch,
+    recommend,
+    steps_to_target,
+    tradeoff,
+)
 from orchestrator.analysis.answer import Answer, BestLr, BestRow, Counts, LrScaling, TrialRow
+from orchestrator.analysis.ladder_laws import Value
 from orchestrator.analysis.trials import (
     LR_KEY,
     SEED_KEY,
@@ -185,11 +195,13 @@ def analyse(
     primary_target: Optional[float] = None,
     branch_tolerance: Union[float, branch_cbs.Tolerance] = branch_cbs.DEFAULT_TOLERANCE,
     compare_with: Optional[Tuple[str, Sequence[Trial]]] = None,
+    loss_tolerance: float = optimal_batch.DEFAULT_TOLERANCE,
 ) -> Answer:
     """The report's numbers. lr_criterion: which best lr per batch size the report names,
     `final_loss` or `steps` (fewest steps to the primary target). primary_target: a loss the
     user named (a bracket search's search.target_loss), reported at and made the primary.
-    compare_with: a branch study's `branch.compare_with`, (the sweep's name, its runs)."""
+    compare_with: a branch study's `branch.compare_with`, (the sweep's name, its runs).
+    loss_tolerance: the share of the loss the recommendation trades for a larger batch."""
     if lr_criterion not in ("final_loss", "steps"):
         raise ValueError(f"lr_criterion {lr_criterion!r}: final_loss or steps")
     given = [t for t in trials if t.batch and t.train]  # the report's rows, in the order given
@@ -227,12 +239,16 @@ def analyse(
         optimizer=optimizer_forms(usable),
         trials=tuple(row(t, metric) for t in given),
         skipped=tuple(t.name for t in trials if t not in read),
-        recommendation=None if branch else what_to_run(usable, best, axes),
+        recommendation=None if branch else what_to_run(usable, best, axes, metric, loss_tolerance),
     )
 
 
 def what_to_run(
-    usable: Sequence[Trial], best: Sequence[BestRow], axes: Sequence[str]
+    usable: Sequence[Trial],
+    best: Sequence[BestRow],
+    axes: Sequence[str],
+    metric: str = "eval/loss",
+    tolerance: float = optimal_batch.DEFAULT_TOLERANCE,
 ) -> Optional[recommend.Recommendation]:
     """recommend.for_sweep on the best configuration per batch size with its best lr by final loss
     (a full run at this budget is judged by its final loss, whatever criterion the sweep searched
@@ -245,7 +261,30 @@ def what_to_run(
     scaling = lr_scaling([BestLr(r.batch, r.lr, r.lr_edge) for r in best], axes)
     law = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
     seq_len, workers = usable[0].number("data.seq_len"), usable[0].number("cluster.num_workers")
-    return recommend.for_sweep(rows, law, int(seq_len * (workers or 1)) if seq_len else None)
+    found, why = sweep_tradeoff(usable, metric, rows, law, tolerance)
+    return recommend.for_sweep(rows, law, int(seq_len * (workers or 1)) if seq_len else None, tolerance, found, why)
+
+
+def sweep_tradeoff(usable: Sequence[Trial], metric: str, rows, law, tolerance: float):
+    """(the trade-off of the sweep's own loss surface at its budget, why there is none): its B*,
+    the penalties around it, the lr of each batch from the sweep's lr law (recommend.lr_at, as the
+    recommendation reads it), its predicted loss (loss_surface.py, tradeoff.py)."""
+    surface = loss_surface.fit(loss_surface.Grid.of(usable, metric))
+    if surface is None:
+        return None, "too few finished configurations for a loss surface"
+    if surface.status != "resolved":
+        return None, surface.notes[0]
+    s = surface.summary()
+    curve = tradeoff.Curve.of(
+        (math.exp(s.log_b_star), np.exp(s.draws_b_star)),
+        (s.penalty_half, s.draws_penalty_half),
+        (s.penalty_double, s.draws_penalty_double),
+    )
+    loss = Value(math.exp(s.log_loss_star), loss_surface.interval(np.exp(s.draws_loss_star)))
+    tokens = usable[0].number("train.total_tokens")
+    return tradeoff.tradeoff(
+        curve, lambda b, _: (recommend.lr_at(b, rows, law)[0], None), tokens, tolerance, loss
+    ), None
 
 
 def row(t: Trial, metric: str) -> TrialRow:

@@ -180,9 +180,7 @@ def tradeoff(
     b_star_draws = np.exp(curve.draws_log_b_star)
     lr_star, lr_star_draws = lr_at(curve.b_star, b_star_draws)
     optimal = LossOptimal(
-        Value(curve.b_star, interval_of(b_star_draws)),
-        Value(lr_star, interval_of(lr_star_draws)) if lr_star is not None else None,
-        predicted_loss,
+        Value(curve.b_star, interval_of(b_star_draws)), _value(lr_star, lr_star_draws), predicted_loss
     )
     batch, batch_draws, beyond = curve.tolerance_point(tolerance)
     lr, lr_draws = lr_at(batch, batch_draws)
@@ -191,7 +189,7 @@ def tradeoff(
     saved_draws = tokens / b_star_draws - tokens / batch_draws
     point = TolerancePoint(
         Value(batch, interval_of(batch_draws)),
-        Value(lr, interval_of(lr_draws)) if lr is not None else None,
+        _value(lr, lr_draws),
         Value(penalty, interval_of(penalty_draws)),
         Value(saved, interval_of(saved_draws)),
         beyond,
@@ -201,6 +199,13 @@ def tradeoff(
         p, draws = curve.penalty(float(b))
         rows.append(Row(float(b), lr_at(float(b), None)[0], p, interval_of(draws), tokens / float(b)))
     return Tradeoff(tolerance, optimal, point, tuple(rows), curve)
+
+
+def _value(value: Optional[float], draws: Optional[np.ndarray]) -> Optional[Value]:
+    """A value with the interval of its resamples (none without them); None without a value."""
+    if value is None:
+        return None
+    return Value(value, interval_of(draws) if draws is not None else None)
 
 
 def words(t: Tradeoff, fmt_batch: str = ",.0f") -> Sequence[str]:

@@ -188,6 +188,7 @@ FIELDS = {
     "ladder.target.tokens": number(0, low_open=True, optional=True),
     "ladder.target.overrides": Field("any", optional=True, check=lambda key, value: _model_overrides(key, value)),
     "ladder.tolerance": number(0, 1, low_open=True, high_open=True),
+    "loss_tolerance": number(0, 1, low_open=True, high_open=True),
     "ladder.hold": one_of("tokens", "steps"),
     "ladder.predict": Field("bool"),
 }
@@ -390,6 +391,13 @@ def _ladder_of_bracket_studies(s: Sweep) -> None:
         )
 
 
+def _one_loss_tolerance(s: Sweep) -> None:
+    if "loss_tolerance" in s.written and s.ladder:
+        raise ConfigError("loss_tolerance", "a ladder's is ladder.tolerance (loss_tolerance is a single sweep's)")
+    if "loss_tolerance" in s.written and s.branch:
+        raise ConfigError("loss_tolerance", "a branch study recommends a ramp by branch.tolerance, not a batch size")
+
+
 RULES = (
     _base_names_a_config,
     _replicates_of_listed_trials,
@@ -415,11 +423,12 @@ RULES = (
     _ladder_rungs_one_way,
     _ladder_target,
     _ladder_of_bracket_studies,
+    _one_loss_tolerance,
 )
 """The checks that span keys, in the order they run, after every key has passed its row. A branch
 study's batch arithmetic (each factor's split, whole updates) needs the base config: branch_study.check."""
 
-READ_UNCHECKED = ("name", "base", "search", "branch", "ladder")
+READ_UNCHECKED = ("name", "base", "search", "branch", "ladder", "loss_tolerance")
 """What `load(check=False)` reads (by their rows, no RULES): what `submit` and `report` need of a
 file whose other keys need not be valid there."""
 

@@ -169,7 +169,9 @@ class LadderConfig:
     target: LadderTarget = field(default_factory=LadderTarget)
     """What to recommend for (`report --target-params N --target-tokens D` overrides it)."""
     tolerance: float = 0.005
-    """B_opt: the largest batch size within this share of the best final loss (analysis/optimal_batch.py)."""
+    """The share of the final loss traded for a larger batch: the recommendation at the target is the
+    largest batch whose predicted penalty against the loss-optimal batch B* is within it (each rung's
+    B_opt too; analysis/tradeoff.py, optimal_batch.py where no rung has a B*)."""
     hold: str = "tokens"
     """What every rung and batch size keeps of the base's optimizer: `tokens` (the default) turns
     AdamW's beta2 and weight decay, given per step, into their token forms at the base's batch
@@ -218,6 +220,10 @@ class Sweep:
     """A branch study instead of a space; None: a sweep from scratch."""
     ladder: Optional[LadderConfig] = None
     """A ladder of model sizes and budgets, each rung a bracket search over space; None: one study."""
+    loss_tolerance: float = 0.005
+    """The share of the final loss the recommendation trades for a larger batch: it is the largest
+    batch whose predicted penalty against the loss-optimal batch is within this (docs/critical-batch.md;
+    a ladder's is ladder.tolerance, `report --loss-tolerance` overrides either)."""
 
     path: Path = field(default=Path(), metadata=DERIVED)
     """The file read."""

@@ -35,7 +35,7 @@ def make(
     printed, with the links of `orchestrator ui` on `ui_port`; when the trials form a ladder, its
     part too (report_ladder.py; `ladder`: its target and tolerance). Returns the answer."""
     answer = report_inputs.analyse(inputs, target_losses, settings.origin, **settings.options, **options)
-    rungs = report_ladder.analyse(inputs.trials, ladder)
+    rungs = report_ladder.analyse(inputs.trials, ladder, settings.options["loss_tolerance"])
     out = out or report_files.default_out(inputs.name)
     report_files.check_out_folder(out, inputs.folder)  # again: a sweep's folder may have changed while it ran
     parts = [report_ladder.part(rungs)] if rungs else []

@@ -28,15 +28,13 @@ def ladder_request(
     trials: Sequence[Trial] = (),
 ):
     """What the report asks of a ladder: the sweep file's ladder.target (the command line's N and D
-    over it) and ladder.tolerance. trials: the sweep's runs, whose logged config gives the target
-    model's N when the file's base config is not on this disk (the copy the parent run recorded)."""
+    over it; its tolerance is the settings', report_inputs.settings). trials: the sweep's runs, whose
+    logged config gives the target model's N when the file's base config is not on this disk (the
+    copy the parent run recorded)."""
     from orchestrator.reporting import report_ladder
 
     params_of = (lambda model: report_ladder.params_of(trials, model)) if trials else None
-    found = ladder_target.with_options(ladder_target.target(sweep, params_of), params, tokens)
-    if sweep is not None and sweep.ladder is not None:
-        return report_ladder.Request(found, sweep.ladder.tolerance)
-    return report_ladder.Request(found)
+    return report_ladder.Request(ladder_target.with_options(ladder_target.target(sweep, params_of), params, tokens))
 
 
 def run(
@@ -48,20 +46,22 @@ def run(
     ui_port: int = 5000,
     target_params: Optional[float] = None,
     target_tokens: Optional[float] = None,
+    loss_tolerance: Optional[float] = None,
 ) -> int:
     """The `report` verb: target is a sweep file, a sweep name, a run id or a folder holding
     trials.csv and curves.csv; returns the exit code. The analysis settings are the sweep file's:
     the one given, else the one the sweep's parent run recorded (report_inputs.settings), so every
     way of naming a sweep gives one answer; lr_criterion, when given, wins. ui_port: the port of
     `orchestrator ui` the printed links open. target_params / target_tokens: a ladder's target,
-    over the sweep file's ladder.target."""
+    over the sweep file's ladder.target. loss_tolerance: the share of the loss the recommendation
+    trades for a larger batch, over the file's loss_tolerance (a ladder's ladder.tolerance)."""
     from orchestrator.reporting import pipeline, results  # pandas and matplotlib only when a report runs
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
     read = sweep_file.load(target, check=False) if is_sweep_file else None  # the command's one parse of it
     ladder = ladder_request(read, target_params, target_tokens)  # a bad target: refused before anything
     if tables.is_table_folder(target):
-        settings = report_inputs.settings(None, "default", lr_criterion)
+        settings = report_inputs.settings(None, "default", lr_criterion, loss_tolerance)
         return _run_tables(Path(target), out, target_losses, settings, ladder)
     uri, name, run_id = _resolve(target, list(overrides), read)
     out_dir = Path(out) if out else default_out(name)
@@ -72,7 +72,7 @@ def run(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
         )
         return 1
-    settings, sweep = report_inputs.settings_of_sweep(read, uri, run_id, lr_criterion)
+    settings, sweep = report_inputs.settings_of_sweep(read, uri, run_id, lr_criterion, loss_tolerance)
     if sweep is not None and read is None:  # the file recorded on the sweep's parent run
         ladder = ladder_request(sweep, target_params, target_tokens, inputs.trials)
     compare = None

@@ -100,17 +100,24 @@ class Settings:
     the sweep is named (its file, its name, its parent run's id, `load_sweep`, the end of `sweep`)."""
 
     options: Dict[str, Any]
-    """sweep_analysis.analyse's keyword arguments: lr_criterion, primary_target, branch_tolerance."""
+    """sweep_analysis.analyse's keyword arguments: lr_criterion, primary_target, branch_tolerance,
+    loss_tolerance (a ladder's too)."""
     origin: Dict[str, str]
     """{option: where it came from}: the command line, the sweep file, the file recorded on the
     sweep's parent run, or the default (report.json's `source.settings`)."""
 
 
-def settings(sweep: Optional[sweep_schema.Sweep], where: str, lr_criterion: Optional[str] = None) -> Settings:
+def settings(
+    sweep: Optional[sweep_schema.Sweep],
+    where: str,
+    lr_criterion: Optional[str] = None,
+    loss_tolerance: Optional[float] = None,
+) -> Settings:
     """The analysis settings a sweep file asks for (`where`: how the file was found), the command
-    line's lr_criterion over it: the lr by fewest steps when the search scored lrs by steps (or its
-    stable-phase proxy), else by final loss; the loss the search named as the primary target; a
-    branch study's tolerance. Without a sweep file, the defaults."""
+    line's lr_criterion and loss_tolerance over it: the lr by fewest steps when the search scored
+    lrs by steps (or its stable-phase proxy), else by final loss; the loss the search named as the
+    primary target; the share of the loss traded for a larger batch (loss_tolerance, a ladder's
+    ladder.tolerance); a branch study's tolerance. Without a sweep file, the defaults."""
     search = sweep.search if sweep else sweep_schema.SearchConfig()
     written = sweep.written if sweep else {}
     origin = {}
@@ -121,6 +128,14 @@ def settings(sweep: Optional[sweep_schema.Sweep], where: str, lr_criterion: Opti
         origin["lr_criterion"] = "command line"
     options: Dict[str, Any] = {"lr_criterion": lr_criterion, "primary_target": search.target_loss}
     origin["primary_target"] = where if search.target_loss is not None else "default"
+    key = "ladder.tolerance" if sweep is not None and sweep.ladder is not None else "loss_tolerance"
+    if loss_tolerance is not None:
+        options["loss_tolerance"], origin["loss_tolerance"] = loss_tolerance, "command line"
+    elif key in written:
+        options["loss_tolerance"] = sweep.ladder.tolerance if key == "ladder.tolerance" else sweep.loss_tolerance
+        origin["loss_tolerance"] = where
+    else:
+        options["loss_tolerance"], origin["loss_tolerance"] = sweep_schema.Sweep.loss_tolerance, "default"
     if sweep is not None and sweep.branch is not None:
         branch = sweep.branch
         options["branch_tolerance"] = branch_cbs.Tolerance(branch.tolerance, branch.tolerance_kind, branch.compare)
@@ -129,14 +144,18 @@ def settings(sweep: Optional[sweep_schema.Sweep], where: str, lr_criterion: Opti
 
 
 def settings_of_sweep(
-    given: Optional[sweep_schema.Sweep], uri: str, run_id: str, lr_criterion: Optional[str] = None
+    given: Optional[sweep_schema.Sweep],
+    uri: str,
+    run_id: str,
+    lr_criterion: Optional[str] = None,
+    loss_tolerance: Optional[float] = None,
 ) -> Tuple[Settings, Optional[sweep_schema.Sweep]]:
     """(settings, the sweep file they came from): the file the command was given, else the one
     the sweep's parent run recorded, else none (the defaults)."""
     if given is not None:
-        return settings(given, f"the sweep file {given.path}", lr_criterion), given
+        return settings(given, f"the sweep file {given.path}", lr_criterion, loss_tolerance), given
     recorded = recorded_sweep(uri, run_id)
-    return settings(recorded, f"the sweep file recorded on run {run_id}", lr_criterion), recorded
+    return settings(recorded, f"the sweep file recorded on run {run_id}", lr_criterion, loss_tolerance), recorded
 
 
 def recorded_sweep(uri: str, run_id: str) -> Optional[sweep_schema.Sweep]:

@@ -36,19 +36,21 @@ CLUSTER_NOTE = (
 @dataclass(frozen=True)
 class Request:
     """What a report asks of a ladder: the target to recommend for (the sweep file's ladder.target,
-    or --target-params / --target-tokens) and the B_opt rule's tolerance (ladder.tolerance)."""
+    or --target-params / --target-tokens)."""
 
     target: Optional[Target] = None
-    tolerance: float = optimal_batch.DEFAULT_TOLERANCE
 
 
-def analyse(trials: Sequence[Trial], request: Optional[Request] = None) -> Optional[ladder.Ladder]:
-    """The ladder of `trials`; None when they are not one."""
+def analyse(
+    trials: Sequence[Trial], request: Optional[Request] = None, tolerance: float = optimal_batch.DEFAULT_TOLERANCE
+) -> Optional[ladder.Ladder]:
+    """The ladder of `trials` with the report's loss tolerance (ladder.tolerance, --loss-tolerance);
+    None when they are not one."""
     if not ladder_rungs.is_ladder(trials):
         return None
     request = request or Request()
     target = (request.target.params, request.target.tokens) if request.target else None
-    return ladder.analyse(trials, target, request.tolerance)
+    return ladder.analyse(trials, target, tolerance)
 
 
 def part(result: ladder.Ladder) -> Part:

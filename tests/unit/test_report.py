@@ -346,9 +346,14 @@ def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(s
     assert inputs.name == SWEEP and inputs.source.run_id == store["parent"] and inputs.source.kind == "sweep"
     assert len(inputs.trials) == len(store["runs"]) + len(store["poor"])
     ladder = options.pop("ladder")  # no ladder section: no target, the default tolerance
-    assert (ladder.target, ladder.tolerance) == (None, 0.005)
-    assert settings.options == {"lr_criterion": "steps", "primary_target": None} and options == {"compare_with": None}
-    assert settings.origin == {"lr_criterion": f"the sweep file {path}", "primary_target": "default"}
+    assert ladder.target is None
+    assert settings.options == {"lr_criterion": "steps", "primary_target": None, "loss_tolerance": 0.005}
+    assert options == {"compare_with": None}
+    assert settings.origin == {
+        "lr_criterion": f"the sweep file {path}",
+        "primary_target": "default",
+        "loss_tolerance": "default",
+    }
 
 
 def test_cli_report_and_unknown_sweep(store, tmp_path, capsys):
@@ -416,6 +421,7 @@ def test_a_sweep_named_by_its_file_its_name_or_its_parent_run_gets_one_answer(st
     assert written["name"]["source"]["settings"] == {
         "lr_criterion": f"the sweep file recorded on run {parent}",
         "primary_target": f"the sweep file recorded on run {parent}",
+        "loss_tolerance": "default",
     }
     loaded = results.load_sweep(name, tracking_uri=uri, experiment=EXPERIMENT)
     assert loaded.fit.raw == {k: v for k, v in written["name"].items() if k != "name"}

@@ -136,14 +136,19 @@ def test_the_command_lines_target_is_over_the_sweep_files():
 
 
 def test_a_sweep_files_target_and_tolerance_reach_the_report(tmp_path):
-    from orchestrator.reporting import report
+    from orchestrator.reporting import report, report_inputs
     from tests.unit.test_ladder_plan import ladder_sweep, n_of
 
     model = {"model.d_model": 128, "model.n_layers": 4}
     sweep = ladder_sweep(tmp_path, target={"overrides": model, "tokens": 2.0e8}, tolerance=0.01)
     request = report.ladder_request(sweep)
-    assert request.target == ladder_target.Target(float(n_of(model)), 2.0e8, model) and request.tolerance == 0.01
+    assert request.target == ladder_target.Target(float(n_of(model)), 2.0e8, model)
     assert report.ladder_request(sweep, params=5.0e6).target == ladder_target.Target(5.0e6, 2.0e8, None)
+    # The tolerance is one of the analysis settings: ladder.tolerance, --loss-tolerance over it.
+    settings = report_inputs.settings(sweep, "the file")
+    assert settings.options["loss_tolerance"] == 0.01 and settings.origin["loss_tolerance"] == "the file"
+    settings = report_inputs.settings(sweep, "the file", loss_tolerance=0.002)
+    assert settings.options["loss_tolerance"] == 0.002 and settings.origin["loss_tolerance"] == "command line"
 
 
 def test_a_later_sweep_reads_the_finished_runs_it_reused_as_its_own(tmp_path):
