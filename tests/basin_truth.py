@@ -37,7 +37,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from tests.known_truth import read_back
+from tests.known_truth import Series, curve_rows, read_back
 
 
 @dataclass(frozen=True)
@@ -155,17 +155,26 @@ class BasinWorld:
                         )
         return out
 
-    def trials(self, rungs=()):
-        """The ladder as the analysis reads it, through the tables' own reader."""
-        rows = self.rows(rungs)
-        series = []
+    def series(self, rungs=()) -> Tuple[List[Dict[str, object]], List[Series]]:
+        """(rows of trials.csv, each run's logged curves): its final loss as its one eval/loss point
+        at the budget, and a train/loss of two points (a published grid has no curves)."""
+        rows, series = self.rows(rungs), []
         for r in rows:
-            d, b, loss = int(r["train.total_tokens"]), int(r["batch.tokens_per_update"]), float(r["final"])
+            d, b, loss = int(r["train.total_tokens"]), int(r["batch.tokens_per_update"]), float(r.pop("final"))
             series += [
                 (r["trial"], "train/loss", [(0, 2 * loss), (d - b, loss)]),
                 (r["trial"], "eval/loss", [(d, loss)]),
             ]
-        return read_back([{k: v for k, v in r.items() if k != "final"} for r in rows], series)
+        return rows, series
+
+    def tables(self, rungs=()) -> Tuple[List[Dict[str, object]], List[tuple]]:
+        """(rows of trials.csv, rows of curves.csv), as a trainer writes them."""
+        rows, series = self.series(rungs)
+        return rows, curve_rows(series)
+
+    def trials(self, rungs=()):
+        """The ladder as the analysis reads it, through the tables' own reader."""
+        return read_back(*self.series(rungs))
 
 
 def _linex(u: np.ndarray, curvature: float, skew: float) -> np.ndarray:

@@ -221,19 +221,7 @@ class World:
 
     def write(self, runs: Sequence["Run"], folder: Path) -> Path:
         """trials.csv and curves.csv of `runs` in folder (plain csv: any trainer could write them)."""
-        import csv
-
-        trials, curves = self.tables(runs)
-        folder.mkdir(parents=True, exist_ok=True)
-        with (folder / "trials.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(trials[0]))
-            writer.writeheader()
-            writer.writerows(trials)
-        with (folder / "curves.csv").open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["trial", "metric", "tokens", "value"])
-            writer.writerows(curves)
-        return folder
+        return write_tables(*self.tables(runs), folder)
 
 
 @dataclass
@@ -263,6 +251,22 @@ Series = Tuple[str, str, List[Tuple[int, float]]]
 def curve_rows(series: Sequence[Series]) -> List[Tuple[str, str, int, float]]:
     """The rows of curves.csv that hold `series`."""
     return [(trial, metric, t, v) for trial, metric, points in series for t, v in points]
+
+
+def write_tables(trials: Sequence[Dict[str, object]], curves: Sequence[tuple], folder: Path) -> Path:
+    """trials.csv (a column per key any row has) and curves.csv in folder, as a trainer writes them."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "trials.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in trials for k in r)))
+        writer.writeheader()
+        writer.writerows(trials)
+    with (folder / "curves.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["trial", "metric", "tokens", "value"])
+        writer.writerows(curves)
+    return folder
 
 
 def read_back(trial_rows: List[Dict[str, object]], series: Sequence[Series]):

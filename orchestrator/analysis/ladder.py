@@ -445,7 +445,10 @@ def to_json(ladder: Ladder) -> Dict[str, Any]:
 
 def lines(ladder: Ladder) -> List[str]:
     """The ladder's answer in a few plain lines (90% intervals in brackets)."""
-    out = [f"Ladder of {len(ladder.rungs)} rungs; B_opt within {ladder.tolerance:.1%} of the best batch size's loss."]
+    out = [
+        f"Ladder of {len(ladder.rungs)} rungs; tolerance {ladder.tolerance:.2%} of the loss: the largest batch within "
+        "it of the loss-optimal batch B*'s (B_opt: of the best batch size's, where a rung has no B*)."
+    ]
     if ladder.design.note:
         out.append(ladder.design.note)
     for law in ladder.laws:

@@ -167,6 +167,8 @@ class Tradeoff:
     tolerance_point: TolerancePoint
     rows: Tuple[Row, ...]
     curve: Curve
+    tokens: float
+    """The budget the steps count."""
 
 
 def tradeoff(
@@ -198,7 +200,7 @@ def tradeoff(
     for b in curve.batches():
         p, draws = curve.penalty(float(b))
         rows.append(Row(float(b), lr_at(float(b), None)[0], p, interval_of(draws), tokens / float(b)))
-    return Tradeoff(tolerance, optimal, point, tuple(rows), curve)
+    return Tradeoff(tolerance, optimal, point, tuple(rows), curve, tokens)
 
 
 def _value(value: Optional[float], draws: Optional[np.ndarray]) -> Optional[Value]:
@@ -221,8 +223,8 @@ def words(t: Tradeoff, fmt_batch: str = ",.0f") -> Sequence[str]:
     bound = f" (at least: the penalty stays within {t.tolerance:.2%} up to {2**SPAN}x B*)" if p.beyond else ""
     return (
         f"Loss-optimal: B* = {v(o.tokens_per_update, fmt_batch)} tokens per update, lr {v(o.lr, '.3g')}"
-        + (f", predicted loss {v(o.predicted_loss, '.4g')}" if o.predicted_loss else ""),
+        + (f", predicted loss {v(o.predicted_loss, '.4g')}." if o.predicted_loss else "."),
         f"Within {t.tolerance:.2%} of its loss: B = {v(p.tokens_per_update, fmt_batch)}{bound}, "
         f"lr {v(p.lr, '.3g')}, predicted penalty {v(p.predicted_loss_penalty, '.2%')}, "
-        f"{v(p.steps_saved, ',.0f')} optimizer steps fewer than at B*",
+        f"{v(p.steps_saved, ',.0f')} optimizer steps fewer than at B*.",
     )

@@ -362,3 +362,70 @@ def ladder_law(
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def tradeoff(
+    curve: Sequence[Tuple[float, float, Optional[Tuple[float, float]]]],
+    steps: Sequence[Tuple[float, float]],
+    optimal: Tuple[float, Optional[float]],
+    point: Tuple[float, float, Optional[float]],
+    tolerance: float,
+    evidence: Sequence[Tuple[str, Sequence[Tuple[float, float]]]],
+    title: str,
+):
+    """What another batch size costs: the predicted penalty against B* (batch, penalty, 90% band)
+    in % of the loss, the optimizer steps of the budget on a second axis, the loss-optimal point
+    (B*, its lr) and the tolerance point (B, its penalty, its lr), and the measured penalties of
+    the rungs (or the sweep), each (label, [(batch rescaled to this B*, penalty)])."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    xs = [c[0] for c in curve]
+    ax.plot(xs, [100 * c[1] for c in curve], color="C0", lw=1.8, label="predicted penalty (90% band)")
+    banded = [c for c in curve if c[2]]
+    if banded:
+        ax.fill_between(
+            [c[0] for c in banded],
+            [100 * c[2][0] for c in banded],
+            [100 * c[2][1] for c in banded],
+            color="C0",
+            alpha=0.2,
+        )
+    for i, (label, points) in enumerate(evidence):
+        if points:
+            ax.plot(*zip(*[(b, 100 * p) for b, p in points]), "o", ms=4, color=f"C{2 + i % 7}", alpha=0.8, label=label)
+    ax.axhline(100 * tolerance, color="0.5", ls=":", lw=1)
+    b_star, lr_star = optimal
+    ax.axvline(b_star, color="C1", ls="--", lw=1)
+    ax.plot(
+        [b_star],
+        [0.0],
+        "*",
+        color="C1",
+        ms=13,
+        label=f"B* {fmt_tokens(b_star)}" + (f", lr {lr_star:.3g}" if lr_star else ""),
+    )
+    batch, penalty, lr = point
+    ax.plot(
+        [batch],
+        [100 * penalty],
+        "D",
+        color="C3",
+        ms=8,
+        label=f"within {tolerance:.2%}: {fmt_tokens(batch)}" + (f", lr {lr:.3g}" if lr else ""),
+    )
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens per update")
+    ax.set_ylabel("loss penalty against B* (% of the loss)")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt_tokens(v)))
+    top = max(100 * max(c[1] for c in curve), 100 * 2 * tolerance)
+    ax.set_ylim(-0.05 * top, 1.1 * top)
+    twin = ax.twinx()
+    twin.plot(*zip(*steps), color="0.4", lw=1, ls="-.", label="optimizer steps")
+    twin.set_yscale("log")
+    twin.set_ylabel("optimizer steps of the budget")
+    handles, labels = ax.get_legend_handles_labels()
+    more, more_labels = twin.get_legend_handles_labels()
+    ax.legend(handles + more, labels + more_labels, fontsize=7, loc="upper center")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return fig

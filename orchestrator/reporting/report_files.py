@@ -19,7 +19,7 @@ from orchestrator.analysis.answer import Answer, BranchStudy
 from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial
 from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
-from orchestrator.reporting import recommended
+from orchestrator.reporting import recommended, report_tradeoff
 from orchestrator.reporting.report_format import json_safe, to_html, to_markdown
 from orchestrator.reporting.report_render import CRITERIA, document
 
@@ -41,6 +41,8 @@ OWNED = (MARKER, "summary.md", "summary.html", tables.TRIALS, tables.CURVES) + (
     "ladder_b_opt.png",
     "ladder_b_crit.png",
     "ladder_lr_opt.png",
+    "ladder_b_star.png",
+    report_tradeoff.FIGURE,
     recommended.FILE,
 )
 """The files a report writes into its folder: the only ones it writes or replaces there (docs/security.md)."""
@@ -92,6 +94,12 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Iterator[Tupl
     if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
         yield from branch_figures(trials, answer, name, curves)
         return
+    found = answer.recommendation.found if answer.recommendation else None
+    if found is not None:  # its own loss surface's trade-off, with the measured best loss per batch size
+        loss = found.loss_optimal.predicted_loss.value
+        measured = [(r.batch, r.final_loss / loss - 1) for r in answer.best_per_batch]
+        title = f"{name}: the batch-size trade-off at its budget"
+        yield report_tradeoff.FIGURE, report_tradeoff.figure(found, [("best loss per batch size", measured)], title)
     yield "loss_vs_tokens.png", plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens")
     yield "loss_vs_steps.png", plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps")
     cells = [
@@ -202,8 +210,7 @@ def write_report(
         written.append(out / file)
         if file not in part_figures:  # a part lists its own figures
             own.append(file)
-    doc = document(answer, name, [p.name for p in written[1:] if p.name in own])
-    doc += [block for p in parts for block in p.blocks]
+    doc = document(answer, name, [p.name for p in written[1:] if p.name in own], [b for p in parts for b in p.blocks])
     if parts:  # a ladder recommends for its target (report_ladder), not for the mix of its rungs
         (out / recommended.FILE).unlink(missing_ok=True)
     else:

@@ -11,21 +11,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from orchestrator.analysis import ladder, ladder_rungs, optimal_batch
+from orchestrator.analysis import ladder, ladder_rungs, optimal_batch, tradeoff
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import config as config_lib
 from orchestrator.core import registry
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import Target
-from orchestrator.reporting import recommended
+from orchestrator.reporting import recommended, report_tradeoff
 from orchestrator.reporting.report_files import Part
+from orchestrator.reporting.report_format import G, S, aligned, table
+from orchestrator.reporting.report_format import cell as cell_of
 
-FIGURES = {"b_opt": "ladder_b_opt.png", "b_crit": "ladder_b_crit.png", "lr_opt": "ladder_lr_opt.png"}
+FIGURES = {
+    "b_star": "ladder_b_star.png",
+    "b_opt": "ladder_b_opt.png",
+    "b_crit": "ladder_b_crit.png",
+    "lr_opt": "ladder_lr_opt.png",
+}
 LABELS = {
+    "b_star": "B* (tokens per update)",
     "b_opt": "B_opt (tokens per update)",
     "b_crit": "B_crit (tokens per update)",
     "lr_opt": "lr_opt (peak learning rate)",
 }
+RUNG_COLUMNS = [
+    ("N", "params", "{:.4g}"),
+    ("D", "tokens", "{:.4g}"),
+    ("B*", "b_star", S),
+    ("lr at B*", "lr_star", S),
+    ("largest B within the tolerance", "b_opt", S),
+    ("lr there", "lr_opt", S),
+    ("B_crit", "b_crit", S),
+    ("final loss", "final_loss", G),
+    ("batch sizes", "batches", S),
+    ("trials", "trials", S),
+    ("notes", "notes", S),
+]
 CLUSTER_NOTE = (
     "cluster.num_workers and batch.micro_batch_size are left for your cluster: num_workers is the "
     "largest rung's ({workers}), set it to yours (tokens_per_update must stay a multiple of "
@@ -54,11 +75,72 @@ def analyse(
 
 
 def part(result: ladder.Ladder) -> Part:
-    """report.json's `ladder`, the laws' figures and the summary's section."""
-    figures = {FIGURES[law.name]: _figure(result, law.name) for law in result.laws if law.fit is not None}
+    """report.json's `ladder`, the figures (the trade-off at the target, one per law) and the
+    summary's section: the answer, the trade-off, one row per rung (never their runs pooled)."""
+    figures = {}
+    if result.tradeoff is not None:
+        figures[report_tradeoff.FIGURE] = report_tradeoff.figure(
+            result.tradeoff, evidence(result), "the batch-size trade-off at the target"
+        )
+    figures.update(
+        {
+            FIGURES[law.name]: _figure(result, law.name)
+            for law in result.laws
+            if law.fit is not None and law.name in FIGURES
+        }
+    )
     blocks = [("h2", "Ladder: from the rungs to the target"), *[("p", line) for line in ladder.lines(result)]]
-    blocks += [("img", file) for file in figures]
+    if result.tradeoff is not None:
+        blocks += report_tradeoff.blocks(result.tradeoff, "The batch-size trade-off at the target")
+    blocks += [
+        ("h2", "The rungs"),
+        (
+            "p",
+            "Each rung (model size N x budget D) analysed on its own: its loss-optimal batch B* and the lr there, "
+            "the largest batch within the tolerance of B*'s loss and its lr, its critical batch size and its best "
+            "final loss (90% intervals in brackets; bounds as < or >).",
+        ),
+        table([rung_row(r) for r in result.rungs], RUNG_COLUMNS),
+        ("h2", "Laws"),
+    ]
+    blocks += [("img", file) for file in figures if file != report_tradeoff.FIGURE]
     return Part({"ladder": ladder.to_json(result)}, figures, blocks)
+
+
+def evidence(result: ladder.Ladder) -> report_tradeoff.Evidence:
+    """Each rung's measured best loss per batch size as a share above its own L*, its batch sizes
+    rescaled by the target's B* over its own: the rungs' penalties on the target's curve."""
+    b_star = result.tradeoff.loss_optimal.tokens_per_update.value
+    out = []
+    for r in result.rungs:
+        if r.b_star.status != "resolved" or not r.loss_star.value:
+            continue
+        points = [(b * b_star / r.b_star.value, loss / r.loss_star.value - 1) for b, loss in r.measured]
+        out.append((f"N={r.params:.3g} D={r.tokens:.3g}" if r.params else f"D={r.tokens:.3g}", points))
+    return out
+
+
+def rung_row(r: ladder_rungs.Rung) -> Dict[str, Any]:
+    def shown(e: ladder_rungs.Estimate, fmt: str) -> str:
+        if e.value is None:
+            return "-"
+        bound = {"below": "< ", "above": "> "}.get(e.status, "")
+        text = bound + format(e.value, fmt)
+        return text + (f" [{format(e.interval[0], fmt)}, {format(e.interval[1], fmt)}]" if e.interval else "")
+
+    return {
+        "params": r.params,
+        "tokens": r.tokens,
+        "b_star": shown(r.b_star, ",.0f"),
+        "lr_star": shown(r.lr_star, ".3g"),
+        "b_opt": shown(r.b_opt, ",.0f"),
+        "lr_opt": shown(r.lr_opt, ".3g"),
+        "b_crit": shown(r.b_crit, ",.0f"),
+        "final_loss": r.final_loss.value,
+        "batches": f"{len(r.batch_sizes)} ({r.batch_sizes[0]:,} - {r.batch_sizes[-1]:,})" if r.batch_sizes else "-",
+        "trials": str(r.trials),
+        "notes": "; ".join(r.notes) or "-",
+    }
 
 
 def _x(params: Optional[float], tokens: float, by_compute: bool) -> float:
@@ -177,13 +259,14 @@ def recommendation(result: ladder.Ladder, target: Target, params: Dict[str, Any]
         f"The ladder's recommendation for N = {target.params:.4g} parameters (model.params) trained on "
         f"D = {target.tokens:.4g} tokens, {rec.decades:.1f} decades of compute beyond its largest rung "
         "(docs/ladders.md).",
-        f"batch.tokens_per_update {batch:,}: the B_opt law's prediction "
-        f"{ladder.with_interval(rec.tokens_per_update, ',.0f')} "
-        f"(90% interval) rounded to whole sequences per worker ({unit:,} tokens); B_crit there "
-        f"{ladder.with_interval(rec.b_crit, ',.0f')}.",
-        f"optim.lr {lr:.4g}: the lr law's prediction {ladder.with_interval(rec.lr, '.3g')}"
+        f"batch.tokens_per_update {batch:,}: {rec.point}, "
+        f"{ladder.with_interval(rec.tokens_per_update, ',.0f')} (90% interval), rounded to whole sequences per "
+        f"worker ({unit:,} tokens); B_crit there {ladder.with_interval(rec.b_crit, ',.0f')}.",
+        f"optim.lr {lr:.4g}: the lr law's prediction there {ladder.with_interval(rec.lr, '.3g')}"
         + (f", moved to the rounded B by its B term (B^{eta:+.2f})." if eta else "."),
     ]
+    if result.tradeoff is not None:  # the other point, for a team that wants the loss over the steps
+        why += [*tradeoff.words(result.tradeoff), "For the loss-optimal point instead, set those two keys to B* and its lr."]
     if rec.warmup_tokens is not None:
         why.append(
             f"schedule.warmup_tokens {overrides['schedule.warmup_tokens']:,}: the rungs' warmup share of their "
@@ -199,5 +282,10 @@ def recommendation(result: ladder.Ladder, target: Target, params: Dict[str, Any]
 
 
 def lines(result: Optional[ladder.Ladder]) -> List[str]:
-    """What the report prints of the ladder (nothing when the trials are not one)."""
-    return ladder.lines(result) if result is not None else []
+    """What the report prints of the ladder, its rungs one row each (nothing when the trials are
+    not one)."""
+    if result is None:
+        return []
+    columns = [c for c in RUNG_COLUMNS if c[1] not in ("notes", "trials")]
+    rows = [[cell_of(rung_row(r)[key], fmt) for _, key, fmt in columns] for r in result.rungs]
+    return ladder.lines(result) + ["rungs:"] + aligned([c[0] for c in columns], rows)

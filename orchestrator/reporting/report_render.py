@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from orchestrator.analysis.answer import Answer, Counts, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, LR_KEY
 from orchestrator.formulas.schedules import TRUSTED_SHARE
-from orchestrator.reporting import report_branch
+from orchestrator.reporting import report_branch, report_tradeoff
 from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, lr_text, table
 
 AXIS_LABELS = {
@@ -259,12 +259,31 @@ def _settings_from(source) -> str:
     return " Settings: " + "; ".join(f"{k.replace('_', ' ')} from {v}" for k, v in named.items()) + "."
 
 
-def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
+def overview(result: Answer) -> str:
+    """What was read: how many trials, of what, swept over what, how they ended."""
+    metric, counts = result.loss_metric, result.counts
+    swept = ", ".join(map(_label, result.axes)) or "nothing"
+    return (
+        f"{len(result.trials)} trials of {_where(result)}; "
+        f"swept: {swept}. Final losses compare the {counts.finished} trials that reached the budget, "
+        f"on {metric}; "
+        f"{_stopped(counts)}, {counts.failed} failed, {counts.incomplete} incomplete. "
+        f"Optimizer constants: {_forms(result.optimizer)}." + _settings_from(result.source)
+    )
+
+
+def document(result: Answer, name: str, images: Sequence[str], ladder: Sequence[tuple] = ()) -> List[tuple]:
     """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", YAML), ("code", a command),
-    ("table", header, rows), ("img", file). A table without rows is left out."""
+    ("table", header, rows), ("img", file). A table without rows is left out. `ladder`: a ladder's
+    blocks (report_ladder.part), which replace the single-sweep answer: its rungs are never pooled."""
     if result.branch:
         return _branch_document(result, name, images)
-    metric, scaling, counts = result.loss_metric, result.lr_scaling, result.counts
+    if ladder:
+        figures = [("img", f) for f in images]
+        trials = table([t.to_json() for t in result.trials], TRIAL_COLUMNS)
+        doc = [("h1", f"Report: {name}"), ("p", overview(result)), *ladder, ("h2", "Figures of every run"), *figures]
+        return doc + [("h2", "All trials"), trials] + _skipped(result)
+    scaling = result.lr_scaling
     targets = [
         {
             "target_loss": f.target_loss,
@@ -284,20 +303,17 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
     if result.primary_target is not None:
         how += f", and {result.primary_target:.4g}, the primary, named by the sweep (search.target_loss)"
     law = scaling.note if scaling.alpha is None else f"lr_opt ~ {scaling.coef:.3g} x B^{scaling.alpha:.3f}"
-    swept = ", ".join(map(_label, result.axes)) or "nothing"
     start = result.start_level
     doc = [
         ("h1", f"Report: {name}"),
         ("p", answer(result)),
-        (
-            "p",
-            f"{len(result.trials)} trials of {_where(result)}; "
-            f"swept: {swept}. Final losses compare the {counts.finished} trials that reached the budget, "
-            f"on {metric}; "
-            f"{_stopped(counts)}, {counts.failed} failed, {counts.incomplete} incomplete. "
-            f"Optimizer constants: {_forms(result.optimizer)}." + _settings_from(result.source),
-        ),
+        ("p", overview(result)),
         *([("h2", "What to run"), ("p", " ".join(what_to_run(result)))] if result.recommendation else []),
+        *(
+            report_tradeoff.blocks(result.recommendation.found, "The batch-size trade-off")
+            if result.recommendation and result.recommendation.found
+            else []
+        ),
         ("h2", "Best configuration per batch size"),
         (
             "p",
@@ -333,7 +349,7 @@ def document(result: Answer, name: str, images: Sequence[str]) -> List[tuple]:
         ("h2", "Learning rate vs batch size"),
         ("p", f"Best lr per batch size ({CRITERIA[result.lr_criterion]}), interior ones only: {law}."),
         ("h2", "Figures"),
-        *[("img", f) for f in images],
+        *[("img", f) for f in images if f != report_tradeoff.FIGURE],  # the trade-off's is near the top
         ("h2", "All trials"),
         table([t.to_json() for t in result.trials], TRIAL_COLUMNS),
     ]

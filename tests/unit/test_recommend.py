@@ -119,3 +119,42 @@ def test_a_report_on_a_demo_shaped_sweep_writes_a_recommended_yaml_that_plan_acc
     cfg = config.load(path)
     assert (cfg.batch.tokens_per_update, cfg.optim.lr) == (rec.tokens_per_update, rec.lr)
     assert f"{rec.tokens_per_update:,}" in capsys.readouterr().out
+
+
+def test_a_sweep_whose_loss_rises_on_both_sides_recommends_its_tolerance_point_and_shows_the_tradeoff(tmp_path):
+    """One rung of tests/basin_truth.py as a single sweep: B* from its own loss surface, the largest
+    batch within the tolerance (rounded down), both with their lr from the sweep's one lr law, and
+    the trade-off near the top of the summary; the truth's penalty there is near the tolerance."""
+    from orchestrator.analysis import sweep_analysis
+    from orchestrator.reporting import report_files
+    from tests.basin_truth import BasinWorld
+
+    world = BasinWorld()
+    n, d = world.rungs()[4]
+    trials = world.trials([(n, d)])
+    answer = sweep_analysis.analyse(trials, loss_tolerance=0.004)
+    rec = answer.recommendation
+    found = rec.found
+    assert rec.tolerance == 0.004 and "largest batch whose predicted penalty" in rec.point
+    b_star = found.loss_optimal.tokens_per_update
+    assert b_star.value == pytest.approx(world.b_star(n, d), rel=0.1)
+    assert b_star.interval[0] < b_star.value < b_star.interval[1]
+    point = found.tolerance_point.tokens_per_update.value
+    assert rec.tokens_per_update == int(point) and rec.tokens_per_update < point + 1
+    assert float(world.penalty(n, d, rec.tokens_per_update)) == pytest.approx(0.004, abs=0.001)
+    rows = [
+        {"batch": r.batch, "final_loss": r.final_loss, "lr": r.lr, "run_id": r.run_id} for r in answer.best_per_batch
+    ]
+    assert rec.lr == recommend.lr_at(rec.tokens_per_update, rows, None)[0]  # one lr law for every point
+    assert found.loss_optimal.lr.value == recommend.lr_at(b_star.value, rows, None)[0]
+    j = rec.to_json()
+    assert j["tolerance"] == 0.004 and len(j["tradeoff"]) == 9
+    assert set(j["loss_optimal"]) == {"tokens_per_update", "lr", "predicted_loss"}
+    for key in ("predicted_loss_penalty", "steps_saved", "tolerance_point"):
+        assert set(j[key]) == {"value", "interval"}
+
+    report_files.write_report(trials, answer, "one-rung", tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "tradeoff.png").stat().st_size > 10_000
+    assert summary.index("## What to run") < summary.index("![tradeoff.png]") < summary.index("## Critical batch size")
+    assert summary.count("![tradeoff.png]") == 1

@@ -6,7 +6,6 @@ sweep file's (bad targets: test_hostile_inputs.py)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 
@@ -18,6 +17,7 @@ from orchestrator.analysis import ladder, tables
 from orchestrator.core import config, ladder_target
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_ladder
+from tests.known_truth import write_tables
 from tests.ladder_truth import WORLDS
 
 WORLD = WORLDS["power-law"].with_(max_points=30, evals=4)  # fewer points per curve: the same optima
@@ -27,18 +27,7 @@ TARGET = (WORLD.target_params, WORLD.target_tokens)
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """The world's trials.csv and curves.csv, as a trainer writes them."""
-    rows, curves = WORLD.tables()
-    path = tmp_path_factory.mktemp("ladder-tables")
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path / tables.TRIALS, "w", newline="") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(path / tables.CURVES, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(tables.CURVE_FIELDS)
-        writer.writerows(curves)
-    return path
+    return write_tables(*WORLD.tables(), tmp_path_factory.mktemp("ladder-tables"))
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +190,47 @@ def test_a_template_run_that_is_no_train_config_gives_no_recommended_yaml(folder
     assert report_ladder.write_recommended(in_memory, broken, target, tmp_path) is None
     assert "no recommended.yaml: optim.name" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- the two points, per rung
+
+
+@pytest.fixture(scope="module")
+def basin_report(tmp_path_factory):
+    """`orchestrator report DIR` of a ladder whose loss has an interior minimum in batch size
+    (tests/basin_truth.py), with a target and a loss tolerance of its own."""
+    from tests.basin_truth import WORLDS as BASINS
+
+    world = BASINS["basin"]
+    folder = write_tables(*world.tables(), tmp_path_factory.mktemp("basin-tables"))
+    out = tmp_path_factory.mktemp("report") / "basin"
+    n, d = world.target
+    argv = ["report", str(folder), "--out", str(out), "--target-params", str(n), "--target-tokens", str(d)]
+    assert cli.main(argv + ["--loss-tolerance", "0.003"]) == 0
+    return world, folder, out
+
+
+def test_a_ladders_report_gives_both_points_and_the_tradeoff_at_its_tolerance(basin_report):
+    world, folder, out = basin_report
+    got = json.loads((out / "report.json").read_text())
+    expected = ladder.analyse(tables.read(folder), world.target, tolerance=0.003)
+    assert got["ladder"] == json.loads(json.dumps(ladder.to_json(expected)))
+    rec = got["ladder"]["recommendation"]
+    assert rec["tolerance"] == 0.003 and got["source"]["settings"]["loss_tolerance"] == "command line"
+    assert rec["predicted_loss_penalty"]["value"] == pytest.approx(0.003, rel=1e-3)
+    assert rec["loss_optimal"]["tokens_per_update"]["value"] < rec["tokens_per_update"]["value"]
+    assert len(got["ladder"]["tradeoff"]) == 9
+    assert (out / "tradeoff.png").stat().st_size > 10_000
+
+
+def test_a_ladders_summary_is_per_rung_with_no_pooled_best_configuration(basin_report, capsys):
+    world, _, out = basin_report
+    summary = (out / "summary.md").read_text()
+    assert "Best configuration" not in summary and "best configuration per batch size" not in summary.lower()
+    assert summary.index("![tradeoff.png]") < summary.index("## The rungs") < summary.index("## All trials")
+    rung_rows = summary.split("## The rungs")[1].split("## Laws")[0]
+    assert sum(
+        line.startswith("| 1e+08") or line.startswith("| 2e+08") or line.startswith("| 4e+08")
+        for line in rung_rows.splitlines()
+    ) == len(world.rungs())
+    assert "Loss-optimal: B* = " in summary and "optimizer steps fewer than at B*" in summary
