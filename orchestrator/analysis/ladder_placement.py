@@ -10,6 +10,13 @@ batch size's first round is the predicted best lr there, lr_opt (B / B_opt)^eta 
 a B term, divided and multiplied by the bracket's step (lr_bracket.initial_from_rule), and then
 bracketed as today. No placement (None) while the finished rungs cannot fit the B_opt and lr laws:
 such a rung runs the sweep's own space.
+
+"B_opt" here is the recommendation's batch: the largest batch within the ladder's tolerance
+(ladder.tolerance). Where the finished rungs' loss surfaces resolve a loss-optimal batch B*, that
+is the tolerance point of the trade-off (about 2.4 B* at 0.5 % on the published runs and the
+basin worlds), so the window runs from about B* / 3 to 5 B*: both sides of the basin the new
+rung's surface needs, and no more; where they do not (the loss falls to the smallest batch), it
+is the B_opt law's, as before.
 """
 
 from __future__ import annotations

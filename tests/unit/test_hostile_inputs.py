@@ -101,6 +101,10 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     (["report", "EMPTY", "--target-params", "-1", "--target-tokens", "1e9"], "--target-params"),
     (["report", "EMPTY", "--target-params", "1e9", "--target-tokens", "nan"], "--target-tokens"),
     (["report", "EMPTY", "--target-params", "1e9"], "--target-tokens"),
+    # the loss traded for a larger batch: a share of the loss, strictly between 0 and 1
+    (["report", "EMPTY", "--loss-tolerance", "0"], "--loss-tolerance"),
+    (["report", "EMPTY", "--loss-tolerance", "1.5"], "--loss-tolerance"),
+    (["report", "EMPTY", "--loss-tolerance", "nan"], "--loss-tolerance"),
 ]
 
 
@@ -142,6 +146,10 @@ SWEEP_FILES = [  # (sections of a sweep file, the key the one line names)
     ({"branch": {**BRANCH, "at_tokens": [16384, 16384]}}, "branch.at_tokens"),
     # branch.from naming no run: before Ray, before the parent run (with no store: none is created)
     ({"branch": {**BRANCH, "from": "no-such-run"}}, "branch.from"),
+    # the loss traded for a larger batch: a share of the loss; a branch study's is branch.tolerance
+    ({"loss_tolerance": 1.5}, "loss_tolerance"),
+    ({"loss_tolerance": 0}, "loss_tolerance"),
+    ({"branch": BRANCH, "loss_tolerance": 0.01}, "loss_tolerance"),
 ]
 
 

@@ -119,3 +119,22 @@ def test_a_ladder_sweeps_searcher_knows_each_groups_rung(tmp_path):
         assert values["train.total_tokens"] == plans[rung].tokens
         assert all(values[k] == v for k, v in plans[rung].model.items())
     assert search.rung_of == sorted(search.rung_of) and search.tolerance == sweep.ladder.tolerance
+
+
+def test_where_the_loss_rises_on_both_sides_the_first_round_holds_both_sides_of_b_star():
+    """A ladder whose rungs have a loss-optimal batch B* (tests/basin_truth.py): the placement
+    reads the recommendation's tolerance point (about 2.4 B*) as it reads B_opt, so its batch sizes
+    run from below B* / 2 to past 2 B* (a surface needs both sides of its basin), and each one's
+    three lrs hold the world's best lr there."""
+    from tests.basin_truth import WORLDS as BASINS
+
+    world = BASINS["basin"]
+    rungs = sorted(world.rungs(), key=lambda r: r[0] * r[1])
+    *finished, (params, tokens) = rungs
+    grid = [2**k for k in range(14, 24)]
+    p = ladder_placement.place(world.trials(finished), params, tokens, grid, step=math.sqrt(2))
+    b_star = world.b_star(params, tokens)
+    assert min(p.batches) <= b_star / 2 and max(p.batches) >= 2 * b_star
+    for b in p.batches:
+        low, _, high = p.lrs[b]
+        assert low < world.lr_star(params, tokens, b) < high
