@@ -16,6 +16,16 @@ sqrt(2)), noisy-seeds (5x the seed noise: a seed moves the final loss by about 0
 law: the share of draws with every exponent within 0.05 of the truth, the median and worst error
 of the prediction at the target, the median width of its interval (high / low), its coverage, how
 often the backtest flagged it, and how often it was covered or flagged. No Ray, no MLflow.
+
+Then the basin worlds (tests/basin_truth.py: the loss rises on both sides of a loss-optimal batch B*
+and the best lr moves with B; a target 1.5 decades of compute past 3 x 3 rungs of 6 batch sizes x 9
+lrs): basin (2 seeds), basin-one-seed, and two drifts of the penalty's shape that the pooled
+penalty laws cannot follow: basin-skew-drift (its asymmetry turns with D) and
+basin-curvature-drift (its curvature falls as D^-0.1). Per quantity at the target (B*, the lr at
+B*, the predicted loss there, the tolerance point): the median and worst error, the median
+interval width and its coverage; the largest error of the penalty curve between B* / 4 and 4 B*
+(as a function of B / B*, absolute, in % of the loss), and the true penalty of the recommended
+batch (at its best lr) against the 0.5 % tolerance.
 """
 
 from __future__ import annotations
@@ -81,10 +91,64 @@ def score(world, draws: int) -> Dict[str, Dict[str, float]]:
     return out
 
 
+def basin_worlds() -> Dict[str, object]:
+    from tests.basin_truth import WORLDS as BASINS
+
+    base = BASINS["basin"]
+    return {
+        **BASINS,
+        "basin-skew-drift": base.with_(skew_d=0.1),
+        "basin-curvature-drift": base.with_(curvature_d=-0.1),
+    }
+
+
+def score_basin(world, draws: int) -> Dict[str, Dict[str, float]]:
+    """The two points at the target against the world's closed-form truth over `draws`."""
+    import numpy as np
+
+    from orchestrator.analysis import ladder
+
+    n, d = world.target
+    truth = {"b_star": world.b_star(n, d), "lr": world.lr_star(n, d), "loss": world.loss_star(n, d)}
+    tally = {k: {"errors": [], "widths": [], "covered": 0} for k in truth}
+    shape, true_penalty, flagged = [], [], 0
+    ratios = 2.0 ** np.linspace(-2, 2, 17)
+    for draw in range(draws):
+        result = ladder.analyse(world.with_(draw=draw).trials(), world.target)
+        t = result.tradeoff
+        o = t.loss_optimal
+        for key, value in (("b_star", o.tokens_per_update), ("lr", o.lr), ("loss", o.predicted_loss)):
+            lo, hi = value.interval
+            tally[key]["errors"].append(value.value / truth[key] - 1)
+            tally[key]["widths"].append(hi / lo)
+            tally[key]["covered"] += lo <= truth[key] <= hi
+        b_star = o.tokens_per_update.value
+        predicted = np.array([t.curve.penalty(b_star * r)[0] for r in ratios])
+        shape.append(float(np.max(np.abs(predicted - world.penalty(n, d, truth["b_star"] * ratios)))))
+        true_penalty.append(float(world.penalty(n, d, t.tolerance_point.tokens_per_update.value)))
+        flagged += result.law("b_star").backtest.held is False
+    out = {}
+    for key, t in tally.items():
+        errors = np.array(t["errors"])
+        out[key] = {
+            "median_error": float(np.median(errors)),
+            "worst_error": float(np.max(np.abs(errors))),
+            "median_width": float(np.median(t["widths"])),
+            "covered": t["covered"] / draws,
+        }
+    out["penalty_curve"] = {"median_max_error": float(np.median(shape)), "worst_max_error": float(np.max(shape))}
+    out["tolerance_point"] = {
+        "median_true_penalty": float(np.median(true_penalty)),
+        "worst_true_penalty": float(np.max(true_penalty)),
+        "b_star_backtest_flagged": flagged / draws,
+    }
+    return out
+
+
 def main(argv: List[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--draws", type=int, default=30)
-    p.add_argument("--world", choices=[*worlds(), "all"], default="all")
+    p.add_argument("--world", choices=[*worlds(), *basin_worlds(), "all"], default="all")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
 
@@ -120,6 +184,46 @@ def main(argv: List[str] | None = None) -> int:
                 )
             )
     common.print_table(rows)
+    rows = [("world", "quantity", "median error", "worst error", "interval hi / lo", "coverage")]
+    for name, world in basin_worlds().items():
+        if args.world not in ("all", name):
+            continue
+        out[name] = score_basin(world, args.draws)
+        for key in ("b_star", "lr", "loss"):
+            r = out[name][key]
+            rows.append(
+                (
+                    name,
+                    key,
+                    f"{r['median_error']:+.3f}",
+                    f"{r['worst_error']:.3f}",
+                    f"{r['median_width']:.2f}",
+                    f"{r['covered']:.2f}",
+                )
+            )
+        curve, point = out[name]["penalty_curve"], out[name]["tolerance_point"]
+        rows.append(
+            (
+                name,
+                "penalty B*/4..4B*",
+                f"{100 * curve['median_max_error']:.2f}% (max abs)",
+                f"{100 * curve['worst_max_error']:.2f}%",
+                "",
+                "",
+            )
+        )
+        rows.append(
+            (
+                name,
+                "true penalty at the tolerance point",
+                f"{100 * point['median_true_penalty']:.2f}%",
+                f"{100 * point['worst_true_penalty']:.2f}%",
+                f"B* backtest flagged {point['b_star_backtest_flagged']:.2f}",
+                "",
+            )
+        )
+    if len(rows) > 1:
+        common.print_table(rows)
     result = {
         "benchmark": "ladder_coverage",
         "worlds": out,

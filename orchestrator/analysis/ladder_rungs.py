@@ -201,7 +201,10 @@ def rung(
         b_point, above = optimal_batch.b_opt_of(batches, loss, tolerance)
         b_draws, _ = optimal_batch.b_opt_of(batches, loss_draws, tolerance)
         b_interval = _interval(b_draws) if seeded and not above else None
-    near = LrNear.of(batches, log_lr, log_lr_draws, [r.lr_edge for r in rows], float(b_point))
+    # The best lrs near B* where the surface has one (so the lr law does not move with the
+    # tolerance), else near B_opt.
+    centre = math.exp(star.log_b_star) if surface is not None and surface.status == "resolved" else float(b_point)
+    near = LrNear.of(batches, log_lr, log_lr_draws, [r.lr_edge for r in rows], centre)
     lr_point, lr_draws, lr_edge = near.at(b_point, b_draws)
     primary = primary_b_crit(trials, axes)
     b_crit, log_b_crit = _b_crit(primary, rng, resamples)
