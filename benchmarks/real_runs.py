@@ -13,10 +13,11 @@ budgets (7 rungs). For each, the ladder of the other 15 rungs (orchestrator/anal
 in memory, as `report DIR --target-params N --target-tokens D` reads tables) recommends for the
 held-out (N, D); the final loss at each point is read off the held-out rung's grid, linearly
 interpolated over its triangulation in (log B, log lr), and compared with that grid's best.
-Beside it: the same points on the held-out rung's own loss surface (what noise in the grid does
-to the reading), today's B_opt law (the largest batch within the tolerance of each rung's best,
-per rung by the rule), and the authors' dense-model law (lr = 1.79 N^-0.713 D^0.307,
-B = 0.58 D^0.571 tokens; "off the grid" where it asks for an lr or batch the grid did not run).
+Beside it ("own"): the same points on the held-out rung's own loss surface against its own
+minimum (what noise in the grid does to the reading; "-" where that surface has no B* of its
+own); the B_opt law (each rung's own largest batch within the tolerance, fitted as a law of its
+own); and the authors' dense-model law (lr = 1.79 N^-0.713 D^0.307, B = 0.58 D^0.571 tokens;
+"off the grid" where it asks for an lr or batch the grid did not run).
 Goals (issue "Advice that holds on real runs"): the loss-optimal point within 0.25 % of the
 held-out rung's best on every held-out rung; the tolerance point within the tolerance + 0.05 %.
 No Ray, no MLflow.
@@ -148,8 +149,8 @@ def evaluate(grids, held: Tuple[int, int], tolerance: float) -> Dict[str, object
     return out
 
 
-def pct(x: Optional[float]) -> str:
-    return "off the grid" if x is None else f"{100 * x:+.3f}%"
+def pct(x: Optional[float], missing: str = "off the grid") -> str:
+    return missing if x is None else f"{100 * x:+.3f}%"
 
 
 def main() -> int:
@@ -176,9 +177,9 @@ def main() -> int:
         print(
             f"{r['params'] / 1e6:8.0f}M {r['tokens'] / 1e9:6.0f}B | "
             f"{(o.get('batch') or math.nan) / seq:5.0f} {o.get('lr') or math.nan:8.2e} {pct(o.get('read')):>8} "
-            f"{pct(o.get('own_surface')):>8} | "
+            f"{pct(o.get('own_surface'), '-'):>8} | "
             f"{(p.get('batch') or math.nan) / seq:5.0f} {p.get('lr') or math.nan:8.2e} {pct(p.get('read')):>8} "
-            f"{pct(p.get('own_surface')):>8} {pct(p.get('predicted_penalty')):>7} "
+            f"{pct(p.get('own_surface'), '-'):>8} {pct(p.get('predicted_penalty')):>7} "
             f"{100 * (p.get('steps_saved_share') or math.nan):4.0f}% | "
             f"{(b.get('batch') or math.nan) / seq:9.0f} {pct(b.get('read')):>8} | "
             f"{d['batch'] / seq:7.0f} {d['lr']:8.2e} {pct(d['read']):>12}"
