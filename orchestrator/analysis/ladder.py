@@ -13,8 +13,14 @@ to read it and when not to trust it.
   interval excludes 0 the data demand a B term and the lr law becomes lr_opt (B / B_opt)^eta for
   other batch sizes (at B_opt itself it changes nothing). Each law is backtested on its
   largest-compute rung.
-- Recommendation at the target: tokens per update = the B_opt law's prediction (B_crit's beside
-  it), peak lr = the lr law's, warmup = the rungs' warmup share of their budget (median; the
+- Where rungs' loss surfaces resolve a loss-optimal batch B* (loss_surface.py): laws of B*, of the
+  loss there (above an irreducible floor) and of the penalties at B* / 2 and 2 B* (pooled when
+  neither N nor D moves them); at the target they give the penalty curve and its two points
+  (tradeoff.py). Every law's interval is widened by its leave-one-rung-out misses where they
+  exceed its spread (ladder_laws.calibration).
+- Recommendation at the target: tokens per update = the largest batch within the tolerance of
+  B*'s predicted loss (where no rung has a B*, the B_opt law's prediction; B_crit's beside it),
+  peak lr = the lr law's there, warmup = the rungs' warmup share of their budget (median; the
   interval is the range of shares they ran: the ladder held it, it did not measure an optimum)
   times the target's D; the optimizer's constants in token units when every rung held the same
   ones; the decades of compute beyond the largest rung; warnings past two decades or when a
@@ -155,9 +161,6 @@ class Ladder:
 
     def law(self, name: str) -> Law:
         return next(law for law in self.laws if law.name == name)
-
-    def has(self, name: str) -> bool:
-        return any(law.name == name for law in self.laws)
 
 
 def analyse(
@@ -369,7 +372,7 @@ def _recommend(
             loss_optimal=found.loss_optimal,
             predicted_loss_penalty=point.predicted_loss_penalty,
             steps_saved=point.steps_saved,
-            point=f"the largest batch whose predicted penalty against B* is within {tolerance:.2%}",
+            point=tradeoff.point_words(tolerance),
         )
         if point.beyond:
             warnings.append(

@@ -195,7 +195,7 @@ def rung(
     surface = loss_surface.fit(loss_surface.Grid.of(trials, metric), resamples, [*np.atleast_1d(seed), 1])
     star = surface.summary() if surface else None
     if surface is not None and surface.status == "resolved":  # the largest batch within the tolerance, on it
-        b_point, above, b_draws = _tolerance_point(surface, star, tolerance)
+        b_point, b_draws, above = star.curve().tolerance_point(tolerance)
         b_interval = _interval(b_draws) if not above else None  # the surface's: residuals stand in for seeds
     else:
         b_point, above = optimal_batch.b_opt_of(batches, loss, tolerance)
@@ -239,14 +239,6 @@ def rung(
     )
 
 
-def _tolerance_point(surface: loss_surface.Surface, star: loss_surface.Summary, tolerance: float):
-    """(B_opt, above, its resamples [R]) on the surface: the largest batch above B* whose penalty is
-    within the tolerance, each resample from its own B*."""
-    point, beyond = surface.tolerance_point(tolerance)
-    draws, _ = surface.tolerance_point(tolerance, surface.draws, star.draws_b_star)
-    return math.exp(point), beyond, np.exp(draws)
-
-
 def _surface_estimates(surface: Optional[loss_surface.Surface], star: Optional[loss_surface.Summary], near: "LrNear"):
     """The rung's B*, lr*, L* and penalties as Estimates: values only where B* is resolved, the bound
     (the smallest or largest batch tried) where it is `below` or `above`. lr* is the best lr's line
@@ -281,7 +273,9 @@ def _notes(batches, b_point: float, above: bool, lr_edge: bool, primary, toleran
     notes = list(surface.notes) if surface is not None else ["too few configurations for a loss surface"]
     if surface is not None and surface.status == "resolved":
         if above:
-            notes.append(f"the loss surface stays within {tolerance:.1%} of B*'s loss to 4x the largest batch tried")
+            notes.append(
+                f"the loss surface stays within {tolerance:.1%} of B*'s loss up to 4 B*: B_opt is at least that"
+            )
     elif above:
         notes.append(
             f"every batch size up to the largest tried ({int(batches[-1]):,}) is within {tolerance:.1%} of the "

@@ -41,12 +41,13 @@ same intervals.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator.analysis import critical_batch as cb
+from orchestrator.analysis import tradeoff
+from orchestrator.analysis.ladder_laws import Value, interval_of
 from orchestrator.analysis.trials import Trial, by_batch, lr_scans, swept_axes
 
 WINDOW = 0.02
@@ -120,7 +121,6 @@ class Surface:
 
     status: str
     """resolved | below | above | not resolved (B*'s, module docstring)."""
-    form: str
     theta: np.ndarray
     """[7] c0 .. c6 (c6 = 0 when the fit could not carry the cubic term)."""
     draws: np.ndarray
@@ -133,9 +133,8 @@ class Surface:
     """Of the fit, in ln L."""
     rise: Tuple[float, float]
     """How far the floor must rise towards the smallest and the largest batch tried (ln L)."""
-    points: int
-    """Configurations in the fit."""
     seeded: bool
+    """Resampled from seeds (else from the residuals alone)."""
     notes: Tuple[str, ...]
 
     # ---------------------------------------------------------------- along the floor
@@ -185,77 +184,51 @@ class Surface:
         best, _ = self.floor(log_star, theta)
         return np.expm1(at - best)
 
-    def tolerance_point(self, tolerance: float, theta=None, log_star=None):
-        """ln of the largest batch above B* whose penalty is within `tolerance`, on the floor up to
-        a factor 4 past the largest batch tried, per row of theta; (value, beyond: True where the
-        penalty stays within the tolerance that far, so the value is a bound)."""
-        if log_star is None:
-            log_star = self.optimum(theta)[0]
-        log_star = np.atleast_1d(np.asarray(log_star, np.float64))
-        share = np.linspace(0.0, 1.0, PROFILE_POINTS)
-        end = self.x_range[1] + 2 * HALF
-        xs = log_star[:, None] + share * np.maximum(end - log_star, 0.0)[:, None]  # [R, P]
-        theta_rows = np.broadcast_to(self.theta if theta is None else theta, (len(log_star), TERMS))
-        log_loss = np.stack([self.floor(x, t)[0] for x, t in zip(xs, theta_rows)])
-        over = log_loss - log_loss[:, :1] > math.log1p(tolerance)
-        first = np.argmax(over, axis=-1)
-        beyond = ~over.any(axis=-1)
-        j = np.clip(first, 1, PROFILE_POINTS - 1)
-        rows = np.arange(len(log_star))
-        lo, hi = log_loss[rows, j - 1] - log_loss[:, 0], log_loss[rows, j] - log_loss[:, 0]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            w = np.clip((math.log1p(tolerance) - lo) / (hi - lo), 0.0, 1.0)
-        x = np.where(beyond, xs[:, -1], xs[rows, j - 1] + w * (xs[rows, j] - xs[rows, j - 1]))
-        x = np.where(np.isfinite(log_star), x, np.nan)
-        if theta is None:
-            return float(x[0]), bool(beyond[0])
-        return x, beyond
-
     # ---------------------------------------------------------------- summaries
 
-    def eta(self, theta=None):
-        """The best lr's slope in B along the floor: lr* ~ B^eta."""
-        c = np.asarray(self.theta if theta is None else theta, np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(c[..., 4] > 0, -c[..., 5] / (2 * c[..., 4]), np.nan)
-
     def summary(self) -> "Summary":
-        """The point estimates and their resamples (natural logs)."""
+        """The point estimates and their resamples."""
         point = self.optimum()
         star = self.optimum(self.draws)
+        x, draws_x = point[0], star[0][:, None]
         return Summary(
-            log_b_star=point[0],
-            log_lr_star=point[1],
+            log_b_star=x,
             log_loss_star=point[2],
-            eta=float(self.eta()),
-            penalty_half=float(self.penalty(point[0] - HALF, None, point[0])),
-            penalty_double=float(self.penalty(point[0] + HALF, None, point[0])),
+            penalty_half=float(self.penalty(x - HALF, None, x)),
+            penalty_double=float(self.penalty(x + HALF, None, x)),
             draws_b_star=star[0],
-            draws_lr_star=star[1],
             draws_loss_star=star[2],
-            draws_eta=self.eta(self.draws),
-            draws_penalty_half=self.penalty(star[0][:, None] - HALF, self.draws, star[0][:, None])[:, 0],
-            draws_penalty_double=self.penalty(star[0][:, None] + HALF, self.draws, star[0][:, None])[:, 0],
+            draws_penalty_half=self.penalty(draws_x - HALF, self.draws, draws_x)[:, 0],
+            draws_penalty_double=self.penalty(draws_x + HALF, self.draws, draws_x)[:, 0],
         )
 
 
 @dataclass(frozen=True, eq=False)
 class Summary:
+    """What a recommendation reads off a surface whose B* is resolved: B* and L* (natural logs), the
+    penalties at B* / 2 and 2 B* (shares of L*), and each one's resamples [R] (NaN where a resample
+    has no B*)."""
+
     log_b_star: float
-    log_lr_star: float
     log_loss_star: float
-    eta: float
-    """The best lr's slope in B along the floor: lr* ~ B^eta."""
     penalty_half: float
-    """The share of the loss lost at B* / 2 (at its best lr)."""
     penalty_double: float
-    """... and at 2 B*."""
     draws_b_star: np.ndarray
-    draws_lr_star: np.ndarray
     draws_loss_star: np.ndarray
-    draws_eta: np.ndarray
     draws_penalty_half: np.ndarray
     draws_penalty_double: np.ndarray
+
+    def curve(self) -> tradeoff.Curve:
+        """The penalty curve through B* and its two penalties (tradeoff.py)."""
+        return tradeoff.Curve.of(
+            (math.exp(self.log_b_star), np.exp(self.draws_b_star)),
+            (self.penalty_half, self.draws_penalty_half),
+            (self.penalty_double, self.draws_penalty_double),
+        )
+
+    def loss(self) -> Value:
+        """L* with its 90% interval."""
+        return Value(math.exp(self.log_loss_star), interval_of(np.exp(self.draws_loss_star)))
 
 
 # ---------------------------------------------------------------- the fit
@@ -292,23 +265,11 @@ def fit(grid: Grid, resamples: int = RESAMPLES, seed=SEED) -> Optional[Surface]:
     noise, seeded = _noise(grid, finite, inside, residuals, n, p, resamples, rng)
     draws = np.zeros((resamples, TERMS))
     draws[:, used] = (z + noise) @ pinv.T
-    surface = Surface(
-        status="",
-        form="quadratic in ln B and ln lr, with a cross term" + (", cubic in ln B" if used[6] else ""),
-        theta=theta,
-        draws=draws,
-        x0=x0,
-        y0=y0,
-        x_range=(float(x_all.min()), float(x_all.max())),
-        residual_sd=residual_sd,
-        rise=(RISE, RISE),
-        points=n,
-        seeded=seeded,
-        notes=(),
-    )
-    surface = Surface(**{**surface.__dict__, "rise": _rise(surface)})
+    x_range = (float(x_all.min()), float(x_all.max()))
+    surface = Surface("", theta, draws, x0, y0, x_range, residual_sd, (RISE, RISE), seeded, ())
+    surface = replace(surface, rise=_rise(surface))
     status, notes = _status(surface)
-    return Surface(**{**surface.__dict__, "status": status, "notes": notes})
+    return replace(surface, status=status, notes=notes)
 
 
 def _rise(surface: Surface) -> Tuple[float, float]:
@@ -359,10 +320,3 @@ def _status(surface: Surface) -> Tuple[str, Tuple[str, ...]]:
             f"the loss does not rise measurably towards the largest batch tried ({high:,}): B* is at or above it",
         )
     return "resolved", ()
-
-
-def interval(draws: np.ndarray) -> Optional[Tuple[float, float]]:
-    """The 90% percentile interval of the finite resamples; None when fewer than half are."""
-    finite = np.asarray(draws, np.float64)
-    finite = finite[np.isfinite(finite)]
-    return tuple(cb.percentile_interval(finite)) if len(finite) >= len(np.ravel(draws)) / 2 else None

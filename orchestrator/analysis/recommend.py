@@ -61,7 +61,7 @@ class Recommendation:
         """Which point tokens_per_update is, in words."""
         if self.found is None:
             return "B_opt: the largest batch size within the tolerance of the best batch size's loss"
-        return f"the largest batch whose predicted penalty against B* is within {self.tolerance:.2%}"
+        return tradeoff.point_words(self.tolerance)
 
     def overrides(self) -> Dict[str, Any]:
         """Train-config keys to set on the template run's config."""

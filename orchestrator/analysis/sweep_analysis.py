@@ -67,7 +67,6 @@ from orchestrator.analysis import (
     tradeoff,
 )
 from orchestrator.analysis.answer import Answer, BestLr, BestRow, Counts, LrScaling, TrialRow
-from orchestrator.analysis.ladder_laws import Value
 from orchestrator.analysis.trials import (
     LR_KEY,
     SEED_KEY,
@@ -275,15 +274,9 @@ def sweep_tradeoff(usable: Sequence[Trial], metric: str, rows, law, tolerance: f
     if surface.status != "resolved":
         return None, surface.notes[0]
     s = surface.summary()
-    curve = tradeoff.Curve.of(
-        (math.exp(s.log_b_star), np.exp(s.draws_b_star)),
-        (s.penalty_half, s.draws_penalty_half),
-        (s.penalty_double, s.draws_penalty_double),
-    )
-    loss = Value(math.exp(s.log_loss_star), loss_surface.interval(np.exp(s.draws_loss_star)))
     tokens = usable[0].number("train.total_tokens")
     return tradeoff.tradeoff(
-        curve, lambda b, _: (recommend.lr_at(b, rows, law)[0], None), tokens, tolerance, loss
+        s.curve(), lambda b, _: (recommend.lr_at(b, rows, law)[0], None), tokens, tolerance, s.loss()
     ), None
 
 

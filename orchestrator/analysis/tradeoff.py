@@ -210,6 +210,11 @@ def _value(value: Optional[float], draws: Optional[np.ndarray]) -> Optional[Valu
     return Value(value, interval_of(draws) if draws is not None else None)
 
 
+def point_words(tolerance: float) -> str:
+    """Which point a recommendation's batch is, in words."""
+    return f"the largest batch whose predicted penalty against B* is within {tolerance:.2%}"
+
+
 def words(t: Tradeoff, fmt_batch: str = ",.0f") -> Sequence[str]:
     """The two points in two sentences (90% intervals in brackets)."""
     o, p = t.loss_optimal, t.tolerance_point

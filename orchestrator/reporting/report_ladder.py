@@ -266,7 +266,10 @@ def recommendation(result: ladder.Ladder, target: Target, params: Dict[str, Any]
         + (f", moved to the rounded B by its B term (B^{eta:+.2f})." if eta else "."),
     ]
     if result.tradeoff is not None:  # the other point, for a team that wants the loss over the steps
-        why += [*tradeoff.words(result.tradeoff), "For the loss-optimal point instead, set those two keys to B* and its lr."]
+        why += [
+            *tradeoff.words(result.tradeoff),
+            "For the loss-optimal point instead, set those two keys to B* and its lr.",
+        ]
     if rec.warmup_tokens is not None:
         why.append(
             f"schedule.warmup_tokens {overrides['schedule.warmup_tokens']:,}: the rungs' warmup share of their "

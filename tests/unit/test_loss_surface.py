@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from orchestrator.analysis import loss_surface, tradeoff
+from orchestrator.analysis.ladder_laws import interval_of
 from orchestrator.analysis.ladder_rungs import loss_metric
 from tests.basin_truth import BasinWorld
 from tests.ladder_truth import WORLDS as MONOTONE_WORLDS
@@ -23,6 +24,11 @@ def exact_grid(theta, batches, lrs, x0, y0):
     c = theta
     log_loss = c[0] + c[1] * x + c[2] * y + c[3] * x * x + c[4] * y * y + c[5] * x * y + c[6] * x**3
     return loss_surface.Grid.from_arrays(b.ravel(), lr.ravel(), np.exp(log_loss))
+
+
+def floor_slope(surface, log_batch: float, step: float = 0.05) -> float:
+    """d ln lr / d ln B along the surface's floor: how the best lr moves with B."""
+    return (surface.floor(log_batch + step)[1] - surface.floor(log_batch - step)[1]) / (2 * step)
 
 
 def test_a_surface_of_the_fitted_form_is_recovered_with_its_optimum_in_closed_form():
@@ -49,7 +55,7 @@ def test_a_surface_of_the_fitted_form_is_recovered_with_its_optimum_in_closed_fo
     assert log_b == pytest.approx(x0 + u_star, abs=grid_step)
     assert log_lr == pytest.approx(y0 - (c[2] + c[5] * (log_b - x0)) / (2 * c[4]), abs=1e-9)
     summary = surface.summary()
-    assert summary.eta == pytest.approx(-c[5] / (2 * c[4]))
+    assert floor_slope(surface, log_b) == pytest.approx(-c[5] / (2 * c[4]))  # the best lr ~ B^eta
     # The penalties at B* / 2 and 2 B* are the floor's rise there.
     for shift, penalty in ((-math.log(2), summary.penalty_half), (math.log(2), summary.penalty_double)):
         rise = surface.floor(log_b + shift)[0] - surface.floor(log_b)[0]
@@ -64,11 +70,11 @@ def test_on_a_basin_world_rung_b_star_lr_and_the_penalties_are_near_the_truth():
         assert surface.status == "resolved"
         s = surface.summary()
         assert math.exp(s.log_b_star) == pytest.approx(world.b_star(n, d), rel=0.12)
-        assert s.eta == pytest.approx(world.eta, abs=0.1)
+        assert floor_slope(surface, s.log_b_star) == pytest.approx(world.eta, abs=0.1)
         b = math.exp(s.log_b_star)
         truth = world.penalty(n, d, [world.b_star(n, d) / 2, 2 * world.b_star(n, d)])
         assert [s.penalty_half, s.penalty_double] == pytest.approx(truth, abs=0.0006)
-        lo, hi = loss_surface.interval(np.exp(s.draws_b_star))
+        lo, hi = interval_of(np.exp(s.draws_b_star))
         assert lo < b < hi and hi / lo < 1.6
 
 
@@ -81,7 +87,7 @@ def test_with_one_seed_the_residuals_give_the_intervals():
     surface = loss_surface.fit(grid)
     assert not surface.seeded
     s = surface.summary()
-    interval = loss_surface.interval(np.exp(s.draws_b_star))
+    interval = interval_of(np.exp(s.draws_b_star))
     assert interval is not None and interval[0] < interval[1]
 
 
@@ -107,10 +113,11 @@ def test_the_tolerance_point_is_where_the_floor_crosses_the_tolerance():
     x0, y0 = float(np.log(batches).mean()), float(np.log(lrs).mean())
     theta = np.array([0.8, 0.0, 0.0, 0.006, 0.03, 0.0, 0.0])  # floor: 0.8 + 0.006 u^2 around B* = e^x0
     surface = loss_surface.fit(exact_grid(theta, batches, lrs, x0, y0))
-    point, beyond = surface.tolerance_point(0.005)
+    point, draws, beyond = surface.summary().curve().tolerance_point(0.005)
     # ln(1.005) = 0.006 u^2 (the fit's centring is the same here: a symmetric window).
     assert not beyond
-    assert point == pytest.approx(x0 + math.sqrt(math.log(1.005) / 0.006), abs=0.01)
+    assert math.log(point) == pytest.approx(x0 + math.sqrt(math.log(1.005) / 0.006), abs=0.01)
+    assert np.allclose(draws, point)  # no noise: every resample is the data
 
 
 # ---------------------------------------------------------------- the penalty curve
