@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from orchestrator.analysis.answer import Answer
-from orchestrator.reporting import report_files, report_inputs, report_ladder, results
+from orchestrator.reporting import report_files, report_folder, report_inputs, report_ladder, results
 from orchestrator.reporting.report_inputs import Inputs, Settings
 from orchestrator.reporting.report_render import overview, summary_lines
 from orchestrator.tracking import mlflow_ui
@@ -60,6 +60,9 @@ def make(
         where = f"logged to run {inputs.source.run_id} under report/"
     print(f"report: {out / 'summary.md'} (and summary.html, report.json, trials.csv, curves.csv; {where})")
     print("\n".join([overview(answer)] + report_ladder.lines(rungs) if rungs else summary_lines(answer)))
+    fallen_back = report_folder.defaults_line(settings.origin, settings.options) if inputs.uri is None else None
+    if fallen_back:  # a folder of tables with no report.json to read the settings back from
+        print(fallen_back)
     if inputs.uri is not None:  # the link that compares every trial on one chart
         compared = [t.run_id for t in sorted(inputs.trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]
         print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(inputs.uri, ui_port)}`, then")

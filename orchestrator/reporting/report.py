@@ -17,7 +17,7 @@ from orchestrator.analysis import tables
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import ladder_target, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
-from orchestrator.reporting import report_inputs
+from orchestrator.reporting import report_folder, report_inputs, report_ladder
 from orchestrator.reporting.report_files import check_out_folder, default_out
 
 
@@ -31,8 +31,6 @@ def ladder_request(
     over it; its tolerance is the settings', report_inputs.settings). trials: the sweep's runs, whose
     logged config gives the target model's N when the file's base config is not on this disk (the
     copy the parent run recorded)."""
-    from orchestrator.reporting import report_ladder
-
     params_of = (lambda model: report_ladder.params_of(trials, model)) if trials else None
     return report_ladder.Request(ladder_target.with_options(ladder_target.target(sweep, params_of), params, tokens))
 
@@ -60,9 +58,12 @@ def run(
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
     read = sweep_file.load(target, check=False) if is_sweep_file else None  # the command's one parse of it
     ladder = ladder_request(read, target_params, target_tokens)  # a bad target: refused before anything
+    given_target = target_params is not None or target_tokens is not None
     if tables.is_table_folder(target):
-        settings = report_inputs.settings(None, "default", lr_criterion, loss_tolerance)
-        return _run_tables(Path(target), out, target_losses, settings, ladder)
+        recorded = report_folder.read(Path(target), lr_criterion, loss_tolerance, target_losses)
+        if ladder.target is None and recorded.ladder_target is not None:  # the earlier report's target
+            ladder = report_ladder.Request(ladder_target.Target(*recorded.ladder_target, None))
+        return _run_tables(Path(target), out, recorded.target_losses, recorded.settings, ladder, given_target)
     uri, name, run_id = _resolve(target, list(overrides), read)
     out_dir = Path(out) if out else default_out(name)
     check_out_folder(out_dir)  # before reading the runs: a refusal costs nothing
@@ -72,6 +73,8 @@ def run(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
         )
         return 1
+    if given_target:
+        refuse_target_without_ladder(inputs.trials)
     settings, sweep = report_inputs.settings_of_sweep(read, uri, run_id, lr_criterion, loss_tolerance)
     if sweep is not None and read is None:  # the file recorded on the sweep's parent run
         ladder = ladder_request(sweep, target_params, target_tokens, inputs.trials)
@@ -94,9 +97,11 @@ def _resolve(target: str, overrides: List[str], read: Optional[sweep_schema.Swee
         raise
 
 
-def _run_tables(folder: Path, out: Optional[str], target_losses, settings: report_inputs.Settings, ladder) -> int:
+def _run_tables(
+    folder: Path, out: Optional[str], target_losses, settings: report_inputs.Settings, ladder, given_target: bool
+) -> int:
     """`report DIR`: the same analysis and outputs from a folder's tables (nothing goes to MLflow;
-    DIR is never written to)."""
+    DIR is never written to), with the settings its report.json records (report_folder.py)."""
     from orchestrator.reporting import pipeline
 
     out_dir = Path(out) if out else default_out(folder.resolve().name)
@@ -104,5 +109,21 @@ def _run_tables(folder: Path, out: Optional[str], target_losses, settings: repor
     inputs = report_inputs.read_tables(folder)
     if not any(t.batch and t.train for t in inputs.trials):
         raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
+    if given_target:
+        refuse_target_without_ladder(inputs.trials)
     pipeline.make(inputs, settings, out_dir, target_losses, ladder=ladder)
     return 0
+
+
+def refuse_target_without_ladder(trials: Sequence[Trial]) -> None:
+    """--target-params / --target-tokens name a ladder's target: refused (exit 2) for runs of one
+    model size and budget, which no law extrapolates, instead of being ignored."""
+    from orchestrator.analysis import ladder_rungs
+
+    if not ladder_rungs.is_ladder(trials):
+        raise ConfigError(
+            "--target-params",
+            "these runs are one sweep (model.params and train.total_tokens are the same in every run), not a "
+            "ladder: a target needs runs at several model sizes or budgets; leave out --target-params and "
+            "--target-tokens",
+        )

@@ -236,7 +236,7 @@ def analyse(
     answer = sweep_analysis.analyse(inputs.trials, target_losses, **options)
     origin = dict(origin or {})
     if target_losses:
-        origin["target_losses"] = "command line"
+        origin.setdefault("target_losses", "command line")
     return replace(answer, source=replace(inputs.source, settings=origin))
 
 
