@@ -14,6 +14,7 @@ from typing import Any, Dict, Mapping, Sequence
 import yaml
 
 from orchestrator.core import config as config_lib
+from orchestrator.core import schema
 from orchestrator.core.errors import ConfigError
 
 FILE = "recommended.yaml"
@@ -24,10 +25,22 @@ RESET = {
     "train.checkpoint_at_tokens": [],
     "batch.grad_accum_steps": None,
     "batch.micro_batch_size": "auto",
+    "tracking.uri": schema.TrackingConfig.uri,
+    "train.storage_path": schema.TrainConfig.storage_path,
 }
 """What one run of the sweep had that a new run must not: its name (a new run gets its own), a
-branch's checkpoint, stop and branch points, and the split of its own batch into b x A (derived
-again for the recommended batch; `auto` probes the largest micro-batch that fits)."""
+branch's checkpoint, stop and branch points, the split of its own batch into b x A (derived
+again for the recommended batch; `auto` probes the largest micro-batch that fits), and where it
+logged and checkpointed: the sweep's run resolved those to absolute paths of the machine that ran
+it (and MLflow holds a store's password redacted), so the file takes the defaults, an SQLite store
+and runs/ in the folder it is trained from, and its header says to set them for a cluster."""
+PATH_KEYS = ("data.shard_dir", "data.tokenizer", "model.init_from")
+"""Keys (besides data.sources.N.path) whose value may be a file of the machine that wrote the file."""
+PORTABLE = (
+    "tracking.uri and train.storage_path are the defaults (an SQLite store, mlflow.db, and runs/ in the "
+    "folder you train from); on a cluster set your own, e.g. tracking.uri=http://HOST:5000 "
+    "train.storage_path=s3://BUCKET/runs."
+)
 
 
 def config_of(params: Mapping[str, Any], overrides: Mapping[str, Any]) -> Dict[str, Any]:
@@ -47,7 +60,13 @@ def write(path: Path, params: Mapping[str, Any], overrides: Mapping[str, Any], w
     (sentences) as its header. A config the report cannot make valid is a bug: ConfigError."""
     data = config_of(params, overrides)
     header = ["# Written by `orchestrator report`: a train config to launch.", "#"]
-    header += [f"# {line}" for sentence in why for line in _wrap(sentence)]
+    local = local_paths(data)
+    notes = [PORTABLE] + (
+        [f"These keys name files of the machine that ran the sweep; point them at yours: {', '.join(local)}."]
+        if local
+        else []
+    )
+    header += [f"# {line}" for sentence in [*why, *notes] for line in _wrap(sentence)]
     header += ["#", "# orchestrator plan recommended.yaml    # then: orchestrator train recommended.yaml", ""]
     text = "\n".join(header) + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
     path.write_text(text)
@@ -68,3 +87,10 @@ def _wrap(sentence: str, width: int = 98) -> list:
         else:
             line = f"{line} {word}".strip()
     return lines + ([line] if line else [])
+
+
+def local_paths(data: Dict[str, Any]) -> Sequence[str]:
+    """The dotted keys of `data` (a nested config) that hold an absolute local path."""
+    flat = config_lib.flatten(data)
+    keys = [k for k in flat if k in PATH_KEYS or (k.startswith("data.sources.") and k.endswith(".path"))]
+    return [k for k in keys if isinstance(flat[k], str) and Path(flat[k]).is_absolute()]

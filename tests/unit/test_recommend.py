@@ -158,3 +158,35 @@ def test_a_sweep_whose_loss_rises_on_both_sides_recommends_its_tolerance_point_a
     assert (tmp_path / "tradeoff.png").stat().st_size > 10_000
     assert summary.index("## What to run") < summary.index("![tradeoff.png]") < summary.index("## Critical batch size")
     assert summary.count("![tradeoff.png]") == 1
+
+
+def test_recommended_yaml_names_no_path_of_the_machine_that_wrote_it_and_trains_into_its_own_folder(
+    tmp_path, monkeypatch
+):
+    """A sweep's run logs its store and storage as absolute paths of the machine that ran it (and
+    its data's, where it had files): the file takes the default store and storage, which resolve in
+    whatever folder it is trained from, and its header names what to set for a cluster and the
+    keys that still point at the writer's files."""
+    sweep_folder = tmp_path / "sweep-machine"
+    sweep_folder.mkdir()
+    monkeypatch.chdir(sweep_folder)
+    (sweep_folder / "shards").mkdir()
+    run = config.load(TINY, ["data.shard_dir=shards"])
+    run_life.resolve_paths(run)  # as the sweep's trial did: absolute paths on that machine
+    assert str(sweep_folder) in run.tracking.uri and str(sweep_folder) in run.train.storage_path
+    path = recommended.write(tmp_path / recommended.FILE, params_of(run), {"optim.lr": 1e-3}, ["why"])
+    text = path.read_text()
+    body = text.split("\n", 1)[1].split("\nbatch:")[1]
+    assert str(sweep_folder / "mlflow.db") not in text and str(sweep_folder / "runs") not in text
+    assert "tracking.uri and train.storage_path are the defaults" in text
+    assert "point them at yours: data.shard_dir" in text and str(sweep_folder / "shards") in body
+
+    elsewhere = tmp_path / "another-folder"
+    elsewhere.mkdir()
+    copied = elsewhere / recommended.FILE
+    copied.write_text(text)
+    monkeypatch.chdir(elsewhere)
+    cfg = config.load(copied)
+    run_life.resolve_paths(cfg)
+    assert cfg.tracking.uri == f"sqlite:///{elsewhere / 'mlflow.db'}"
+    assert cfg.train.storage_path == str(elsewhere / "runs")
