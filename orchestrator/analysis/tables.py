@@ -25,6 +25,7 @@ refuses), no pandas, no MLflow.
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import re
 from pathlib import Path
@@ -50,6 +51,7 @@ MAX_CELL = 128 * 1024
 """The longest cell read, in characters (Python's csv module's own limit, which it enforces with
 an error that names no cell)."""
 _UNDECODABLE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, as surrogateescape reads them
+log = logging.getLogger(__name__)
 
 
 def is_table_folder(target: str) -> bool:
@@ -58,15 +60,27 @@ def is_table_folder(target: str) -> bool:
 
 
 def read(folder: Path) -> List[Trial]:
-    """The trials of `folder`/trials.csv with their curves from `folder`/curves.csv."""
+    """The trials of `folder`/trials.csv with their curves from `folder`/curves.csv; curves of a
+    trial trials.csv has no row for are not read, and a warning says how many."""
     for name in (TRIALS, CURVES):
         if not (folder / name).is_file():
             raise ConfigError("SWEEP_OR_RUN", f"{folder} has no {name}; a table folder holds {TRIALS} and {CURVES}")
     trial_rows = _rows(folder / TRIALS)
-    columnar = _curves_columnar(folder / CURVES)
-    if columnar is not None:
-        return trials_from(trial_rows, [], f"{folder}", curves=columnar)
-    return trials_from(trial_rows, _rows(folder / CURVES), f"{folder}")
+    curves = _curves_columnar(folder / CURVES)
+    if curves is None:
+        curves = _curves(_rows(folder / CURVES), _Where(CURVES, str(folder)))
+    trials = trials_from(trial_rows, [], f"{folder}", curves=curves)
+    unknown = sorted(set(curves) - {t.name for t in trials})
+    if unknown:
+        log.warning(
+            "%s: %d trial(s) have curves but no row in %s (%s%s): their curves are not read",
+            folder / CURVES,
+            len(unknown),
+            TRIALS,
+            ", ".join(repr(name) for name in unknown[:3]),
+            ", ..." if len(unknown) > 3 else "",
+        )
+    return trials
 
 
 def _curves_columnar(path: Path) -> Optional[Dict[str, Dict[str, Curve]]]:

@@ -100,3 +100,21 @@ def test_a_ladder_target_on_runs_that_are_no_ladder_is_refused(reported, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--target-params" in err[0] and "not a ladder" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_curves_of_trials_the_table_does_not_list_are_warned_about(reported, tmp_path, caplog):
+    import logging
+    import shutil
+
+    from orchestrator.analysis import tables
+
+    _, folder, _ = reported
+    copy = tmp_path / "extra-curves"
+    shutil.copytree(folder, copy)
+    with open(copy / "curves.csv", "a") as f:
+        f.write("ghost,train/loss,0,5.0\nghost,train/loss,64,4.0\nphantom,eval/loss,64,4.1\n")
+    with caplog.at_level(logging.WARNING, logger="orchestrator.analysis.tables"):
+        trials = tables.read(copy)
+    assert "ghost" not in {t.name for t in trials}
+    (record,) = [r for r in caplog.records if "no row in trials.csv" in r.getMessage()]
+    assert "2 trial(s)" in record.getMessage() and "'ghost'" in record.getMessage()
