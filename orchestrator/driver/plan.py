@@ -19,7 +19,7 @@ from orchestrator.core.derived import (
 )
 from orchestrator.core.schema import AUTO, Config
 from orchestrator.driver import micro_batch
-from orchestrator.formulas import adaptive_batch, batching, cost, memory
+from orchestrator.formulas import adaptive_batch, batching, cost, memory, schedules
 
 DEFAULT_GPU_MEMORY = 80 * 2**30  # planning for GPUs from a machine without one: an 80 GiB device
 
@@ -41,6 +41,7 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
     warmup_steps = sum(
         min(s.updates, max(0, math.ceil((warmup - s.start_tokens) / s.plan.tokens_per_update))) for s in segments
     )
+    decay_start = schedules.decay_start_tokens(total, warmup, cfg.schedule.decay, cfg.schedule.wsd_decay_share)
     # memory peaks at the largest micro-batch of any segment
     peak_b = max(s.plan.micro_batch_size for s in segments)
     predicted = micro_batch.predict(cfg, peak_b)
@@ -59,7 +60,7 @@ def describe(cfg: Config, device_memory: Optional[float] = None) -> Dict[str, An
         "total_steps": steps,
         "warmup_steps": warmup_steps,
         "decay": cfg.schedule.decay,
-        "decay_steps": steps - warmup_steps,
+        "decay_steps": steps - max(warmup_steps, _updates_ending_by(segments, decay_start)),
         "peak_lr": cfg.optim.lr,
         **_optimizer(cfg),
         "gns": gns_note(cfg, plan),
@@ -125,6 +126,14 @@ def trial_devices(cfg: Config) -> Tuple[float, float]:
     if c.use_gpu:
         return c.num_workers * c.gpus_per_worker, c.num_workers * c.gpus_per_worker
     return c.num_workers * max(1, int(c.cpus_per_worker)), c.num_workers * c.cpus_per_worker
+
+
+def _updates_ending_by(segments: List[batching.Segment], tokens: float) -> int:
+    """The updates that end at or before `tokens`: an update's lr is the schedule's where it ends,
+    so the decay's updates are the others."""
+    return sum(
+        min(s.updates, max(0, math.floor((tokens - s.start_tokens) / s.plan.tokens_per_update))) for s in segments
+    )
 
 
 def _ramp(cfg: Config, segments: List[batching.Segment]) -> List[Dict[str, Any]]:

@@ -36,10 +36,7 @@ def lr_at(
     floor = peak * min_lr_ratio
     if decay == "constant":
         return peak
-    if decay == "wsd":
-        decay_start = max(warmup_tokens, total_tokens * (1.0 - wsd_decay_share))
-    else:
-        decay_start = warmup_tokens
+    decay_start = decay_start_tokens(total_tokens, warmup_tokens, decay, wsd_decay_share)
     span = total_tokens - decay_start
     if tokens <= decay_start or span <= 0:
         return peak
@@ -49,6 +46,18 @@ def lr_at(
     else:  # linear, and the decay phase of wsd
         shape = 1.0 - progress
     return floor + (peak - floor) * shape
+
+
+def decay_start_tokens(
+    total_tokens: float, warmup_tokens: float = 0, decay: str = "cosine", wsd_decay_share: float = 0.2
+) -> float:
+    """Where the lr starts to fall: the end of warmup for cosine and linear, the last
+    `wsd_decay_share` of the budget for wsd (not before warmup ends), never for constant."""
+    if decay == "constant":
+        return total_tokens
+    if decay == "wsd":
+        return max(warmup_tokens, total_tokens * (1.0 - wsd_decay_share))
+    return warmup_tokens
 
 
 TRUSTED_SHARE = 0.5

@@ -225,3 +225,23 @@ def test_plan_and_the_dry_run_show_a_schedules_steps_against_its_first_batch_fix
         "optimizer steps vs fixed: 60 with the ramp against 192 at a fixed 256 over the same 49,152 tokens (-69%)"
         in out
     )
+
+
+@pytest.mark.parametrize("decay", ["wsd", "cosine", "linear", "constant"])
+def test_plan_counts_the_decays_own_updates(decay):
+    """The updates whose lr the decay sets, counted by brute force on the schedule itself: each
+    update's lr is the schedule's where it ends; the decay's are those after warmup below the peak."""
+    from orchestrator.core import config
+    from orchestrator.driver import plan
+    from orchestrator.formulas.schedules import lr_at
+    from tests.conftest import TINY
+
+    cfg = config.load(TINY, [f"schedule.decay={decay}", "schedule.wsd_decay_share=0.25"])
+    info = plan.describe(cfg)
+    b, s = info["tokens_per_update"], cfg.schedule
+    ends = [b * k for k in range(1, info["total_steps"] + 1)]
+    kwargs = dict(peak=1.0, total_tokens=info["total_tokens"], warmup_tokens=s.warmup_tokens, decay=decay)
+    falling = sum(t > s.warmup_tokens and lr_at(t, **kwargs, wsd_decay_share=0.25) < 1.0 for t in ends)
+    assert info["decay_steps"] == falling
+    if decay == "wsd":
+        assert info["decay_steps"] < info["total_steps"] - info["warmup_steps"]

@@ -484,7 +484,9 @@ SHORT_RAMPS = {  # overrides of the tiny config -> plan's answers before it was 
         {
             "ramp": [(0, 4, 1.0, 0.000375), (8192, 14, 2.0, 0.0045000000000000005), (65536, 12, 8.0, 0.024)],
             "lr_at": [0.000375, 0.0, 0.006, 0.024, 0.024, 0.0024000000000000002],
-            "steps": (30, 6, 24, 262144),
+            # decay steps 4, not 24 as plan answered before issue 52: wsd decays over the last quarter
+            # of the budget (from 196,608 tokens), 4 updates of 16,384; 24 was every update after warmup
+            "steps": (30, 6, 4, 262144),
         },
     ),
     "five": (
