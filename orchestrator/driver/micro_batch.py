@@ -56,23 +56,28 @@ def per_worker_share(cfg: Config) -> int:
     return max(s.plan.sequences_per_update for s in batch_segments(cfg)) // cfg.cluster.num_workers
 
 
-def resolve(cfg: Config, upper: Optional[int] = None) -> None:
+def resolve(cfg: Config, upper: Optional[int] = None, one_run: bool = True) -> None:
     """Replace `auto` in cfg by the largest micro-batch that fits (cached per shape); a no-op for a
     given b. `upper`: the most any run of this shape needs (default: this run's per-worker share).
-    ConfigError when not even one sequence fits."""
+    ConfigError when not even one sequence fits. A new answer is printed; for `one_run` (not a
+    sweep's shapes) with the split this run trains with, which the update's sequences per worker
+    and B_simple's two micro-batches can make smaller than what fits."""
     if cfg.batch.micro_batch_size != AUTO:
         return
     upper = max(upper or 0, per_worker_share(cfg))
     where = _cache_file(cfg)
     answer = storage.read_json(where)
     # An answer capped by a smaller search than this run needs says nothing beyond its cap.
-    if not answer or (answer["micro_batch_size"] >= answer["searched_up_to"] and upper > answer["searched_up_to"]):
+    probed = not answer or (answer["micro_batch_size"] >= answer["searched_up_to"] and upper > answer["searched_up_to"])
+    if probed:
         answer = {**_find(cfg, upper), "searched_up_to": upper, "shape": shape(cfg)}
         storage.write_json(where, answer)
-        found = f"{answer['micro_batch_size']} fits ({answer['method']}, {answer['device']})"
-        print(f"batch.micro_batch_size auto: {found}; kept in {where}")
     cfg.batch.micro_batch_size = fitting(cfg, answer["micro_batch_size"], answer["capacity_bytes"], answer["device"])
-    batch_plan(cfg)  # with batch.grad_accum_steps given, the b it implies must fit
+    plan = batch_plan(cfg)  # with batch.grad_accum_steps given, the b it implies must fit
+    if probed:
+        found = f"up to {answer['micro_batch_size']} fit ({answer['method']}, {answer['device']}); kept in {where}"
+        trains = f"; this run trains with b = {plan.micro_batch_size} x A = {plan.grad_accum_steps}" if one_run else ""
+        print(f"batch.micro_batch_size auto: {found}{trains}")
 
 
 def resolve_all(configs: Iterable[Config]) -> None:
@@ -82,7 +87,7 @@ def resolve_all(configs: Iterable[Config]) -> None:
     for c, key in keyed:
         uppers[key] = max(uppers.get(key, 0), per_worker_share(c))
     for c, key in keyed:
-        resolve(c, uppers[key])
+        resolve(c, uppers[key], one_run=False)
 
 
 def _find(cfg: Config, upper: int) -> Dict[str, Any]:

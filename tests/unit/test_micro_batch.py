@@ -167,3 +167,19 @@ def test_bad_device_memory_is_exit_2(bad, capsys):
     assert main(["plan", str(TINY), "--device-memory", bad]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--device-memory" in err[0] and "80GiB" in err[0]
+
+
+def test_auto_says_the_split_the_run_trains_with_not_only_what_fits(tmp_path, capsys):
+    """With the gradient noise scale measured an update needs two micro-batches: 4 sequences per
+    worker fit, and the run trains 2 x 2. `train` used to print "auto: 4 fits" and train with b = 2."""
+    cfg = config.load(
+        TINY,
+        ["batch.micro_batch_size=auto", "gns.enabled=true", f"train.storage_path={tmp_path}", "cluster.use_gpu=false"],
+    )
+    share = micro_batch.per_worker_share(cfg)
+    micro_batch.resolve(cfg)
+    plan = derived.batch_plan(cfg)
+    line = capsys.readouterr().out.strip()
+    assert f"up to {share} fit" in line
+    assert f"this run trains with b = {plan.micro_batch_size} x A = {plan.grad_accum_steps}" in line
+    assert plan.micro_batch_size * plan.grad_accum_steps == share and plan.grad_accum_steps >= 2
