@@ -10,9 +10,12 @@ kept beside them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
+import signal
 import sys
 import threading
 import time
@@ -29,11 +32,33 @@ from orchestrator.driver import plan as planning
 from orchestrator.formulas import batching, feasibility
 from orchestrator.tracking import mlflow_ui
 from orchestrator.tracking.records import RunRecord
-from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, REALISED_RAMP_TAG, warnings_in
+from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, FAILURE_TAG, REALISED_RAMP_TAG, warnings_in
 from orchestrator.tracking.store import Store
 
 RUN_RECORD = "orchestrator_run.json"
 log = logging.getLogger(__name__)
+
+
+class Stopped(Exception):
+    """The command was told to stop (SIGTERM: a scheduler, `kill`, a pod's end)."""
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm():
+    """SIGTERM raises Stopped in the main thread while training (so the run is closed as KILLED),
+    instead of ending the process where it stands (Ray's own handler then dumps its C++ stack)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _show_worker_warnings(cfg: Config, tags: Dict[str, str], shown: Set[str]) -> None:
@@ -155,6 +180,16 @@ def train(cfg: Config, resume: bool = False) -> int:
     ray_session.ray_init(cfg.cluster.address)
     ray_session.check_cluster(cfg, [feasibility.shape_of(cfg)])
     micro_batch.resolve(cfg)
+    try:
+        with stopped_by_sigterm():
+            run_id = _open_run(cfg, name, folder, run_id, digest)
+            return _fit_and_finish(cfg, name, run_id)
+    except (Stopped, KeyboardInterrupt) as stop:  # close the run as KILLED: resumable, not RUNNING forever
+        _end_stopped(cfg, name, run_id, str(stop) or "Ctrl-C", 143 if isinstance(stop, Stopped) else 130)
+
+
+def _open_run(cfg: Config, name: str, folder: str, run_id: Optional[str], digest: str) -> str:
+    """Reopen the run being resumed, or open a new one and record it beside its checkpoints."""
     if run_id:
         Store.of(cfg).reopen_run(run_id)  # RUNNING again, so system metrics resume
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {redact_uri(folder)}")
@@ -169,8 +204,12 @@ def train(cfg: Config, resume: bool = False) -> int:
         storage.write_json(storage.join(folder, RUN_RECORD), record)
         print(f"run {name!r}: MLflow run {run_id}, checkpoints in {redact_uri(folder)}")
         print("  interrupted? the same command with --resume continues it")
-    print(planning.format_table(planning.describe(cfg)), flush=True)
+    return run_id
 
+
+def _fit_and_finish(cfg: Config, name: str, run_id: str) -> int:
+    """Train on Ray Train in a thread while the progress is printed here, then close the run."""
+    print(planning.format_table(planning.describe(cfg)), flush=True)
     fitted: List[Tuple[Optional[Dict[str, Any]], Optional[BaseException]]] = []
 
     def fit() -> None:
@@ -199,6 +238,24 @@ def train(cfg: Config, resume: bool = False) -> int:
     if cfg.batch.schedule == ADAPTIVE:
         print(f"the batch sizes it took, to replay as a fixed ramp: '{realised_ramp(cfg, run_id)}'")
     return 0
+
+
+def _end_stopped(cfg: Config, name: str, run_id: Optional[str], why: str, code: int) -> None:
+    """A stopped command: its run (if it has one yet) closed KILLED with the reason, one line on
+    how to resume, and the process ended: the training thread is still inside Ray, and leaving Ray
+    now would have its core worker abort the process (exit 1, with a C++ message); a local Ray's
+    processes end with it."""
+    if run_id:
+        Store.of(cfg).set_tags(run_id, {FAILURE_TAG: f"stopped by {why}"})
+        run_life.close_run(cfg.tracking.uri, run_id, "KILLED", title=name)
+        print(
+            f"run {name!r} stopped by {why}: MLflow run {run_id} ended KILLED; the same command with --resume "
+            "continues it from its latest checkpoint",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _where_to_open(cfg: Config, run_id: str) -> str:

@@ -241,3 +241,48 @@ def test_tiny_config_through_the_cli(ray_session, tmp_path, monkeypatch, capsys)
     assert evals[0][0] == 0 and abs(evals[0][1] - 5.55) < 0.3, evals  # starts at ln(257)
     assert evals[-1][1] < 0.6 * evals[0][1], evals
     print(f"tiny train took {elapsed:.0f} s")  # the 2-minute goal is a benchmark, not an assertion
+
+
+def test_a_train_stopped_by_sigterm_ends_its_run_killed_in_one_line(corpus, tmp_path):
+    """A scheduler's stop (SIGTERM) mid-training: the command closes its MLflow run KILLED with the
+    reason (it stayed RUNNING, with a Ray C++ stack dump on stderr) and says how to resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    overrides = small_overrides(tmp_path, corpus, "train.run_name=stopped", f"train.total_tokens={128 * 100_000}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "train", str(TINY), *overrides],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    training = threading.Event()
+    out = []
+
+    def read():
+        for line in proc.stdout:
+            out.append(line)
+            if line.startswith("run 'stopped': MLflow run"):  # the run is open: the workers start
+                training.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert training.wait(240), "".join(out)[-3000:]
+        time.sleep(3)  # into the training
+        proc.send_signal(signal.SIGTERM)
+        err = proc.stderr.read()
+        code = proc.wait(120)
+    finally:
+        proc.kill()
+    reader.join(10)
+    assert code == 143, err[-3000:]
+    assert "stopped by SIGTERM" in err and "--resume" in err
+    assert "SIGTERM received" not in err and "*** " not in err, err[-3000:]  # no C++ stack dump
+    run = Store(sqlite_store(tmp_path)).get_run(launch.recorded_run_id(tmp_path / "runs", "stopped"))
+    assert run.status == "KILLED" and run.tags[run_tags.FAILURE_TAG] == "stopped by SIGTERM"
