@@ -188,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr-criterion",
         choices=("final_loss", "steps"),
         default=None,
-        help="the one best lr per batch size the report names: lowest final loss, or fewest steps to the "
-        "primary target (default: the sweep file's search.criterion, else final_loss)",
+        help="the one best lr per batch size the report names, and recommends: lowest final loss (the "
+        "default, whatever the search scored lrs by), or fewest steps to the primary target",
     )
     p.add_argument(
         "--ui-port",

@@ -101,6 +101,7 @@ def for_sweep(
     tolerance: float = optimal_batch.DEFAULT_TOLERANCE,
     found: Optional[tradeoff.Tradeoff] = None,
     no_b_star: Optional[str] = None,
+    lr_criterion: str = "final_loss",
 ) -> Optional[Recommendation]:
     """From the report's best row per batch size (`batch`, `final_loss`, `lr`, `run_id`), the lr
     law (coef, alpha) of lr = coef B^alpha or None, and `unit` = seq_len x num_workers tokens (None:
@@ -137,10 +138,11 @@ def for_sweep(
             f"Every batch size tried, up to {scored[-1]['batch']:,}, is within the tolerance: B_opt is at least that, "
             "and larger batch sizes were not tried."
         )
+    by = {"final_loss": "by final loss", "steps": "by fewest steps to the primary target"}[lr_criterion]
     how = {
-        "power law": "the power law of the best lr (by final loss) in B",
-        "interpolated": "the best lrs (by final loss) of the batch sizes tried around it, interpolated in log-log",
-        "tried": "the best lr (by final loss) at that batch size",
+        "power law": f"the power law of the best lr ({by}) in B",
+        "interpolated": f"the best lrs ({by}) of the batch sizes tried around it, interpolated in log-log",
+        "tried": f"the best lr ({by}) at that batch size",
     }[lr_from]
     words.append(f"lr {lr:.3g}: {how}. Warmup and schedule: the best configuration at {template['batch']:,} tokens.")
     return Recommendation(batch, lr, str(template["run_id"]), rule, lr_from, words, unit is not None, tolerance, found)

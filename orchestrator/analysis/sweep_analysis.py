@@ -238,30 +238,45 @@ def analyse(
         optimizer=optimizer_forms(usable),
         trials=tuple(row(t, metric) for t in given),
         skipped=tuple(t.name for t in trials if t not in read),
-        recommendation=None if branch else what_to_run(usable, best, axes, metric, loss_tolerance),
+        recommendation=None
+        if branch
+        else what_to_run(usable, best, best_lr, axes, metric, loss_tolerance, lr_criterion),
     )
 
 
 def what_to_run(
     usable: Sequence[Trial],
     best: Sequence[BestRow],
+    best_lr: Sequence[BestLr],
     axes: Sequence[str],
     metric: str = "eval/loss",
     tolerance: float = optimal_batch.DEFAULT_TOLERANCE,
+    lr_criterion: str = "final_loss",
 ) -> Optional[recommend.Recommendation]:
-    """recommend.for_sweep on the best configuration per batch size with its best lr by final loss
-    (a full run at this budget is judged by its final loss, whatever criterion the sweep searched
-    by; the lr of fewest steps to a loss can cost final loss: docs/benchmarks.md#recommended_run),
-    the power law through those lrs when there is one, and whole sequences per worker as the unit;
-    None for trials of several model sizes or budgets (a ladder recommends for its target instead)."""
+    """recommend.for_sweep on the best configuration per batch size with the one lr the answer
+    names there (`best_lr`, by the answer's lr_criterion: final loss unless the command asked for
+    fewest steps; a full run at this budget is judged by its final loss, and the lr of fewest steps
+    to a loss can cost final loss: docs/benchmarks.md#recommended_run), the power law through those
+    lrs when there is one, and whole sequences per worker as the unit; None for trials of several
+    model sizes or budgets (a ladder recommends for its target instead)."""
     if any(len({t.params.get(key) for t in usable}) > 1 for key in ("model.params", "train.total_tokens")):
         return None
-    rows = [{"batch": r.batch, "final_loss": r.final_loss, "lr": r.lr, "run_id": r.run_id} for r in best]
-    scaling = lr_scaling([BestLr(r.batch, r.lr, r.lr_edge) for r in best], axes)
+    named = {r.batch: r for r in best_lr}
+    rows = [
+        {
+            "batch": r.batch,
+            "final_loss": r.final_loss,
+            "lr": named[r.batch].lr if r.batch in named else None,
+            "run_id": r.run_id,
+        }
+        for r in best
+    ]
+    scaling = lr_scaling(list(best_lr), axes)
     law = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
     seq_len, workers = usable[0].number("data.seq_len"), usable[0].number("cluster.num_workers")
     found, why = sweep_tradeoff(usable, metric, rows, law, tolerance)
-    return recommend.for_sweep(rows, law, int(seq_len * (workers or 1)) if seq_len else None, tolerance, found, why)
+    unit = int(seq_len * (workers or 1)) if seq_len else None
+    return recommend.for_sweep(rows, law, unit, tolerance, found, why, lr_criterion)
 
 
 def sweep_tradeoff(usable: Sequence[Trial], metric: str, rows, law, tolerance: float):

@@ -68,17 +68,21 @@ def answer(result: Answer) -> str:
                 f" Best interpolated lr at B = {cell(best.batch, 'tok')} by {CRITERIA[result.lr_criterion]}: "
                 f"{lr_text(named.lr, named.edge)}."
             )
-        if len(result.best_per_batch) > 1 and best.batch == min(r.batch for r in result.best_per_batch):
-            text += (
-                " That is the smallest batch tried, as at equal tokens it tends to be: the critical batch "
-                "size is the batch size to act on."
-            )
+        rec = result.recommendation
+        smallest = len(result.best_per_batch) > 1 and best.batch == min(r.batch for r in result.best_per_batch)
+        if smallest and not (rec and rec.found):
+            text += " That is the smallest batch tried: on these runs the loss keeps falling towards smaller batches."
     else:
         text = "No trial reached its budget, so there is no best configuration."
     text += f" {result.counts.finished} of {n} trials reached the budget; {_stopped(result.counts)}."
     if p is None:
         return text + " No loss level to measure the critical batch size at."
     text += " " + critical_batch_sentence(p)
+    if p.status == "resolved":  # what B_crit is for, once
+        text += (
+            " (B_crit is what more data-parallel hardware buys: up to about it, a larger batch reaches that loss in "
+            "proportionally fewer steps; at B_crit, in twice the fewest steps for twice the fewest tokens.)"
+        )
     text += _trend_sentence(result.trend)
     scaling = result.lr_scaling
     if scaling.alpha is not None:

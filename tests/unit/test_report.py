@@ -126,7 +126,9 @@ def test_best_configuration_counts_only_finished_trials(sweep_report, store, tri
         assert row["lr"] != 0.001, "a stopped configuration is never the best"
     answer = report_render.answer(sweep_analysis.analyse(trials))  # what report printed
     assert result["best"]["batch"] == min(BATCHES)  # at equal tokens, as expected: the answer says so
-    assert "That is the smallest batch tried" in answer and "the critical batch size is the batch size to act" in answer
+    assert "That is the smallest batch tried: on these runs the loss keeps falling towards smaller batches" in answer
+    assert "the batch size to act on" not in answer  # B_crit says what it is for instead (issue 52)
+    assert "B_crit is what more data-parallel hardware buys" in answer
     assert f"{result['finished']} of {result['finished'] + failed + 2} trials reached the budget" in answer
     assert f"2 stopped early (2 at the {STOP_RUNG:,}-token rung)" in answer
 
@@ -347,13 +349,11 @@ def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(s
     assert len(inputs.trials) == len(store["runs"]) + len(store["poor"])
     ladder = options.pop("ladder")  # no ladder section: no target, the default tolerance
     assert ladder.target is None
-    assert settings.options == {"lr_criterion": "steps", "primary_target": None, "loss_tolerance": 0.005}
+    # search.criterion steps is how the search scored lrs; the lr the report names is by final loss
+    # unless the command line asks otherwise (one criterion for the whole answer, issue 52).
+    assert settings.options == {"lr_criterion": "final_loss", "primary_target": None, "loss_tolerance": 0.005}
     assert options == {"compare_with": None}
-    assert settings.origin == {
-        "lr_criterion": f"the sweep file {path}",
-        "primary_target": "default",
-        "loss_tolerance": "default",
-    }
+    assert settings.origin == {"lr_criterion": "default", "primary_target": "default", "loss_tolerance": "default"}
 
 
 def test_cli_report_and_unknown_sweep(store, tmp_path, capsys):
@@ -387,10 +387,11 @@ def test_cli_report_and_unknown_sweep(store, tmp_path, capsys):
 
 
 def test_a_sweep_named_by_its_file_its_name_or_its_parent_run_gets_one_answer(store, tmp_path):
-    """The sweep file's analysis settings (search.criterion, search.target_loss) are recorded on the
-    parent run (the file as an artifact, as `sweep` logs it) and read back when the file is not
-    given: report by file, by name, by parent run id and load_sweep agree, and say where the
-    settings came from; the command line's lr criterion wins over them."""
+    """The sweep file's analysis settings (search.target_loss; search.criterion is the search's own,
+    not the report's lr criterion) are recorded on the parent run (the file as an artifact, as
+    `sweep` logs it) and read back when the file is not given: report by file, by name, by parent
+    run id and load_sweep agree, and say where the settings came from; the command line's lr
+    criterion wins over the default."""
     from orchestrator.reporting import results
 
     name, uri = "settings-recorded", store["uri"]
@@ -416,10 +417,10 @@ def test_a_sweep_named_by_its_file_its_name_or_its_parent_run_gets_one_answer(st
         written[way] = json.loads((out / "report.json").read_text())
     answers = {way: {k: v for k, v in j.items() if k not in ("name", "source")} for way, j in written.items()}
     assert answers["file"] == answers["name"] == answers["run id"]
-    assert answers["file"]["lr_criterion"] == "steps" and answers["file"]["primary_target"] == 3.6
-    assert written["file"]["source"]["settings"]["lr_criterion"] == f"the sweep file {path}"
+    assert answers["file"]["lr_criterion"] == "final_loss" and answers["file"]["primary_target"] == 3.6
+    assert written["file"]["source"]["settings"]["primary_target"] == f"the sweep file {path}"
     assert written["name"]["source"]["settings"] == {
-        "lr_criterion": f"the sweep file recorded on run {parent}",
+        "lr_criterion": "default",
         "primary_target": f"the sweep file recorded on run {parent}",
         "loss_tolerance": "default",
     }
@@ -427,9 +428,15 @@ def test_a_sweep_named_by_its_file_its_name_or_its_parent_run_gets_one_answer(st
     assert loaded.fit.raw == {k: v for k, v in written["name"].items() if k != "name"}
 
     out = tmp_path / "cli-wins"
-    assert report.run(name, [f"tracking.uri={uri}"], out=str(out), lr_criterion="final_loss") == 0
+    assert report.run(name, [f"tracking.uri={uri}"], out=str(out), lr_criterion="steps") == 0
     by_cli = json.loads((out / "report.json").read_text())
-    assert by_cli["lr_criterion"] == "final_loss" and by_cli["source"]["settings"]["lr_criterion"] == "command line"
+    assert by_cli["lr_criterion"] == "steps" and by_cli["source"]["settings"]["lr_criterion"] == "command line"
+    named = {r["batch"]: r["lr"] for r in by_cli["best_lr"]}  # one criterion: the recommendation's lr too
+    assert by_cli["recommendation"]["lr_from"] != "power law" or by_cli["lr_scaling"]["alpha"] is not None
+    rec = by_cli["recommendation"]
+    if rec["tokens_per_update"] in named and rec["lr_from"] == "tried":
+        assert rec["lr"] == named[rec["tokens_per_update"]]
+    assert "by fewest steps to the primary target" in " ".join(rec["rule"])
     assert "lr criterion from command line" in (out / "summary.md").read_text()
 
 
