@@ -361,7 +361,8 @@ def bracket_report(prepared: search_space.Prepared, options: Options) -> List[st
     ]
     for kind in sorted({r.cost.kind for r in rows}):
         lines += assumption(next(r.rate for r in rows if r.cost.kind == kind), options)
-    lines += ["first round (the later rounds' lrs depend on its results; an lr changes no cost):", *table(rows)]
+    shown = table(rows) if options.list_all else listed(table(rows), len(rows), "trials")  # as a grid's
+    lines += ["first round (the later rounds' lrs depend on its results; an lr changes no cost):", *shown]
     lines += [f"skipped, infeasible (infeasible: skip): [{t.name}] {t.problem}" for t in skipped]
     lines += [f"would not start: {p}" for p in problems]
     lines += ["first round " + line for line in totals(sweep, rows)[0]]

@@ -198,3 +198,19 @@ def test_bracket_shows_its_first_round_and_its_bound(dry_run, tmp_path):
     low, high = [float(x) for x in span.split()[6:9:2]]  # "..., LOW .. HIGH FLOPs"
     assert high == pytest.approx(low * 15 / 6, rel=1e-2)  # an lr changes no cost: 5 lrs per batch size, not 2
     assert "with 2 trials at a time" in span
+
+
+def test_a_ladders_first_round_is_listed_as_a_grids_is(capsys):
+    """conf/sweep/ladder.yaml's first round has 108 trials: listed as a grid's are (the first 55, a
+    line counting the rest, the last 5; --all lists every one), not all 108 (the README says so)."""
+    from orchestrator.driver import dry_run
+
+    ladder = ROOT / "conf" / "sweep" / "ladder.yaml"
+    code, out, _ = run_main(capsys, "sweep", ladder, "--dry-run")
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("d_model=")]
+    assert len(rows) == dry_run.LISTED
+    assert "... 48 trials more, counted in the totals below (--all lists every one)" in out
+    assert "first round total: 108 trials" in out
+    code, out, _ = run_main(capsys, "sweep", ladder, "--dry-run", "--all")
+    assert code == 0 and len([line for line in out.splitlines() if line.startswith("d_model=")]) == 108
