@@ -15,10 +15,12 @@ from ray import tune
 from orchestrator.core import derived, sweep_schema
 from orchestrator.core.schema import Config
 from orchestrator.formulas import cost
-from orchestrator.reporting.report_format import TOK, cell, fmt_tokens
+from orchestrator.reporting.report_format import TOK, cell
 from orchestrator.sweeps import placement, search_space
 
-PRINT_EVERY_S = 20.0
+QUIET_UP_TO_S = 60.0
+"""In a log (not a terminal) a line is printed when a trial starts or ends; past this long
+without one, a line of the sweep's counts and ETA."""
 ENDED = ("DONE", "STOPPED", "ERROR")
 ALL_ROWS_UP_TO = 30
 """Up to this many trials the table lists every one. Past it, the running trials, the best finished
@@ -26,8 +28,8 @@ ones and the failed ones, and a count of the rest: a sweep of hundreds stays rea
 refresh costs about the same at any size."""
 BEST_LISTED = 5
 """Finished trials (lowest eval loss first), and failed ones (latest), listed past ALL_ROWS_UP_TO."""
-COLUMNS = [  # (header, width, right-aligned)
-    ("trial", 28, False),
+COLUMNS = [  # (header, width, right-aligned); the trial column is as wide as the longest name
+    ("trial", 0, False),
     ("tokens/update", 13, True),
     ("lr", 9, True),
     ("warmup", 9, True),
@@ -58,18 +60,21 @@ class ProgressTable(tune.Callback):
     trial's budget, ETA, loss, eval, status; above them the sweep's counts and ETA, below them the
     best finished trial so far.
 
-    ETAs (arithmetic in orchestrator/formulas/cost.py). A trial's rate is its tokens since its
-    first result (after a restart, since the first result of the restart) over the time since
-    then; its ETA is its remaining tokens at that rate. The sweep's rate is every token any
-    trial trained over the time since the first trial started: the pace the slots have kept,
-    start-ups and evaluations included, so it neither blanks nor jumps when a trial starts or
-    ends. The sweep's ETA is the remaining tokens of every trial
-    not ended (running, pending, and the trials Tune has not created yet at the mean budget of
-    the known ones) at that rate; trials early stopping cuts short make it late.
+    Counts. A grid's or Optuna's trials are known in advance: ended/total, running, pending (the
+    rest). The bracket search proposes its trials as results come and stops a batch size's search
+    once its lr is bracketed, so its total is an upper bound: pending counts the trials Tune has
+    created and not started, and the total reads "of up to N".
 
-    On a terminal the table refreshes in place (rich) whenever a result arrives; otherwise (CI,
-    log files) it is printed every 20 s and whenever a trial ends. `clock` and `console` (a
-    rich Console: live display on it) are for tests."""
+    ETAs. A trial's rate is its tokens since its first result (after a restart, since the first
+    result of the restart) over the time since then; its ETA is its remaining tokens at that rate.
+    The sweep's ETA is the pace of the trials done so far in wall time (cost.sweep_eta_s), from the
+    first trial's end on: start-ups and early stopping are in it, which a token rate taken from the
+    first results leaves out. Under the bracket search it is an upper bound ("at most").
+
+    On a terminal the table refreshes in place (rich) whenever a result arrives. In a log (CI, a
+    file) a line is printed when a trial starts or ends, the sweep's counts and ETA when nothing
+    else was printed for QUIET_UP_TO_S, and the whole table when the sweep ends. `clock` and
+    `console` (a rich Console: live display on it) are for tests."""
 
     def __init__(
         self, sweep: sweep_schema.Sweep, clock: Callable[[], float] = time.monotonic, console: Any = None
@@ -77,6 +82,7 @@ class ProgressTable(tune.Callback):
         self.sweep = sweep
         self.rows: Dict[str, Dict[str, Any]] = {}
         self.expected = 0
+        self.bound_only = sweep.search.algorithm == "bracket"  # expected is then an upper bound
         self.clock = clock
         self.console = console
         self.last_print = -math.inf
@@ -106,6 +112,8 @@ class ProgressTable(tune.Callback):
                 "loss": None,
                 "eval": None,
                 "status": "PENDING",
+                "started": None,  # when the trial (re)started
+                "wall": None,  # seconds from its (last) start to its end
                 "first": None,  # (tokens, time) of the first result since the trial (re)started
                 "rate": None,
                 "gained": 0,  # tokens trained, over every attempt
@@ -122,9 +130,9 @@ class ProgressTable(tune.Callback):
         self._know(trials)
         if self.started_at is None:
             self.started_at = self.clock()
-        self._row(trial).update(status="RUNNING", first=None, rate=None)
-        if self._is_live():  # the plain table waits for results
-            self._show_live()
+        row = self._row(trial)
+        row.update(status="RUNNING", started=self.clock(), first=None, rate=None)
+        self._changed(f"started {row['name']}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._know(trials)
@@ -134,6 +142,8 @@ class ProgressTable(tune.Callback):
         row["gained"] += max(0, tokens - row["tokens"])  # a restart goes back to its checkpoint: none
         if self.started_at is None:  # a resumed sweep's first result
             self.started_at = now
+        if row["started"] is None:
+            row["started"] = now
         row.update(
             tokens=tokens,
             loss=result.get("loss"),
@@ -144,21 +154,35 @@ class ProgressTable(tune.Callback):
             row["first"] = (row["tokens"], now)
         else:
             row["rate"] = cost.rate(*row["first"], row["tokens"], now) or row["rate"]
-        self._refresh(force=False)
+        if self._is_live():
+            self._show_live()
+        elif now - self.last_print > QUIET_UP_TO_S:
+            self._line(self.title())
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         row = self._row(trial)
         row["status"] = "STOPPED" if row["budget"] and row["tokens"] < row["budget"] * 0.99 else "DONE"
-        self._refresh(force=True)
+        row["wall"] = self._wall(row)
+        scores = ", ".join(f"{k} {row[k]:.3f}" for k in ("loss", "eval") if row[k] is not None)
+        scores = f" ({scores})" if scores else ""
+        self._changed(f"{row['status'].lower()} {row['name']}{scores}; {self.title()}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._row(trial)["status"] = "ERROR"
-        self._refresh(force=True)
+        row = self._row(trial)
+        row["status"] = "ERROR"
+        row["wall"] = self._wall(row)
+        self._changed(f"failed {row['name']} at {row['tokens']:,} tokens; {self.title()}")
 
     def on_experiment_end(self, trials, **info):
+        self.expected, self.bound_only = len(self.rows), False  # the count is known now
+        if not self._is_live():
+            self.print()
         self.stop()
 
     # ------------------------------------------------------------ the figures
+
+    def _wall(self, row: Dict[str, Any]) -> float:
+        return self.clock() - row["started"] if row["started"] is not None else 0.0
 
     def trial_eta_s(self, row: Dict[str, Any]) -> Optional[float]:
         """Seconds until a running trial reaches its budget at its rate (None: not running or no rate yet)."""
@@ -166,45 +190,43 @@ class ProgressTable(tune.Callback):
             return None
         return cost.eta_s(row["budget"] - row["tokens"], row["rate"])
 
-    def remaining_tokens(self) -> float:
-        """Tokens still to train: every trial not ended, and the trials Tune has not created yet."""
-        budgets = [r["budget"] for r in self.rows.values() if r["budget"]]
-        left = sum(
-            max(0, r["budget"] - r["tokens"]) for r in self.rows.values() if r["budget"] and r["status"] not in ENDED
-        )
-        unseen = max(0, self.expected - len(self.rows))
-        return left + (unseen * sum(budgets) / len(budgets) if budgets else 0.0)
-
-    def sweep_rate(self) -> Optional[float]:
-        """Tokens/s the sweep has kept since its first trial started (None before any progress)."""
-        if self.started_at is None:
-            return None
-        return cost.rate(0, self.started_at, sum(r["gained"] for r in self.rows.values()), self.clock())
+    def total(self) -> int:
+        """The sweep's trials (under the bracket search, the most it may run)."""
+        return max(self.expected, len(self.rows))
 
     def sweep_eta_s(self) -> Optional[float]:
-        return cost.eta_s(self.remaining_tokens(), self.sweep_rate())
+        if self.started_at is None:
+            return None
+        now, rows = self.clock(), self.rows.values()
+        walls = [r["wall"] for r in rows if r["status"] in ENDED and r["wall"] is not None]
+        running = [now - r["started"] for r in rows if r["status"] == "RUNNING" and r["started"] is not None]
+        return cost.sweep_eta_s(now - self.started_at, walls, running, self.total())
 
     def counts(self) -> str:
-        """'3/32 ended, 2 running on 1.6 CPUs, 27 pending'."""
+        """'3/32 ended, 2 running on 1.6 CPUs, 27 pending' (the bracket search: '3 ended of up to 32, ...')."""
         ended = sum(r["status"] in ENDED for r in self.rows.values())
         running = [r for r in self.rows.values() if r["status"] == "RUNNING"]
-        total = max(self.expected, len(self.rows))
         held = {k: sum(r["holds"].get(k, 0.0) for r in running) for k in ("CPU", "GPU")}
         on = " + ".join(f"{v:g} {k}s" for k, v in held.items() if v)
         running_on = f"{len(running)} running" + (f" on {on}" if on else "")
-        return f"{ended}/{total} ended, {running_on}, {total - ended - len(running)} pending"
+        if self.bound_only:
+            pending = sum(r["status"] == "PENDING" for r in self.rows.values())
+            return f"{ended} ended of up to {self.total()}, {running_on}, {pending} pending"
+        return f"{ended}/{self.total()} ended, {running_on}, {self.total() - ended - len(running)} pending"
+
+    def eta(self) -> str:
+        """'ETA 6m 10s', 'ETA at most 6m 10s' (the bracket search), or why there is none yet."""
+        eta = self.sweep_eta_s()
+        if eta is None:
+            return "ETA -" if self.started_at is None else "ETA after the first trial ends"
+        return f"ETA {'at most ' if self.bound_only and eta else ''}{cost.format_duration(eta)}"
 
     def title(self, compact: bool = False) -> str:
-        rate, eta, left = self.sweep_rate(), self.sweep_eta_s(), self.remaining_tokens()
-        if compact:  # the rich table's title, which should fit 80 columns
-            how = f"{fmt_tokens(left)} tokens at {fmt_tokens(rate)}/s" if rate else "no rate yet" if left else "done"
-            return f"{self.sweep.name}: {self.counts()}; ETA {cost.format_duration(eta)} ({how})"
-        how = f"{left:,.0f} tokens left at {rate:,.0f} tokens/s" if rate else "no rate yet" if left else "none left"
-        return f"sweep {self.sweep.name}: {self.counts()}; ETA {cost.format_duration(eta)} ({how})"
+        return f"{'' if compact else 'sweep '}{self.sweep.name}: {self.counts()}; {self.eta()}"
 
     def best_so_far(self) -> str:
         """The finished trial with the lowest eval loss; at equal tokens the smallest batch tends
-        to win, so this is progress, not the answer (the critical batch size is, at the end)."""
+        to win, so this is progress, not the answer (the report's, at the end)."""
         done = [r for r in self.rows.values() if r["status"] == "DONE" and r["eval"] is not None]
         if not done:
             return "best so far: none finished yet"
@@ -231,7 +253,7 @@ class ProgressTable(tune.Callback):
     def cells(self, row: Dict[str, Any]) -> List[str]:
         done = row["tokens"] / row["budget"] if row["budget"] else None
         return [
-            row["name"][:28],
+            row["name"],
             _fmt(row["B"], ",d"),
             _fmt(row["lr"], ".2e"),
             _fmt(row["warmup"], ",d"),
@@ -248,20 +270,29 @@ class ProgressTable(tune.Callback):
     def _is_live(self) -> bool:
         return self.console is not None or sys.stdout.isatty()
 
-    def _refresh(self, force: bool) -> None:
+    def _changed(self, what: str) -> None:
+        """A trial started or ended: the live table redrawn, or one line in a log."""
         if self._is_live():
             self._show_live()
-        elif force or self.clock() - self.last_print > PRINT_EVERY_S:
-            self.print()
+        else:
+            self._line(what)
+
+    def _line(self, text: str) -> None:
+        self.last_print = self.clock()
+        since = cost.format_duration(self.last_print - self.started_at) if self.started_at is not None else "-"
+        print(f"[{since:>7}] {text}", flush=True)
 
     def print(self) -> None:
         """The plain table (CI and log files)."""
         self.last_print = self.clock()
+        rows, rest = self.listed()
+        widths = [w for _, w, _ in COLUMNS]
+        widths[0] = max([len("trial")] + [len(r["name"]) for r in rows])  # whole names: none reads as another
 
         def line(values: List[str]) -> str:
-            return " ".join(f"{v:>{w}}" if right else f"{v:<{w}}" for v, (_, w, right) in zip(values, COLUMNS))
+            cells = (f"{v:>{w}}" if right else f"{v:<{w}}" for v, w, (_, _, right) in zip(values, widths, COLUMNS))
+            return " ".join(cells).rstrip()
 
-        rows, rest = self.listed()
         lines = [f"--- {self.title()} ---", line([c[0] for c in COLUMNS])]
         lines += [line(self.cells(row)) for row in rows]
         lines += [rest] if rest else []

@@ -20,8 +20,8 @@ The sweep's ETA is the makespan of list scheduling: the trials in order, each st
 first free slot of `search.max_concurrent` (what Tune does when the cluster fits that many).
 
 While a sweep runs: a trial's rate is its tokens since its first result over the time since
-then; the sweep's ETA is the remaining tokens of every unfinished trial at the rate the sweep
-has kept since its first trial started (`rate`, `eta_s`; driver/progress_table.py).
+then, its ETA its remaining tokens at that rate (`rate`, `eta_s`); the sweep's ETA is the pace
+of the trials done so far, in wall time (`sweep_eta_s`; driver/progress_table.py).
 """
 
 from __future__ import annotations
@@ -253,6 +253,19 @@ def eta_s(remaining_tokens: float, tokens_per_s: Optional[float]) -> Optional[fl
     if not tokens_per_s or tokens_per_s <= 0:
         return None
     return remaining_tokens / tokens_per_s
+
+
+def sweep_eta_s(elapsed_s: float, ended_walls_s: Sequence[float], running_for_s: Sequence[float], total: int):
+    """Seconds until a sweep of `total` trials ends, at the pace of the trials done so far: the
+    time since the first trial started over the trials done, times the trials left. A running
+    trial counts as done by the share of an ended trial's mean wall time it has run (start-up and
+    evaluations are in both); a trial early stopping cut short counts as one ended trial, so the
+    pace carries the searcher's stopping. None until a trial has ended."""
+    if not ended_walls_s or elapsed_s <= 0:
+        return None
+    mean_wall = sum(ended_walls_s) / len(ended_walls_s)
+    done = len(ended_walls_s) + sum(min(1.0, r / mean_wall) for r in running_for_s if mean_wall > 0)
+    return max(0.0, total - done) * elapsed_s / done
 
 
 def format_duration(seconds: Optional[float]) -> str:
