@@ -469,8 +469,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         _stdout_to_devnull()
         return 0
     except Exception as exc:  # a failure during the run: its reason in one line, not a traceback
-        if os.environ.get(TRACEBACK_ENV):
-            raise
+        if traceback_asked():
+            import traceback
+
+            print(_without_secrets("".join(traceback.format_exception(exc))), file=sys.stderr, end="")
+            return 1
         lines = str(exc).strip().splitlines()
         reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
         print(f"orchestrator {args.verb}: error: {_without_secrets(reason)}", file=sys.stderr)
@@ -478,8 +481,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 TRACEBACK_ENV = "ORCHESTRATOR_TRACEBACK"
-"""Set (to anything) to see a failure's whole traceback instead of its one line: for reporting a
-bug. A traceback can hold what the one line redacts (a URI's password), so it is off by default."""
+"""1, true or yes: a failure's whole traceback instead of its one line, for reporting a bug (its
+URIs' passwords redacted as the one line's are; a local variable's value printed by a library can
+still hold one, so it is off by default)."""
+
+
+def traceback_asked() -> bool:
+    return os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def _stdout_to_devnull() -> None:

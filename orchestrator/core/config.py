@@ -44,7 +44,15 @@ from orchestrator.core.yaml_files import (
 
 _SECRET_RE = re.compile(r"\$\{oc\.env:")
 REDACTED = "***"
-_URI_CREDENTIALS = re.compile(r"://([^/@:\s]*)(:[^/@\s]*)?@")  # scheme://user:PASSWORD@host, scheme://TOKEN@host
+_URI_USERINFO = re.compile(r"://([^/?#\s]*)@(?=[^/?#\s@]*(?:[/?#\s]|$))")
+"""scheme://user:PASSWORD@host, scheme://TOKEN@host: the userinfo is everything up to the
+authority's last '@' (urllib.parse's reading; a password may hold '@' and ':')."""
+_QUERY_SECRETS = re.compile(
+    r"([?&](?:token|access_token|auth|password|passwd|pwd|secret|api_key|apikey|sig|signature|"
+    r"x-amz-signature|x-amz-security-token|x-goog-signature)=)[^&#\s]*",
+    re.IGNORECASE,
+)
+"""Query-string parameters that carry a credential (signed URLs, tokens)."""
 
 
 def schema_keys(schema: Any = Config, prefix: str = "") -> List[str]:
@@ -368,9 +376,16 @@ def to_dict(cfg: Config, redact: bool = True) -> Dict[str, Any]:
 
 def redact_uri(text: str) -> str:
     """The one rule for credentials inside URIs, wherever text is logged, written or printed:
-    'https://user:secret@host/x' -> 'https://user:***@host/x', and a user part without a password,
-    often a token ('https://TOKEN@host'), -> 'https://***@host'; anything else as is."""
-    return _URI_CREDENTIALS.sub(lambda m: f"://{m[1]}:{REDACTED}@" if m[2] else f"://{REDACTED}@", text)
+    'https://user:secret@host/x' -> 'https://user:***@host/x' (the userinfo ends at the authority's
+    last '@'), a user part without a password, often a token ('https://TOKEN@host'), ->
+    'https://***@host', a credential in a query string ('?token=...', '&sig=...') -> '?token=***';
+    anything else as is."""
+
+    def userinfo(m: re.Match) -> str:
+        user, has_password, _ = m[1].partition(":")
+        return f"://{user}:{REDACTED}@" if has_password else f"://{REDACTED}@"
+
+    return _QUERY_SECRETS.sub(lambda m: m[1] + REDACTED, _URI_USERINFO.sub(userinfo, text))
 
 
 def _without_uri_passwords(node: Any) -> Any:

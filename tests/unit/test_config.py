@@ -443,3 +443,28 @@ def test_an_adaptive_schedule_doubles_up_to_its_cap_with_the_calibration_given()
     assert derived.adaptive_batches(cfg) == [512, 1024]
     assert derived.adaptive_rule(cfg) == derived.AdaptiveRule(max_tokens_per_update=1024, calibration=0.5)
     assert derived.adaptive_rule(config.load(LINREG)) is None
+
+
+@pytest.mark.parametrize(
+    "uri, shown",
+    [
+        ("ftp://audit:Pa@ss-w0rd@127.0.0.1:9/db", "ftp://audit:***@127.0.0.1:9/db"),  # '@' in the password
+        ("https://me@corp.com:p:w@d@host/x", "https://me@corp.com:***@host/x"),  # the userinfo ends at the last '@'
+        ("https://tok@en@host", "https://***@host"),
+        (
+            "mysql://u:p@ss@db:3306/x?a=1 then https://h/p?token=abc&x=1",
+            "mysql://u:***@db:3306/x?a=1 then https://h/p?token=***&x=1",
+        ),
+        ("s3://bucket/key?X-Amz-Signature=f00d&sig=beef#frag", "s3://bucket/key?X-Amz-Signature=***&sig=***#frag"),
+        ("https://host/a@b/c", "https://host/a@b/c"),  # an '@' in the path is no userinfo
+    ],
+)
+def test_a_uri_is_redacted_whatever_its_password_holds(uri, shown):
+    """urllib.parse's reading: the userinfo is everything before the authority's last '@'; tokens
+    in a query string are secrets too."""
+    from urllib.parse import urlsplit
+
+    assert config.redact_uri(uri) == shown
+    first = uri.split(" ")[0]
+    if urlsplit(first).password:
+        assert urlsplit(first).password not in config.redact_uri(uri)

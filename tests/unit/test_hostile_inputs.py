@@ -204,6 +204,24 @@ def test_a_failure_reaching_the_command_line_is_one_line_without_the_password(
     assert PASSWORD not in err[0] and os.listdir(nothing_starts) == []
 
 
+@pytest.mark.parametrize(
+    "switch, traceback_shown", [("0", False), ("false", False), ("", False), ("1", True), ("yes", True)]
+)
+def test_the_traceback_switch_is_on_only_when_asked_and_its_traceback_is_redacted(
+    switch, traceback_shown, nothing_starts, monkeypatch, capsys
+):
+    """ORCHESTRATOR_TRACEBACK=0 means off; on (1, true, yes), the whole traceback is printed with
+    every URI's password redacted, as the one line is."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("ORCHESTRATOR_TRACEBACK", switch)
+    password = "Pa@ss-w0rd"  # an '@' in it: the userinfo ends at the last one
+    code = cli(["report", "some-sweep", f"tracking.uri=http://u:{password}@127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == 1 and password not in err and "ss-w0rd" not in err and "u:***@127.0.0.1:9" in err, err
+    assert ("Traceback (most recent call last)" in err) == traceback_shown
+    assert len(err.strip().splitlines()) == 1 or traceback_shown
+
+
 # ---------------------------------------------------------------- where report writes
 
 FOLDERS = [  # (--out, what is in the folders beforehand, the key the one line names)
