@@ -18,6 +18,7 @@ Pure Python: no Ray, DeepSpeed or MLflow here.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -68,6 +69,29 @@ def _feasible_neighbours(target: int, unit: int, allowed_max: Optional[int]) -> 
     return (below if below and below > 0 else None), above
 
 
+MAX_TOKENS_PER_UPDATE = 2**40
+"""The largest batch a config may ask for (about 10^12 tokens, 10^4 times today's largest
+published batches): past it a batch is a typo or hostile, and its arithmetic would be unbounded."""
+
+
+def largest_divisor_at_most(n: int, bound: int) -> int:
+    """The largest divisor of n (>= 1) that is at most bound (>= 1), by trial division: bound
+    candidates down from bound when bound is under the square root, else up to the square root
+    (a divisor d there pairs with n // d)."""
+    if bound >= n:
+        return n
+    root = math.isqrt(n)
+    if bound <= root:
+        return next(b for b in range(bound, 0, -1) if n % b == 0)
+    best = 1
+    for d in range(1, root + 1):
+        if n % d == 0:
+            if n // d <= bound:  # the first such pair partner is the largest: d ascends, n // d descends
+                return n // d
+            best = d
+    return best
+
+
 def _suggest(target: int, unit: int, allowed_max: Optional[int] = None) -> str:
     below, above = _feasible_neighbours(target, unit, allowed_max)
     options = [f"{v:,}" for v in (below, above) if v is not None]
@@ -110,7 +134,7 @@ def solve(
         fewest_steps = -(-min_micro_batches // num_workers)  # A such that D x A >= min_micro_batches
         if per_worker >= fewest_steps:
             bound = min(bound, per_worker // fewest_steps)
-        micro = max(b for b in range(1, bound + 1) if per_worker % b == 0)
+        micro = largest_divisor_at_most(per_worker, bound)
         return BatchPlan(seq_len, micro, num_workers, per_worker // micro)
 
     accum_unit = sequences_unit * grad_accum_steps

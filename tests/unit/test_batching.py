@@ -75,6 +75,37 @@ def test_min_micro_batches_splits_when_the_update_allows_it(seq_len, max_b, work
     assert (plan.micro_batches_per_update >= 2) == (seqs >= 2)
 
 
+@given(st.integers(1, 5000), st.integers(1, 6000))
+@settings(max_examples=300, deadline=None)
+def test_the_largest_divisor_under_a_bound_is_the_brute_forces(n, bound):
+    assert batching.largest_divisor_at_most(n, bound) == max(b for b in range(1, min(n, bound) + 1) if n % b == 0)
+
+
+def test_a_huge_batch_costs_a_square_root_of_divisions_not_the_batch(monkeypatch):
+    """2^37 tokens per update (a 2^31-sequence split) is answered by trial division to the square
+    root: counted here by the modulo calls, far fewer than the brute force's 2^31."""
+    calls = []
+
+    class Counted(int):
+        def __mod__(self, other):
+            calls.append(other)
+            return int(self) % other
+
+    micro = batching.largest_divisor_at_most(Counted(2**31 * 3), 2**31)
+    assert micro == 2**31 and len(calls) <= 2**16 * 2
+    plan = batching.solve(64, 2**37, None, 1)
+    assert plan.micro_batch_size * plan.grad_accum_steps == 2**31
+
+
+def test_a_batch_beyond_the_ceiling_is_refused_in_one_line():
+    from orchestrator.core import config
+
+    with pytest.raises(ConfigError) as refused:
+        config.load(None, [f"batch.tokens_per_update={2**70}", "batch.micro_batch_size=auto"])
+    assert refused.value.key == "batch.tokens_per_update"
+    assert str(batching.MAX_TOKENS_PER_UPDATE) in str(refused.value)
+
+
 def test_a_given_accumulation_is_kept_whatever_min_micro_batches_says():
     plan = batching.solve(128, 128 * 8, 8, 1, grad_accum_steps=1, min_micro_batches=2)
     assert (plan.micro_batch_size, plan.grad_accum_steps) == (8, 1)
