@@ -449,7 +449,7 @@ def _param_value(text: Any) -> Any:
     if text == "None":
         return None
     try:
-        return yaml.safe_load(text)
+        return yaml_files.load_text(text)
     except yaml.YAMLError:
         return text
 

@@ -25,6 +25,47 @@ _RESOLVER_RE = re.compile(r"\$\{([\w.]+):")
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """yaml.safe_load's loader, in C where PyYAML has libyaml: ten times faster on a long file (a
 ramp of 10,000 steps)."""
+MAX_BYTES = 16 * 2**20
+"""The largest YAML text read (a ramp of 10,000 steps is about 400 KB)."""
+MAX_NODES = 2_000_000
+"""The most nodes a YAML document may hold once its aliases are expanded: an alias shares a node
+when loaded, but whatever copies the result (OmegaConf, a deepcopy) expands it, so a few hundred
+bytes of aliases nested nine deep would become hundreds of millions of nodes."""
+
+
+def load_text(text: str) -> Any:
+    """The one YAML load: safe, bounded in size and in expanded nodes (yaml.YAMLError beyond)."""
+    if len(text) > MAX_BYTES:
+        raise yaml.YAMLError(f"{len(text):,} characters, more than the {MAX_BYTES:,} a YAML file may hold here")
+    loader = SAFE_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded = _expanded_nodes(node, {})
+        if expanded > MAX_NODES:
+            raise yaml.YAMLError(
+                f"its aliases expand to {expanded:,} nodes, more than {MAX_NODES:,}: write the values out"
+            )
+        return loader.construct_document(node)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deep") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_nodes(node: yaml.Node, seen: Dict[int, int]) -> int:
+    """How many nodes `node` stands for with every alias written out (a shared node counted each
+    time it is reached, each computed once)."""
+    if id(node) not in seen:
+        seen[id(node)] = 0  # an alias cycle counts its way round once
+        children = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        seen[id(node)] = 1 + sum(_expanded_nodes(child, seen) for child in children)
+    return seen[id(node)]
 
 
 def read_mapping(
@@ -43,7 +84,7 @@ def parse_mapping(
 ) -> Dict[str, Any]:
     """The mapping of one YAML text that `path` names (a file, or an MLflow run's copy of one)."""
     try:
-        raw = yaml.load(text, Loader=SAFE_LOADER) or {}
+        raw = load_text(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -166,6 +166,36 @@ def test_a_bad_sweep_file_is_refused_in_one_line_before_anything_starts(sections
     assert tree(nothing_starts.parent) == before, "nothing written or removed"
 
 
+def alias_bomb(levels: int = 9) -> str:
+    """A few hundred bytes of YAML whose aliases expand to 9^levels strings (billion laughs)."""
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("verb", [["plan"], ["sweep", "--dry-run"]])
+def test_a_yaml_alias_bomb_is_refused_in_one_line(verb, nothing_starts, capsys):
+    """A config or a sweep file of under 700 bytes whose aliases would expand to 387 million
+    nodes: refused by the one YAML reader before anything builds on it."""
+    bomb = alias_bomb()
+    assert len(bomb) < 700
+    path = nothing_starts.parent / "bomb.yaml"
+    path.write_text(bomb)
+    before = tree(nothing_starts.parent)
+    code = cli([verb[0], str(path), *verb[1:]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "aliases" in err[0], err
+    assert tree(nothing_starts.parent) == before
+
+
+def test_a_param_read_back_as_yaml_is_bounded_too():
+    """A run's params are read back as YAML (recommended.yaml, a report's template run): an alias
+    bomb logged as a param stays the text it was, not expanded."""
+    from orchestrator.core import config
+
+    assert config.from_params({"train.run_name": alias_bomb()})["train"]["run_name"] == alias_bomb()
+
+
 # ---------------------------------------------------------------- passwords in what is logged and printed
 
 
