@@ -42,8 +42,9 @@ class BestRow(Record):
 
     batch: int
     """Tokens per update."""
-    settings: Dict[str, Optional[str]]
-    """Its value of every swept axis, the batch size and lr included, as the run logged it."""
+    settings: Dict[str, Any]
+    """Its value of every swept axis, the batch size and lr included: numbers and booleans typed
+    (trials.param_value), anything else as the run logged it."""
     final_loss: float
     """Its mean final loss over its seeds (Answer.loss_metric)."""
     spread: Optional[float]

@@ -33,7 +33,7 @@ import numpy as np
 from orchestrator.analysis import critical_batch as cb
 from orchestrator.analysis import loss_surface, lr_optimum, optimal_batch, steps_to_target, sweep_analysis
 from orchestrator.analysis.answer import BestRow, TargetFit
-from orchestrator.analysis.trials import LR_KEY, Trial, by_batch, lr_scans, swept_axes
+from orchestrator.analysis.trials import LR_KEY, Trial, by_batch, lr_scans, settings, swept_axes
 
 PARAMS_KEY, TOKENS_KEY = "model.params", "train.total_tokens"
 OPTIMIZER_KEYS = ("optim.beta2_half_life_tokens", "optim.weight_decay_timescale_share")
@@ -313,7 +313,7 @@ def _chosen_scan(group: Sequence[Trial], axes: Sequence[str], row: BestRow):
     configurations left out (as best_per_batch leaves them)."""
     chosen = {k: v for k, v in row.settings.items() if k != LR_KEY}
     for scan in lr_scans(group, axes):
-        if {k: scan[0].trials[0].params.get(k) for k in chosen} == chosen:
+        if settings(scan[0].trials[0], list(chosen)) == chosen:
             return [c for c in scan if all(t.outcome != "incomplete" for t in c.trials)]
     raise ValueError(f"no lr scan at batch size {row.batch} has the settings {chosen}")
 

@@ -267,5 +267,24 @@ def lr_scans(trials: Sequence[Trial], axes: Sequence[str]) -> List[List[Config]]
     ]
 
 
-def settings(t: Trial, axes: Sequence[str]) -> Dict[str, Optional[str]]:
-    return {k: t.params.get(k) for k in axes}
+_WORDS = {"None": None, "True": True, "False": False}
+"""How MLflow spells Python's None and booleans (it logs str(value))."""
+
+
+def param_value(value: Any) -> Any:
+    """A logged param's text as the None, bool, int or float it spells, else as it is."""
+    if not isinstance(value, str):
+        return value
+    if value in _WORDS:
+        return _WORDS[value]
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def settings(t: Trial, axes: Sequence[str]) -> Dict[str, Any]:
+    """The trial's value of each of `axes`, typed (param_value); None where it logged none."""
+    return {k: param_value(t.params.get(k)) for k in axes}

@@ -8,6 +8,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.cm  # noqa: E402
+import matplotlib.colors  # noqa: E402
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
@@ -54,6 +57,18 @@ def batch_colors(batch_sizes: Sequence[float]) -> Dict[float, Tuple]:
     span = (logs.max() - logs.min()) or 1.0
     cmap = plt.get_cmap("viridis")
     return {b: cmap(0.9 * (lb - logs.min()) / span) for b, lb in zip(sizes, logs)}
+
+
+def lr_scale(lrs: Sequence[float]):
+    """(colour of an lr, the ScalarMappable its colour bar draws): plasma over log lr, short of its
+    pale yellow end, which white paper would hide."""
+    import numpy as np
+
+    low, high = min(lrs), max(lrs)
+    cmap = matplotlib.colors.ListedColormap(plt.get_cmap("plasma")(np.linspace(0.0, 0.85, 256)))
+    norm = matplotlib.colors.LogNorm(low, high if high > low else low * 2)
+    mappable = matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
+    return (lambda lr: mappable.to_rgba(lr)), mappable
 
 
 def plain_log_ticks(axis, fmt, limits: Tuple[float, float]) -> None:
@@ -183,9 +198,17 @@ def heatmap(
     return fig
 
 
-def lr_batch_heatmap(cells: Sequence[Tuple[float, float, float]], what: str = "final loss"):
+def lr_batch_heatmap(
+    cells: Sequence[Tuple[float, float, float]],
+    what: str = "final loss",
+    best: Optional[Tuple[float, float]] = None,
+    recommended: Optional[Tuple[float, float]] = None,
+):
     """Heatmap of (lr, B, loss) cells: lr rows (rounded to 3 significant digits, so that sampled
-    lrs share rows), batch-size columns, the lowest loss where several trials share a cell."""
+    lrs share rows), batch-size columns, the lowest loss where several cells share one (each cell a
+    configuration's mean over its seeds: the lowest is the best over the other settings). `best`
+    (lr, B) is boxed; `recommended` (B, lr), which need be no cell, is a cross at its place on the
+    log-spaced rows and columns, where it lies within them."""
     import numpy as np
 
     lrs = sorted({float(f"{lr:.3g}") for lr, _, _ in cells})
@@ -194,51 +217,81 @@ def lr_batch_heatmap(cells: Sequence[Tuple[float, float, float]], what: str = "f
     for lr, b, loss in cells:
         i, j = lrs.index(float(f"{lr:.3g}")), batches.index(b)
         grid[i, j] = np.fmin(grid[i, j], loss)
-    return heatmap(
+    fig = heatmap(
         grid,
         [f"{lr:.3g}" for lr in lrs],
         [fmt_tokens(b) for b in batches],
-        f"{what} (best over other settings)",
+        f"{what}, mean over seeds (best over other settings)",
         cbar=what,
     )
+    ax = fig.axes[0]
+    if best is not None and float(f"{best[0]:.3g}") in lrs and best[1] in batches:
+        i, j = lrs.index(float(f"{best[0]:.3g}")), batches.index(best[1])
+        box = matplotlib.patches.Rectangle(
+            (j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.2, label="best configuration (lowest mean)"
+        )
+        ax.add_patch(box)
+    if recommended is not None and len(lrs) > 1 and len(batches) > 1:
+        b, lr = recommended
+        if batches[0] <= b <= batches[-1] and lrs[0] <= lr <= lrs[-1]:
+            x = float(np.interp(math.log(b), np.log(batches), range(len(batches))))
+            y = float(np.interp(math.log(lr), np.log(lrs), range(len(lrs))))
+            label = f"recommended: B = {fmt_tokens(b)}, lr {lr:.3g}"
+            ax.plot([x], [y], "X", color="red", mec="white", ms=11, label=label)
+    if ax.patches or ax.get_lines():
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+        fig.tight_layout()
+    return fig
 
 
-def critical_batch(fits: Sequence[Dict], title: str = "steps vs tokens to reach a target loss"):
-    """Per target: measured (E_j, S_j) points and the fitted hyperbola S = S_min + E_min / B.
+def critical_batch(fits: Sequence[Dict], title: str = "tokens and optimizer steps to reach a target loss"):
+    """Per target: the measured tokens E and steps S from L_a to it against the batch size B, the
+    fitted hyperbola (E = E_min + S_min B, S = S_min + E_min / B), perfect scaling (the tokens stay
+    E_min, the steps fall as E_min / B) and B_crit = E_min / S_min, where both are twice their least.
 
     Each fit is {"target_loss", "points": [(B, S, E)], "s_min", "e_min", "b_crit"} (the last
-    three None when no fit). On the hyperbola, E = S_min B + E_min and S = S_min + E_min / B.
+    three None when no fit). Each line's gid names what it draws: "measured|fit|perfect <target>".
     """
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, (tokens_ax, steps_ax) = plt.subplots(1, 2, figsize=(11, 4.8))
     cmap = plt.get_cmap("plasma")
     for k, fit in enumerate(fits):
         color = cmap(0.8 * k / max(1, len(fits) - 1))
-        bs, ss, es = zip(*fit["points"])
-        ax.plot(es, ss, "o", color=color, label=f"loss {fit['target_loss']:.3f}")
-        for b, s, e in fit["points"]:
-            ax.annotate(fmt_tokens(b), (e, s), textcoords="offset points", xytext=(4, 4), fontsize=6, color=color)
-        if fit.get("s_min") and fit.get("e_min"):
-            grid = np.geomspace(min(bs) / 4, max(bs) * 4, 200)
-            ax.plot(
-                fit["s_min"] * grid + fit["e_min"],
-                fit["s_min"] + fit["e_min"] / grid,
-                "-",
-                color=color,
-                lw=1,
-                label=f"fit: B_crit = {fmt_tokens(fit['b_crit'])}",
-            )
-            ax.plot([2 * fit["e_min"]], [2 * fit["s_min"]], "*", color=color, ms=12)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain_log_ticks(ax.xaxis, fmt_tokens, ax.get_xlim())
-    plain_log_ticks(ax.yaxis, lambda v: f"{v:g}", ax.get_ylim())
-    ax.set_xlabel("tokens to reach target (E)")
-    ax.set_ylabel("optimizer steps to reach target (S)")
-    ax.set_title(title + "\n(star: B = B_crit, i.e. S = 2 S_min and E = 2 E_min)", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+        bs, ss, es = map(np.asarray, zip(*fit["points"]))
+        key, s_min, e_min = f"{fit['target_loss']:.6g}", fit.get("s_min"), fit.get("e_min")
+        label = f"loss {fit['target_loss']:.3f}" + (
+            f": B_crit = {fmt_tokens(fit['b_crit'])}" if fit.get("b_crit") else ""
+        )
+        grid = np.geomspace(bs.min() / 2, bs.max() * 2, 100)
+        for ax, measured, least in ((tokens_ax, es, e_min), (steps_ax, ss, s_min)):
+            ax.plot(bs, measured, "o", color=color, gid=f"measured {key}", label=label)
+            if not (s_min and e_min):
+                continue
+            tokens_panel = ax is tokens_ax
+            fitted = e_min + s_min * grid if tokens_panel else s_min + e_min / grid
+            perfect = np.full_like(grid, e_min) if tokens_panel else e_min / grid
+            ax.plot(grid, fitted, "-", color=color, lw=1.2, gid=f"fit {key}")
+            ax.plot(grid, perfect, "--", color=color, lw=0.9, alpha=0.8, gid=f"perfect {key}")
+            ax.plot([e_min / s_min], [2 * least], "D", color=color, mfc="white", ms=7, mew=1.5)
+    for ax in (tokens_ax, steps_ax):
+        tokens_panel = ax is tokens_ax
+        ax.plot(
+            [], [], "k-", lw=1.2, label="fit: " + ("E = E_min + S_min B" if tokens_panel else "S = S_min + E_min / B")
+        )
+        ax.plot(
+            [], [], "k--", lw=0.9, label="perfect scaling: " + ("tokens constant" if tokens_panel else "steps ~ 1/B")
+        )
+        ax.plot([], [], "D", color="k", mfc="white", ms=6, label="B_crit (fit): twice the least")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        plain_log_ticks(ax.xaxis, fmt_tokens, ax.get_xlim())
+        plain_log_ticks(ax.yaxis, fmt_tokens if tokens_panel else (lambda v: f"{v:g}"), ax.get_ylim())
+        ax.set_xlabel("batch size (tokens per update)")
+        ax.set_ylabel(f"{'tokens' if tokens_panel else 'optimizer steps'} from L_a to the target")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 

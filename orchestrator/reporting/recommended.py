@@ -3,16 +3,22 @@ sweep's B and lr, a branch study's ramp, a ladder's target). It is the config of
 trained (its model, data, schedule, tracking and storage, read back from its params), with what
 the report recommends set on top and what belonged to that one run (its name, a branch's
 checkpoint and stop, the derived micro-batch split) reset, so `orchestrator plan` and `train`
-take it as it is. Its header says where every number comes from.
+take it as it is. Its header says where every number comes from. `Recommended` is that file as
+a value (load_sweep's `recommended`): the config, typed, and its YAML.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from orchestrator.analysis import branch_analysis
+from orchestrator.analysis.answer import Answer, BranchStudy
+from orchestrator.analysis.trials import Trial
 from orchestrator.core import config as config_lib
 from orchestrator.core import schema
 from orchestrator.core.errors import ConfigError
@@ -55,27 +61,89 @@ def config_of(params: Mapping[str, Any], overrides: Mapping[str, Any]) -> Dict[s
     return data
 
 
+@dataclass(frozen=True)
+class Recommended:
+    """A train config to launch and why: what recommended.yaml holds."""
+
+    data: Dict[str, Any]
+    """The nested config, its values typed (numbers, not the text MLflow logged)."""
+    why: Tuple[str, ...]
+    """Where its numbers come from, as sentences (the file's header)."""
+
+    @property
+    def config(self) -> schema.Config:
+        """The typed train config (orchestrator/core/schema.py), as `orchestrator train` would load it."""
+        cfg = config_lib.from_dict(copy.deepcopy(self.data))
+        config_lib.follow_tokenizer(cfg)
+        return cfg
+
+    def overrides(self) -> Dict[str, Any]:
+        """The config as dotted keys, e.g. {'batch.tokens_per_update': 256, 'optim.lr': 0.00116, ...}."""
+        return config_lib.flatten(self.data)
+
+    def to_yaml(self) -> str:
+        """recommended.yaml's text: the header (why, what to set on a cluster), then the config."""
+        local = local_paths(self.data)
+        notes = [PORTABLE] + (
+            [f"These keys name files of the machine that ran the sweep; point them at yours: {', '.join(local)}."]
+            if local
+            else []
+        )
+        header = ["# Written by `orchestrator report`: a train config to launch.", "#"]
+        header += [f"# {line}" for sentence in [*self.why, *notes] for line in _wrap(sentence)]
+        header += ["#", "# orchestrator plan recommended.yaml    # then: orchestrator train recommended.yaml", ""]
+        return "\n".join(header) + yaml.safe_dump(self.data, sort_keys=False, default_flow_style=None)
+
+    def write(self, path: Path) -> Path:
+        """The file at `path`, checked as `orchestrator plan` checks it. A config the report cannot
+        make valid is a bug: ConfigError, and no file."""
+        path.write_text(self.to_yaml())
+        try:
+            config_lib.load(path, validate_config=True)
+        except ConfigError as exc:
+            path.unlink()
+            raise ConfigError(exc.key, f"the recommended config would not load: {exc.message}") from None
+        return path
+
+
+def of(params: Mapping[str, Any], overrides: Mapping[str, Any], why: Sequence[str]) -> Recommended:
+    """A run's config (its `params`) with RESET and `overrides` on top, and why."""
+    return Recommended(config_of(params, overrides), tuple(why))
+
+
 def write(path: Path, params: Mapping[str, Any], overrides: Mapping[str, Any], why: Sequence[str]) -> Path:
-    """recommended.yaml at `path`: the config, checked as `orchestrator plan` checks it, with `why`
-    (sentences) as its header. A config the report cannot make valid is a bug: ConfigError."""
-    data = config_of(params, overrides)
-    header = ["# Written by `orchestrator report`: a train config to launch.", "#"]
-    local = local_paths(data)
-    notes = [PORTABLE] + (
-        [f"These keys name files of the machine that ran the sweep; point them at yours: {', '.join(local)}."]
-        if local
-        else []
-    )
-    header += [f"# {line}" for sentence in [*why, *notes] for line in _wrap(sentence)]
-    header += ["#", "# orchestrator plan recommended.yaml    # then: orchestrator train recommended.yaml", ""]
-    text = "\n".join(header) + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
-    path.write_text(text)
-    try:
-        config_lib.load(path, validate_config=True)
-    except ConfigError as exc:
-        path.unlink()
-        raise ConfigError(exc.key, f"the recommended config would not load: {exc.message}") from None
-    return path
+    """recommended.yaml at `path` (Recommended.write)."""
+    return of(params, overrides, why).write(path)
+
+
+def for_answer(trials: Sequence[Trial], answer: Answer) -> Optional[Recommended]:
+    """What a sweep's report recommends: the template run's config with the recommended batch size
+    and lr on top, or a branch study's batch ramp on its base run; None when there is nothing to
+    recommend or the runs logged no train config of this project (tables of another trainer)."""
+    if answer.branch:
+        return _ramp(trials, answer.branch)
+    rec = answer.recommendation
+    template = next((t for t in trials if rec and rec.launchable and t.run_id == rec.template_run), None)
+    if template is None:
+        return None
+    return of(template.params, rec.overrides(), rec.rule)
+
+
+def _ramp(trials: Sequence[Trial], study: BranchStudy) -> Optional[Recommended]:
+    """The base run's config with the suggested batch.ramp and its lr scaling (the keys of the
+    study's pasteable YAML), when the base run logged this project's config."""
+    base = branch_analysis.base_of(trials)
+    if base is None or not study.ramp or base.number("data.seq_len") is None:
+        return None
+    overrides = {"batch.ramp": [dict(step) for step in study.ramp], "batch.ramp_lr_scaling": study.lr_scaling}
+    why: List[str] = [
+        f"The batch ramp the branch study suggests from its base run {base.name}: "
+        + ", ".join(
+            f"{s['tokens_per_update']:,} tokens per update from {s['from_tokens']:,} tokens" for s in study.ramp
+        )
+        + f"; each change scales the lr by k^{study.lr_scaling:g} (batch.ramp_lr_scaling).",
+    ]
+    return of(base.params, overrides, why)
 
 
 def _wrap(sentence: str, width: int = 98) -> list:

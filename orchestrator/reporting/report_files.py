@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator.analysis import branch_analysis, tables
-from orchestrator.analysis.answer import Answer, BranchStudy
-from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial
+from orchestrator.analysis.answer import Answer
+from orchestrator.analysis.trials import LR_KEY, RAMP_CHANGE_KEY, Trial, by_batch, lr_scans
 from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import recommended, report_tradeoff
@@ -84,14 +85,16 @@ def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
 
 
 def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Iterator[Tuple[str, Any]]:
-    """(file, matplotlib figure) of the report, each drawn when asked for: write_report saves and
-    closes one before the next is drawn, so a report of hundreds of trials holds one figure's
-    artists at a time, not every figure's."""
-    from orchestrator.reporting import plots
+    """(file, matplotlib figure) of the report in the order a reader wants them (summary.md and
+    summary.html show them so): the decision figure first (the trade-off where the sweep's loss
+    surface has one, else the best run per batch size), then the comparisons of batch sizes, and
+    every run's curves last. Each is drawn when asked for: write_report saves and closes one before
+    the next is drawn, so a report of hundreds of trials holds one figure's artists at a time."""
+    from orchestrator.reporting import comparison_plots as cp
 
-    usable, metric = [t for t in trials if t.batch and t.train], answer.loss_metric
-    curves = [{"batch": t.batch, "train": drawn(t.train), "eval": drawn(t.eval)} for t in usable]
+    usable = [t for t in trials if t.batch and t.train]
     if answer.branch:  # a branch study: one base run, so no from-scratch comparison to draw
+        curves = [{"batch": t.batch, "train": drawn(t.train), "eval": drawn(t.eval)} for t in usable]
         yield from branch_figures(trials, answer, name, curves)
         return
     found = answer.recommendation.found if answer.recommendation else None
@@ -100,34 +103,24 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Iterator[Tupl
         measured = [(r.batch, r.final_loss / loss - 1) for r in answer.best_per_batch]
         title = f"{name}: the batch-size trade-off at its budget"
         yield report_tradeoff.FIGURE, report_tradeoff.figure(found, [("best loss per batch size", measured)], title)
-    yield "loss_vs_tokens.png", plots.loss_by_batch(curves, "tokens", f"{name}: loss vs tokens")
-    yield "loss_vs_steps.png", plots.loss_by_batch(curves, "steps", f"{name}: loss vs optimizer steps")
-    cells = [
-        (t.lr, t.batch, t.final(metric))
-        for t in usable
-        if t.lr and t.outcome == "finished" and t.final(metric) is not None
-    ]
-    if cells:
-        yield "eval_heatmap.png", plots.lr_batch_heatmap(cells, f"final {metric}")
-    fits = [  # the hyperbola is drawn whatever the status: the fit's B_crit
-        {
-            "target_loss": f.target_loss,
-            "points": [(p.batch, p.steps, p.tokens) for p in f.points],
-            "s_min": f.s_min,
-            "e_min": f.e_min,
-            "b_crit": f.b_crit_fit,
-        }
-        for f in answer.critical_batch
-        if f.points
-    ]
-    if fits:
-        yield "critical_batch.png", plots.critical_batch(fits)
     yield from comparison_figures(usable, answer)
-    best, scaling = answer.best_lr, answer.lr_scaling
-    if any(r.lr for r in best):
-        fit = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
-        tried, named = [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best if r.lr]
-        yield "lr_vs_batch.png", plots.lr_vs_batch(tried, named, fit, CRITERIA[answer.lr_criterion])
+    scans = cp.best_scans(usable, answer.best_per_batch, answer.axes)
+    yield "loss_vs_tokens.png", cp.loss_panels(scans, "tokens", f"{name}: loss vs tokens per batch size and lr")
+    yield "loss_vs_steps.png", cp.loss_panels(scans, "steps", f"{name}: loss vs optimizer steps per batch size and lr")
+
+
+def seed_means(usable: Sequence[Trial], metric: str, axes: Sequence[str]) -> List[Tuple[float, int, float]]:
+    """(lr, B, final loss) of every configuration with an lr: the mean over its seeds, NaN where one
+    failed or was stopped, none where one is still running, as sweep_analysis.best_per_batch scores
+    them, so the heat map's cells are the numbers of the table of the best configuration per batch size."""
+    cells = []
+    for batch, group in by_batch(usable).items():
+        for scan in lr_scans(group, axes):
+            for config in scan:
+                if config.lr and all(t.outcome != "incomplete" for t in config.trials):
+                    finals = [t.final(metric) if t.outcome == "finished" else None for t in config.trials]
+                    cells.append((config.lr, batch, float(np.mean(finals)) if None not in finals else float("nan")))
+    return cells
 
 
 DRAWN_POINTS = 400
@@ -164,18 +157,45 @@ def branch_figures(
 
 
 def comparison_figures(usable: Sequence[Trial], answer: Answer) -> Iterator[Tuple[str, Any]]:
-    """The figures that compare batch sizes at their chosen learning rates (comparison_plots.py)."""
+    """The figures that compare batch sizes at their chosen learning rates (plots.py,
+    comparison_plots.py), the one a decision rests on first."""
     from orchestrator.reporting import comparison_plots as cp
+    from orchestrator.reporting import plots
 
+    metric = answer.loss_metric
     chosen = cp.best_trials(usable, answer.best_per_batch)  # by final loss: so is the lr their labels name
     if chosen:
         yield "loss_vs_tokens_best.png", cp.best_lr_curves(chosen, answer.lrs_by("final_loss"))
+    fits = [  # the hyperbola is drawn whatever the status: the fit's B_crit
+        {
+            "target_loss": f.target_loss,
+            "points": [(p.batch, p.steps, p.tokens) for p in f.points],
+            "s_min": f.s_min,
+            "e_min": f.e_min,
+            "b_crit": f.b_crit_fit,
+        }
+        for f in answer.critical_batch
+        if f.points
+    ]
+    if fits:
+        yield "critical_batch.png", plots.critical_batch(fits)
+    if any(t.lr for t in usable):
+        yield "loss_vs_lr.png", cp.loss_vs_lr(usable, metric, answer.best_per_batch, answer.axes)
+    cells = seed_means(usable, metric, answer.axes)
+    if any(math.isfinite(loss) for _, _, loss in cells):
+        best, rec = answer.best, answer.recommendation
+        boxed = (float(best.settings[LR_KEY]), best.batch) if best and best.settings.get(LR_KEY) else None
+        marked = (rec.tokens_per_update, rec.lr) if rec else None
+        yield "eval_heatmap.png", plots.lr_batch_heatmap(cells, f"final {metric}", boxed, marked)
+    best_lr, scaling = answer.best_lr, answer.lr_scaling
+    if any(r.lr for r in best_lr):
+        fit = (scaling.coef, scaling.alpha) if scaling.alpha is not None else None
+        tried, named = [(t.batch, t.lr) for t in usable if t.lr], [(r.batch, r.lr) for r in best_lr if r.lr]
+        yield "lr_vs_batch.png", plots.lr_vs_batch(tried, named, fit, CRITERIA[answer.lr_criterion])
     if any(f.b_crit or f.b_simple for f in answer.critical_batch):
         yield "critical_batch_vs_loss.png", cp.critical_batch_vs_loss(answer.critical_batch)
     if any(t.b_simple for t in chosen):
         yield "b_simple_vs_tokens.png", cp.b_simple_over_training(chosen)
-    if any(t.lr for t in usable):
-        yield "loss_vs_lr.png", cp.loss_vs_lr(usable, answer.loss_metric, answer.best_per_batch, answer.axes)
 
 
 @dataclass(frozen=True)
@@ -222,33 +242,9 @@ def write_report(
 
 
 def write_recommended(trials: Sequence[Trial], answer: Answer, out: Path) -> List[Path]:
-    """recommended.yaml: the template run's config with what the report recommends on top
-    (reporting/recommended.py): a sweep's batch size and lr, or a branch study's batch ramp on its
-    base run; no file (and none left from an earlier report) when there is nothing to recommend or
-    the runs logged no train config of this project (tables written by another trainer)."""
+    """recommended.yaml (recommended.for_answer): no file, and none left from an earlier report,
+    when there is nothing to recommend."""
     path = out / recommended.FILE
     path.unlink(missing_ok=True)
-    if answer.branch:
-        return _write_ramp(trials, answer.branch, path)
-    rec = answer.recommendation
-    template = next((t for t in trials if rec and rec.launchable and t.run_id == rec.template_run), None)
-    if template is None:
-        return []
-    return [recommended.write(path, template.params, rec.overrides(), rec.rule)]
-
-
-def _write_ramp(trials: Sequence[Trial], study: BranchStudy, path: Path) -> List[Path]:
-    """The base run's config with the suggested batch.ramp and its lr scaling (the keys of the
-    study's pasteable YAML), when the base run logged this project's config."""
-    base = branch_analysis.base_of(trials)
-    if base is None or not study.ramp or base.number("data.seq_len") is None:
-        return []
-    overrides = {"batch.ramp": [dict(step) for step in study.ramp], "batch.ramp_lr_scaling": study.lr_scaling}
-    why = [
-        f"The batch ramp the branch study suggests from its base run {base.name}: "
-        + ", ".join(
-            f"{s['tokens_per_update']:,} tokens per update from {s['from_tokens']:,} tokens" for s in study.ramp
-        )
-        + f"; each change scales the lr by k^{study.lr_scaling:g} (batch.ramp_lr_scaling).",
-    ]
-    return [recommended.write(path, base.params, overrides, why)]
+    rec = recommended.for_answer(trials, answer)
+    return [rec.write(path)] if rec else []

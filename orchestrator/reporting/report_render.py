@@ -7,7 +7,7 @@ reads the trials and writes what this module renders.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from orchestrator.analysis.answer import Answer, Counts, TargetFit, Trend
 from orchestrator.analysis.trials import BATCH_KEY, LR_KEY
@@ -27,20 +27,20 @@ AXIS_LABELS = {
 TOKEN_KEYS = {"batch.tokens_per_update", "schedule.warmup_tokens"}
 
 
-def _setting(key: str, value: Optional[str]) -> str:
+def _setting(key: str, value: Any) -> str:
     """A swept value as the reader wants it: token counts as 16Ki, numbers short, text as is."""
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return value or "-"
-    return cell(number, "tok") if key in TOKEN_KEYS else cell(number)
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return cell(value, "tok") if key in TOKEN_KEYS else cell(value)
 
 
 def _label(key: str) -> str:
     return AXIS_LABELS.get(key, key)
 
 
-def _describe(settings: Dict[str, Optional[str]]) -> str:
+def _describe(settings: Dict[str, Any]) -> str:
     return ", ".join(f"{_label(k)} {_setting(k, v)}" for k, v in settings.items() if k != BATCH_KEY)
 
 
@@ -276,10 +276,21 @@ def overview(result: Answer) -> str:
     )
 
 
+BEST_RUNS_FIGURE = "loss_vs_tokens_best.png"
+"""The decision figure where the sweep's loss surface gives no trade-off: the recommendation is then
+B_opt, read off the best final loss per batch size, which this figure draws along training."""
+BEST_RUNS_CAPTION = (
+    "The best configuration's run at each batch size, loss against tokens: the final losses the choice of "
+    "batch size compares (the table below gives their means over seeds)."
+)
+
+
 def document(result: Answer, name: str, images: Sequence[str], ladder: Sequence[tuple] = ()) -> List[tuple]:
     """The summary as blocks: ("h1".."h3", text), ("p", text), ("pre", YAML), ("code", a command),
     ("table", header, rows), ("img", file). A table without rows is left out. `ladder`: a ladder's
-    blocks (report_ladder.part), which replace the single-sweep answer: its rungs are never pooled."""
+    blocks (report_ladder.part), which replace the single-sweep answer: its rungs are never pooled.
+    A single sweep's opens with the answer, what to run and the decision figure (the trade-off's where
+    its loss surface has one, else BEST_RUNS_FIGURE); `images` follow in their order under Figures."""
     if result.branch:
         return _branch_document(result, name, images)
     if ladder:
@@ -308,16 +319,15 @@ def document(result: Answer, name: str, images: Sequence[str], ladder: Sequence[
         how += f", and {result.primary_target:.4g}, the primary, named by the sweep (search.target_loss)"
     law = scaling.note if scaling.alpha is None else f"lr_opt ~ {scaling.coef:.3g} x B^{scaling.alpha:.3f}"
     start = result.start_level
+    found = result.recommendation.found if result.recommendation else None
+    decision = report_tradeoff.FIGURE if found else BEST_RUNS_FIGURE
     doc = [
         ("h1", f"Report: {name}"),
         ("p", answer(result)),
-        ("p", overview(result)),
         *([("h2", "What to run"), ("p", " ".join(what_to_run(result)))] if result.recommendation else []),
-        *(
-            report_tradeoff.blocks(result.recommendation.found, "The batch-size trade-off")
-            if result.recommendation and result.recommendation.found
-            else []
-        ),
+        *(report_tradeoff.blocks(found, "The batch-size trade-off") if found else []),
+        *([("p", BEST_RUNS_CAPTION), ("img", decision)] if not found and decision in images else []),
+        ("p", overview(result)),
         ("h2", "Best configuration per batch size"),
         (
             "p",
@@ -353,7 +363,7 @@ def document(result: Answer, name: str, images: Sequence[str], ladder: Sequence[
         ("h2", "Learning rate vs batch size"),
         ("p", f"Best lr per batch size ({CRITERIA[result.lr_criterion]}), interior ones only: {law}."),
         ("h2", "Figures"),
-        *[("img", f) for f in images if f != report_tradeoff.FIGURE],  # the trade-off's is near the top
+        *[("img", f) for f in images if f != decision],  # the decision figure is near the top
         ("h2", "All trials"),
         table([t.to_json() for t in result.trials], TRIAL_COLUMNS),
     ]

@@ -6,6 +6,7 @@
     sweep.curves    # long: trial, run_id, metric (names categorical), tokens, value -- every point MLflow holds
     sweep.fit       # the report's numbers (best configuration per batch size, B_crit, B_simple)
     sweep.fit.answer  # the same as typed records (orchestrator/analysis/answer.py), what report.json holds
+    sweep.recommended.config  # the run to launch as a typed train config; .to_yaml() is recommended.yaml
 
 Reading is report_inputs.py's (MLflow only through tracking/store.py), the numbers are
 `sweep_analysis.analyse`'s (the `Answer`, as `report` writes it): this module only lays them out.
@@ -25,9 +26,10 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.analysis.answer import Answer, BestRow, TargetFit, Trend
-from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial
+from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial, param_value
 from orchestrator.core import sweep_file
-from orchestrator.reporting import report_inputs
+from orchestrator.reporting import recommended, report_inputs
+from orchestrator.reporting.recommended import Recommended
 from orchestrator.reporting.report_inputs import Curves
 
 METRICS = ("train/loss", "eval/loss", "gns/b_simple", "train/clipped", "train/lr", "perf/tokens_per_s")
@@ -118,6 +120,9 @@ class SweepResults:
     fit: Optional[Fit]
     """None when no trial has both a batch size and a train/loss curve (nothing to analyse)."""
     tracking_uri: str = ""
+    recommended: Optional[Recommended] = None
+    """The run the report recommends, as recommended.yaml holds it: `.config` (the typed train
+    config), `.overrides()` (dotted keys), `.to_yaml()`; None when there is nothing to recommend."""
 
     def to_csv(self, folder: Union[str, os.PathLike]) -> List[Path]:
         """trials.csv and curves.csv in folder (read back with pandas.read_csv), text that a
@@ -157,7 +162,7 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 def _inert(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame with each text cell that starts like a formula behind a quote ('=...): OWASP's
-    advice for CSV files. Numbers stay as they are (and no text reads as one: _scalar made those numbers)."""
+    advice for CSV files. Numbers stay as they are (and no text reads as one: param_value made those numbers)."""
     out = frame.copy()
     for column in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
         values = out[column]
@@ -209,7 +214,13 @@ def build(
     tracking_uri: str = "",
 ) -> SweepResults:
     return SweepResults(
-        name, run_id, trials_frame(trials), curves_frame(trials, curves, metrics), fit_of(answer), tracking_uri
+        name,
+        run_id,
+        trials_frame(trials),
+        curves_frame(trials, curves, metrics),
+        fit_of(answer),
+        tracking_uri,
+        recommended.for_answer(trials, answer) if answer else None,
     )
 
 
@@ -225,7 +236,7 @@ def trials_frame(trials: Sequence[Trial]) -> pd.DataFrame:
             "trial_id": t.trial_id,
             "status": t.status,
             "outcome": t.outcome,
-            **{alias: _scalar(t.params.get(key)) for alias, key in ALIASES.items()},
+            **{alias: param_value(t.params.get(key)) for alias, key in ALIASES.items()},
             "tokens": t.tokens_seen,
             "final_train_loss": t.final("train/loss"),
             "final_eval_loss": t.final("eval/loss"),
@@ -340,7 +351,7 @@ def _steps_frame(fits: Sequence[TargetFit]) -> pd.DataFrame:
 def _best_row(r: BestRow) -> Dict[str, Any]:
     """A best_per_batch entry with its settings as columns (the batch size and lr are columns already)."""
     row = {k: getattr(r, "run_name" if k == "trial" else k) for k in BEST_COLUMNS}
-    settings = {k: _scalar(v) for k, v in r.settings.items() if k not in (BATCH_KEY, "optim.lr")}
+    settings = {k: v for k, v in r.settings.items() if k not in (BATCH_KEY, "optim.lr")}
     return {**row, **settings}
 
 
@@ -348,30 +359,12 @@ def _last(curve: Curve) -> Optional[float]:
     return curve[-1][1] if curve else None
 
 
-_WORDS = {"None": None, "True": True, "False": False}
-"""How MLflow spells Python's None and booleans (it logs str(value))."""
-
-
 def _column(values: List[Any]) -> List[Any]:
     """A param's values over the trials as the None, bools and numbers they spell when every one
-    spells one (_scalar), else as logged: a column of names keeps a name that looks like a number
+    spells one (param_value), else as logged: a column of names keeps a name that looks like a number
     (a trial id such as '73714518', or '29e68690', which float() reads as inf)."""
-    scalars = [_scalar(v) for v in values]
+    scalars = [param_value(v) for v in values]
     return values if any(isinstance(v, str) for v in scalars) else scalars
-
-
-def _scalar(value: Any) -> Any:
-    """A param's string as the None, bool, int or float it spells, else as it is."""
-    if not isinstance(value, str):
-        return value
-    if value in _WORDS:
-        return _WORDS[value]
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value
 
 
 def _frame(rows: List[Dict[str, Any]], columns: List[str], numbers: Sequence[str] = ()) -> pd.DataFrame:

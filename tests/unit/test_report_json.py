@@ -13,7 +13,9 @@ and lines added since on purpose (where the settings came from, what to run, the
 issue 35's labels: the headline names its run's lr and the best interpolated lr by the table's
 criterion; its branch reports: branch runs no longer `skipped`, the ramp's `ramp_overrides`, no
 from-scratch tables in a branch study's summary, no table without rows; the `mixed` cases'
-B_crit intervals once the analysis read its trials in one order, trials.in_one_order).
+B_crit intervals once the analysis read its trials in one order, trials.in_one_order; issue 52:
+the best configuration's settings as numbers, and the summary opening with the answer and its
+decision figure).
 `python -m tests.unit.test_report_json DIR` writes what the code gives now, for a deliberate
 change of the report.
 """

@@ -235,3 +235,34 @@ def test_a_curve_reads_as_the_sorted_list_of_tuples_it_replaces():
     assert curve != as_list[:3] and curve != Curve.of(as_list[:3])
     trial = Trial("r", "r", "FINISHED", {}, train=points)
     assert isinstance(trial.train, Curve) and trial.train == as_list
+
+
+def test_the_best_configurations_settings_are_typed_values(sweep):
+    """Numbers as numbers (MLflow logs text): in the answer, report.json's and the API's."""
+    _, _, answer, built = sweep
+    for row in [answer.best, *answer.best_per_batch]:
+        assert (
+            row.settings["batch.tokens_per_update"] == row.batch
+            and type(row.settings["batch.tokens_per_update"]) is int
+        )
+        assert type(row.settings["optim.lr"]) is float and row.settings["optim.lr"] in (0.004, 0.008, 0.016, 0.064)
+    assert answer.best.settings["schedule.decay"] == "constant"
+    assert answer.to_json()["best"]["settings"]["optim.lr"] == answer.best.settings["optim.lr"]
+    assert built.fit.best["schedule.decay"] == "constant"
+
+
+def test_the_recommendation_is_a_typed_config_whose_yaml_is_recommended_yaml(sweep, tmp_path):
+    """load_sweep's `recommended`: the typed train config of the run the report recommends, its
+    dotted keys, and the very text `report` writes as recommended.yaml (which loads to the same config)."""
+    from orchestrator.core import config as config_lib
+    from orchestrator.reporting import report_files
+
+    trials, _, answer, built = sweep
+    rec, typed = answer.recommendation, built.recommended
+    assert typed is not None and typed.config.batch.tokens_per_update == rec.tokens_per_update
+    assert type(typed.config.batch.tokens_per_update) is int and typed.config.optim.lr == rec.lr
+    assert typed.overrides()["optim.lr"] == rec.lr and typed.overrides()["batch.micro_batch_size"] == "auto"
+    (written,) = report_files.write_recommended(trials, answer, tmp_path)
+    assert written.read_text() == typed.to_yaml()
+    assert config_lib.to_dict(config_lib.load(written)) == config_lib.to_dict(typed.config)
+    assert results.build("syn", "parent", trials, {}, None).recommended is None
