@@ -64,9 +64,9 @@ def make(
     if fallen_back:  # a folder of tables with no report.json to read the settings back from
         print(fallen_back)
     if inputs.uri is not None:  # the link that compares every trial on one chart
-        compared = [t.run_id for t in sorted(inputs.trials, key=lambda t: (t.batch or 0, t.lr or 0, t.name))]
+        compared = [t.run_id for t in inputs.trials]  # the view orders them by batch size
         print(f"every trial's loss on one chart: `{mlflow_ui.ui_command(inputs.uri, ui_port)}`, then")
-        print(f"  {mlflow_ui.compare_link(inputs.uri, compared, ui_port)}")
+        print(f"  {mlflow_ui.compare_view_link(inputs.uri, inputs.source.run_id, compared, ui_port)}")
     return answer
 
 

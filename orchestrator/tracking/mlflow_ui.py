@@ -4,7 +4,6 @@ unless asked otherwise, stopped with this process) and the links the commands pr
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -13,11 +12,12 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.core.config import redact_uri
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.validation import loopback
+from orchestrator.tracking import compare_view
 from orchestrator.tracking.run_tags import SWEEP_TAG
 from orchestrator.tracking.store import Store, resolve_uri
 
@@ -48,54 +48,28 @@ def ui_link(
     return base + "?workflowType=machine_learning"
 
 
-COMPARED_METRICS = ("train/loss", "eval/loss")
-
-
-def compare_link(
-    uri: str,
-    run_ids: Sequence[str],
-    port: int = DEFAULT_PORT,
-    metrics: Sequence[str] = COMPARED_METRICS,
-    host: str = DEFAULT_HOST,
+def compare_view_link(
+    uri: str, source_run_id: str, run_ids: Sequence[str], port: int = DEFAULT_PORT, host: str = DEFAULT_HOST
 ) -> str:
-    """A link to MLflow's metric page, on the UI at `host`:`port`, with every given run's
-    `metrics` on one chart against step (= tokens seen): all trials of a sweep compared in one
-    view, without the runs table's nesting or its first-10 limit (MLflow 3's #/metric page; its
-    query is URL-encoded). That page colours the runs from its own palette, whatever their
-    mlflow.runColor (seen in Chromium, MLflow 3.17): their order, by batch size, is what groups them."""
+    """Write the view that compares `run_ids` (a sweep's trials; `source_run_id` its parent run, or
+    the one run reported) into their experiment (compare_view.py) and return the link that opens
+    it on the UI at `host`:`port`: the runs' chart view, every trial's train/loss and eval/loss
+    against tokens, each in its batch size's colour, the run list by batch size beside them.
+    The experiment page's runs route itself: MLflow's redirect from #/experiments/<id> drops the
+    share key."""
     if not run_ids:
         return ""
-    experiment = Store(uri).get_run(run_ids[0]).experiment_id
-    query = {  # the page reads most values as JSON, the two axis words as they are
-        "runs": json.dumps(list(run_ids), separators=(",", ":")),
-        "metric": json.dumps(metrics[0]),
-        "experiments": json.dumps([experiment]),
-        "plot_metric_keys": json.dumps(list(metrics), separators=(",", ":")),
-        "plot_layout": "{}",
-        "x_axis": "step",
-        "y_axis_scale": "linear",
-        "line_smoothness": "1",
-        "show_point": "false",
-        "deselected_curves": "[]",
-        "last_linear_y_axis_range": "[]",
-    }
-    encoded = "&".join(f"{k}={urllib.parse.quote(v)}" for k, v in query.items())
-    return f"http://{browse_host(host)}:{port}/#/metric?{encoded}"
+    experiment, key = compare_view.write(uri, source_run_id, run_ids)
+    query = urllib.parse.urlencode(
+        {"viewStateShareKey": key, "compareRunsMode": "CHART", "workflowType": "machine_learning"}
+    )
+    return f"http://{browse_host(host)}:{port}/#/experiments/{experiment}/runs?{query}"
 
 
-def sweep_runs_in_order(uri: str, parent_run_id: str) -> List[str]:
-    """The ids of a sweep's runs by batch size, then lr, then name: the order `report` compares
-    them in, so the chart's legend reads as the report's tables."""
-
-    def number(run, key: str) -> float:
-        try:
-            return float(run.params.get(key, 0))
-        except ValueError:
-            return 0.0
-
-    runs = Store(uri).child_runs(parent_run_id)
-    ordered = sorted(runs, key=lambda r: (number(r, "batch.tokens_per_update"), number(r, "optim.lr"), r.name))
-    return [r.run_id for r in ordered]
+def sweep_run_ids(store: Store, parent_run_id: str) -> List[str]:
+    """A sweep's trials: its child runs and the finished runs of earlier sweeps it reused (as
+    `report` reads them, reporting/report_inputs.trial_runs)."""
+    return [r.run_id for r in store.child_runs(parent_run_id) + store.reused_runs(parent_run_id)]
 
 
 def ui_command(uri: str, port: int = DEFAULT_PORT) -> str:
@@ -104,8 +78,9 @@ def ui_command(uri: str, port: int = DEFAULT_PORT) -> str:
 
 def serve_ui(cfg: Any, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sweep: Optional[str] = None) -> int:
     """`mlflow ui` over the configured store, bound to 127.0.0.1 unless asked otherwise; first the
-    links to it: the experiment's runs, and every trial of `sweep` (by name; default the newest
-    sweep in the experiment) on one chart, both at this UI's own host and port."""
+    links to it: the experiment's runs, and the view that compares every trial of `sweep` (by
+    name; default the newest sweep in the experiment; written first, compare_view.py), both at
+    this UI's own host and port."""
     if not loopback(host):  # MLflow's UI has no login: whoever reaches it reads, changes and deletes every run
         where = "on every interface" if host in ("0.0.0.0", "::", "") else f"on {host}, beyond this machine"
         log.warning(
@@ -119,11 +94,14 @@ def serve_ui(cfg: Any, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sweep
         )
     uri = resolve_uri(cfg.tracking.uri)
     store = Store(uri, cfg.tracking.experiment)
-    compared = sweep_link(store, sweep, host, port)  # before anything is written: a wrong --sweep is exit 2
+    compared = sweep_to_compare(store, sweep)  # before anything is written: a wrong --sweep is exit 2
     store.ensure_experiment()
     print(f"MLflow UI on http://{host}:{port} over {redact_uri(uri)}")
     print(f"runs of experiment {cfg.tracking.experiment!r}: {ui_link(uri, cfg.tracking.experiment, port, host=host)}")
-    print(compared or f"(no sweep in experiment {cfg.tracking.experiment!r} yet)", flush=True)
+    # The view is written here, where `ui` writes to the store anyway (the experiment), rather than
+    # only by `report`: a sweep reported before views existed, or still running, compares too.
+    line = sweep_link(store, *compared, host, port) if compared else None
+    print(line or f"(no sweep in experiment {cfg.tracking.experiment!r} yet)", flush=True)
     # One worker process and no GenAI job runner: a UI for one person over training runs
     # (MLflow's defaults start four workers plus a job queue of ten).
     cmd = [
@@ -146,27 +124,25 @@ def serve_ui(cfg: Any, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sweep
     return _serve_until_stopped(cmd, env)
 
 
-def sweep_link(store: Store, sweep: Optional[str], host: str, port: int) -> Optional[str]:
-    """The line with the compare link of sweep `sweep` (default: the experiment's newest; None when
-    it has none); a sweep named but not in the store is a ConfigError (exit 2)."""
+def sweep_to_compare(store: Store, sweep: Optional[str]) -> Optional[Tuple[str, str]]:
+    """(parent run id, name) of sweep `sweep` (default: the experiment's newest; None when it has
+    none); a sweep named but not in the store is a ConfigError (exit 2). Reads only."""
     if sweep is not None:
         parent = store.find_sweep_run(sweep) if store.exists() else None
         if parent is None:
             raise ConfigError(
                 "--sweep", f"no sweep named {sweep!r} in experiment {store.experiment!r} of {redact_uri(store.uri)}"
             )
-        name = sweep
-    else:
-        newest = store.newest_sweep_run() if store.exists() else None
-        if newest is None:
-            return None
-        parent, name = newest.run_id, newest.tags.get(SWEEP_TAG, newest.name)
-    runs = sweep_runs_in_order(store.uri, parent)
-    return (
-        f"every trial of sweep {name!r} on one chart: {compare_link(store.uri, runs, port, host=host)}"
-        if runs
-        else None
-    )
+        return parent, sweep
+    newest = store.newest_sweep_run() if store.exists() else None
+    return (newest.run_id, newest.tags.get(SWEEP_TAG, newest.name)) if newest is not None else None
+
+
+def sweep_link(store: Store, parent: str, name: str, host: str, port: int) -> Optional[str]:
+    """The line with the link that compares every trial of sweep `name` (its view written first);
+    None when it has no trial yet."""
+    link = compare_view_link(store.uri, parent, sweep_run_ids(store, parent), port, host=host)
+    return f"every trial of sweep {name!r} on one chart: {link}" if link else None
 
 
 def _serve_until_stopped(cmd: List[str], env: Dict[str, str], grace_s: float = 5.0) -> int:

@@ -203,6 +203,10 @@ class Store:
 
         self._client().log_batch(run_id, tags=[RunTag(k, redact_uri(str(v))) for k, v in tags.items()])
 
+    def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+        """A tag of the experiment (a shared view of its runs: tracking/compare_view.py)."""
+        self._client().set_experiment_tag(experiment_id, key, redact_uri(value))
+
     def log_warnings(self, run_id: str, messages: Dict[int, str]) -> None:
         """Record a worker's warnings on its run (see workloads/train/worker_warnings.py)."""
         self.set_tags(run_id, warning_tags(messages))

@@ -2,10 +2,13 @@
 port, Debian's headless Chromium driven through Selenium and Debian's chromedriver (nothing is
 downloaded). The experiment link of `tracking.ui_link` must open the training-runs view with
 the four trials under their sweep, a trial's page must draw its `train/loss` curve, and the
-link `orchestrator ui` prints for the sweep, on its own port (never the default 5000), must draw
-every trial's train/loss and eval/loss on one chart, each trial in its batch size's colour.
+link `orchestrator ui` prints for the sweep (the one the sweep's report printed, on the UI's own
+port, never the default 5000) must open the runs' chart view with every trial's train/loss
+against tokens on one chart, smoothed, each trial in its batch size's colour, and beside it the
+run list by batch size: each trial's name beside a chip of its colour, the key.
 
-Screenshots go into each test's tmp_path (experiment.png, train_loss.png, compare.png).
+Screenshots go into each test's tmp_path (experiment.png, train_loss.png, compare.png);
+`UI_SCREENSHOTS=1` also writes docs/images/mlflow_compare.png.
 """
 
 import contextlib
@@ -107,10 +110,13 @@ def browser():
 
 
 def wait(driver, condition, what, timeout=WAIT_S):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.5).until(lambda d: condition())
+    try:  # an element found while the page re-renders goes stale: look again
+        return WebDriverWait(
+            driver, timeout, poll_frequency=0.5, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(lambda d: condition())
     except Exception as exc:
         raise AssertionError(f"timed out waiting for {what} at {driver.current_url}") from exc
 
@@ -189,34 +195,88 @@ def test_a_trial_page_draws_its_train_loss_curve(sweep, ui, browser, tmp_path):
     browser.save_screenshot(str(tmp_path / "train_loss.png"))
 
 
-def test_the_link_ui_prints_draws_every_trial_on_one_chart_at_its_port(sweep, ui, browser, tmp_path):
-    """The link `orchestrator ui` prints (as `sweep` and `report` do for the default port) opens
-    MLflow's metric page on the UI's own port with all four trials' train/loss and eval/loss
-    against tokens on one chart: no nesting to expand, no first-10 limit, no port to edit."""
+def printed_link(lines, follows):
+    """The compare link in `lines`: the one on the line that starts with `follows`, or after it."""
+    at = next(i for i, line in enumerate(lines) if line.startswith(follows))
+    link = (lines[at].split(": ", 1)[1] if "/#/" in lines[at] else lines[at + 1]).strip()
+    assert "/#/experiments/" in link and "viewStateShareKey=" in link, link
+    return link
+
+
+def rgb(colour: str):
+    """(red, green, blue) of '#rrggbb' (a run's mlflow.runColor) or of the browser's 'rgb(r, g, b)'
+    or 'rgba(r, g, b, a)'."""
+    if colour.startswith("#"):
+        return tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(float(c)) for c in colour[colour.index("(") + 1 : colour.index(")")].split(",")[:3])
+
+
+def test_the_link_ui_prints_draws_every_trial_in_its_batch_sizes_colour_with_a_key(sweep, ui, browser, tmp_path):
+    """The link `orchestrator ui` prints (the report's, at the UI's own port) opens the runs' chart
+    view on the sweep's view state: one chart draws every trial's train/loss against Step (tokens
+    seen), a smoothed line per trial over its faint raw one, in the trial's mlflow.runColor; the
+    run list beside it names every trial (`B=2Ki lr=...`) by batch size beside a chip of the same
+    colour: the chart's key. No nesting to expand, no first-10 limit, no port to edit."""
     from selenium.webdriver.common.by import By
 
-    uri, folder, _, trials = sweep
-    out = (folder / "sweep.out").read_text().splitlines()
-    assert out[next(i for i, line in enumerate(out) if "/#/metric?" in line) - 1].startswith("every trial's loss")
-    printed = (folder / "ui.log").read_text(errors="replace").splitlines()
-    (line,) = [line for line in printed if "/#/metric?" in line]
-    assert line.startswith("every trial of sweep 'smoke' on one chart: ")
-    link = line.split(": ", 1)[1].strip()
-    assert link.startswith(f"http://127.0.0.1:{ui}/#/metric?")
+    _, folder, _, trials = sweep
+    link = printed_link((folder / "ui.log").read_text(errors="replace").splitlines(), "every trial of sweep 'smoke'")
+    assert link.startswith(f"http://127.0.0.1:{ui}/#/experiments/")
+    reported = printed_link((folder / "sweep.out").read_text().splitlines(), "every trial's loss on one chart")
+    assert reported.replace(f":{mlflow_ui.DEFAULT_PORT}/", f":{ui}/", 1) == link  # the same view
     browser.get(link)
-    wait(browser, lambda: f"Comparing {len(trials)} Runs" in text_of(browser), "the metric page's title")
+    section = "loss against tokens (step)"
+    wait(browser, lambda: section in text_of(browser), "the chart view's first section")
 
-    def series():  # the curves drawn in the plot (not the legend's samples; MLflow draws each twice)
-        lines = browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .scatterlayer path.js-line")
-        return {d for d in (p.get_attribute("d") for p in lines) if d and len(d) > 20}
+    def card(metric):
+        found = browser.find_elements(
+            By.XPATH, f"//*[@data-testid='experiment-view-compare-runs-card'][.//h4[normalize-space()='{metric}']]"
+        )
+        return found[0] if found else None
 
-    wait(browser, lambda: len(series()) == 2 * len(trials), "a train/loss and an eval/loss line per trial", timeout=60)
-    legend = text_of(browser)
-    for name in trials:
-        assert f"{name} (train/loss)" in legend and f"{name} (eval/loss)" in legend, name
+    def lines(metric, opaque):  # [(colour, path)] of the lines drawn: MLflow draws each run's twice,
+        # the line shown opaque over the raw curve faint (the same path unless smoothed)
+        drawn = card(metric).find_elements(By.CSS_SELECTOR, ".js-plotly-plot .scatterlayer path.js-line")
+        found = [(p.get_attribute("style") or "", p.get_attribute("d") or "") for p in drawn]
+        return sorted(
+            (rgb(style.split("stroke: ", 1)[1]), d)
+            for style, d in found
+            if len(d) > 20 and ("stroke-opacity: 1;" in style) == opaque
+        )
+
+    def strokes(metric):  # the colours of the lines shown
+        return [colour for colour, _ in lines(metric, True)]
+
+    colours = sorted(rgb(run.tags[run_tags.RUN_COLOR_TAG]) for run in trials.values())
+    wait(browser, lambda: card("train/loss") and strokes("train/loss") == colours, "a train/loss line per trial")
+    assert [t.text for t in card("train/loss").find_elements(By.CSS_SELECTOR, ".g-xtitle")] == ["Step"]
+    wait(browser, lambda: card("eval/loss") and strokes("eval/loss") == colours, "an eval/loss line per trial")
+    shown, raw = ({d for _, d in lines("train/loss", opaque)} for opaque in (True, False))
+    assert len(raw) == len(trials) and not shown & raw  # train/loss smoothed: no line shown is a raw curve
+    assert {d for _, d in lines("eval/loss", True)} == {d for _, d in lines("eval/loss", False)}  # eval/loss raw
+    # The key: the run list names each trial beside a chip of its colour, by batch size.
+    listed = []
+    for row in browser.find_elements(
+        By.XPATH, "//*[@role='row'][.//*[@data-testid='experiment-view-table-run-color']]"
+    ):
+        chip = row.find_element(By.CSS_SELECTOR, "[data-testid='experiment-view-table-run-color']")
+        name = next(n for n in trials if n in row.text)
+        assert rgb(chip.value_of_css_property("background-color")) == rgb(trials[name].tags[run_tags.RUN_COLOR_TAG])
+        listed.append(name)
+    batches = [int(trials[name].params["batch.tokens_per_update"]) for name in listed]
+    assert sorted(listed) == sorted(trials) and batches == sorted(batches), listed
+    close = browser.find_elements(
+        By.XPATH, "//*[normalize-space(text())='MLflow Assistant']/following::button[@aria-label='Close'][1]"
+    )
+    if close:  # MLflow opens its assistant on a first visit: it would hide a quarter of the page
+        close[0].click()
+        wait(browser, lambda: "MLflow Assistant" not in text_of(browser), "the assistant to close", timeout=10)
     browser.save_screenshot(str(tmp_path / "compare.png"))
     if os.environ.get("UI_SCREENSHOTS"):  # docs/images/: `UI_SCREENSHOTS=1 pytest ...test_ui_browser.py`
-        browser.save_screenshot(str(ROOT / "docs" / "images" / "mlflow_compare_smoke.png"))
+        from PIL import Image
+
+        shot = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB")
+        shot.quantize(colors=128).save(ROOT / "docs" / "images" / "mlflow_compare.png", optimize=True)  # small
 
 
 def test_each_trial_carries_its_batch_sizes_colour_on_the_reports_scale(sweep):
