@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from orchestrator import cli
+from orchestrator.analysis.trials import param_value
 from orchestrator.sweeps import ladder_plan
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
@@ -132,7 +133,7 @@ def test_a_sweep_over_all_four_axes_names_the_best_of_each_per_batch_size(ray_se
             "schedule.decay",
             "schedule.warmup_tokens",
         }
-        assert {k: best.params[k] for k in row["settings"]} == row["settings"]
+        assert {k: param_value(best.params[k]) for k in row["settings"]} == row["settings"]  # typed: 0, not "0"
 
 
 def test_a_linreg_bracket_sweep_brackets_every_batch_size_and_says_when_not_to_trust_b_crit(
