@@ -217,11 +217,11 @@ def loss_panels(scans: Dict[int, Dict[Optional[float], List[Trial]]], x: str = "
     batches = _spread(sorted(scans), PANELS)
     cols = min(4, math.ceil(math.sqrt(len(batches))))
     rows = math.ceil(len(batches) / cols)
-    width, height = 3.3 * cols + 1.6, 2.6 * rows + 1.1
+    width, height = 3.3 * cols + 2.0, 2.6 * rows + 1.1
     fig, grid_axes = plt.subplots(rows, cols, figsize=(width, height), sharex=x == "tokens", sharey=True, squeeze=False)
     # Fixed margins in inches (ticks, labels, the two-line title, the colour bar): a layout engine
     # would measure every tick label of every panel first, most of the figure's cost.
-    left, right, bottom, top = 0.75 / width, 1 - 1.25 / width, 0.6 / height, 1 - 0.8 / height
+    left, right, bottom, top = 0.75 / width, 1 - 1.65 / width, 0.6 / height, 1 - 0.8 / height
     fig.subplots_adjust(
         left=left, right=right, bottom=bottom, top=top, wspace=0.08, hspace=0.3 if x == "tokens" else 0.45
     )
@@ -264,7 +264,7 @@ def loss_panels(scans: Dict[int, Dict[Optional[float], List[Trial]]], x: str = "
     for ax in panels:
         plain_log_ticks(ax.xaxis, (lambda v: f"{v:g}") if x == "steps" else fmt_tokens, ax.get_xlim())
     if lrs:
-        bar = fig.colorbar(mappable, cax=fig.add_axes((1 - 1.0 / width, bottom, 0.15 / width, top - bottom)))
+        bar = fig.colorbar(mappable, cax=fig.add_axes((1 - 1.4 / width, bottom, 0.15 / width, top - bottom)))
         bar.set_label("peak learning rate")
         if len(lrs) <= 12:
             bar.set_ticks(lrs, labels=[f"{lr:.3g}" for lr in lrs])
