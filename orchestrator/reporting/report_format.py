@@ -53,16 +53,27 @@ _TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
 """A '<' that would open an HTML tag or comment: Markdown passes raw HTML through."""
 
 
+_LINK_START = re.compile(r"\](?=[(\[])")
+"""A ']' that closes a link's or an image's text (`[x](javascript:...)`, `![x](https://...)` fetched
+when the file is shown, `[x][ref]`): escaped, it reads as a bracket; brackets of the report's own
+text (`[575 - 885]`) are left as they are."""
+
+
 def _inert(text: Any) -> str:
-    """Text in Markdown that opens no HTML tag (a trial's name may hold `<script>`)."""
-    return _TAG_START.sub("&lt;", str(text))
+    """Text in Markdown that opens no HTML tag (a trial's name may hold `<script>`), no link or
+    image, and no new line (one could start a heading or a link definition)."""
+    text = _TAG_START.sub("&lt;", str(text))
+    return _LINK_START.sub("\\]", text).replace("\r", " ").replace("\n", " ")
 
 
 def to_markdown(doc: Sequence[tuple]) -> str:
     lines = []
     for kind, *rest in doc:
         if kind == "table":
-            lines += ["| " + " | ".join(rest[0]) + " |", "|" + " --- |" * len(rest[0])]
+            lines += [
+                "| " + " | ".join(_inert(c).replace("|", "/") for c in rest[0]) + " |",
+                "|" + " --- |" * len(rest[0]),
+            ]
             lines += ["| " + " | ".join(_inert(c).replace("|", "/") for c in row) + " |" for row in rest[1]]
         elif kind == "img":
             lines.append(f"![{rest[0]}]({rest[0]})")

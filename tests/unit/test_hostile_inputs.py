@@ -353,6 +353,21 @@ def test_hostile_trial_names_come_out_inert(tmp_path, capsys):
     assert "<script" not in (out / "summary.html").read_text()
 
 
+def test_trial_names_are_no_live_markdown_in_summary_md(tmp_path, capsys):
+    """A trial named as a javascript link, a remote image, or with a newline that starts a heading:
+    summary.md shows each as text (the names are all there, no link, image or heading of theirs)."""
+    link, image, heading = "[click](javascript:alert(1))", "![t](https://evil.example/t.png)", "x\n# Owned"
+    folder = world_tables(tmp_path / "tables", renamed=(link, image))
+    assert main(["report", str(folder), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    markdown = (tmp_path / "out" / "summary.md").read_text()
+    assert "javascript:alert" in markdown and "evil.example" in markdown  # shown, as text
+    assert "[click](" not in markdown and "![t](" not in markdown
+    from orchestrator.reporting.report_format import to_markdown  # a name with a newline, rendered
+
+    rendered = to_markdown([("p", f"best run {heading}"), ("table", ["trial"], [[heading]]), ("h2", heading)])
+    assert "\n# Owned" not in rendered
+
+
 def test_ui_on_every_interface_warns_that_it_has_no_authentication(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(mlflow_ui, "_serve_until_stopped", lambda cmd, env: 0)
     uri = sqlite_store(tmp_path)
