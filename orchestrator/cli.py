@@ -57,13 +57,14 @@ def _port(text: str) -> int:
 _port.__name__ = "port (1..65535)"  # what argparse names in "invalid port (1..65535) value"
 
 
-def _positive(what: str):
-    """An argparse type: a finite number > 0 (a NaN would compare false everywhere, a negative loss
-    is never reached, a ladder's N or D is a positive size), named `what` in argparse's one line."""
+def _positive(what: str, least: float = 0.0):
+    """An argparse type: a finite number > 0, and >= `least` where given (a NaN would compare false
+    everywhere, a negative loss is never reached, a ladder's N or D counts parameters or tokens),
+    named `what` in argparse's one line."""
 
     def parse(text: str) -> float:
         value = float(text)
-        if not (math.isfinite(value) and value > 0):
+        if not (math.isfinite(value) and value > 0 and value >= least):
             raise ValueError(text)
         return value
 
@@ -73,7 +74,7 @@ def _positive(what: str):
 
 _loss = _positive("loss (a finite number > 0)")
 """--target-loss."""
-_count = _positive("count (a finite number > 0, e.g. 1e9)")
+_count = _positive("count (a finite number >= 1, e.g. 1e9)", least=1.0)
 """A ladder's target N or D (1e9 and 1000000000 alike)."""
 
 

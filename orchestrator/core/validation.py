@@ -199,9 +199,10 @@ def storage_location(key: str, value: str) -> None:
 
 BATCH_SCHEDULES = ("fixed", ADAPTIVE)
 
-LR_SCALING = number(high=2, also=tuple(batching.ALPHA_WORDS))
+LR_SCALING = number(0, 2, also=tuple(batching.ALPHA_WORDS))
 """An lr scaling exponent alpha (lr x (B / B_ref) ** alpha: batch.ramp_lr_scaling, a sweep's
-lr_scaling.alpha and branch.lr_scaling): sqrt, linear or a number up to 2, past which it only overflows."""
+lr_scaling.alpha and branch.lr_scaling): sqrt, linear or a number in [0, 2]: past 2 it only
+overflows, and below 0 a larger batch would take a smaller lr (-1e308 overflowed too)."""
 
 FIELDS = {
     "model.name": Field("str", check=_workload_name),

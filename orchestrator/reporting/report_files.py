@@ -66,6 +66,11 @@ def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
     read from. So a report replaces only its own files, and a re-run into the same folder works."""
     if out.exists() and not out.is_dir():
         raise ConfigError("--out", f"{out} is a file; give a new folder, an empty one or one a report wrote")
+    if out.is_symlink() and not out.exists():
+        raise ConfigError("--out", f"{out} is a link to nothing; give a new folder, an empty one or one a report wrote")
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError("--out", f"{above} is a file, so no folder can be made under it; give another --out")
     if tables_folder is not None and out.resolve() == tables_folder.resolve():
         raise ConfigError(
             "--out", f"{out} is the folder the tables are read from, which report never rewrites; give another"

@@ -49,7 +49,17 @@ def hostile(nothing_starts, tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     (tmp_path / "no-state" / "other").mkdir(parents=True)
     monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "token-cache"))  # `train` names it (and reads nothing)
-    return {"AFILE": tmp_path / "a-file", "EMPTY": tmp_path / "empty", "NOSTATE": tmp_path / "no-state"}
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "trials.csv").write_text(TRIALS)
+    (tmp_path / "tables" / "curves.csv").write_text(CURVES)
+    return {
+        "TABLEDIR": tmp_path / "tables",
+        "AFILE": tmp_path / "a-file",
+        "EMPTY": tmp_path / "empty",
+        "NOSTATE": tmp_path / "no-state",
+        "DANGLING": tmp_path / "dangling",
+    }
 
 
 def placed(args, things) -> list:
@@ -86,6 +96,7 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     ),
     # an lr scaling exponent that overflows
     (["plan", TINY, RAMP, "batch.ramp_lr_scaling=1000"], "batch.ramp_lr_scaling"),
+    (["plan", TINY, RAMP, "batch.ramp_lr_scaling=-1e308"], "batch.ramp_lr_scaling"),
     # a ramp's errors name the step's full key; one too long for the command line is refused
     (["plan", TINY, "batch.ramp=[{from_tokens: abc, tokens_per_update: 4096}]"], "batch.ramp.0.from_tokens"),
     (["plan", TINY, "batch.ramp=[{from_tokens: 0, tokens_per_updat: 4096}]"], "batch.ramp.0.tokens_per_updat"),
@@ -101,6 +112,11 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
     (["report", "EMPTY", "--target-params", "-1", "--target-tokens", "1e9"], "--target-params"),
     (["report", "EMPTY", "--target-params", "1e9", "--target-tokens", "nan"], "--target-tokens"),
     (["report", "EMPTY", "--target-params", "1e9"], "--target-tokens"),
+    (["report", "EMPTY", "--target-params", "1e-300", "--target-tokens", "1e9"], "--target-params"),  # < 1
+    (["report", "EMPTY", "--target-params", "1e9", "--target-tokens", "0.5"], "--target-tokens"),
+    # --out where no folder can be: under a file, or a link to nothing
+    (["report", "TABLEDIR", "--out", "AFILE/report"], "--out"),
+    (["report", "TABLEDIR", "--out", "DANGLING"], "--out"),
     # the loss traded for a larger batch: a share of the loss, strictly between 0 and 1
     (["report", "EMPTY", "--loss-tolerance", "0"], "--loss-tolerance"),
     (["report", "EMPTY", "--loss-tolerance", "1.5"], "--loss-tolerance"),
