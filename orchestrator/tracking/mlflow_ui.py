@@ -128,6 +128,8 @@ def sweep_to_compare(store: Store, sweep: Optional[str]) -> Optional[Tuple[str, 
     """(parent run id, name) of sweep `sweep` (default: the experiment's newest; None when it has
     none); a sweep named but not in the store is a ConfigError (exit 2). Reads only."""
     if sweep is not None:
+        if "'" in sweep and '"' in sweep:  # no MLflow search filter can name it, so no sweep is named so
+            raise ConfigError("--sweep", f"got {sweep!r}; a sweep's name holds at most one kind of quote")
         parent = store.find_sweep_run(sweep) if store.exists() else None
         if parent is None:
             raise ConfigError(

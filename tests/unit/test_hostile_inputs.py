@@ -384,6 +384,16 @@ def test_trial_names_are_no_live_markdown_in_summary_md(tmp_path, capsys):
     assert "\n# Owned" not in rendered
 
 
+def test_ui_of_a_sweep_name_no_filter_can_hold_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(mlflow_ui, "_serve_until_stopped", lambda cmd, env: 0)
+    uri = sqlite_store(tmp_path)
+    Store(uri, "orchestrator").ensure_experiment()  # the experiment `ui` searches (the default)
+    capsys.readouterr()  # the store's own set-up lines
+    code = cli(["ui", "--sweep", "q'uo\"te", "--port", str(free_ports(1)[0]), f"tracking.uri={uri}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--sweep" in err[0], err
+
+
 def test_ui_on_every_interface_warns_that_it_has_no_authentication(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(mlflow_ui, "_serve_until_stopped", lambda cmd, env: 0)
     uri = sqlite_store(tmp_path)
