@@ -33,9 +33,9 @@ import numpy as np
 from orchestrator.analysis import critical_batch as cb
 from orchestrator.analysis import loss_surface, lr_optimum, optimal_batch, steps_to_target, sweep_analysis
 from orchestrator.analysis.answer import BestRow, TargetFit
-from orchestrator.analysis.trials import LR_KEY, Trial, by_batch, lr_scans, settings, swept_axes
+from orchestrator.analysis.trials import LR_KEY, PARAMS_KEY, Trial, by_batch, lr_scans, settings, swept_axes
 
-PARAMS_KEY, TOKENS_KEY = "model.params", "train.total_tokens"
+TOKENS_KEY = "train.total_tokens"
 OPTIMIZER_KEYS = ("optim.beta2_half_life_tokens", "optim.weight_decay_timescale_share")
 """The optimizer constants in token units a ladder may hold (docs/configuration.md)."""
 RESAMPLES, SEED = 400, 0

@@ -14,7 +14,8 @@ docs/critical-batch.md "Analysis from tables"), so curves from any trainer can b
 Whatever the analysis could not use is refused in one line naming the file, row and column
 (ConfigError, exit 2): a cell over MAX_CELL characters or not UTF-8, a row longer than the
 header, a repeated trial name or (trial, metric, tokens), tokens that are not a finite whole
-number >= 0, a batch size that is not one >= 1, a config value that is not finite, or negative
+number >= 0, a batch size that is not one >= 1, a model size (`model.params`) that is not a
+finite number >= 1, a config value that is not finite, or negative
 where its rule (validation.FIELDS) allows no negative value. A curve's non-finite values (a
 diverged run's loss) are left out.
 
@@ -33,7 +34,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator.analysis.trials import BATCH_KEY, Curve, Trial
+from orchestrator.analysis.trials import BATCH_KEY, PARAMS_KEY, Curve, Trial
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.validation import FIELDS
 
@@ -322,10 +323,13 @@ def _is_tokens(x: float) -> bool:
 def _param_problem(key: str, text: str) -> Optional[str]:
     """What is wrong with a config value, if anything: a number must be finite (as the config's own
     values are), not negative where its rule allows no negative value (validation.FIELDS: counts,
-    sizes, rates), and the batch size a whole number >= 1."""
+    sizes, rates), the batch size a whole number >= 1 and a model's size (model.params) a finite
+    number >= 1."""
     number = _number(text)
     if number is None:
         return None
+    if key == PARAMS_KEY:  # derived, no config key: a ladder's rungs are grouped by it, its laws take its log
+        return None if math.isfinite(number) and number >= 1 else f"got {_shown(text)}; a number of parameters >= 1"
     if key == BATCH_KEY:
         return None if _is_tokens(number) and number >= 1 else f"got {_shown(text)}; a whole number >= 1"
     rule = FIELDS.get(re.sub(r"\.\d+\.", ".*.", key))

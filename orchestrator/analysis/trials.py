@@ -17,6 +17,8 @@ from orchestrator.formulas import schedules
 
 BATCH_KEY, LR_KEY, SEED_KEY = "batch.tokens_per_update", "optim.lr", "train.seed"
 SCHEDULE_KEY = "batch.schedule"
+PARAMS_KEY = "model.params"
+"""A model's size in parameters: derived from the workload (no config key), logged as a param."""
 RAMP_CHANGE_KEY = "batch.ramp.1.tokens_per_update"
 """The param of a batch.ramp's second step (MLflow holds the ramp flattened): present when it changes B."""
 DERIVED = {

@@ -473,6 +473,15 @@ HOSTILE_TABLES = [  # (file, what replaces what in it, the row and column the on
     ("trials.csv", ("4096,0.001,\nb", "4096,inf,\nb"), "row 2, column 'optim.lr'"),
     ("trials.csv", ("8192,0.001,", "8192,0.001,inf"), "row 3, column 'stopped_at'"),
     ("trials.csv", (b"a,FINISHED", b"\xff\xfe,FINISHED"), "row 2, column 'trial'"),  # not UTF-8
+    # a ladder's model size (no config key: the workload derives it) is a count of parameters >= 1
+    *(
+        (
+            "trials.csv",
+            ("stopped_at\na,FINISHED,4096,0.001,", f"stopped_at,model.params\na,FINISHED,4096,0.001,,{v}"),
+            "row 2, column 'model.params'",
+        )
+        for v in ("0", "-5", "1e400")  # ("nan" is how pandas writes a missing cell: an unknown size)
+    ),
 ]
 
 
