@@ -165,7 +165,12 @@ def recorded_sweep(uri: str, run_id: str) -> Optional[sweep_schema.Sweep]:
         return None
     for path in store.list_artifacts(run_id):
         if "/" not in path and path.endswith((".yaml", ".yml")):
-            text = store.read_text_artifact(run_id, path)
+            try:
+                text = store.read_text_artifact(run_id, path)
+            except UnicodeDecodeError:
+                raise ConfigError(
+                    f"run {run_id}'s {path}", "the sweep file recorded there is not UTF-8 text; give the sweep file"
+                ) from None
             return sweep_file.read_recorded(text, Path(path)) if text is not None else None
     return None
 

@@ -394,6 +394,26 @@ def test_ui_of_a_sweep_name_no_filter_can_hold_is_refused_in_one_line(tmp_path, 
     assert code == 2 and len(err) == 1 and "--sweep" in err[0], err
 
 
+def test_a_recorded_sweep_file_that_is_not_utf8_is_refused_in_one_line(tmp_path):
+    """A parent run's recorded sweep file (the artifact `report` reads its settings from) that is
+    not UTF-8: a refusal naming the artifact (exit 2; was a UnicodeDecodeError, exit 1)."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.reporting import report_inputs
+
+    uri = sqlite_store(tmp_path)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.create_run(
+        Store(uri, "orchestrator").ensure_experiment(), tags={run_tags.ROLE_TAG: run_tags.SWEEP_ROLE}
+    )
+    recorded = tmp_path / "study.yaml"
+    recorded.write_bytes(b"name: \xff\xfe study\n")
+    client.log_artifact(run.info.run_id, str(recorded))
+    with pytest.raises(ConfigError, match="study.yaml.*not UTF-8"):
+        report_inputs.recorded_sweep(uri, run.info.run_id)
+
+
 def test_ui_on_every_interface_warns_that_it_has_no_authentication(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(mlflow_ui, "_serve_until_stopped", lambda cmd, env: 0)
     uri = sqlite_store(tmp_path)
