@@ -274,16 +274,18 @@ _WORDS = {"None": None, "True": True, "False": False}
 
 
 def param_value(value: Any) -> Any:
-    """A logged param's text as the None, bool, int or float it spells, else as it is."""
+    """A logged param's text as the None, bool, int or finite float it spells, else as it is (a
+    'nan' stays text: settings are compared, and NaN equals nothing)."""
     if not isinstance(value, str):
         return value
     if value in _WORDS:
         return _WORDS[value]
     for kind in (int, float):
         try:
-            return kind(value)
+            number = kind(value)
         except ValueError:
-            pass
+            continue
+        return number if math.isfinite(number) else value
     return value
 
 

@@ -116,7 +116,6 @@ class ProgressTable(tune.Callback):
                 "wall": None,  # seconds from its (last) start to its end
                 "first": None,  # (tokens, time) of the first result since the trial (re)started
                 "rate": None,
-                "gained": 0,  # tokens trained, over every attempt
                 "holds": placement.resources_of(self.sweep, c),  # what Tune reserves for it
             }
         return self.rows[trial.trial_id]
@@ -139,7 +138,6 @@ class ProgressTable(tune.Callback):
         row = self._row(trial)
         now = self.clock()
         tokens = result.get("tokens", row["tokens"])
-        row["gained"] += max(0, tokens - row["tokens"])  # a restart goes back to its checkpoint: none
         if self.started_at is None:  # a resumed sweep's first result
             self.started_at = now
         if row["started"] is None:

@@ -255,7 +255,9 @@ def eta_s(remaining_tokens: float, tokens_per_s: Optional[float]) -> Optional[fl
     return remaining_tokens / tokens_per_s
 
 
-def sweep_eta_s(elapsed_s: float, ended_walls_s: Sequence[float], running_for_s: Sequence[float], total: int):
+def sweep_eta_s(
+    elapsed_s: float, ended_walls_s: Sequence[float], running_for_s: Sequence[float], total: int
+) -> Optional[float]:
     """Seconds until a sweep of `total` trials ends, at the pace of the trials done so far: the
     time since the first trial started over the trials done, times the trials left. A running
     trial counts as done by the share of an ended trial's mean wall time it has run (start-up and

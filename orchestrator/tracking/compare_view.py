@@ -19,7 +19,7 @@ runsHiddenMode) and ignores the whole state when the link already carries search
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Sequence
 
 from orchestrator.tracking.run_tags import PARENT_TAG
 from orchestrator.tracking.store import Store, quoted
@@ -112,13 +112,13 @@ def view_state(search_filter: str, metrics: Sequence[str] = COMPARED_METRICS) ->
     }
 
 
-def write(uri: str, source_run_id: str, run_ids: Sequence[str]) -> Tuple[str, str]:
+def write(uri: str, source_run_id: str, run_ids: Sequence[str]) -> str:
     """Write the view of `run_ids` (a sweep's trials; `source_run_id` its parent run, or the one
-    run reported) as a tag of their experiment; returns (the experiment's id, the share key).
-    Writing it again with the same runs writes the same value."""
+    run reported) as a tag of their experiment; returns the share key. Writing it again with the
+    same runs writes the same value."""
     store = Store(uri)
     experiment = store.get_run(source_run_id).experiment_id
     key = view_key(source_run_id)
     state = view_state(run_filter(uri, source_run_id, run_ids))
     store.set_experiment_tag(experiment, VIEW_TAG_PREFIX + key, json.dumps(state, separators=(",", ":")))
-    return experiment, key
+    return key

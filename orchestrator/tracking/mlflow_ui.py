@@ -59,11 +59,17 @@ def compare_view_link(
     share key."""
     if not run_ids:
         return ""
-    experiment, key = compare_view.write(uri, source_run_id, run_ids)
+    experiment = Store(uri).get_run(source_run_id).experiment_id
+    page = f"http://{browse_host(host)}:{port}/#/experiments/{experiment}"
+    try:
+        key = compare_view.write(uri, source_run_id, run_ids)
+    except Exception as exc:  # a store this user may read but not write: the report stands without its view
+        log.warning("the compare view could not be written (%s): the link opens the experiment's runs", exc)
+        return f"{page}?workflowType=machine_learning"
     query = urllib.parse.urlencode(
         {"viewStateShareKey": key, "compareRunsMode": "CHART", "workflowType": "machine_learning"}
     )
-    return f"http://{browse_host(host)}:{port}/#/experiments/{experiment}/runs?{query}"
+    return f"{page}/runs?{query}"
 
 
 def sweep_run_ids(store: Store, parent_run_id: str) -> List[str]:

@@ -256,3 +256,18 @@ def test_a_trial_colours_its_run_without_the_analysis():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
+
+
+def test_a_view_that_cannot_be_written_leaves_a_link_to_the_experiments_runs(store, monkeypatch, caplog):
+    """A store this user may read but not write (a teammate's): the report still prints a link,
+    to the experiment's runs, and says why it is not the compare view."""
+
+    def refused(*args, **kwargs):
+        raise PermissionError("read-only store")
+
+    monkeypatch.setattr(Store, "set_experiment_tag", refused)
+    parent, ids = store["newer"]
+    experiment = Store(store["uri"]).get_run(parent).experiment_id
+    link = mlflow_ui.compare_view_link(store["uri"], parent, list(ids.values()), 5001)
+    assert link == f"http://127.0.0.1:5001/#/experiments/{experiment}?workflowType=machine_learning"
+    assert any("read-only store" in r.getMessage() for r in caplog.records)
