@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.core import derived, ladder_target, registry
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import model_params as _params
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
@@ -74,24 +75,38 @@ def _largest_batch(sweep: Sweep) -> int:
 
 
 def rungs(sweep: Sweep) -> List[RungPlan]:
-    """The rungs of the sweep's ladder, smallest compute first ([] without a ladder)."""
+    """The rungs of the sweep's ladder, smallest compute first ([] without a ladder). Two entries
+    of the same N and D (a model listed twice) are refused, not merged; the target's model is
+    checked as a train config here too, before any rung trains, as the report will build it."""
     ladder = sweep.ladder
     if ladder is None:
         return []
     unit = _largest_batch(sweep)
     found = [
-        RungPlan(dict(r.overrides), _params(sweep, r.overrides, f"ladder.rungs.{i}.overrides"), int(r.total_tokens))
+        (
+            f"ladder.rungs.{i}",
+            RungPlan(
+                dict(r.overrides), _params(sweep, r.overrides, f"ladder.rungs.{i}.overrides"), int(r.total_tokens)
+            ),
+        )
         for i, r in enumerate(ladder.rungs)
     ]
     for i, model in enumerate(ladder.models):
         n = _params(sweep, model, f"ladder.models.{i}")
         for ratio in ladder.tokens_per_param:
             tokens = max(unit, int(round(ratio * n / unit)) * unit)
-            found.append(RungPlan(dict(model), n, tokens))
-    seen: Dict[Tuple[int, int], RungPlan] = {}
-    for rung in found:
-        seen.setdefault((rung.params, rung.tokens), rung)
-    return sorted(seen.values(), key=lambda r: (r.compute, r.params))
+            found.append((f"ladder.models.{i}", RungPlan(dict(model), n, tokens)))
+    seen: Dict[Tuple[int, int], Tuple[str, RungPlan]] = {}
+    for where, rung in found:
+        first = seen.setdefault((rung.params, rung.tokens), (where, rung))[0]
+        if first != where:
+            raise ConfigError(
+                where,
+                f"the same N = {rung.params:,} and D = {rung.tokens:,} as {first}: a ladder tells its rungs apart "
+                "by N and D, so list each model once and give models of different sizes",
+            )
+    ladder_target.target(sweep)
+    return sorted((rung for _, rung in seen.values()), key=lambda r: (r.compute, r.params))
 
 
 def target(sweep: Sweep) -> Optional[Tuple[float, float, Optional[Dict[str, Any]]]]:

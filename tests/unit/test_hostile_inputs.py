@@ -212,6 +212,40 @@ def test_a_param_read_back_as_yaml_is_bounded_too():
     assert config.from_params({"train.run_name": alias_bomb()})["train"]["run_name"] == alias_bomb()
 
 
+LADDER_MODELS = [{"model.d_model": 32, "model.n_layers": 1}, {"model.d_model": 48, "model.n_layers": 1}]
+BAD_LADDERS = [  # (the ladder section, the key the one line names)
+    # the target's overrides make a config `train` would refuse: refused before the rungs train
+    (
+        {
+            "models": LADDER_MODELS,
+            "tokens_per_param": [2, 4],
+            "target": {"overrides": {"model.d_model": 128, "train.run_name": "../../esc"}, "tokens": 1638400},
+        },
+        "train.run_name",
+    ),
+    # the same model twice: its rungs would be merged silently
+    (
+        {
+            "models": [LADDER_MODELS[0], LADDER_MODELS[1], LADDER_MODELS[0]],
+            "tokens_per_param": [2, 4],
+            "target": {"params": 1.0e6, "tokens": 2.0e7},
+        },
+        "ladder.models.2",
+    ),
+]
+
+
+@pytest.mark.parametrize("ladder, key", BAD_LADDERS, ids=[k for _, k in BAD_LADDERS])
+def test_a_bad_ladder_is_refused_in_one_line_before_anything_starts(ladder, key, nothing_starts, capsys):
+    path = write_sweep(nothing_starts.parent, "ladder.yaml", ladder=ladder)
+    before = tree(nothing_starts.parent)
+    for verb in (["sweep", "--dry-run"], ["sweep"]):
+        code = cli([verb[0], path, *verb[1:]])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and key in err[0], (verb, err)
+    assert tree(nothing_starts.parent) == before, "nothing written or removed"
+
+
 # ---------------------------------------------------------------- passwords in what is logged and printed
 
 
