@@ -84,6 +84,18 @@ LOSS_FORMS = (("log", "lin"), ("lin", "lin"))
 """The lr parabolas of the final loss: in log lr, or in the lr."""
 
 
+def scored_scans(group: Sequence[Trial], axes: Sequence[str], metric: str):
+    """Per lr scan of one batch size's trials (trials.lr_scans): (its configurations but those with a
+    trial still running, each one's seeds' final losses (None: failed or stopped), each one's mean
+    final loss over its seeds, NaN where a seed has none). How best_per_batch scores configurations,
+    and what the report's heat map shows."""
+    for scan in lr_scans(group, axes):
+        scan = [c for c in scan if all(t.outcome != "incomplete" for t in c.trials)]
+        finals = [[t.final(metric) if t.outcome == "finished" else None for t in c.trials] for c in scan]
+        losses = [float(np.mean(f)) if all(x is not None for x in f) else math.nan for f in finals]
+        yield scan, finals, losses
+
+
 def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) -> List[BestRow]:
     """Per batch size the best configuration by mean final loss over its seeds, and the best lr
     by a quadratic in log lr through it (module docstring). A configuration with a trial that
@@ -91,10 +103,7 @@ def best_per_batch(usable: Sequence[Trial], axes: Sequence[str], metric: str) ->
     rows = []
     for b, group in by_batch(usable).items():
         scored = []  # (loss, lr optimum, scan, index)
-        for scan in lr_scans(group, axes):
-            scan = [c for c in scan if all(t.outcome != "incomplete" for t in c.trials)]
-            finals = [[t.final(metric) if t.outcome == "finished" else None for t in c.trials] for c in scan]
-            losses = [float(np.mean(f)) if all(x is not None for x in f) else math.nan for f in finals]
+        for scan, finals, losses in scored_scans(group, axes, metric):
             if scan and any(math.isfinite(x) for x in losses):
                 lrs = [c.lr or 1.0 for c in scan]
                 opt = lr_optimum.best_over(lrs, np.array(losses), maximize=False, forms=LOSS_FORMS)

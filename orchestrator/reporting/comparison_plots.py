@@ -31,7 +31,7 @@ import numpy as np
 from orchestrator.analysis.answer import BestLr, BestRow, TargetFit
 from orchestrator.analysis.trials import BATCH_KEY, LR_KEY, Trial, settings
 from orchestrator.reporting.batch_colours import batch_scale
-from orchestrator.reporting.plots import loss_ticks, lr_scale, plain_log_ticks
+from orchestrator.reporting.plots import loss_ticks, lr_key, lr_scale, plain_log_ticks
 from orchestrator.reporting.report_format import fmt_tokens, lr_text
 
 BATCH_LABEL = "batch size (tokens per update)"
@@ -160,11 +160,6 @@ def b_simple_over_training(chosen: Sequence[Trial]):
         _colour_bar(fig, ax, mappable, [t.batch for t in with_gns])
     fig.tight_layout()
     return fig
-
-
-def lr_key(lr: Optional[float]) -> Optional[float]:
-    """An lr to 3 significant digits: sampled lrs that print alike share a line, a point and a row."""
-    return float(f"{lr:.3g}") if lr else None
 
 
 def best_scans(

@@ -59,6 +59,11 @@ def batch_colors(batch_sizes: Sequence[float]) -> Dict[float, Tuple]:
     return {b: cmap(0.9 * (lb - logs.min()) / span) for b, lb in zip(sizes, logs)}
 
 
+def lr_key(lr: Optional[float]) -> Optional[float]:
+    """An lr to 3 significant digits: sampled lrs that print alike share a line, a point, a row."""
+    return float(f"{lr:.3g}") if lr else None
+
+
 def lr_scale(lrs: Sequence[float]):
     """(colour of an lr, the ScalarMappable its colour bar draws): plasma over log lr, short of its
     pale yellow end, which white paper would hide."""
@@ -211,11 +216,11 @@ def lr_batch_heatmap(
     log-spaced rows and columns, where it lies within them."""
     import numpy as np
 
-    lrs = sorted({float(f"{lr:.3g}") for lr, _, _ in cells})
+    lrs = sorted({lr_key(lr) for lr, _, _ in cells})
     batches = sorted({b for _, b, _ in cells})
     grid = np.full((len(lrs), len(batches)), np.nan)
     for lr, b, loss in cells:
-        i, j = lrs.index(float(f"{lr:.3g}")), batches.index(b)
+        i, j = lrs.index(lr_key(lr)), batches.index(b)
         grid[i, j] = np.fmin(grid[i, j], loss)
     fig = heatmap(
         grid,
@@ -225,8 +230,8 @@ def lr_batch_heatmap(
         cbar=what,
     )
     ax = fig.axes[0]
-    if best is not None and float(f"{best[0]:.3g}") in lrs and best[1] in batches:
-        i, j = lrs.index(float(f"{best[0]:.3g}")), batches.index(best[1])
+    if best is not None and lr_key(best[0]) in lrs and best[1] in batches:
+        i, j = lrs.index(lr_key(best[0])), batches.index(best[1])
         box = matplotlib.patches.Rectangle(
             (j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.2, label="best configuration (lowest mean)"
         )

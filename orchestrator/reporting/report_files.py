@@ -15,9 +15,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator.analysis import branch_analysis, tables
+from orchestrator.analysis import branch_analysis, sweep_analysis, tables
 from orchestrator.analysis.answer import Answer
-from orchestrator.analysis.trials import LR_KEY, RAMP_CHANGE_KEY, Trial, by_batch, lr_scans
+from orchestrator.analysis.trials import LR_KEY, RAMP_CHANGE_KEY, Trial, by_batch
 from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import recommended, report_tradeoff
@@ -115,17 +115,16 @@ def figures(trials: Sequence[Trial], answer: Answer, name: str) -> Iterator[Tupl
 
 
 def seed_means(usable: Sequence[Trial], metric: str, axes: Sequence[str]) -> List[Tuple[float, int, float]]:
-    """(lr, B, final loss) of every configuration with an lr: the mean over its seeds, NaN where one
-    failed or was stopped, none where one is still running, as sweep_analysis.best_per_batch scores
-    them, so the heat map's cells are the numbers of the table of the best configuration per batch size."""
-    cells = []
-    for batch, group in by_batch(usable).items():
-        for scan in lr_scans(group, axes):
-            for config in scan:
-                if config.lr and all(t.outcome != "incomplete" for t in config.trials):
-                    finals = [t.final(metric) if t.outcome == "finished" else None for t in config.trials]
-                    cells.append((config.lr, batch, float(np.mean(finals)) if None not in finals else float("nan")))
-    return cells
+    """(lr, B, final loss) of every configuration with an lr: its mean over its seeds as
+    sweep_analysis.best_per_batch scores it (scored_scans), so the heat map's cells are the numbers
+    of the table of the best configuration per batch size."""
+    return [
+        (config.lr, batch, loss)
+        for batch, group in by_batch(usable).items()
+        for scan, _, losses in sweep_analysis.scored_scans(group, axes, metric)
+        for config, loss in zip(scan, losses)
+        if config.lr
+    ]
 
 
 DRAWN_POINTS = 400
