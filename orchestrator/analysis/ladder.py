@@ -39,6 +39,7 @@ from orchestrator.analysis import ladder_laws, ladder_rungs, optimal_batch, trad
 from orchestrator.analysis.ladder_laws import Backtest, Design, Point, Value
 from orchestrator.analysis.ladder_rungs import OPTIMIZER_KEYS, Rung
 from orchestrator.analysis.trials import Trial, in_one_order
+from orchestrator.formulas import cost
 
 MAX_DECADES = 2.0
 """Beyond this many decades of compute past the largest rung the recommendation warns."""
@@ -340,7 +341,7 @@ def _recommend(
     params, tokens = target
     by_name = {law.name: law for law in laws}
     largest = max(r.compute or 0.0 for r in rungs)
-    decades = math.log10(6.0 * params * tokens / largest) if largest else math.nan
+    decades = cost.decades_beyond(params, tokens, largest)
     warnings = []
     if round(decades, 1) > MAX_DECADES:  # as printed: "2.0 decades" is not more than 2
         warnings.append(

@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator.analysis import critical_batch as cb
+from orchestrator.formulas import cost
 
 RESAMPLES, SEED = 400, 0
 SHARED_RATIO = 1.2
@@ -62,7 +63,7 @@ class Point:
 
     @property
     def compute(self) -> float:
-        return 6.0 * (self.params or 0.0) * self.tokens
+        return cost.training_compute(self.params or 0.0, self.tokens)
 
 
 @dataclass(frozen=True)

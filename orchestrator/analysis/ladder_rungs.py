@@ -34,6 +34,7 @@ from orchestrator.analysis import critical_batch as cb
 from orchestrator.analysis import loss_surface, lr_optimum, optimal_batch, steps_to_target, sweep_analysis
 from orchestrator.analysis.answer import BestRow, TargetFit
 from orchestrator.analysis.trials import LR_KEY, PARAMS_KEY, Trial, by_batch, lr_scans, settings, swept_axes
+from orchestrator.formulas import cost
 
 TOKENS_KEY = "train.total_tokens"
 OPTIMIZER_KEYS = ("optim.beta2_half_life_tokens", "optim.weight_decay_timescale_share")
@@ -109,8 +110,8 @@ class Rung:
 
     @property
     def compute(self) -> Optional[float]:
-        """C = 6 N D, the training FLOPs of a dense model."""
-        return 6.0 * self.params * self.tokens if self.params else None
+        """Its training compute (cost.training_compute)."""
+        return cost.training_compute(self.params, self.tokens) if self.params else None
 
     def to_json(self) -> Dict[str, Any]:
         return {

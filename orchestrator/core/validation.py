@@ -261,7 +261,7 @@ FIELDS = {
     "schedule.decay": one_of(*schedules.DECAYS),
     "schedule.min_lr_ratio": number(0, 1),
     "schedule.wsd_decay_share": number(0, 1, low_open=True),
-    "train.total_tokens": count(),
+    "train.total_tokens": count(high=batching.MAX_TOTAL_TOKENS),
     "train.seed": count(0),
     "train.report_every_tokens": count(),
     "train.eval_every_tokens": count(),

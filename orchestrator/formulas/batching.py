@@ -73,6 +73,10 @@ MAX_TOKENS_PER_UPDATE = 2**40
 """The largest batch a config may ask for (about 10^12 tokens, 10^4 times today's largest
 published batches): past it a batch is a typo or hostile, and its arithmetic would be unbounded."""
 
+MAX_TOTAL_TOKENS = 2**60
+"""The largest budget a config may ask for (about 10^18 tokens, 10^4 times today's largest
+published runs): past it a budget is a typo or hostile (an ETA of 10^300 days)."""
+
 
 def largest_divisor_at_most(n: int, bound: int) -> int:
     """The largest divisor of n (>= 1) that is at most bound (>= 1), by trial division: bound

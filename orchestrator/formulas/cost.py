@@ -103,6 +103,18 @@ class TrialCost:
     """wall x devices held / 3600 (GPU-hours or CPU-hours); None when unknown."""
 
 
+def training_compute(params: float, tokens: float) -> float:
+    """C = 6 N D: the training FLOPs of a dense model of N parameters on D tokens, the compute a
+    ladder's rungs are ordered by and its laws extrapolate in."""
+    return 6.0 * params * tokens
+
+
+def decades_beyond(params: float, tokens: float, largest_compute: float) -> float:
+    """How many decades of compute a run of N = params on D = tokens lies past `largest_compute`
+    (a ladder's largest rung): how far its laws extrapolate."""
+    return math.log10(training_compute(params, tokens) / largest_compute) if largest_compute > 0 else math.nan
+
+
 def trial_cost(
     tokens: int,
     flops_per_token: Optional[float],

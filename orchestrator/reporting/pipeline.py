@@ -37,16 +37,17 @@ def make(
     answer = report_inputs.analyse(inputs, target_losses, settings.origin, **settings.options, **options)
     rungs = report_ladder.analyse(inputs.trials, ladder, settings.options["loss_tolerance"])
     out = out or report_files.default_out(inputs.name)
-    report_files.check_out_folder(out, inputs.folder)  # again: a sweep's folder may have changed while it ran
     parts = [report_ladder.part(rungs)] if rungs else []
-    written = report_files.write_report(inputs.trials, answer, inputs.name, out, parts)
-    if rungs:
-        yaml_file = report_ladder.write_recommended(rungs, inputs.trials, ladder and ladder.target, out)
-        written += [yaml_file] if yaml_file else []
     tables = results.build(
         inputs.name, inputs.source.run_id or "", inputs.trials, inputs.curves, answer, inputs.metrics, inputs.uri or ""
     )
-    written += tables.to_csv(out)
+    with report_files.staged(out, inputs.folder) as folder:  # checked again: a sweep's may have changed as it ran
+        written = report_files.write_report(inputs.trials, answer, inputs.name, folder, parts)
+        if rungs:
+            yaml_file = report_ladder.write_recommended(rungs, inputs.trials, ladder and ladder.target, folder)
+            written += [yaml_file] if yaml_file else []
+        written += tables.to_csv(folder)
+    written = [out / path.name for path in written]
     if inputs.uri is None:
         where = f"read from {inputs.folder}"
     else:

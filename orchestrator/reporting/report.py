@@ -73,11 +73,11 @@ def run(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
         )
         return 1
-    if given_target:
-        refuse_target_without_ladder(inputs.trials)
     settings, sweep = report_inputs.settings_of_sweep(read, uri, run_id, lr_criterion, loss_tolerance)
     if sweep is not None and read is None:  # the file recorded on the sweep's parent run
         ladder = ladder_request(sweep, target_params, target_tokens, inputs.trials)
+    if given_target:
+        refuse_target_outside_the_ladder(inputs.trials, ladder.target)
     compare = None
     if sweep is not None and sweep.branch is not None:
         experiment = report_inputs.tracking_for(target, list(overrides), read)[2]
@@ -110,15 +110,17 @@ def _run_tables(
     if not any(t.batch and t.train for t in inputs.trials):
         raise ConfigError("SWEEP_OR_RUN", f"{folder}: no trial has batch.tokens_per_update and train/loss points")
     if given_target:
-        refuse_target_without_ladder(inputs.trials)
+        refuse_target_outside_the_ladder(inputs.trials, ladder.target)
     pipeline.make(inputs, settings, out_dir, target_losses, ladder=ladder)
     return 0
 
 
-def refuse_target_without_ladder(trials: Sequence[Trial]) -> None:
-    """--target-params / --target-tokens name a ladder's target: refused (exit 2) for runs of one
-    model size and budget, which no law extrapolates, instead of being ignored."""
+def refuse_target_outside_the_ladder(trials: Sequence[Trial], target: Optional[ladder_target.Target]) -> None:
+    """--target-params / --target-tokens name a ladder's target: refused (exit 2), instead of being
+    ignored, for runs of one model size and budget, which no law extrapolates, and for a target of
+    no more compute (6 N D) than the largest rung, which there is nothing to extrapolate to."""
     from orchestrator.analysis import ladder_rungs
+    from orchestrator.formulas import cost
 
     if not ladder_rungs.is_ladder(trials):
         raise ConfigError(
@@ -126,4 +128,12 @@ def refuse_target_without_ladder(trials: Sequence[Trial]) -> None:
             "these runs are one sweep (model.params and train.total_tokens are the same in every run), not a "
             "ladder: a target needs runs at several model sizes or budgets; leave out --target-params and "
             "--target-tokens",
+        )
+    rungs = [(cost.training_compute(n, d), n, d) for n, d in ladder_rungs.group(trials) if n]
+    if target is not None and rungs and cost.decades_beyond(target.params, target.tokens, max(rungs)[0]) <= 0:
+        _, n, d = max(rungs)
+        raise ConfigError(
+            "--target-params",
+            f"N = {target.params:.4g}, D = {target.tokens:.4g} is no more compute (6 N D) than the largest rung "
+            f"(N = {n:.4g}, D = {d:.4g}): a ladder extrapolates up; give --target-params and --target-tokens beyond it",
         )

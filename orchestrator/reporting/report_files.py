@@ -5,10 +5,15 @@ that is new, empty or a report's own (docs/security.md). No MLflow: the report p
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import math
+import os
 import re
+import secrets
+import shutil
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -61,9 +66,10 @@ def default_out(name: str) -> Path:
 
 
 def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
-    """Before anything is written: `out` is new, empty, or a folder a report wrote (it holds
-    MARKER) with nothing in it but the files a report writes; never the folder the tables are
-    read from. So a report replaces only its own files, and a re-run into the same folder works."""
+    """Before anything is written: `out` is new, empty, or a folder a report wrote (its report.json
+    is one a report wrote) with nothing in it but the files a report writes; never the folder the
+    tables are read from. So a report replaces only its own files, and a re-run into the same
+    folder works."""
     if out.exists() and not out.is_dir():
         raise ConfigError("--out", f"{out} is a file; give a new folder, an empty one or one a report wrote")
     if out.is_symlink() and not out.exists():
@@ -75,8 +81,12 @@ def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
         raise ConfigError(
             "--out", f"{out} is the folder the tables are read from, which report never rewrites; give another"
         )
-    ours = (out / MARKER).is_file()
     entries = sorted(out.iterdir()) if out.is_dir() else []
+    if entries and (out / MARKER).is_file() and not written_by_a_report(out / MARKER):
+        raise ConfigError(
+            "--out", f"{out / MARKER} is not one a report wrote; give a new folder, an empty one or one a report wrote"
+        )
+    ours = written_by_a_report(out / MARKER)
     foreign = [e for e in entries if not ours or e.name not in OWNED or e.is_symlink() or not e.is_file()]
     if foreign:
         raise ConfigError(
@@ -84,6 +94,69 @@ def check_out_folder(out: Path, tables_folder: Optional[Path] = None) -> None:
             f"{foreign[0]} is not a file a report wrote there ({MARKER} marks its folder); give a new folder, an "
             "empty one or one a report wrote",
         )
+
+
+def written_by_a_report(path: Path) -> bool:
+    """`path` is a report.json a report wrote: a JSON object holding the report's name and its
+    critical_batch list. A user's own report.json is not taken for one, so a folder holding it is
+    never replaced."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("name"), str) and isinstance(data.get("critical_batch"), list)
+
+
+@contextmanager
+def staged(out: Path, tables_folder: Optional[Path] = None) -> Iterator[Path]:
+    """A new folder beside `out` to write the report into, moved into place whole when the block
+    ends, replacing the report folder there (check_out_folder accepts it, again at the move); when
+    the block fails, removed with the folders made for it, and `out` is as it was. So a full disk
+    leaves no half-written report, and two reports into one folder at once leave one of them whole,
+    never a mix or an earlier report's stale files (each move is one rename of a whole folder)."""
+    check_out_folder(out, tables_folder)
+    if out.is_symlink():  # replace the folder it names, not the link
+        out = out.resolve()
+    made = [p for p in reversed(out.absolute().parents) if not p.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = _sibling(out, "staged")
+    try:
+        yield stage
+        _move_into_place(stage, out, tables_folder)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        for folder in reversed(made):
+            with suppress(OSError):  # only if nothing else was put there meanwhile
+                folder.rmdir()
+        raise
+
+
+def _sibling(out: Path, kind: str) -> Path:
+    """A new hidden folder beside `out`, of a name no other process picks."""
+    folder = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.{kind}"
+    folder.mkdir()
+    return folder
+
+
+def _move_into_place(stage: Path, out: Path, tables_folder: Optional[Path]) -> None:
+    """`stage` renamed to `out`: onto nothing or an empty folder at once; over a report's folder by
+    moving that aside first and removing it. Another report may move its own into place between
+    the two renames: then it is moved aside in turn, so the last to finish wins, whole."""
+    while True:
+        try:
+            os.rename(stage, out)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        check_out_folder(out, tables_folder)  # what is there now is still a report's to replace
+        aside = _sibling(out, "replaced")
+        try:
+            os.rename(out, aside)
+        except FileNotFoundError:  # another report moved it aside first
+            aside.rmdir()
+            continue
+        shutil.rmtree(aside)
 
 
 # ---------------------------------------------------------------- writing
@@ -217,8 +290,8 @@ class Part:
 def write_report(
     trials: Sequence[Trial], answer: Answer, name: str, out: Path, parts: Sequence[Part] = ()
 ) -> List[Path]:
-    """report.json (first: it marks the folder as a report's), the figures and the summaries in
-    `out`, which check_out_folder has accepted; each of `parts` after the answer."""
+    """report.json (it marks the folder as a report's), the figures and the summaries in `out`, a
+    new folder (staged); each of `parts` after the answer."""
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
@@ -235,9 +308,7 @@ def write_report(
         if file not in part_figures:  # a part lists its own figures
             own.append(file)
     doc = document(answer, name, [p.name for p in written[1:] if p.name in own], [b for p in parts for b in p.blocks])
-    if parts:  # a ladder recommends for its target (report_ladder), not for the mix of its rungs
-        (out / recommended.FILE).unlink(missing_ok=True)
-    else:
+    if not parts:  # a ladder recommends for its target (report_ladder), not for the mix of its rungs
         written += write_recommended(trials, answer, out)
     for file, text in (("summary.md", to_markdown(doc)), ("summary.html", to_html(doc, f"Report: {name}"))):
         (out / file).write_text(text)
@@ -246,9 +317,6 @@ def write_report(
 
 
 def write_recommended(trials: Sequence[Trial], answer: Answer, out: Path) -> List[Path]:
-    """recommended.yaml (recommended.for_answer): no file, and none left from an earlier report,
-    when there is nothing to recommend."""
-    path = out / recommended.FILE
-    path.unlink(missing_ok=True)
+    """recommended.yaml (recommended.for_answer): no file when there is nothing to recommend."""
     rec = recommended.for_answer(trials, answer)
-    return [rec.write(path)] if rec else []
+    return [rec.write(out / recommended.FILE)] if rec else []

@@ -17,10 +17,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from orchestrator.analysis import branch_cbs
 from orchestrator.core.errors import ConfigError
+from orchestrator.reporting.report_files import MARKER
 from orchestrator.reporting.report_inputs import Settings, settings
 
-MARKER = "report.json"
-"""The file a report writes first into its folder (report_files.MARKER)."""
 CRITERIA = ("final_loss", "steps")
 
 

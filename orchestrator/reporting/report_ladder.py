@@ -17,6 +17,7 @@ from orchestrator.core import config as config_lib
 from orchestrator.core import registry
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import Target
+from orchestrator.formulas import cost
 from orchestrator.reporting import recommended, report_tradeoff
 from orchestrator.reporting.report_files import Part
 from orchestrator.reporting.report_format import G, S, aligned, table
@@ -144,7 +145,7 @@ def rung_row(r: ladder_rungs.Rung) -> Dict[str, Any]:
 
 
 def _x(params: Optional[float], tokens: float, by_compute: bool) -> float:
-    return 6.0 * params * tokens if by_compute else tokens
+    return cost.training_compute(params, tokens) if by_compute else tokens
 
 
 def _figure(result: ladder.Ladder, name: str):

@@ -14,11 +14,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from orchestrator.core import config as config_lib
 from orchestrator.core import derived, ladder_target, registry
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import model_params as _params
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
+from orchestrator.formulas import batching, cost
 from orchestrator.tracking.run_tags import RUNG_TAG
 
 TOTAL_KEY = "train.total_tokens"
@@ -36,7 +38,7 @@ class RungPlan:
 
     @property
     def compute(self) -> float:
-        return 6.0 * self.params * self.tokens
+        return cost.training_compute(self.params, self.tokens)
 
     @property
     def values(self) -> Dict[str, Any]:
@@ -75,38 +77,74 @@ def _largest_batch(sweep: Sweep) -> int:
 
 
 def rungs(sweep: Sweep) -> List[RungPlan]:
-    """The rungs of the sweep's ladder, smallest compute first ([] without a ladder). Two entries
-    of the same N and D (a model listed twice) are refused, not merged; the target's model is
-    checked as a train config here too, before any rung trains, as the report will build it."""
+    """The rungs of the sweep's ladder, smallest compute first ([] without a ladder), each checked
+    before any rung trains: a model sets no key the grid or the ladder sets for it (it would be
+    replaced silently); a budget fits the base's warmup share with more than one update of the
+    largest batch and is at most batching.MAX_TOTAL_TOKENS; two entries of the same N and D (a
+    model listed twice) are refused, not merged; and the target is a train config beyond the
+    largest rung's compute, checked as the report will build it."""
     ladder = sweep.ladder
     if ladder is None:
         return []
     unit = _largest_batch(sweep)
-    found = [
-        (
-            f"ladder.rungs.{i}",
-            RungPlan(
-                dict(r.overrides), _params(sweep, r.overrides, f"ladder.rungs.{i}.overrides"), int(r.total_tokens)
-            ),
-        )
+    for key, model in [(f"ladder.rungs.{i}.overrides", r.overrides) for i, r in enumerate(ladder.rungs)] + [
+        (f"ladder.models.{i}", m) for i, m in enumerate(ladder.models)
+    ]:
+        _sets_nothing_the_ladder_sets(sweep, key, model)
+    found = [  # (the entry's key, its budget's key, the rung)
+        (f"ladder.rungs.{i}", f"ladder.rungs.{i}.total_tokens", RungPlan(dict(r.overrides), n, int(r.total_tokens)))
         for i, r in enumerate(ladder.rungs)
+        for n in [_params(sweep, r.overrides, f"ladder.rungs.{i}.overrides")]
     ]
     for i, model in enumerate(ladder.models):
         n = _params(sweep, model, f"ladder.models.{i}")
         for ratio in ladder.tokens_per_param:
             tokens = max(unit, int(round(ratio * n / unit)) * unit)
-            found.append((f"ladder.models.{i}", RungPlan(dict(model), n, tokens)))
-    seen: Dict[Tuple[int, int], Tuple[str, RungPlan]] = {}
-    for where, rung in found:
-        first = seen.setdefault((rung.params, rung.tokens), (where, rung))[0]
-        if first != where:
+            found.append((f"ladder.models.{i}", "ladder.tokens_per_param", RungPlan(dict(model), n, tokens)))
+    shortest = _shortest_budget(sweep, unit)
+    seen: Dict[Tuple[int, int], int] = {}
+    for index, (where, budget_key, rung) in enumerate(found):
+        if not shortest <= rung.tokens <= batching.MAX_TOTAL_TOKENS:
             raise ConfigError(
-                where,
-                f"the same N = {rung.params:,} and D = {rung.tokens:,} as {first}: a ladder tells its rungs apart "
-                "by N and D, so list each model once and give models of different sizes",
+                budget_key,
+                f"a budget of {rung.tokens:,} tokens for the model of N = {rung.params:,} ({where}); valid: "
+                f"{shortest:,} (the base's warmup share is then more than one update of the largest batch, "
+                f"{unit:,}) to {batching.MAX_TOTAL_TOKENS:,}",
             )
-    ladder_target.target(sweep)
-    return sorted((rung for _, rung in seen.values()), key=lambda r: (r.compute, r.params))
+        first = found[seen.setdefault((rung.params, rung.tokens), index)][0]
+        if seen[(rung.params, rung.tokens)] != index:  # a model listed twice, or two of its budgets rounded to one
+            raise ConfigError(
+                where if first != where else budget_key,
+                f"the same N = {rung.params:,} and D = {rung.tokens:,} as {first}: a ladder tells its rungs apart "
+                "by N and D, so list each model once, give models of different sizes and budgets that differ",
+            )
+    laid_out = sorted((rung for _, _, rung in found), key=lambda r: (r.compute, r.params))
+    goal = ladder_target.target(sweep)
+    if goal is not None and decades_beyond(laid_out, goal.params, goal.tokens) <= 0:
+        raise ConfigError(
+            "ladder.target",
+            f"N = {goal.params:,.0f}, D = {goal.tokens:,.0f} is not beyond the largest rung ({laid_out[-1].label}): "
+            "a ladder extrapolates up, so give a target of more compute (6 N D) than its rungs",
+        )
+    return laid_out
+
+
+def _sets_nothing_the_ladder_sets(sweep: Sweep, key: str, model: Dict[str, Any]) -> None:
+    """A rung's model keys: none of the swept ones, the budget or the warmup the ladder holds."""
+    for name in model:
+        if name in sweep.space or name in (TOTAL_KEY, "schedule.warmup_tokens"):
+            setter = "the sweep's space" if name in sweep.space else "the ladder"
+            raise ConfigError(
+                f"{key}.{name}", f"{setter} sets it for every rung, so a model's own would be replaced; leave it out"
+            )
+
+
+def _shortest_budget(sweep: Sweep, unit: int) -> int:
+    """The smallest budget a rung can train: one update of the largest batch, and a warmup (the
+    base's share of the budget, as `held` keeps it) longer than one update when the base warms up."""
+    base = config_lib.load(sweep.base_config, sweep.base_overrides)
+    share = base.schedule.warmup_tokens / base.train.total_tokens
+    return unit if share <= 0 else max(unit, math.ceil((unit + 1) / share))
 
 
 def target(sweep: Sweep) -> Optional[Tuple[float, float, Optional[Dict[str, Any]]]]:
@@ -136,4 +174,4 @@ def held(hold: str, base: Config, budget: int) -> Dict[str, Any]:
 
 def decades_beyond(rung_list: List[RungPlan], n: float, d: float) -> float:
     """How many decades of compute the target lies past the largest rung."""
-    return math.log10(6.0 * n * d / max(r.compute for r in rung_list)) if rung_list else math.nan
+    return cost.decades_beyond(n, d, max(r.compute for r in rung_list)) if rung_list else math.nan

@@ -94,6 +94,8 @@ REFUSED_BEFORE_ANYTHING_STARTS = [  # (args, the key the one line names)
         ["train", TINY, "train.stop_at_tokens=65536", "train.checkpoint_at_tokens=[131072]"],
         "train.checkpoint_at_tokens",
     ),
+    # a budget no run could train (an ETA of 10^300 days)
+    (["plan", TINY, "train.total_tokens=1" + "0" * 300], "train.total_tokens"),
     # an lr scaling exponent that overflows
     (["plan", TINY, RAMP, "batch.ramp_lr_scaling=1000"], "batch.ramp_lr_scaling"),
     (["plan", TINY, RAMP, "batch.ramp_lr_scaling=-1e308"], "batch.ramp_lr_scaling"),
@@ -213,6 +215,7 @@ def test_a_param_read_back_as_yaml_is_bounded_too():
 
 
 LADDER_MODELS = [{"model.d_model": 32, "model.n_layers": 1}, {"model.d_model": 48, "model.n_layers": 1}]
+TARGET = {"params": 1.0e6, "tokens": 2.0e7}
 BAD_LADDERS = [  # (the ladder section, the key the one line names)
     # the target's overrides make a config `train` would refuse: refused before the rungs train
     (
@@ -232,10 +235,44 @@ BAD_LADDERS = [  # (the ladder section, the key the one line names)
         },
         "ladder.models.2",
     ),
+    # a target of one token, and one smaller than the rungs: a ladder extrapolates up to its target
+    ({"models": LADDER_MODELS, "tokens_per_param": [2, 4], "target": {"params": 1.0e6, "tokens": 1}}, "ladder.target"),
+    ({"models": LADDER_MODELS, "tokens_per_param": [2, 4], "target": {"params": 10, "tokens": 100}}, "ladder.target"),
+    # budgets no run could train (10^300 days), or too short to warm up at the largest batch
+    ({"models": LADDER_MODELS, "tokens_per_param": [2, 1.0e300], "target": TARGET}, "ladder.tokens_per_param"),
+    ({"models": LADDER_MODELS, "tokens_per_param": [1.0e-9, 2], "target": TARGET}, "ladder.tokens_per_param"),
+    # a rung's budget below every batch size the grid names
+    (
+        {
+            "rungs": [
+                {"overrides": LADDER_MODELS[0], "total_tokens": 100},
+                {"overrides": LADDER_MODELS[1], "total_tokens": 65536},
+            ],
+            "target": TARGET,
+        },
+        "ladder.rungs.0.total_tokens",
+    ),
+    # a model's own batch size or lr, which the grid would replace silently
+    (
+        {
+            "models": [{**LADDER_MODELS[0], "batch.tokens_per_update": 512}, LADDER_MODELS[1]],
+            "tokens_per_param": [2, 4],
+            "target": TARGET,
+        },
+        "ladder.models.0",
+    ),
+    (
+        {
+            "models": [LADDER_MODELS[0], {**LADDER_MODELS[1], "optim.lr": 0.5}],
+            "tokens_per_param": [2, 4],
+            "target": TARGET,
+        },
+        "ladder.models.1",
+    ),
 ]
 
 
-@pytest.mark.parametrize("ladder, key", BAD_LADDERS, ids=[k for _, k in BAD_LADDERS])
+@pytest.mark.parametrize("ladder, key", BAD_LADDERS, ids=[f"{i}-{k}" for i, (_, k) in enumerate(BAD_LADDERS)])
 def test_a_bad_ladder_is_refused_in_one_line_before_anything_starts(ladder, key, nothing_starts, capsys):
     path = write_sweep(nothing_starts.parent, "ladder.yaml", ladder=ladder)
     before = tree(nothing_starts.parent)
@@ -307,12 +344,19 @@ def test_the_traceback_switch_is_on_only_when_asked_and_its_traceback_is_redacte
 FOLDERS = [  # (--out, what is in the folders beforehand, the key the one line names)
     ("USERDIR", {"USERDIR/trials.csv": "the user's own"}, "--out"),  # not a folder a report wrote
     ("USERDIR", {"USERDIR/notes.txt": "mine", "USERDIR/report.json": "{}"}, "--out"),  # a report's, and a user's file
+    (  # the names a report writes, but the user's own files: report.json is not one a report wrote
+        "USERDIR",
+        {"USERDIR/report.json": '{"budget": 3}', "USERDIR/summary.md": "# mine", "USERDIR/recommended.yaml": "a: 1"},
+        "--out",
+    ),
     ("TABLES", {}, "--out"),  # DIR is never rewritten
     (None, {}, "--out"),  # nor when it is the default reports/<its name>
 ]
 
 
-@pytest.mark.parametrize("out, files, key", FOLDERS, ids=["user-trials", "user-file", "same", "default-same"])
+@pytest.mark.parametrize(
+    "out, files, key", FOLDERS, ids=["user-trials", "user-file", "user-report-names", "same", "default-same"]
+)
 def test_report_writes_only_into_a_folder_of_its_own(out, files, key, nothing_starts, capsys):
     tables = nothing_starts / "reports" / "tables"  # report DIR's default --out is reports/tables
     tables.mkdir(parents=True)
@@ -352,6 +396,66 @@ def test_a_report_rerun_into_its_default_folder_replaces_its_own_files(tmp_path,
     out = tmp_path / "reports" / "tables"
     assert {p.name for p in out.iterdir()} <= set(report_files.OWNED) and (out / report_files.MARKER).is_file()
     assert (tmp_path / "reports" / "mine.txt").read_text() == "a user's file beside the report"
+
+
+def test_a_report_over_an_earlier_one_leaves_none_of_the_earlier_files(tmp_path, monkeypatch, capsys):
+    """A ladder's figures left by an earlier report of the folder are gone after a single sweep's
+    report into it: the folder holds one report, never a mix."""
+    monkeypatch.chdir(tmp_path)
+    world_tables(tmp_path / "tables")
+    assert main(["report", "tables", "--out", "out"]) == 0, capsys.readouterr().err
+    first = {p.name for p in (tmp_path / "out").iterdir()}
+    (tmp_path / "out" / "ladder_b_opt.png").write_bytes(b"an earlier ladder report's figure")
+    assert main(["report", "tables", "--out", "out"]) == 0, capsys.readouterr().err
+    assert {p.name for p in (tmp_path / "out").iterdir()} == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tables"]  # nothing of its own beside it
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["new-folder", "over-a-report"])
+def test_a_report_that_fails_writing_leaves_the_folder_as_it_was(earlier, tmp_path, monkeypatch, capsys):
+    """The disk fills up at the second figure: no half-written report (report.json and a figure
+    that look like one), the earlier report whole, nothing of the report's own left beside it."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    monkeypatch.chdir(tmp_path)
+    world_tables(tmp_path / "tables")
+    if earlier:
+        assert main(["report", "tables", "--out", "out"]) == 0, capsys.readouterr().err
+    before = tree(tmp_path)
+    saved = Figure.savefig
+    calls = []
+
+    def full_disk(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return saved(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    assert main(["report", "tables", "--out", "out"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left" in err[0], err
+    assert tree(tmp_path) == before
+
+
+def test_two_reports_into_one_folder_at_once_leave_one_whole_report(tmp_path):
+    """Two reports staged at once into one new folder, in either order of finishing: the folder
+    holds every file of the one that finished last, none of the other's, and nothing staged is left."""
+    out = tmp_path / "reports" / "shared"
+    figure = {"a": "loss_vs_tokens.png", "b": "critical_batch.png"}  # a file each, of the names a report writes
+    for first, second in (("a", "b"), ("b", "a")):
+        stages = {name: report_files.staged(out) for name in "ab"}
+        folders = {name: stage.__enter__() for name, stage in stages.items()}
+        for name, folder in folders.items():
+            (folder / report_files.MARKER).write_text(json.dumps({"name": name, "critical_batch": []}))
+            (folder / figure[name]).write_text(name)
+        for name in (first, second):
+            stages[name].__exit__(None, None, None)
+        assert sorted(p.name for p in out.iterdir()) == sorted([figure[second], report_files.MARKER])
+        assert json.loads((out / report_files.MARKER).read_text())["name"] == second
+        assert [p.name for p in out.parent.iterdir()] == ["shared"]
 
 
 def world_tables(folder, renamed=()):

@@ -111,6 +111,18 @@ def test_without_a_target_the_laws_are_fitted_and_nothing_is_recommended(folder,
     assert report_ladder.analyse(single) is None  # one rung: a single sweep, no ladder part
 
 
+def test_a_target_within_the_rungs_is_refused_in_one_line_before_the_analysis(folder, tmp_path, capsys):
+    """--target-params / --target-tokens at or below the largest rung's compute: no extrapolation to
+    make, so exit 2 naming the flags, and no folder written (was: a report recommending for it)."""
+    (n, d) = max(WORLD.rungs(), key=lambda rung: rung[0] * rung[1])
+    out = tmp_path / "out"
+    argv = ["report", str(folder), "--out", str(out), "--target-params", str(n), "--target-tokens", str(d / 2)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--target-params" in err[0] and "largest rung" in err[0], err
+    assert not out.exists()
+
+
 def test_the_command_lines_target_is_over_the_sweep_files():
     from_file = ladder_target.Target(2.0e6, 4.0e7, {"model.d_model": 256})
     assert ladder_target.with_options(from_file) == from_file
