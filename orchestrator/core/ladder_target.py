@@ -15,6 +15,17 @@ from orchestrator.core import registry, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import Sweep
 
+MAX_RUNGS = 1000
+"""The most rungs (model sizes x budgets) a ladder may have, in a sweep file or a table: published
+ladders have tens; past this many the laid-out trials or the laws' fits run for minutes and the
+ladder is a typo or hostile."""
+
+
+def check_rung_count(count: int, key: str) -> None:
+    """`count` rungs, at most MAX_RUNGS: else one line naming `key`."""
+    if count > MAX_RUNGS:
+        raise ConfigError(key, f"{count:,} rungs (model sizes x budgets); a ladder has at most {MAX_RUNGS:,}")
+
 
 @dataclass(frozen=True)
 class Target:

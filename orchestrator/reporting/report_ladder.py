@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from orchestrator.analysis import ladder, ladder_rungs, optimal_batch, tradeoff
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import config as config_lib
-from orchestrator.core import registry
+from orchestrator.core import ladder_target, registry
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import Target
 from orchestrator.formulas import cost
@@ -70,6 +70,7 @@ def analyse(
     None when they are not one."""
     if not ladder_rungs.is_ladder(trials):
         return None
+    ladder_target.check_rung_count(len(ladder_rungs.group(trials)), "model.params x train.total_tokens")
     request = request or Request()
     target = (request.target.params, request.target.tokens) if request.target else None
     return ladder.analyse(trials, target, tolerance)

@@ -86,6 +86,7 @@ def rungs(sweep: Sweep) -> List[RungPlan]:
     ladder = sweep.ladder
     if ladder is None:
         return []
+    ladder_target.check_rung_count(len(ladder.rungs) + len(ladder.models) * len(ladder.tokens_per_param), "ladder")
     unit = _largest_batch(sweep)
     for key, model in [(f"ladder.rungs.{i}.overrides", r.overrides) for i, r in enumerate(ladder.rungs)] + [
         (f"ladder.models.{i}", m) for i, m in enumerate(ladder.models)

@@ -252,6 +252,11 @@ BAD_LADDERS = [  # (the ladder section, the key the one line names)
         },
         "ladder.rungs.0.total_tokens",
     ),
+    # more rungs than any ladder has: 1,002 laid out (each a bracket search) before a refusal
+    (
+        {"models": LADDER_MODELS, "tokens_per_param": [2 * 1.01**i for i in range(501)], "target": TARGET},
+        "ladder: 1,002 rungs",
+    ),
     # a model's own batch size or lr, which the grid would replace silently
     (
         {
@@ -371,6 +376,24 @@ def test_report_writes_only_into_a_folder_of_its_own(out, files, key, nothing_st
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and key in err[0], err
     assert tree(nothing_starts.parent) == before
+
+
+def test_a_ladder_table_of_too_many_rungs_is_refused_in_one_line(tmp_path, capsys):
+    """1,001 rungs (one run each at its own budget): refused before the rungs are analysed (each
+    costs milliseconds, and the laws' fits grow with them), nothing written."""
+    trials = ["trial,status,batch.tokens_per_update,optim.lr,model.params,train.total_tokens"]
+    curves = ["trial,metric,tokens,value"]
+    for i in range(1001):
+        trials.append(f"r{i},FINISHED,4096,0.001,1000,{4096 * (i + 2)}")
+        curves += [f"r{i},train/loss,4096,5.0", f"r{i},train/loss,{4096 * (i + 2)},4.0"]
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    (folder / "trials.csv").write_text("\n".join(trials) + "\n")
+    (folder / "curves.csv").write_text("\n".join(curves) + "\n")
+    code = cli(["report", str(folder), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "1,001 rungs" in err[0] and "at most 1,000" in err[0], err
+    assert not (tmp_path / "out").exists()
 
 
 def test_report_names_that_are_not_plain_folder_names_need_an_out(nothing_starts, capsys):
