@@ -9,12 +9,19 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 # pip installs torch (it finds the CPU build on this disk, or TORCH_INDEX's build) and uv; uv
-# installs the rest at the versions constraints.txt pins (the same set as pip's, in a tenth of its
-# time). INSTALLER=pip installs the rest with pip, for a machine whose pip configuration (an index
-# mirror) uv does not read. Nothing is byte-compiled at install: see PYTHONDONTWRITEBYTECODE below.
+# installs the rest from requirements.lock: the versions constraints.txt pins, each file checked
+# against its hash, from the index pip is set to (deploy/uv_pip.py hands pip's index settings to
+# uv), in a tenth of pip's time. INSTALLER=pip installs the rest with pip, from the same lock.
+# Nothing is byte-compiled at install: see PYTHONDONTWRITEBYTECODE below.
 INSTALLER ?= uv
 PIP_INSTALL := $(BIN)/python -m pip -q --disable-pip-version-check install --no-compile
-REST_INSTALL := $(if $(filter uv,$(INSTALLER)),$(BIN)/uv pip install -q --python $(BIN)/python,$(PIP_INSTALL))
+REST_INSTALL := $(if $(filter uv,$(INSTALLER)),$(BIN)/python deploy/uv_pip.py install -q --python $(BIN)/python,$(PIP_INSTALL))
+# Left out of the lock: torch and the CUDA stack its GPU builds bring, which the torch step installs
+# (the CPU build on this disk is a local wheel, whose hash no index lists).
+TORCH_STACK := torch triton cuda-bindings cuda-pathfinder cuda-toolkit nvidia-cublas nvidia-cuda-cupti \
+	nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand \
+	nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvjitlink \
+	nvidia-nvshmem-cu13 nvidia-nvtx
 # make test runs whole test files on this many processes (pytest-xdist); 0 runs them in one.
 # Files go out in collection order (the integration files, minutes each, first; the many short
 # unit files last, to even out the processes' ends), not xdist's most-tests-first.
@@ -25,14 +32,22 @@ TEST_WORKERS ?= 2
 # compile its imports again: about 30 CPU-seconds for a trial's instead of 12.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test setup test-services clean
+.PHONY: demo test setup test-services clean lock
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(if $(filter uv,$(INSTALLER)),$(PIP_INSTALL) -c constraints.txt uv)
-	$(REST_INSTALL) -c constraints.txt -e ".[dev,hf]"
+	$(REST_INSTALL) --require-hashes --no-deps -r requirements.lock
+	$(REST_INSTALL) --no-deps -e .
 	touch $(STAMP)
+
+# requirements.lock from constraints.txt (after changing a pin): every file's hash, for every
+# platform and Python the pins allow, without the torch stack.
+lock:
+	$(BIN)/uv pip compile -q pyproject.toml --extra dev --extra hf -c constraints.txt --universal \
+		--python-version 3.11 --generate-hashes --custom-compile-command "make lock" \
+		$(addprefix --no-emit-package ,$(TORCH_STACK)) -o requirements.lock
 
 setup: $(STAMP)
 
