@@ -34,7 +34,7 @@ from orchestrator.tracking.run_tags import (
     SWEEP_ROLE,
     SWEEP_TAG,
 )
-from orchestrator.tracking.store import Store
+from orchestrator.tracking.store import Store, StoreRefusedWrites
 
 log = logging.getLogger(__name__)
 RECORD = "sweep_run.json"
@@ -223,17 +223,22 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
 
     # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
     scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
-    try:
-        tags = {}
-        with _only_our_progress():
-            if sweep.branch:
-                if base_run is None:
-                    base_run = _train_base(sweep, base, parent, folder, resume, len(trials), base_trial)
-                    trials = _from_checkpoints(sweep, base, base_run, trials)
-                tags = {BRANCH_OF_TAG: base_run}
-            _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags).fit()
-    except Exception as exc:
-        error = exc
+    from orchestrator.driver import store_watch
+
+    with store_watch.watching() as watch:
+        try:
+            tags = {}
+            with _only_our_progress():
+                if sweep.branch:
+                    if base_run is None:
+                        base_run = _train_base(sweep, base, parent, folder, resume, len(trials), base_trial, watch)
+                        trials = _from_checkpoints(sweep, base, base_run, trials)
+                    tags = {BRANCH_OF_TAG: base_run}
+                _tuner(sweep, trials, base, parent, folder, resume, scheduler, tags=tags, watch=watch).fit()
+        except Exception as exc:
+            error = exc
+    if watch.refused:  # every trial stopped at the first that failed for it: the store is the reason
+        error = StoreRefusedWrites(watch.refused)
     from orchestrator.driver import sweep_summary
 
     leaving = ray_session.shut_down_meanwhile() if on_ray else None  # the closing report reads MLflow only
@@ -244,14 +249,14 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
             leaving.join()
 
 
-def _train_base(sweep, base, parent: str, folder: str, resume: bool, branches: int, base_trial) -> str:
+def _train_base(sweep, base, parent: str, folder: str, resume: bool, branches: int, base_trial, watch) -> str:
     """A branch study's base run, trained now as its own Tune phase (a resumed study finds it
     finished): its MLflow run id."""
     store, tags = Store.of(base), branch_study.base_tags(parent)
     run_id = store.find_run(tags)
     if not run_id or store.get_run(run_id).status != "FINISHED":
         print(f"branch study {sweep.name!r}: the base run first, then {branches} branches")
-        _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base").fit()
+        _tuner(sweep, [base_trial], base, parent, folder, resume, None, tags=tags, phase="base", watch=watch).fit()
         run_id = store.find_run(tags)
     if not run_id or store.get_run(run_id).status != "FINISHED":
         raise RuntimeError(f"the base run of branch study {sweep.name!r} did not finish (MLflow run {run_id})")
@@ -296,8 +301,9 @@ def _can_restore(path: str) -> bool:
     return tune.Tuner.can_restore(path)
 
 
-def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, scheduler, tags=None, phase="tune"):
-    """The Tune run of `trials` (a branch study's base is a phase of its own, `base`)."""
+def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, scheduler, tags=None, phase="tune", watch=None):
+    """The Tune run of `trials` (a branch study's base is a phase of its own, `base`), stopped by
+    `watch` (store_watch.StoreWatch) when the store refuses a trial's writes."""
     from ray import tune
 
     from orchestrator.driver.progress_table import ProgressTable
@@ -350,6 +356,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
             name=phase,
             storage_path=folder,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            stop=watch,
             # Checkpoints of trials in local mode (multi-worker trials keep theirs with Ray Train).
             checkpoint_config=tune.CheckpointConfig(
                 num_to_keep=trials[0].cfg.train.keep_checkpoints if trials else base.train.keep_checkpoints

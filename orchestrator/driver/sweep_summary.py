@@ -4,6 +4,7 @@ driver/progress_table.py."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Dict, Optional
 
@@ -13,7 +14,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.driver import progress_table, run_life
 from orchestrator.tracking import mlflow_ui
 from orchestrator.tracking.run_tags import STOPPED_AT_TAG
-from orchestrator.tracking.store import Store
+from orchestrator.tracking.store import Store, StoreRefusedWrites, why_not
 
 
 def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None:
@@ -46,6 +47,8 @@ def finish(
 
     progress_table.stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri = base.tracking.uri
+    if isinstance(error, StoreRefusedWrites):  # no report to write: one line
+        return _stopped_by_the_store(sweep, uri, parent, error)
     runs = report_inputs.trial_runs(uri, parent)  # and the finished runs it reused
     inputs = report_inputs.read_mlflow(uri, sweep.name, parent, results.METRICS, runs)
     trials = inputs.trials
@@ -72,6 +75,27 @@ def finish(
         print(f"sweep {sweep.name} failed: {type(error).__name__}: {redact_uri(str(error))}", file=sys.stderr)
         return 1
     return 0 if finished else 1
+
+
+def _stopped_by_the_store(sweep: sweep_schema.Sweep, uri: str, parent: str, error: StoreRefusedWrites) -> int:
+    """The sweep's line when its store refused a trial's write: its open runs marked FAILED where
+    the store takes that now (it may have refused only for a while), else said to be left open."""
+    store = Store(uri)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)  # its tracebacks: the line says it
+    try:
+        for run in store.child_runs(parent):
+            if run.status == "RUNNING":
+                store.finish_run(run.run_id, "FAILED")
+        store.finish_run(parent, "FAILED")
+        marked = "its open runs are marked FAILED"
+    except Exception as exc:  # still refusing: say so, in the same line
+        marked = f"its open runs stay RUNNING in the store ({why_not(exc)}) until `sweep --resume` ends them"
+    print(
+        f"sweep {sweep.name} stopped: the MLflow store {redact_uri(uri)} refused a trial's write ({error}); "
+        f"{marked}; `orchestrator sweep {sweep.path} --resume` goes on once it takes writes",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _log_parent_artifacts(uri: str, parent: str, trials) -> None:

@@ -28,7 +28,7 @@ from orchestrator.tracking.run_tags import (
     SWEEP_TAG,
     TRIAL_TAG,
 )
-from orchestrator.tracking.store import Store
+from orchestrator.tracking.store import Store, StoreRefusedWrites
 
 _trials_in_this_process = 0  # a reused trial actor pays no process start
 
@@ -62,6 +62,19 @@ class TrialSetup:
 
 
 def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
+    """One trial (train_trial); a trial that fails while the tracking store refuses writes fails
+    with StoreRefusedWrites, which stops the sweep (driver/store_watch.py) instead of its retries
+    and every later trial failing the same way."""
+    try:
+        train_trial(params, setup)
+    except Exception:
+        refused = Store.of(setup.base).refuses_writes(setup.parent_run_id)
+        if refused:
+            raise StoreRefusedWrites(refused) from None
+        raise
+
+
+def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     """One trial: resolve its config, open (or find) its MLflow child run, run TorchTrainer."""
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback

@@ -19,6 +19,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from orchestrator.core.config import redact_uri
+from orchestrator.tracking.store import why_not
 
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 # MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)
@@ -40,8 +41,27 @@ FINAL_FLUSH_S = 60.0
 it fails (TrackingError), and the driver closes its MLflow run as FAILED with that reason."""
 
 
+REFUSED_FOR_GOOD = (
+    "readonly database",
+    "read-only file system",
+    "database or disk is full",
+    "no space left on device",
+    "permission denied",
+    "disk i/o error",
+)
+"""What a store says when it will not take a write however long the run waits (SQLite, a file
+store, a server's database behind it; SQLite's "disk I/O error" is what a connection open when its
+file turned read-only meets), unlike a server that is down or a database that is locked."""
+
+
 class TrackingError(RuntimeError):
     """Tracking cannot keep its promise (e.g. the buffer bound was passed): the run must fail."""
+
+
+def refuses_for_good(exc: BaseException) -> bool:
+    """The store's failure is one that waiting does not mend (REFUSED_FOR_GOOD)."""
+    text = str(exc).lower()
+    return any(reason in text for reason in REFUSED_FOR_GOOD)
 
 
 def is_local(uri: str) -> bool:
@@ -80,6 +100,8 @@ class MetricLogger:
         self._wake = threading.Event()
         self._closed = False
         self.last_error: Optional[str] = None
+        self.refused: Optional[str] = None
+        """Why the store refused a batch for good (refuses_for_good); then the next log() fails the run."""
         self.sent_points = 0
         self.failed_sends = 0  # batches that failed and were kept for a retry
         if not is_local(uri):
@@ -93,6 +115,8 @@ class MetricLogger:
     def log(self, metrics: Dict[str, float], step: int) -> None:
         timestamp = int(time.time() * 1000)
         with self._lock:
+            if self.refused:  # buffering would only postpone the failure to the run's end
+                raise TrackingError(f"MLflow at {redact_uri(self.uri)} refuses writes: {self.refused}")
             if len(self._pending) >= self.max_buffered_points:
                 raise TrackingError(
                     f"MLflow at {redact_uri(self.uri)} unreachable and {len(self._pending):,} points buffered "
@@ -143,6 +167,8 @@ class MetricLogger:
             except Exception as exc:  # server down, SQLite busy, ...: keep the points, retry later
                 self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 self.failed_sends += 1
+                if refuses_for_good(exc):
+                    self.refused = why_not(exc)
                 return False
             with self._lock:
                 del self._pending[: len(batch)]
@@ -162,7 +188,7 @@ class MetricLogger:
         deadline = time.monotonic() + timeout_s
         while self.buffered:
             if not self._send_some():
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self.refused:
                     return False
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         return True

@@ -33,6 +33,11 @@ def warning_tags(messages: Dict[int, str]) -> Dict[str, str]:
     return {f"{WARNING_TAG_PREFIX}{i:03d}": m[:5000] for i, m in messages.items()}
 
 
+WRITE_CHECK_TAG = "orchestrator.write_check"
+"""Set and deleted again on a sweep's parent run when a trial fails, to ask the store whether it
+takes writes (Store.refuses_writes): its value changes, so the store must write it."""
+
+
 def warnings_in(tags: Dict[str, str]) -> Dict[str, str]:
     """{tag: message} of the worker warnings among a run's tags, in the order they were raised."""
     return {k: tags[k] for k in sorted(tags) if k.startswith(WARNING_TAG_PREFIX)}

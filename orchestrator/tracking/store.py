@@ -29,6 +29,7 @@ from orchestrator.tracking.run_tags import (
     SWEEP_ROLE,
     SWEEP_TAG,
     TRIAL_TAG,
+    WRITE_CHECK_TAG,
     warning_tags,
     warnings_in,
 )
@@ -75,7 +76,7 @@ def _curves_held(run: RunRecord) -> List[str]:
 
 def resolve_uri(uri: str) -> str:
     """Make a relative SQLite/file store absolute: Ray workers do not share the driver's cwd."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+    if uri.startswith("sqlite:///") and not uri.startswith(("sqlite:////", "sqlite:///file:")):
         return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
     if "://" not in uri:
         return str(Path(uri).resolve())
@@ -103,6 +104,19 @@ def env_for_workers() -> Dict[str, str]:
         "MLFLOW_TRACKING_SERVER_CERT_PATH",
     )
     return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+class StoreRefusedWrites(RuntimeError):
+    """The tracking store takes no writes (read-only, full, its server gone): every trial of a sweep
+    would fail the same way, so the sweep stops at the first (driver/store_watch.py)."""
+
+
+def why_not(exc: BaseException) -> str:
+    """An exception of the store's in one line: the line that names the cause (a SQL error's, not
+    the statement MLflow quotes), without a password."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    told = [line for line in lines if not line.startswith(("(raised as", "[SQL", "[parameters", "(Background"))]
+    return redact_uri(f"{type(exc).__name__}: {(told or lines or [''])[0]}")
 
 
 class Store:
@@ -202,6 +216,17 @@ class Store:
         from mlflow.entities import RunTag
 
         self._client().log_batch(run_id, tags=[RunTag(k, redact_uri(str(v))) for k, v in tags.items()])
+
+    def refuses_writes(self, run_id: str) -> Optional[str]:
+        """None when the store takes a write (a tag set on `run_id`, then deleted), else why not,
+        in one line."""
+        try:
+            client = self._client()
+            client.set_tag(run_id, WRITE_CHECK_TAG, str(time.time()))
+            client.delete_tag(run_id, WRITE_CHECK_TAG)
+        except Exception as exc:  # whatever the backend raises: its reason is the answer
+            return why_not(exc)
+        return None
 
     def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
         """A tag of the experiment (a shared view of its runs: tracking/compare_view.py)."""

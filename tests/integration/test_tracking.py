@@ -132,6 +132,35 @@ def test_a_locked_sqlite_store_is_retried_not_lost(store):
         assert [s for s, _ in history(uri, run_id, key)] == [i * TOKENS for i in range(1, 51)]
 
 
+def read_only(uri: str) -> str:
+    """The same SQLite store opened read-only (a store turned read-only; root ignores file modes)."""
+    return f"sqlite:///file:{uri[len('sqlite:///') :]}?mode=ro&uri=true"
+
+
+def test_a_store_that_refuses_writes_for_good_fails_the_run_at_its_next_point(store):
+    """A read-only store is not a server that is down: waiting does not mend it. The refusal is
+    seen at the first send and the next point fails the run (TrackingError, one line), and the
+    final flush gives up at once instead of waiting FINAL_FLUSH_S; a store that takes writes
+    answers the write check with None and keeps no tag of it."""
+    uri, _ = store
+    run_id = Store(uri, EXPERIMENT).create_run("read-only")
+    logger = metric_logger.MetricLogger(read_only(uri), run_id, flush_every_s=0.1)
+    logger.log(point(1), TOKENS)
+    deadline = time.monotonic() + 30
+    while not logger.refused and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert logger.refused and "readonly database" in logger.refused, logger.refused
+    with pytest.raises(metric_logger.TrackingError, match="refuses writes") as raised:
+        logger.log(point(2), 2 * TOKENS)
+    assert len(str(raised.value).splitlines()) == 1
+    started = time.monotonic()
+    assert not logger.flush(timeout_s=60) and time.monotonic() - started < 5
+    refused = Store(read_only(uri)).refuses_writes(run_id)
+    assert refused and "readonly database" in refused and len(refused.splitlines()) == 1
+    assert Store(uri).refuses_writes(run_id) is None
+    assert run_tags.WRITE_CHECK_TAG not in Store(uri).get_run(run_id).tags
+
+
 # ---------------------------------------------------------------- resume watermark
 
 
