@@ -322,9 +322,10 @@ def _is_tokens(x: float) -> bool:
 
 def _param_problem(key: str, text: str) -> Optional[str]:
     """What is wrong with a config value, if anything: a number must be finite (as the config's own
-    values are), not negative where its rule allows no negative value (validation.FIELDS: counts,
-    sizes, rates), the batch size a whole number >= 1 and a model's size (model.params) a finite
-    number >= 1."""
+    values are), whole where its rule counts (validation.FIELDS) and not below its rule's
+    non-negative lower bound (counts from 1, sizes and rates from 0: a budget of 0 tokens is
+    refused like a batch of 0), the batch size a whole number >= 1 and a model's size
+    (model.params) a finite number >= 1."""
     number = _number(text)
     if number is None:
         return None
@@ -335,12 +336,14 @@ def _param_problem(key: str, text: str) -> Optional[str]:
     rule = FIELDS.get(re.sub(r"\.\d+\.", ".*.", key))
     if rule is not None and rule.kind not in ("int", "float"):
         return None  # a text field: '29e68690' is a trial's name, not a number too large for a float
-    if not math.isfinite(number) and str(text).strip().lower().lstrip("+-") not in NON_FINITE:
+    if rule is None and not math.isfinite(number) and str(text).strip().lower().lstrip("+-") not in NON_FINITE:
         return None  # spelled as a finite number that overflows a float: text of another trainer's
     if not math.isfinite(number):
         return f"got {_shown(text)}; a finite number"
-    if number < 0 and rule is not None and rule.low is not None and rule.low >= 0:
-        return f"got {_shown(text)}; a number >= 0"
+    if rule is not None and rule.kind == "int" and not number.is_integer():
+        return f"got {_shown(text)}; a whole number"
+    if rule is not None and rule.low is not None and rule.low >= 0 and number < rule.low:
+        return f"got {_shown(text)}; a number >= {rule.low:g}"
     return None
 
 

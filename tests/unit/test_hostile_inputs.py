@@ -663,6 +663,15 @@ HOSTILE_TABLES = [  # (file, what replaces what in it, the row and column the on
         )
         for v in ("0", "-5", "1e400")  # ("nan" is how pandas writes a missing cell: an unknown size)
     ),
+    # and its budget, which every run of a rung shares: a count of tokens >= 1 like every count
+    *(
+        (
+            "trials.csv",
+            ("stopped_at\na,FINISHED,4096,0.001,", f"stopped_at,train.total_tokens\na,FINISHED,4096,0.001,,{v}"),
+            "row 2, column 'train.total_tokens'",
+        )
+        for v in ("0", "1e400", "1.5")
+    ),
 ]
 
 
