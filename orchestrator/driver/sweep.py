@@ -301,6 +301,17 @@ def _can_restore(path: str) -> bool:
     return tune.Tuner.can_restore(path)
 
 
+def _mend_tune_state(phase_folder: str) -> None:
+    """Tune's state files of a killed driver's sweep, cut short as it copied them, replaced by its
+    staging copies (driver/tune_state.py), so that Tune resumes the trials instead of starting over."""
+    from orchestrator.driver import tune_state
+
+    local = storage.local_path(phase_folder)
+    mended = tune_state.mend(local, tune_state.ray_temp_root()) if local else []
+    if mended:
+        print(f"resume: {', '.join(mended)} was cut short when the driver was killed; its whole copy restored")
+
+
 def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, scheduler, tags=None, phase="tune", watch=None):
     """The Tune run of `trials` (a branch study's base is a phase of its own, `base`), stopped by
     `watch` (store_watch.StoreWatch) when the store refuses a trial's writes."""
@@ -325,6 +336,7 @@ def _tuner(sweep, trials, base, parent: str, folder: str, resume: bool, schedule
     )
     # A branch study resumed before a phase had started begins that phase afresh.
     if resume and (not sweep.branch or _can_restore(storage.join(folder, phase))):
+        _mend_tune_state(storage.join(folder, phase))
         return tune.Tuner.restore(storage.join(folder, phase), trainable, resume_unfinished=True, resume_errored=True)
     runs = {
         "uri": base.tracking.uri,
