@@ -7,6 +7,7 @@ same logic is driven directly, one step at a time, so each case is explicit.
 """
 
 import json
+import logging
 import multiprocessing
 import os
 import sqlite3
@@ -137,12 +138,13 @@ def read_only(uri: str) -> str:
     return f"sqlite:///file:{uri[len('sqlite:///') :]}?mode=ro&uri=true"
 
 
-def test_a_store_that_refuses_writes_for_good_fails_the_run_at_its_next_point(store):
+def test_a_store_that_refuses_writes_for_good_fails_the_run_at_its_next_point(store, caplog):
     """A read-only store is not a server that is down: waiting does not mend it. The refusal is
     seen at the first send and the next point fails the run (TrackingError, one line), and the
     final flush gives up at once instead of waiting FINAL_FLUSH_S; a store that takes writes
     answers the write check with None and keeps no tag of it."""
     uri, _ = store
+    caplog.set_level(logging.CRITICAL, logger="mlflow.store.db.utils")  # its tracebacks of each refusal
     run_id = Store(uri, EXPERIMENT).create_run("read-only")
     logger = metric_logger.MetricLogger(read_only(uri), run_id, flush_every_s=0.1)
     logger.log(point(1), TOKENS)
@@ -155,6 +157,8 @@ def test_a_store_that_refuses_writes_for_good_fails_the_run_at_its_next_point(st
     assert len(str(raised.value).splitlines()) == 1
     started = time.monotonic()
     assert not logger.flush(timeout_s=60) and time.monotonic() - started < 5
+    with pytest.raises(metric_logger.TrackingError):  # and the run's end fails too, its sender stopped
+        logger.close(timeout_s=0)
     refused = Store(read_only(uri)).refuses_writes(run_id)
     assert refused and "readonly database" in refused and len(refused.splitlines()) == 1
     assert Store(uri).refuses_writes(run_id) is None
