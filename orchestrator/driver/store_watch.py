@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from ray import tune
 
-from orchestrator.tracking.store import StoreRefusedWrites
+from orchestrator.tracking.refusals import StoreRefusedWrites
 
 TUNE_ERRORS = "ray.tune.execution.tune_controller"
 """The logger Tune reports a failed trial on, with its exception."""

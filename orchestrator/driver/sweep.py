@@ -25,6 +25,7 @@ from orchestrator.driver import micro_batch, ray_session, run_life
 from orchestrator.driver.trial import TrialSetup, run_trial
 from orchestrator.reporting import report_files
 from orchestrator.sweeps import branch_study, placement, search_space
+from orchestrator.tracking.refusals import StoreRefusedWrites
 from orchestrator.tracking.run_tags import (
     BRANCH_OF_TAG,
     PARENT_TAG,
@@ -34,7 +35,7 @@ from orchestrator.tracking.run_tags import (
     SWEEP_ROLE,
     SWEEP_TAG,
 )
-from orchestrator.tracking.store import Store, StoreRefusedWrites
+from orchestrator.tracking.store import Store
 
 log = logging.getLogger(__name__)
 RECORD = "sweep_run.json"

@@ -13,8 +13,9 @@ from orchestrator.core.config import redact_uri
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import progress_table, run_life
 from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking.refusals import StoreRefusedWrites, why_not
 from orchestrator.tracking.run_tags import STOPPED_AT_TAG
-from orchestrator.tracking.store import Store, StoreRefusedWrites, why_not
+from orchestrator.tracking.store import Store
 
 
 def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None:

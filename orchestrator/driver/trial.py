@@ -18,6 +18,7 @@ from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.driver import launch, micro_batch, run_life
 from orchestrator.sweeps import branch_study, ladder_plan, placement, search_space
+from orchestrator.tracking.refusals import StoreRefusedWrites
 from orchestrator.tracking.run_tags import (
     BRANCH_AT_TAG,
     CHECKPOINTS_TAG,
@@ -28,7 +29,7 @@ from orchestrator.tracking.run_tags import (
     SWEEP_TAG,
     TRIAL_TAG,
 )
-from orchestrator.tracking.store import Store, StoreRefusedWrites
+from orchestrator.tracking.store import Store
 
 _trials_in_this_process = 0  # a reused trial actor pays no process start
 

@@ -19,7 +19,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from orchestrator.core.config import redact_uri
-from orchestrator.tracking.store import why_not
+from orchestrator.tracking.refusals import refuses_for_good, why_not
 
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 # MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)
@@ -41,27 +41,8 @@ FINAL_FLUSH_S = 60.0
 it fails (TrackingError), and the driver closes its MLflow run as FAILED with that reason."""
 
 
-REFUSED_FOR_GOOD = (
-    "readonly database",
-    "read-only file system",
-    "database or disk is full",
-    "no space left on device",
-    "permission denied",
-    "disk i/o error",
-)
-"""What a store says when it will not take a write however long the run waits (SQLite, a file
-store, a server's database behind it; SQLite's "disk I/O error" is what a connection open when its
-file turned read-only meets), unlike a server that is down or a database that is locked."""
-
-
 class TrackingError(RuntimeError):
     """Tracking cannot keep its promise (e.g. the buffer bound was passed): the run must fail."""
-
-
-def refuses_for_good(exc: BaseException) -> bool:
-    """The store's failure is one that waiting does not mend (REFUSED_FOR_GOOD)."""
-    text = str(exc).lower()
-    return any(reason in text for reason in REFUSED_FOR_GOOD)
 
 
 def is_local(uri: str) -> bool:

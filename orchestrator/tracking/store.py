@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from orchestrator.core.config import redact_uri
 from orchestrator.tracking.records import History, MetricPoint, RunRecord
+from orchestrator.tracking.refusals import why_not
 from orchestrator.tracking.run_tags import (
     CURVES_TAG,
     FAILURE_TAG,
@@ -104,19 +105,6 @@ def env_for_workers() -> Dict[str, str]:
         "MLFLOW_TRACKING_SERVER_CERT_PATH",
     )
     return {k: os.environ[k] for k in keys if k in os.environ}
-
-
-class StoreRefusedWrites(RuntimeError):
-    """The tracking store takes no writes (read-only, full, its server gone): every trial of a sweep
-    would fail the same way, so the sweep stops at the first (driver/store_watch.py)."""
-
-
-def why_not(exc: BaseException) -> str:
-    """An exception of the store's in one line: the line that names the cause (a SQL error's, not
-    the statement MLflow quotes), without a password."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    told = [line for line in lines if not line.startswith(("(raised as", "[SQL", "[parameters", "(Background"))]
-    return redact_uri(f"{type(exc).__name__}: {(told or lines or [''])[0]}")
 
 
 class Store:

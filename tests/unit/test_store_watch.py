@@ -12,7 +12,8 @@ from ray.exceptions import RayTaskError
 
 from orchestrator.core import config, sweep_file
 from orchestrator.driver import store_watch, sweep_summary
-from orchestrator.tracking.store import Store, StoreRefusedWrites
+from orchestrator.tracking.refusals import StoreRefusedWrites
+from orchestrator.tracking.store import Store
 from tests.conftest import TINY, sqlite_store, write_sweep
 
 REASON = "MlflowException: (sqlite3.OperationalError) attempt to write a readonly database"
