@@ -81,8 +81,9 @@ def finish(
 def _stopped_by_the_store(sweep: sweep_schema.Sweep, uri: str, parent: str, error: StoreRefusedWrites) -> int:
     """The sweep's line when its store refused a trial's write: its open runs marked FAILED where
     the store takes that now (it may have refused only for a while), else said to be left open."""
-    store = Store(uri)
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)  # its tracebacks: the line says it
+    store, mlflow_log = Store(uri), logging.getLogger("mlflow.store.db.utils")
+    level = mlflow_log.level
+    mlflow_log.setLevel(logging.CRITICAL)  # its tracebacks of each refusal: the line says it
     try:
         for run in store.child_runs(parent):
             if run.status == "RUNNING":
@@ -91,6 +92,8 @@ def _stopped_by_the_store(sweep: sweep_schema.Sweep, uri: str, parent: str, erro
         marked = "its open runs are marked FAILED"
     except Exception as exc:  # still refusing: say so, in the same line
         marked = f"its open runs stay RUNNING in the store ({why_not(exc)}) until `sweep --resume` ends them"
+    finally:
+        mlflow_log.setLevel(level)
     print(
         f"sweep {sweep.name} stopped: the MLflow store {redact_uri(uri)} refused a trial's write ({error}); "
         f"{marked}; `orchestrator sweep {sweep.path} --resume` goes on once it takes writes",

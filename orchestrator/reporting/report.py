@@ -130,8 +130,8 @@ def refuse_target_outside_the_ladder(trials: Sequence[Trial], target: Optional[l
             "--target-tokens",
         )
     rungs = [(cost.training_compute(n, d), n, d) for n, d in ladder_rungs.group(trials) if n]
-    if target is not None and rungs and cost.decades_beyond(target.params, target.tokens, max(rungs)[0]) <= 0:
-        _, n, d = max(rungs)
+    largest, n, d = max(rungs) if rungs else (0.0, None, None)
+    if target is not None and largest and cost.decades_beyond(target.params, target.tokens, largest) <= 0:
         raise ConfigError(
             "--target-params",
             f"N = {target.params:.4g}, D = {target.tokens:.4g} is no more compute (6 N D) than the largest rung "

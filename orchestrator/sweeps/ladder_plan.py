@@ -112,8 +112,9 @@ def rungs(sweep: Sweep) -> List[RungPlan]:
                 f"{shortest:,} (the base's warmup share is then more than one update of the largest batch, "
                 f"{unit:,}) to {batching.MAX_TOTAL_TOKENS:,}",
             )
-        first = found[seen.setdefault((rung.params, rung.tokens), index)][0]
-        if seen[(rung.params, rung.tokens)] != index:  # a model listed twice, or two of its budgets rounded to one
+        earlier = seen.setdefault((rung.params, rung.tokens), index)
+        if earlier != index:  # a model listed twice, or two of its budgets rounded to one
+            first = found[earlier][0]
             raise ConfigError(
                 where if first != where else budget_key,
                 f"the same N = {rung.params:,} and D = {rung.tokens:,} as {first}: a ladder tells its rungs apart "

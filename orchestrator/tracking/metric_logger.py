@@ -146,10 +146,10 @@ class MetricLogger:
             try:
                 self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
             except Exception as exc:  # server down, SQLite busy, ...: keep the points, retry later
-                self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                self.last_error = why_not(exc)
                 self.failed_sends += 1
                 if refuses_for_good(exc):
-                    self.refused = why_not(exc)
+                    self.refused = self.last_error
                 return False
             with self._lock:
                 del self._pending[: len(batch)]
