@@ -23,7 +23,7 @@ ROOT (default: this checkout) holds `orchestrator/` and `workloads/`. Printed:
   calls, functions, files, rooms (the top-level folders under orchestrator/, plus workloads),
   the calls that change room, and of those the climbs: an edge into a room that a lower-layered room
   may not import (docs/design.md 2's layers, lowest first: core and formulas, analysis, tracking,
-  workloads, reporting and export, sweeps, driver, cluster, the entry points).
+  workloads, reporting and export, studies, driver, cluster, the entry points).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ LAYER = {  # docs/design.md 2: a room imports only rooms of a lower layer (or it
     "workloads": 3,
     "reporting": 4,
     "export": 4,
-    "sweeps": 5,
+    "studies": 5,
     "driver": 6,
     "cluster": 7,
     "(entry)": 8,

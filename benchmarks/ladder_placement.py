@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.sweeps.bracket_search import BracketSearch, LadderSearch  # noqa: E402
+from orchestrator.studies.bracket_search import BracketSearch, LadderSearch  # noqa: E402
 from tests.ladder_truth import WORLDS  # noqa: E402
 
 GRID = [2**k for k in range(5, 16)]

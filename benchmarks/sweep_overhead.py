@@ -200,7 +200,7 @@ def main(argv: List[str] | None = None) -> int:
 
     from orchestrator.core import sweep_file
     from orchestrator.driver import ray_session, run_life
-    from orchestrator.sweeps import search_space
+    from orchestrator.studies import search_space
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     shared = [

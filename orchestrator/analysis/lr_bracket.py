@@ -1,5 +1,5 @@
 """Bracketing the best learning rate of one batch size (and group of the other grid axes): the
-state machine behind `search.algorithm: bracket` (orchestrator/sweeps/bracket_search.py is its Ray
+state machine behind `search.algorithm: bracket` (orchestrator/studies/bracket_search.py is its Ray
 Tune Searcher). Pure: no Ray.
 
 A Bracket hands out (lr, seed index) trials one round at a time and, when every trial of the
@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 CRITERIA = ("final_loss", "stable_loss", "steps", "both")
 RESULT_KEYS = {"final_loss": "eval_loss", "stable_loss": "stable_loss", "steps": "steps_to_target"}
 """What each criterion reads from a trial's last Ray result (steps_to_target: added by the
-searcher from the trial's MLflow run, orchestrator/sweeps/bracket_search.py)."""
+searcher from the trial's MLflow run, orchestrator/studies/bracket_search.py)."""
 
 
 def criteria_of(criterion: str) -> Tuple[str, ...]:

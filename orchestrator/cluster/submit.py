@@ -44,7 +44,7 @@ from orchestrator.cluster.upload import EXCLUDES, check_upload_size, mib, upload
 from orchestrator.core import schema, sweep_file, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.formulas import feasibility
-from orchestrator.sweeps import placement, search_space
+from orchestrator.studies import placement, search_space
 
 _ENV_REF_RE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
 NOT_SECRET = ("MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")

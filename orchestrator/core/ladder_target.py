@@ -1,6 +1,6 @@
 """The N of a ladder's model (its `model.params`, as the workload's costs count it) and the target a
 ladder recommends for, read from the sweep file. In the core because both the sweep (which lays
-the rungs out, sweeps/ladder_plan.py) and the report (which recommends for the target) read them.
+the rungs out, studies/ladder_plan.py) and the report (which recommends for the target) read them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ gets, as validation.FIELDS does for the train config; RULES, the checks that spa
 every key has passed its row. The keys themselves, with their types, defaults and docstrings, are
 orchestrator/core/sweep_schema.py, and orchestrator/core/table_reader.py reads a file by the two:
 a new section is a dataclass there, its rows in FIELDS and its rules in RULES. Pure: no Ray, no
-MLflow. Expanding a sweep into trials is orchestrator.sweeps.search_space.
+MLflow. Expanding a sweep into trials is orchestrator.studies.search_space.
 
 Distributions (space, lr_scaling.base_lr and lr_scaling.alpha): grid (every value), choice,
 uniform [low, high], loguniform [low, high], randint [low, high] (inclusive); a bare value is a

@@ -188,7 +188,7 @@ class LadderConfig:
 @dataclass
 class Sweep:
     """A sweep file, read and checked by sweep_file.load: one field per top-level key (name ..
-    branch), then what the reader derives. Not frozen: `sweeps.search_space.prepare` adds the
+    branch), then what the reader derives. Not frozen: `studies.search_space.prepare` adds the
     command line's overrides to base_overrides."""
 
     name: str = ""
@@ -211,7 +211,7 @@ class Sweep:
     search: SearchConfig = field(default_factory=SearchConfig)
     """How the space is searched, how many trials run at once, replicates over seeds."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    """Early stopping (within a batch size: sweeps.grouped_asha)."""
+    """Early stopping (within a batch size: studies.grouped_asha)."""
     max_failures: int = 1
     """Tune's retries of a failed trial, from its latest checkpoint."""
     local_mode: bool = True

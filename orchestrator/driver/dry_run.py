@@ -25,7 +25,7 @@ from orchestrator.core.schema import AUTO, Config
 from orchestrator.driver import micro_batch
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import batching, cost, memory
-from orchestrator.sweeps import branch_study, corners, search_space
+from orchestrator.studies import branch_study, corners, search_space
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from orchestrator.core import derived, sweep_schema
 from orchestrator.core.schema import Config
 from orchestrator.formulas import cost
 from orchestrator.reporting.report_format import TOK, cell
-from orchestrator.sweeps import placement, search_space
+from orchestrator.studies import placement, search_space
 
 QUIET_UP_TO_S = 60.0
 """In a log (not a terminal) a line is printed when a trial starts or ends; past this long

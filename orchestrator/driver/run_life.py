@@ -27,7 +27,7 @@ from orchestrator.core.schema import Config
 from orchestrator.driver import plan as planning
 from orchestrator.driver import ray_session
 from orchestrator.formulas import feasibility
-from orchestrator.sweeps import branch_study
+from orchestrator.studies import branch_study
 from orchestrator.tracking.run_tags import FAILURE_TAG
 from orchestrator.tracking.store import CURVES_STORED, Store, resolve_uri
 from workloads.text import corpus

@@ -24,7 +24,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.driver import micro_batch, ray_session, run_life
 from orchestrator.driver.trial import TrialSetup, run_trial
 from orchestrator.reporting import report_files
-from orchestrator.sweeps import branch_study, placement, search_space
+from orchestrator.studies import branch_study, placement, search_space
 from orchestrator.tracking.refusals import StoreRefusedWrites
 from orchestrator.tracking.run_tags import (
     BRANCH_OF_TAG,
@@ -107,7 +107,7 @@ def _param_space(sweep: sweep_schema.Sweep, trials, runs: Dict[str, Any]):
     from ray import tune
 
     if sweep.search.algorithm == "bracket":  # trials: its first round
-        from orchestrator.sweeps.bracket_search import BracketSearch, LadderSearch
+        from orchestrator.studies.bracket_search import BracketSearch, LadderSearch
 
         if sweep.ladder is not None and sweep.ladder.predict:  # later rungs placed from the finished ones
             return {}, LadderSearch.from_sweep(sweep, trials, runs)
@@ -142,7 +142,7 @@ def _param_space(sweep: sweep_schema.Sweep, trials, runs: Dict[str, Any]):
 def _scheduler(sweep: sweep_schema.Sweep, budget: int):
     if sweep.scheduler.type != "asha":
         return None
-    from orchestrator.sweeps.grouped_asha import GroupedASHA
+    from orchestrator.studies.grouped_asha import GroupedASHA
 
     # time_attr = tokens: rungs are token counts, so trials are compared after the same number
     # of tokens; and only within their group (search_space.comparison_keys says why).

@@ -17,7 +17,7 @@ from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.driver import launch, micro_batch, run_life
-from orchestrator.sweeps import branch_study, ladder_plan, placement, search_space
+from orchestrator.studies import branch_study, ladder_plan, placement, search_space
 from orchestrator.tracking.refusals import StoreRefusedWrites
 from orchestrator.tracking.run_tags import (
     BRANCH_AT_TAG,

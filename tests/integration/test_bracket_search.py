@@ -1,4 +1,4 @@
-"""`search.algorithm: bracket` through Ray Tune: the Searcher (orchestrator/sweeps/bracket_search.py)
+"""`search.algorithm: bracket` through Ray Tune: the Searcher (orchestrator/studies/bracket_search.py)
 drives a known-truth world (tests/known_truth.py) as a plain Tune function, and finds per batch
 size a best learning rate inside what it tried and near the world's own optimum, though the
 initial grid lies wholly below it at the largest batch sizes. Then the searcher as `sweep` builds
@@ -12,9 +12,9 @@ import numpy as np
 import yaml
 
 from orchestrator.core import sweep_file
-from orchestrator.sweeps import search_space
-from orchestrator.sweeps.bracket_search import BracketSearch
-from orchestrator.sweeps.grouped_asha import GroupedASHA
+from orchestrator.studies import search_space
+from orchestrator.studies.bracket_search import BracketSearch
+from orchestrator.studies.grouped_asha import GroupedASHA
 from tests.conftest import ROOT
 from tests.known_truth import World, factor_grid
 

@@ -11,7 +11,7 @@ import yaml
 
 from orchestrator.core import derived, sweep_file
 from orchestrator.formulas import cost
-from orchestrator.sweeps import search_space
+from orchestrator.studies import search_space
 from tests.conftest import ROOT, run_cli, run_main
 
 DEMO = ROOT / "conf" / "sweep" / "demo.yaml"

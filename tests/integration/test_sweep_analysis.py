@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator import cli
 from orchestrator.analysis.trials import param_value
-from orchestrator.sweeps import ladder_plan
+from orchestrator.studies import ladder_plan
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, sqlite_store

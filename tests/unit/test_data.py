@@ -462,7 +462,7 @@ DEMO_SWEEP = Path(__file__).resolve().parents[2] / "conf" / "sweep" / "demo.yaml
 
 
 def demo_trials():
-    from orchestrator.sweeps import search_space
+    from orchestrator.studies import search_space
 
     sweep = sweep_file.load(DEMO_SWEEP)
     trials = search_space.expand(sweep)

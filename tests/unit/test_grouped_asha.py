@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
-from orchestrator.sweeps.grouped_asha import GroupedASHA
+from orchestrator.studies.grouped_asha import GroupedASHA
 
 ASHA = dict(time_attr="tokens", metric="eval_loss", mode="min", max_t=65536, grace_period=8192, reduction_factor=2)
 KEYS = ("batch.tokens_per_update",)

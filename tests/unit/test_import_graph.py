@@ -55,7 +55,7 @@ ANALYSIS = ("orchestrator.analysis",)
 PURE = CORE + ANALYSIS
 TRACKING = ("orchestrator.tracking",)
 REPORTING = ("orchestrator.reporting", "orchestrator.export")
-SWEEPS = ("orchestrator.sweeps",)
+STUDIES = ("orchestrator.studies",)
 WORKLOADS = ("workloads",)
 
 MAY_IMPORT = {  # room -> the rooms it may import besides itself (docs/design.md 2)
@@ -66,9 +66,9 @@ MAY_IMPORT = {  # room -> the rooms it may import besides itself (docs/design.md
     "workloads": CORE + TRACKING,
     "orchestrator.reporting": PURE + TRACKING,
     "orchestrator.export": CORE + TRACKING + WORKLOADS,  # the checkpoint's one reader
-    "orchestrator.sweeps": PURE + TRACKING + REPORTING,
-    "orchestrator.driver": PURE + TRACKING + REPORTING + SWEEPS + WORKLOADS,
-    "orchestrator.cluster": CORE + TRACKING + SWEEPS,
+    "orchestrator.studies": PURE + TRACKING + REPORTING,
+    "orchestrator.driver": PURE + TRACKING + REPORTING + STUDIES + WORKLOADS,
+    "orchestrator.cluster": CORE + TRACKING + STUDIES,
 }
 """The entry points (orchestrator.cli, __main__, the public re-exports) may import any room."""
 

@@ -57,7 +57,7 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
     """LadderSearch on the four smallest rungs of a known-truth ladder, each trial scored by the
     world's noise-free final loss: the first three rungs run from the space at once, the fourth
     only once they are done, at the placed batch sizes and lrs; its state survives save/restore."""
-    from orchestrator.sweeps.bracket_search import LadderSearch
+    from orchestrator.studies.bracket_search import LadderSearch
 
     world = WORLDS["power-law"]
     rungs = sorted(world.rungs(), key=lambda r: r[0] * r[1])[:4]
@@ -105,8 +105,8 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
 
 
 def test_a_ladder_sweeps_searcher_knows_each_groups_rung(tmp_path):
-    from orchestrator.sweeps import ladder_plan, search_space
-    from orchestrator.sweeps.bracket_search import LadderSearch
+    from orchestrator.studies import ladder_plan, search_space
+    from orchestrator.studies.bracket_search import LadderSearch
     from tests.unit.test_ladder_plan import ladder_sweep
 
     sweep = ladder_sweep(tmp_path)

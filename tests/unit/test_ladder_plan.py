@@ -1,4 +1,4 @@
-"""A ladder's rungs as a sweep lays them out (orchestrator/sweeps/ladder_plan.py): N from the
+"""A ladder's rungs as a sweep lays them out (orchestrator/studies/ladder_plan.py): N from the
 model's own count, budgets from tokens per parameter in whole updates of the largest batch,
 smallest compute first, the rung's values in every bracket group; and what each rung holds of the
 base (warmup share, AdamW's constants in tokens)."""
@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.core import config, derived, sweep_file
 from orchestrator.core.errors import ConfigError
-from orchestrator.sweeps import ladder_plan, search_space
+from orchestrator.studies import ladder_plan, search_space
 from orchestrator.tracking.run_tags import RUNG_TAG
 from tests.conftest import ROOT, TINY, write_sweep
 

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.core import sweep_file
 from orchestrator.driver import progress_table
 from orchestrator.formulas import cost
-from orchestrator.sweeps import search_space
+from orchestrator.studies import search_space
 from tests.conftest import ROOT
 
 BUDGET = 327_680  # conf/sweep/demo.yaml: train.total_tokens, a whole number of updates at every B

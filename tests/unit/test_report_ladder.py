@@ -158,7 +158,7 @@ def test_a_later_sweep_reads_the_finished_runs_it_reused_as_its_own(tmp_path):
     parent's trials are its children and those runs (report_inputs.trial_runs), and the bracket
     search's steps criterion finds them by the same tag."""
     from orchestrator.reporting import report_inputs
-    from orchestrator.sweeps import bracket_search
+    from orchestrator.studies import bracket_search
     from orchestrator.tracking import run_tags
     from orchestrator.tracking.store import Store
     from tests.conftest import sqlite_store

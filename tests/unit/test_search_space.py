@@ -8,7 +8,7 @@ import yaml
 
 from orchestrator.core import derived, sweep_file
 from orchestrator.core.errors import ConfigError
-from orchestrator.sweeps import search_space
+from orchestrator.studies import search_space
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "conf" / "train" / "tiny.yaml")
@@ -221,7 +221,7 @@ def test_optuna_storage_is_a_database_url_for_optuna_only(tmp_path, search, says
 def test_trial_resources_follow_where_the_worker_runs(tmp_path):
     """A single-worker trial in local mode holds its worker's CPUs itself; a trial that starts a
     worker group (D > 1, or local_mode: false) holds only a fraction for waiting on it."""
-    from orchestrator.sweeps import placement
+    from orchestrator.studies import placement
 
     space = {"cluster.num_workers": {"grid": [1, 2]}, "cluster.cpus_per_worker": {"grid": [0.8]}}
     for local_mode, expected in [
@@ -406,7 +406,7 @@ def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
     """Every (branch point, factor): the base config with a ramp to k x B at the point, the lr
     scaled by k^alpha from there, stopping `tokens` later; the base trial keeps its checkpoints."""
     from orchestrator.core import config
-    from orchestrator.sweeps import branch_study
+    from orchestrator.studies import branch_study
 
     branch = {"at_tokens": [65536, 16384], "factors": [1, 2, 4], "tokens": 16384, "lr_scaling": "sqrt"}
     sweep = sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "from": None}))

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 from orchestrator.core import derived, schema, sweep_schema
 from orchestrator.formulas import feasibility
-from orchestrator.sweeps import search_space
+from orchestrator.studies import search_space
 
 TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the workers hold the CPUs
 

@@ -23,7 +23,7 @@ from ray.tune.search import Searcher
 
 from orchestrator.analysis import lr_bracket
 from orchestrator.core import derived, sweep_schema
-from orchestrator.sweeps import search_space
+from orchestrator.studies import search_space
 
 
 def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
@@ -200,7 +200,7 @@ class LadderSearch(BracketSearch):
     def from_sweep(
         cls, sweep: sweep_schema.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
     ) -> "LadderSearch":
-        from orchestrator.sweeps import ladder_plan
+        from orchestrator.studies import ladder_plan
 
         plans = ladder_plan.rungs(sweep)
         groups = groups_of(sweep, first_round)

@@ -21,7 +21,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_file import load
 from orchestrator.core.sweep_schema import LR_KEYS, SHARE_KEYS, Constraint, Sweep
-from orchestrator.sweeps import branch_study, ladder_plan
+from orchestrator.studies import branch_study, ladder_plan
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Tuple
 
 from orchestrator.core import sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
-from orchestrator.sweeps import search_space
+from orchestrator.studies import search_space
 
 NO_COST_PREFIXES = ("optim.", "schedule.", "lr_scaling.", "gns.", "tracking.")
 """Space keys that change what a trial learns but not what it costs."""

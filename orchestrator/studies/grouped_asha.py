@@ -14,7 +14,7 @@ from typing import Any, Dict, Tuple
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
 
-from orchestrator.sweeps.search_space import comparison_group
+from orchestrator.studies.search_space import comparison_group
 
 
 class GroupedASHA(FIFOScheduler):
