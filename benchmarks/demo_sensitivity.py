@@ -77,11 +77,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--tracking-uri", default=None, help="a store holding a finished demo (skips its first run)")
     args = p.parse_args(argv)
 
-    from orchestrator.core import config, sweep_file
+    from orchestrator.core import config
+    from orchestrator.studies import kinds
 
     load_before, started = os.getloadavg()[0], time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="demo-sensitivity-"))
-    sweep = sweep_file.load(DEMO)
+    sweep = kinds.load(DEMO)
     base = config.load(sweep.base_config, sweep.base_overrides)
     largest = max(sweep.space["batch.tokens_per_update"]["grid"])
     uri = args.tracking_uri or run_demo(tmp / "demo", [])

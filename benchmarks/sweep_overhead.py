@@ -198,9 +198,8 @@ def main(argv: List[str] | None = None) -> int:
         tmp = Path(tempfile.mkdtemp(prefix="bench-plain-"))
         return common.finish(against_plain_tune(args, tmp), args.json, tmp, args.keep)
 
-    from orchestrator.core import sweep_file
     from orchestrator.driver import ray_session, run_life
-    from orchestrator.studies import search_space
+    from orchestrator.studies import kinds
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     shared = [
@@ -209,9 +208,9 @@ def main(argv: List[str] | None = None) -> int:
         "tracking.experiment=bench-sweep-overhead",
     ]
     path = write_sweep(tmp, args.trials, args.concurrency, args.overrides, args.local_mode)
-    spec = sweep_file.load(path)
+    spec = kinds.load(path)
     spec.base_overrides += shared
-    configs = [t.cfg for t in search_space.expand(spec)]
+    configs = [t.cfg for t in kinds.expand(spec)]
     for cfg in configs:
         run_life.resolve_paths(cfg)
     run_life.preflight(configs[0])  # token cache built outside any timing

@@ -44,7 +44,7 @@ from orchestrator.cluster.upload import EXCLUDES, check_upload_size, mib, upload
 from orchestrator.core import schema, sweep_file, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.formulas import feasibility
-from orchestrator.studies import placement, search_space
+from orchestrator.studies import kinds, placement
 
 _ENV_REF_RE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
 NOT_SECRET = ("MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
@@ -231,9 +231,9 @@ def command_spec(argv: Sequence[str], name: str = "command", env: Optional[Dict[
 
 def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[Any]:
     """The distinct shapes (feasibility.Shape) of the sweep's trials, as `orchestrator sweep`
-    computes them (search_space.prepare)."""
+    computes them (studies/kinds.prepare)."""
 
-    prepared = search_space.prepare(sweep_path, overrides)
+    prepared = kinds.prepare(sweep_path, overrides)
     return feasibility.distinct(placement.trial_shapes(prepared.sweep, prepared.all_trials()))
 
 

@@ -1,10 +1,11 @@
 """What a config implies beyond its keys: the batch plan (S x b x D x A) and the segments of a
 batch ramp, the beta2 and weight decay AdamW uses, SGD's L2 coefficient, the ZeRO stage the
-engine runs, the gradient noise scale's EMA and whether to compile. The one place each is
-computed: the trainer, the DeepSpeed config, `plan`, validation and the MLflow params all read
-them here.
+engine runs, the gradient noise scale's EMA, whether to compile, and what Ray reserves for a
+run's workers (its shape, which formulas/feasibility checks against a cluster). The one place
+each is computed: the trainer, the DeepSpeed config, `plan`, validation and the MLflow params all
+read them here.
 
-Pure: the schema and the batch arithmetic only.
+Pure: the schema and the formulas only (which take the config's plain numbers, never the config).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from orchestrator.core.schema import AUTO, DEFAULT_BETA2, DEFAULT_WEIGHT_DECAY, Config, RampStep
-from orchestrator.formulas import batching, memory, schedules
+from orchestrator.formulas import batching, feasibility, memory, schedules
 from orchestrator.formulas.adaptive_batch import AdaptiveRule
 
 
@@ -197,3 +198,17 @@ def total_updates(cfg: Config, segments: Optional[List[batching.Segment]] = None
     for rounded_budget)."""
     last = (segments or batch_segments(cfg))[-1]
     return last.start_update + last.updates
+
+
+def worker_resources(cfg: Config) -> Dict[str, float]:
+    """What Ray reserves for one worker, e.g. {"CPU": 8, "GPU": 1} (cluster.cpus_per_worker, and
+    cluster.gpus_per_worker with cluster.use_gpu)."""
+    c = cfg.cluster
+    return feasibility.bundle(c.cpus_per_worker, c.gpus_per_worker if c.use_gpu else 0.0)
+
+
+def shape_of(cfg: Config, trial: Optional[Dict[str, float]] = None) -> feasibility.Shape:
+    """What a run of `cfg` holds: D worker bundles in cluster.placement_strategy, plus `trial`
+    (a Tune trial's own resources)."""
+    c = cfg.cluster
+    return feasibility.Shape(c.num_workers, worker_resources(cfg), c.placement_strategy, dict(trial or {}))

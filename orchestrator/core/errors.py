@@ -1,15 +1,10 @@
-"""Errors the command line maps to exit codes (docs/design.md 3)."""
+"""Errors the command line maps to exit codes (docs/design.md 3).
 
+`ConfigError` is defined on the formulas' floor (orchestrator/formulas/errors.py says why) and is
+the same class here: the core and every room above it raise and catch it by this path, and the
+formulas raise it without importing anything from the core.
+"""
 
-class ConfigError(ValueError):
-    """Bad configuration or bad arguments: exit code 2, one line on stderr, no traceback.
+from orchestrator.formulas.errors import ConfigError
 
-    The message names the key, the value and what would be valid.
-    """
-
-    def __init__(self, key: str, message: str):
-        self.key, self.message = key, message
-        super().__init__(f"{key}: {message}" if key else message)
-
-    def __reduce__(self):  # raised on a Ray worker, it reaches the driver whole
-        return (type(self), (self.key, self.message))
+__all__ = ["ConfigError"]

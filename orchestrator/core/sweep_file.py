@@ -1,10 +1,11 @@
 """Reading a sweep file (docs/sweeps.md): `load`, its one reader, used by `sweep`, `report` and
-`submit`. FIELDS holds one row per key of the file, the values it takes and the error a bad one
-gets, as validation.FIELDS does for the train config; RULES, the checks that span keys, run once
-every key has passed its row. The keys themselves, with their types, defaults and docstrings, are
-orchestrator/core/sweep_schema.py, and orchestrator/core/table_reader.py reads a file by the two:
-a new section is a dataclass there, its rows in FIELDS and its rules in RULES. Pure: no Ray, no
-MLflow. Expanding a sweep into trials is orchestrator.studies.search_space.
+`submit` (`sweep` and `submit` through orchestrator/studies/kinds.load, which adds the sections of
+registered kinds of study and the rules of the file's own kind). FIELDS holds one row per key of
+the file, the values it takes and the error a bad one gets, as validation.FIELDS does for the
+train config; RULES, the checks that span keys and hold for every kind of study, run once every key
+has passed its row. The keys themselves, with their types, defaults and docstrings, are
+orchestrator/core/sweep_schema.py, and orchestrator/core/table_reader.py reads a file by the two.
+Pure: no Ray, no MLflow. The trials a sweep plans are its kind's (orchestrator/studies/).
 
 Distributions (space, lr_scaling.base_lr and lr_scaling.alpha): grid (every value), choice,
 uniform [low, high], loguniform [low, high], randint [low, high] (inclusive); a bare value is a
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from orchestrator.core import config as config_lib
 from orchestrator.core import table_reader, validation, yaml_files
@@ -36,6 +37,7 @@ from orchestrator.core.sweep_schema import (
     TOLERANCE_KINDS,
     BaseConfig,
     LrScalingConfig,
+    Section,
     Sweep,
 )
 from orchestrator.core.validation import Field, count, number, one_of
@@ -205,28 +207,9 @@ def _base_names_a_config(s: Sweep) -> None:
         raise ConfigError("base.config", "missing: the train config every trial starts from")
 
 
-def _replicates_of_listed_trials(s: Sweep) -> None:
-    if s.search.seeds > 1 and s.search.algorithm == "optuna":
-        raise ConfigError(
-            "search.seeds",
-            f"got {s.search.seeds}; replicates need search.algorithm grid, random or bracket "
-            "(optuna proposes one configuration at a time)",
-        )
-
-
-def _optuna_storage_for_optuna(s: Sweep) -> None:
-    if s.search.optuna_storage and s.search.algorithm != "optuna":
-        raise ConfigError("search.optuna_storage", f"only with search.algorithm: optuna (got {s.search.algorithm})")
-
-
 def _seeds_one_way(s: Sweep) -> None:
     if s.search.seeds > 1 and "train.seed" in s.space:
         raise ConfigError("search.seeds", "train.seed is also in space; sweep seeds either way, not both")
-
-
-def _grid_search_of_grids(s: Sweep) -> None:
-    if s.search.algorithm == "grid" and any(next(iter(v)) != "grid" for v in s.space.values()):
-        raise ConfigError("search.algorithm", "grid search needs every space key to be a grid; use random or optuna")
 
 
 def _asha_grace_period(s: Sweep) -> None:
@@ -246,75 +229,6 @@ def _lr_scaling_complete(s: Sweep) -> None:
         )
 
 
-def _bracket_batch_grid(s: Sweep) -> None:
-    """A bracket search finds the lr per batch size: a grid of them."""
-    batch = s.space.get("batch.tokens_per_update", {})
-    if s.search.algorithm == "bracket" and "grid" not in batch:
-        raise ConfigError(
-            "space.batch.tokens_per_update",
-            f"got {batch or 'nothing'}; search.algorithm bracket finds the lr per batch size: "
-            "valid: a grid, e.g. {grid: [2048, 4096]}",
-        )
-
-
-def _bracket_first_lrs(s: Sweep) -> None:
-    """A bracket search starts from fixed lrs: optim.lr's grid, or lr_scaling's guess."""
-    if s.search.algorithm != "bracket":
-        return
-    lrs = s.space.get("optim.lr")
-    if lrs is None and not s.lr_scaling:
-        raise ConfigError(
-            "space.optim.lr", "missing; search.algorithm bracket starts from {grid: [...]} here or from lr_scaling"
-        )
-    if lrs is not None and ("grid" not in lrs or not all(is_number(x) and x > 0 for x in lrs["grid"])):
-        raise ConfigError(
-            "space.optim.lr", f"got {lrs}; search.algorithm bracket starts from a grid of learning rates > 0"
-        )
-
-
-def _bracket_rule_of_numbers(s: Sweep) -> None:
-    """lr_scaling's guess, which a bracket search brackets, from a fixed base_lr > 0 and alpha."""
-    if s.search.algorithm != "bracket":
-        return
-    for key, spec in lr_space(s.lr_scaling).items():
-        values = spec.get("grid", [])
-        if len(values) != 1 or (key == "lr_scaling.base_lr" and not values[0] > 0):
-            raise ConfigError(
-                key,
-                f"got {getattr(s.lr_scaling, key.partition('.')[2])!r}; search.algorithm bracket needs a fixed number"
-                + (" > 0" if key == "lr_scaling.base_lr" else "")
-                + " (it brackets the lr around the rule's guess)",
-            )
-
-
-def _bracket_groups_of_grids(s: Sweep) -> None:
-    """The other space keys are the groups a bracket search finds an lr in: grids."""
-    if s.search.algorithm != "bracket":
-        return
-    for key, spec in s.space.items():
-        if "grid" not in spec:
-            raise ConfigError(f"space.{key}", f"got {spec}; search.algorithm bracket needs a grid (the groups)")
-
-
-def _bracket_target_loss(s: Sweep) -> None:
-    if s.search.algorithm == "bracket" and s.search.criterion in ("steps", "both") and s.search.target_loss is None:
-        raise ConfigError(
-            "search.target_loss",
-            f"missing; search.criterion {s.search.criterion} scores an lr by its steps to this train loss "
-            "(e.g. a loss every batch size reaches before its decay)",
-        )
-
-
-def _bracket_first_round_fits(s: Sweep) -> None:
-    lrs = s.space.get("optim.lr")
-    first = len(set(lrs["grid"])) if lrs is not None and "grid" in lrs else 3
-    if s.search.algorithm == "bracket" and s.search.max_lrs_per_batch < first:
-        raise ConfigError(
-            "search.max_lrs_per_batch",
-            f"got {s.search.max_lrs_per_batch}; must be at least the {first} learning rates of the first round",
-        )
-
-
 def _one_bound_per_constraint(s: Sweep) -> None:
     for i, c in enumerate(s.constraints):
         if c.key is None or (c.max is None) == (c.min is None):
@@ -323,110 +237,20 @@ def _one_bound_per_constraint(s: Sweep) -> None:
             )
 
 
-def _branch_points(s: Sweep) -> None:
-    if s.branch and not s.branch.at_tokens:
-        raise ConfigError("branch.at_tokens", "missing: the token counts to branch from, e.g. [65536, 131072]")
-
-
-def _branch_continues_the_base(s: Sweep) -> None:
-    if s.branch and 1 not in s.branch.factors:
-        raise ConfigError("branch.factors", f"got {s.branch.factors}; needs 1, the base's own continuation")
-
-
-def _branch_tokens(s: Sweep) -> None:
-    if s.branch and not s.branch.tokens:
-        raise ConfigError("branch.tokens", "missing: the tokens each branch trains, e.g. 32768")
-
-
-def _relative_tolerance_below_1(s: Sweep) -> None:
-    if s.branch and s.branch.tolerance_kind == "relative" and not s.branch.tolerance < 1:
-        raise ConfigError(
-            "branch.tolerance",
-            f"got {s.branch.tolerance}; a relative tolerance is a share of the loss in (0, 1), e.g. 0.01 "
-            "(branch.tolerance_kind: absolute takes a loss difference)",
-        )
-
-
-def _branch_sweeps_only_factors(s: Sweep) -> None:
-    if s.branch and s.space:
-        raise ConfigError(
-            "space", f"a branch study sweeps branch.factors at branch.at_tokens, not {', '.join(s.space)}"
-        )
-
-
-def _branch_runs_every_branch(s: Sweep) -> None:
-    if s.branch and (s.search.algorithm != "grid" or s.scheduler.type != "none"):
-        raise ConfigError("branch", "a branch study runs every branch: search.algorithm grid, no scheduler")
-
-
-def _ladder_rungs_one_way(s: Sweep) -> None:
-    if not s.ladder:
-        return
-    if bool(s.ladder.rungs) == bool(s.ladder.models):
-        raise ConfigError(
-            "ladder", "give either models with tokens_per_param, or rungs (each {overrides, total_tokens})"
-        )
-    if s.ladder.models and not s.ladder.tokens_per_param:
-        raise ConfigError("ladder.tokens_per_param", "missing: the budgets per parameter, e.g. [0.5, 1, 2]")
-    if s.ladder.rungs and s.ladder.tokens_per_param:
-        raise ConfigError("ladder.tokens_per_param", "only with ladder.models (rungs give their own total_tokens)")
-    if any(r.total_tokens <= 0 or not r.overrides for r in s.ladder.rungs):
-        raise ConfigError("ladder.rungs", "each rung is {overrides: {model keys}, total_tokens: N}")
-
-
-def _ladder_target(s: Sweep) -> None:
-    t = s.ladder.target if s.ladder else None
-    if t is not None and (t.tokens is None or (t.params is None) == (t.overrides is None)):
-        raise ConfigError(
-            "ladder.target",
-            "needs tokens and either params or overrides (the target's model), e.g. {params: 1.0e9, tokens: 2.0e10}",
-        )
-
-
-def _ladder_of_bracket_studies(s: Sweep) -> None:
-    if s.ladder and (s.search.algorithm != "bracket" or s.branch or s.scheduler.type != "none"):
-        raise ConfigError(
-            "ladder",
-            "every rung is a bracket search over batch size and lr: search.algorithm bracket, no branch, no scheduler",
-        )
-
-
-def _one_loss_tolerance(s: Sweep) -> None:
-    if "loss_tolerance" in s.written and s.ladder:
-        raise ConfigError("loss_tolerance", "a ladder's is ladder.tolerance (loss_tolerance is a single sweep's)")
-    if "loss_tolerance" in s.written and s.branch:
-        raise ConfigError("loss_tolerance", "a branch study recommends a ramp by branch.tolerance, not a batch size")
-
-
 RULES = (
     _base_names_a_config,
-    _replicates_of_listed_trials,
-    _optuna_storage_for_optuna,
     _seeds_one_way,
-    _grid_search_of_grids,
     _asha_grace_period,
     _lr_swept_or_scaled,
     _lr_scaling_complete,
-    _bracket_batch_grid,
-    _bracket_first_lrs,
-    _bracket_rule_of_numbers,
-    _bracket_groups_of_grids,
-    _bracket_target_loss,
-    _bracket_first_round_fits,
     _one_bound_per_constraint,
-    _branch_points,
-    _branch_continues_the_base,
-    _branch_tokens,
-    _relative_tolerance_below_1,
-    _branch_sweeps_only_factors,
-    _branch_runs_every_branch,
-    _ladder_rungs_one_way,
-    _ladder_target,
-    _ladder_of_bracket_studies,
-    _one_loss_tolerance,
 )
-"""The checks that span keys, in the order they run, after every key has passed its row. A branch
-study's batch arithmetic (each factor's split, whole updates) needs the base config: branch_study.check."""
+"""The checks that span keys and hold for every kind of study, in the order they run, after every
+key has passed its row; then the rules of the sweep's kind (orchestrator/studies/: its module's
+RULES). A branch study's batch arithmetic (each factor's split, whole updates) needs the base
+config: its kind checks it when it lays out the trials."""
+
+Rule = Callable[[Sweep], None]
 
 READ_UNCHECKED = ("name", "base", "search", "branch", "ladder", "loss_tolerance")
 """What `load(check=False)` reads (by their rows, no RULES): what `submit` and `report` need of a
@@ -436,13 +260,19 @@ file whose other keys need not be valid there."""
 # ---------------------------------------------------------------- the reader
 
 
-def load(path: str | Path, check: bool = True) -> Sweep:
-    """Read and check a sweep file: every key by its row of FIELDS, then RULES; every error is a
-    one-line ConfigError (exit 2). check=False reads only READ_UNCHECKED, checks no rule and
-    leaves base_config None when the file names none."""
+def load(
+    path: str | Path,
+    check: bool = True,
+    sections: Mapping[str, Section] = {},
+    kind_rules: Optional[Callable[[Sweep], Sequence[Rule]]] = None,
+) -> Sweep:
+    """Read and check a sweep file: every key by its row of FIELDS, then RULES, then
+    `kind_rules(sweep)` (the rules of the study kind the file asks for); every error is a one-line
+    ConfigError (exit 2). `sections`: the sections registered kinds add, by key. check=False reads
+    only READ_UNCHECKED, checks no rule and leaves base_config None when the file names none."""
     path = Path(path)
     raw, text = yaml_files.read_mapping(path, "SWEEP", kind="sweep", shape=SHAPE)
-    return _read(raw, text, path, check)
+    return _read(raw, text, path, check, sections, kind_rules)
 
 
 def read_recorded(text: str, path: Path) -> Sweep:
@@ -454,8 +284,16 @@ def read_recorded(text: str, path: Path) -> Sweep:
 SHAPE = "a mapping with name, base, space, ..."
 
 
-def _read(raw: Dict[str, Any], text: str, path: Path, check: bool) -> Sweep:
+def _read(
+    raw: Dict[str, Any],
+    text: str,
+    path: Path,
+    check: bool,
+    sections: Mapping[str, Section] = {},
+    kind_rules: Optional[Callable[[Sweep], Sequence[Rule]]] = None,
+) -> Sweep:
     named = {**raw, "name": path.stem if raw.get("name") is None else raw["name"]}  # the stem too names a folder
+    own = {key: named.pop(key) for key in sections if key in named}
     read = table_reader.read(Sweep, named, FIELDS, only=None if check else READ_UNCHECKED)
     base = read.get("base") or BaseConfig()
     read["space"] = {k: _spec(v) for k, v in (read.get("space") or {}).items()}
@@ -464,13 +302,20 @@ def _read(raw: Dict[str, Any], text: str, path: Path, check: bool) -> Sweep:
         path=path,
         base_config=(path.parent / base.config).resolve() if base.config else None,
         base_overrides=yaml_files.dotlist(base.overrides or {}),
+        sections={key: _section(sections[key], value) for key, value in own.items()},
         text=text,
         written=config_lib.flatten({k: v for k, v in raw.items() if k != "description"}),
     )
-    for rule in RULES if check else ():
-        rule(sweep)
+    if check:
+        for rule in RULES + tuple(kind_rules(sweep) if kind_rules else ()):
+            rule(sweep)
     sweep.space.update(lr_space(sweep.lr_scaling))
     return sweep
+
+
+def _section(section: Section, value: Any) -> Any:
+    """A registered kind's section, read by its own rows."""
+    return section.schema(**table_reader.read(section.schema, value, section.rows, prefix=section.key + "."))
 
 
 def lr_space(lr_scaling: Optional[LrScalingConfig]) -> Dict[str, Dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from orchestrator.core.table_reader import DERIVED, KEY
 from orchestrator.formulas import batching
@@ -23,6 +23,17 @@ LR_KEYS = ("lr_scaling.base_lr", "lr_scaling.alpha")
 TOLERANCE_KINDS = ("relative", "absolute")
 COMPARES = ("reference", "every_smaller")
 """branch.tolerance_kind and branch.compare (orchestrator/analysis/branch_cbs.Tolerance)."""
+
+
+@dataclass(frozen=True)
+class Section:
+    """A top-level section a kind of study adds to the sweep file (orchestrator/studies/study.py):
+    its key, its dataclass (fields with defaults and docstrings, as the sections below) and one row
+    per key, named as the file has it (`toy.lrs`), as sweep_file.FIELDS has them."""
+
+    key: str
+    schema: type
+    rows: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -235,6 +246,9 @@ class Sweep:
     text: str = field(default="", metadata=DERIVED)
     """The file as written: the parent run's artifact, and what submit scans for the
     `${oc.env:NAME}` it needs."""
+    sections: Dict[str, Any] = field(default_factory=dict, metadata=DERIVED)
+    """The sections of study kinds registered beside the built-in ones (studies/kinds.register), by
+    their key, each read into its kind's dataclass; {} for every built-in kind."""
     written: Dict[str, Any] = field(default_factory=dict, metadata=DERIVED)
     """Every key the file sets, by its dotted name, with its value as written (the description,
     prose, left out): the parent run's params `sweep.<key>`. Not the typed fields above, which

@@ -36,13 +36,18 @@ def file_keys(cls: type) -> Dict[str, DataclassField]:
 
 
 def read(
-    cls: type, data: Mapping[str, Any], rows: Mapping[str, Field], only: Optional[Sequence[str]] = None
+    cls: type,
+    data: Mapping[str, Any],
+    rows: Mapping[str, Field],
+    only: Optional[Sequence[str]] = None,
+    prefix: str = "",
 ) -> Dict[str, Any]:
     """The keyword arguments of `cls` from `data`: each key it sets, a section read in turn or a
     value checked by its row; the keys it leaves out keep their defaults. `only`: the top-level
-    keys to read, the others neither read nor checked. Every error is a one-line ConfigError that
-    names the key as the file has it (`constraints.0.max`)."""
-    return _section(cls, data, "", "", rows, only)
+    keys to read, the others neither read nor checked. `prefix`: where `data` sits in the file
+    (`toy.` for a study's own section), in its keys and its rows' names. Every error is a one-line
+    ConfigError that names the key as the file has it (`constraints.0.max`)."""
+    return _section(cls, data, prefix, prefix, rows, only)
 
 
 def _section(cls: type, data: Any, key: str, row: str, rows: Mapping[str, Field], only=None) -> Dict[str, Any]:

@@ -2,14 +2,15 @@
 FLOPs, predicted memory per worker, wall time and device-hours, then the sweep's totals and ETA.
 
 Nothing starts: no Ray, no MLflow (neither is imported), no corpus is read, no file is written,
-and the GPU presence check is skipped. The trials are the sweep's own (search_space.expand and
-search_space.prepare, as `sweep` builds them); `auto` micro-batches are the memory model's answer
-(micro_batch.from_model) for --device-memory or the visible device. The arithmetic, and the
-assumptions it rests on, are orchestrator/formulas/cost.py's.
+and the GPU presence check is skipped. The trials are the sweep's own (studies/kinds.prepare, as
+`sweep` plans them); `auto` micro-batches are the memory model's answer (micro_batch.from_model)
+for --device-memory or the visible device. The arithmetic, and the assumptions it rests on, are
+orchestrator/formulas/cost.py's.
 
-For an Optuna sweep, whose trials are proposed while it runs: the space, the number of trials
-and the range of cost between the cheapest and the dearest corner of the keys that change cost.
-For a bracket search: its first round's trials, then the range up to its bound on trials.
+The sweep's kind of study says its dry run (StudyKind.dry_run) in one of three layouts: every
+trial listed (`listed`); a first round and the range up to a bound on trials (`bounded`, a
+bracket search); or, for trials proposed while it runs (Optuna), the space and the range of cost
+between the cheapest and the dearest corner of the keys that change cost (`ranged`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.core import derived, sweep_schema
 from orchestrator.core.errors import ConfigError
@@ -25,7 +26,9 @@ from orchestrator.core.schema import AUTO, Config
 from orchestrator.driver import micro_batch
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import batching, cost, memory
-from orchestrator.studies import branch_study, corners, search_space
+from orchestrator.studies import kinds
+from orchestrator.studies.search_space import Trial
+from orchestrator.studies.study import Prepared
 
 
 @dataclass(frozen=True)
@@ -131,12 +134,11 @@ def estimate(name: str, cfg: Config, options: Options, start: int = 0) -> Row:
     )
 
 
-def _estimate_all(trials: Sequence[search_space.Trial], options: Options) -> Tuple[List[Row], List[str]]:
+def _estimate_all(prepared: Prepared, trials: Sequence[Trial], options: Options) -> Tuple[List[Row], List[str]]:
     rows, problems = [], []
     for t in trials:
-        branch = "train.stop_at_tokens" in t.values  # a branch study's branch, from its branch point
         try:
-            rows.append(estimate(t.name, t.cfg, options, branch_study.branch_at(t.cfg) if branch else 0))
+            rows.append(estimate(t.name, t.cfg, options, prepared.study.start_of(t)))
         except ConfigError as exc:
             problems.append(f"[{t.name}] {exc}")
     if trials and not rows:  # as `sweep` would refuse: exit 2, not a table of nothing
@@ -267,19 +269,15 @@ def _distribution(spec: Dict[str, Any]) -> str:
     return f"{kind} [{args[0]:g}, {args[1]:g}]" + (" (inclusive)" if kind == "randint" else "")
 
 
-def optuna_report(prepared: search_space.Prepared, options: Options) -> List[str]:
+def ranged(prepared: Prepared, options: Options, title: str, keys: List[str], trials: List[Trial], n: int) -> List[str]:
+    """A study whose trials are proposed while it runs: its space, the cost of the corners of the
+    keys that change cost (`trials`, feasible or not), then the range of cost over `n` trials."""
     sweep = prepared.sweep
-    n, slots = sweep.search.num_samples, sweep.search.max_concurrent
+    slots = sweep.search.max_concurrent
     width = max(len(k) for k in sweep.space) if sweep.space else 0
-    lines = [
-        f"sweep {sweep.name!r}: Optuna search, {_count(n, 'trial')} (search.num_samples), {slots} at a time; "
-        "the trials are proposed while it runs, so here is the space and the range of cost",
-        "space:",
-        *[f"  {k:<{width}}  {_distribution(s)}" for k, s in sweep.space.items()],
-    ]
-    keys, trials = corners.corners(sweep)
+    lines = [title, "space:", *[f"  {k:<{width}}  {_distribution(s)}" for k, s in sweep.space.items()]]
     feasible = [t for t in trials if t.cfg is not None]
-    rows, problems = _estimate_all(feasible, options)
+    rows, problems = _estimate_all(prepared, feasible, options)
     left_out = len(trials) - len(rows)
     lines.append(
         f"corners of the keys that change cost ({', '.join(keys) or 'none: every trial costs the same'}; "
@@ -310,22 +308,23 @@ def optuna_report(prepared: search_space.Prepared, options: Options) -> List[str
     return lines
 
 
-def grid_report(prepared: search_space.Prepared, options: Options) -> List[str]:
+def listed(prepared: Prepared, options: Options, title: str) -> List[str]:
+    """A study whose trials are all listed before it starts: each with its cost, then the totals."""
     sweep, trials, skipped = prepared.sweep, prepared.all_trials(), prepared.skipped  # a branch study's base first
-    rows, problems = _estimate_all(trials, options)
-    lines = [f"sweep {sweep.name!r}: {_count(len(trials), 'trial')} ({sweep.search.algorithm} search); nothing started"]
+    rows, problems = _estimate_all(prepared, trials, options)
+    lines = [title]
     for kind in sorted({r.cost.kind for r in rows}):
         lines += assumption(next(r.rate for r in rows if r.cost.kind == kind), options)
-    lines += table(rows) if options.list_all else listed(table(rows), len(rows), "trials")
+    lines += table(rows) if options.list_all else shortened(table(rows), len(rows), "trials")
     lines += schedules(rows)
     refused = [f"skipped, infeasible (infeasible: skip): [{t.name}] {t.problem}" for t in skipped]
-    lines += refused if options.list_all else listed([""] + refused, len(refused), "skipped trials")[1:]
+    lines += refused if options.list_all else shortened([""] + refused, len(refused), "skipped trials")[1:]
     lines += [f"would not start: {p}" for p in problems]
     lines += totals(sweep, rows)[0]
     return lines
 
 
-def listed(lines: List[str], count: int, what: str) -> List[str]:
+def shortened(lines: List[str], count: int, what: str) -> List[str]:
     """A table's header line and at most LISTED of its `count` rows: the first ones, a line that
     counts the rest, the last five; what follows the rows (a footnote) is kept."""
     if count <= LISTED:
@@ -336,11 +335,11 @@ def listed(lines: List[str], count: int, what: str) -> List[str]:
     return [head, *first, more, *rows[-5:], *tail]
 
 
-def bracket_report(prepared: search_space.Prepared, options: Options) -> List[str]:
-    """A bracket search's first round (every batch size x group x initial lr x seed), then the
-    cost range up to its bound: max_lrs_per_batch lrs per batch size, group and seed."""
+def bounded(prepared: Prepared, options: Options, title: Callable[[int], str], repeats: int) -> List[str]:
+    """A study that lists its first round and proposes up to `repeats` lrs per group (the trial's
+    values but its lr) later: the first round with its cost, then the cost range up to that bound."""
     sweep, trials, skipped = prepared.sweep, prepared.trials, prepared.skipped
-    s = sweep.search
+    slots = sweep.search.max_concurrent
     rows, problems, per_group = [], [], {}
     for t in trials:
         try:
@@ -350,25 +349,18 @@ def bracket_report(prepared: search_space.Prepared, options: Options) -> List[st
             continue
         # (group, seed) -> one row: an lr changes no cost, so each of the group's lrs costs that
         per_group.setdefault(repr(sorted((k, v) for k, v in t.values.items() if k != "optim.lr")), rows[-1])
-    bound = [r for r in per_group.values() for _ in range(s.max_lrs_per_batch)]
-    batches = len(sweep.space["batch.tokens_per_update"]["grid"])
-    groups = len(search_space.bracket_groups(sweep)) // batches
-    lines = [
-        f"sweep {sweep.name!r}: bracket search of the learning rate per batch size, criterion {s.criterion} "
-        f"(search.criterion), step {s.lr_step:g}; first round {_count(len(trials), 'trial')}, at most "
-        f"{len(bound)} (search.max_lrs_per_batch {s.max_lrs_per_batch} x {_count(batches, 'batch size')} x "
-        f"{_count(groups, 'group')} x {_count(s.seeds, 'seed')}); nothing started"
-    ]
+    bound = [r for r in per_group.values() for _ in range(repeats)]
+    lines = [title(len(bound))]
     for kind in sorted({r.cost.kind for r in rows}):
         lines += assumption(next(r.rate for r in rows if r.cost.kind == kind), options)
-    shown = table(rows) if options.list_all else listed(table(rows), len(rows), "trials")  # as a grid's
+    shown = table(rows) if options.list_all else shortened(table(rows), len(rows), "trials")  # as a grid's
     lines += ["first round (the later rounds' lrs depend on its results; an lr changes no cost):", *shown]
     lines += [f"skipped, infeasible (infeasible: skip): [{t.name}] {t.problem}" for t in skipped]
     lines += [f"would not start: {p}" for p in problems]
     lines += ["first round " + line for line in totals(sweep, rows)[0]]
     low, high = (
-        cost.sweep_cost([r.cost for r in rows], s.max_concurrent),
-        cost.sweep_cost([r.cost for r in bound], s.max_concurrent),
+        cost.sweep_cost([r.cost for r in rows], slots),
+        cost.sweep_cost([r.cost for r in bound], slots),
     )
     if low.eta_s is None or high.eta_s is None:
         return lines + ["cost range: unknown (a workload that states no costs)"]
@@ -377,16 +369,32 @@ def bracket_report(prepared: search_space.Prepared, options: Options) -> List[st
         f"cost range: {low.trials} .. {high.trials} trials, {_flops(low.flops)} .. {_flops(high.flops)} FLOPs, "
         + ", ".join(f"{_hours(low.device_hours.get(k))} .. {_hours(high.device_hours.get(k))} {k}-hours" for k in hours)
         + f"; ETA {cost.format_duration(low.eta_s)} .. {cost.format_duration(high.eta_s)} "
-        f"({low.eta_s:,.0f} .. {high.eta_s:,.0f} s) with {_count(s.max_concurrent, 'trial')} at a time, "
+        f"({low.eta_s:,.0f} .. {high.eta_s:,.0f} s) with {_count(slots, 'trial')} at a time, "
         "more when a batch size's later rounds wait on each other"
     )
     return lines
 
 
+@dataclass(frozen=True)
+class Lines:
+    """The layouts a kind of study says its dry run in (studies/study.DryRunLines), with the
+    command's options."""
+
+    options: Options
+
+    def listed(self, prepared: Prepared, title: str) -> List[str]:
+        return listed(prepared, self.options, title)
+
+    def bounded(self, prepared: Prepared, title: Callable[[int], str], repeats: int) -> List[str]:
+        return bounded(prepared, self.options, title, repeats)
+
+    def ranged(self, prepared: Prepared, title: str, keys: List[str], corners: List[Trial], n: int) -> List[str]:
+        return ranged(prepared, self.options, title, keys, corners, n)
+
+
 def run(sweep_path: str, overrides: List[str], options: Options = Options()) -> int:
     """Print the dry run of a sweep; ConfigError (exit 2) for bad input."""
     _check(options)
-    prepared = search_space.prepare(sweep_path, overrides)  # as `sweep` reads it
-    report = {"optuna": optuna_report, "bracket": bracket_report}.get(prepared.sweep.search.algorithm, grid_report)
-    print("\n".join(report(prepared, options)))
+    prepared = kinds.prepare(sweep_path, overrides)  # as `sweep` reads it
+    print("\n".join(prepared.study.dry_run(prepared, Lines(options))))
     return 0

@@ -24,12 +24,12 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from orchestrator.core import storage
 from orchestrator.core.config import redact_uri, to_dict
-from orchestrator.core.derived import ADAPTIVE, rounded_budget
+from orchestrator.core.derived import ADAPTIVE, rounded_budget, shape_of
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.driver import micro_batch, ray_session, run_life
 from orchestrator.driver import plan as planning
-from orchestrator.formulas import batching, feasibility
+from orchestrator.formulas import batching
 from orchestrator.tracking import mlflow_ui
 from orchestrator.tracking.records import RunRecord
 from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, FAILURE_TAG, REALISED_RAMP_TAG, warnings_in
@@ -128,9 +128,11 @@ def finished_already(cfg: Config, record: Optional[Dict[str, Any]], digest: str)
 
 
 def config_digest(cfg: Config) -> str:
-    """What makes two `train` commands the same run: the resolved config but its run name."""
+    """What makes two `train` commands the same run: the resolved config but its run name and the
+    extra sinks it is mirrored to (nor do they change the digest of a config from before them)."""
     settings = to_dict(cfg)
     settings["train"]["run_name"] = None
+    del settings["tracking"]["sinks"]
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -178,7 +180,7 @@ def train(cfg: Config, resume: bool = False) -> int:
 
         checkpoint.check_files(storage.local_path(folder), "train.storage_path")
     ray_session.ray_init(cfg.cluster.address)
-    ray_session.check_cluster(cfg, [feasibility.shape_of(cfg)])
+    ray_session.check_cluster(cfg, [shape_of(cfg)])
     micro_batch.resolve(cfg)
     try:
         with stopped_by_sigterm():
@@ -246,8 +248,9 @@ def _end_stopped(cfg: Config, name: str, run_id: Optional[str], why: str, code: 
     now would have its core worker abort the process (exit 1, with a C++ message); a local Ray's
     processes end with it."""
     if run_id:
-        Store.of(cfg).set_tags(run_id, {FAILURE_TAG: f"stopped by {why}"})
-        run_life.close_run(cfg.tracking.uri, run_id, "KILLED", title=name)
+        store = Store.of(cfg)
+        store.set_tags(run_id, {FAILURE_TAG: f"stopped by {why}"})
+        run_life.close_run(store, run_id, "KILLED", title=name)
         print(
             f"run {name!r} stopped by {why}: MLflow run {run_id} ended KILLED; the same command with --resume "
             "continues it from its latest checkpoint",

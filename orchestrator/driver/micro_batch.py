@@ -24,10 +24,16 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 from orchestrator.core import ds_config, storage
 from orchestrator.core.config import to_dict
-from orchestrator.core.derived import batch_plan, batch_segments, measures_adam_noise_scale, zero_stage
+from orchestrator.core.derived import (
+    batch_plan,
+    batch_segments,
+    measures_adam_noise_scale,
+    worker_resources,
+    zero_stage,
+)
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import AUTO, Config
-from orchestrator.formulas import feasibility, memory
+from orchestrator.formulas import memory
 
 DEVICE_MEMORY_ENV = "ORCHESTRATOR_DEVICE_MEMORY"
 log = logging.getLogger(__name__)
@@ -151,6 +157,6 @@ def _probe_on_worker(cfg: Config, upper: int, capacity: Optional[float]) -> Dict
 
     from workloads.train.micro_batch_probe import probe
 
-    resources = feasibility.worker_resources(cfg)
+    resources = worker_resources(cfg)
     task = ray.remote(num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0), max_calls=1)(probe)
     return ray.get(task.remote(to_dict(cfg, redact=False), upper, capacity))

@@ -16,7 +16,8 @@ from orchestrator.core import derived, sweep_schema
 from orchestrator.core.schema import Config
 from orchestrator.formulas import cost
 from orchestrator.reporting.report_format import TOK, cell
-from orchestrator.studies import placement, search_space
+from orchestrator.studies import kinds, placement, search_space
+from orchestrator.studies.study import StudyKind
 
 QUIET_UP_TO_S = 60.0
 """In a log (not a terminal) a line is printed when a trial starts or ends; past this long
@@ -77,12 +78,17 @@ class ProgressTable(tune.Callback):
     `console` (a rich Console: live display on it) are for tests."""
 
     def __init__(
-        self, sweep: sweep_schema.Sweep, clock: Callable[[], float] = time.monotonic, console: Any = None
+        self,
+        sweep: sweep_schema.Sweep,
+        clock: Callable[[], float] = time.monotonic,
+        console: Any = None,
+        study: Optional[StudyKind] = None,
     ) -> None:
         self.sweep = sweep
+        self.study = study or kinds.kind_of(sweep)
         self.rows: Dict[str, Dict[str, Any]] = {}
         self.expected = 0
-        self.bound_only = sweep.search.algorithm == "bracket"  # expected is then an upper bound
+        self.bound_only = self.study.bounded  # expected is then an upper bound
         self.clock = clock
         self.console = console
         self.last_print = -math.inf
@@ -99,7 +105,7 @@ class ProgressTable(tune.Callback):
     def _row(self, trial) -> Dict[str, Any]:
         if trial.trial_id not in self.rows:
             self._base = self._base or search_space.base_of(self.sweep)
-            resolved = search_space.resolve(self.sweep, trial.config["trial"], self._base)
+            resolved = self.study.resolve(self.sweep, trial.config["trial"], self._base)
             c = resolved.cfg
             self.rows[trial.trial_id] = {
                 "name": resolved.name,

@@ -19,6 +19,7 @@ from orchestrator.core.derived import (
     rounded_budget,
     sgd_weight_decay,
     total_updates,
+    worker_resources,
     zero_stage,
 )
 from orchestrator.core.errors import ConfigError
@@ -26,7 +27,6 @@ from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.driver import plan as planning
 from orchestrator.driver import ray_session
-from orchestrator.formulas import feasibility
 from orchestrator.studies import branch_study
 from orchestrator.tracking.run_tags import FAILURE_TAG
 from orchestrator.tracking.store import CURVES_STORED, Store, resolve_uri
@@ -270,7 +270,7 @@ def build_trainer(
         scaling_config=ScalingConfig(
             num_workers=0 if local_mode else plan.num_workers,
             use_gpu=cfg.cluster.use_gpu,
-            resources_per_worker=feasibility.worker_resources(cfg),
+            resources_per_worker=worker_resources(cfg),
             placement_strategy=cfg.cluster.placement_strategy,
         ),
         torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
@@ -296,7 +296,7 @@ def fit(trainer) -> Tuple[Optional[Dict[str, Any]], Optional[BaseException]]:
 
 def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
     """Close the MLflow run: status, failure reason, loss plot. Returns the status."""
-    uri, store = cfg.tracking.uri, Store.of(cfg)
+    store = Store.of(cfg)
     status, reason = "FINISHED", None
     if error is not None:
         status, reason = "FAILED", failure_cause(error)
@@ -305,7 +305,7 @@ def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
         status = "FAILED" if reason else status
     if reason:
         store.set_tags(run_id, {FAILURE_TAG: reason[:5000]})
-    close_run(uri, run_id, status, title=cfg.train.run_name or "")
+    close_run(store, run_id, status, title=cfg.train.run_name or "")
     return reason or status
 
 
@@ -319,13 +319,14 @@ def failure_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-def close_run(uri: str, run_id: str, status: str, title: str = "") -> None:
+def close_run(store: Store, run_id: str, status: str, title: str = "") -> None:
     """The curves the analysis reads once more as one artifact (Store.write_curves: what a report
     of many runs reads instead of a history call per metric), the loss-versus-tokens plot, then the
-    final status; the seconds this took go in as `teardown/finish_s`."""
+    final status; the seconds this took go in as `teardown/finish_s`. `store`: the run's config's
+    (Store.of), so that its extra sinks see the end too."""
     from orchestrator.reporting import plots
 
-    teardown, store = Phases("teardown"), Store(uri)
+    teardown = Phases("teardown")
     try:
         record = store.get_run(run_id)
         curves = store.histories([record], [k for k in CURVES_STORED if k in record.metrics])[run_id]

@@ -17,7 +17,8 @@ from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.driver import launch, micro_batch, run_life
-from orchestrator.studies import branch_study, ladder_plan, placement, search_space
+from orchestrator.studies import branch_study, placement
+from orchestrator.studies.study import StudyKind
 from orchestrator.tracking.refusals import StoreRefusedWrites
 from orchestrator.tracking.run_tags import (
     BRANCH_AT_TAG,
@@ -39,6 +40,8 @@ class TrialSetup:
     """What every trial of one Tune run (a phase of the sweep) gets from the sweep's driver."""
 
     sweep: Sweep
+    study: StudyKind
+    """The sweep's kind (studies/kinds.kind_of): how a trial's values resolve, and its tags."""
     base: Config
     """search_space.base_of(sweep), read once by the driver: a trial parses the base file once,
     for its own config."""
@@ -84,7 +87,7 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     sweep = setup.sweep
     if Path(setup.cwd).is_dir():  # Tune starts trials in their own folder; paths are the user's
         os.chdir(setup.cwd)
-    trial = search_space.resolve(sweep, params["trial"], setup.base)
+    trial = setup.study.resolve(sweep, params["trial"], setup.base)
     if trial.cfg is None:  # optuna proposed an infeasible point: report it as very bad
         tune.report({"tokens": 0, "eval_loss": float("inf"), "infeasible": trial.problem})
         return
@@ -150,7 +153,7 @@ def _finished_result(run) -> Dict[str, Any]:
 def _tags(setup: TrialSetup, trial_id: str, cfg: Config) -> Dict[str, str]:
     """The trial's MLflow run tags, by which a retry finds the run again (and a ladder's rung)."""
     tags = {PARENT_TAG: setup.parent_run_id, TRIAL_TAG: trial_id, SWEEP_TAG: setup.sweep.name, **setup.tags}
-    tags.update(ladder_plan.rung_tags(setup.sweep, cfg))
+    tags.update(setup.study.run_tags(setup.sweep, cfg))
     at = branch_study.branch_point(cfg)
     if at is not None:
         tags[BRANCH_AT_TAG] = str(at)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from orchestrator.core.errors import ConfigError
+from orchestrator.formulas.errors import ConfigError
 
 
 @dataclass(frozen=True)

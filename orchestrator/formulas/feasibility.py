@@ -9,14 +9,15 @@ Assumptions: bundles are identical (one per Ray Train worker); PACK and SPREAD a
 any assignment of bundles to nodes will do; STRICT_PACK puts every bundle on one node and
 STRICT_SPREAD each on its own node. The trial's resources are held by a separate actor, on
 any node, beside the bundles.
+
+Plain numbers only: what a config implies for its shape (its workers, their CPUs and GPUs, the
+strategy) is read in the core (orchestrator/core/derived.py: worker_resources, shape_of).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Mapping, Optional, Sequence
-
-from orchestrator.core.schema import Config
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _EPS = 1e-9
@@ -136,12 +137,7 @@ def _same(a: Resources, b: Resources) -> bool:
     return all(abs(a.get(k, 0.0) - b.get(k, 0.0)) < _EPS for k in keys)
 
 
-def worker_resources(cfg: Config) -> Dict[str, float]:
-    """What Ray reserves for one worker, e.g. {"CPU": 8, "GPU": 1}."""
-    c = cfg.cluster
-    return {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.use_gpu else {})}
-
-
-def shape_of(cfg: Config, trial: Optional[Dict[str, float]] = None) -> Shape:
-    """What a run of `cfg` holds: D worker bundles, plus `trial` (a Tune trial's own resources)."""
-    return Shape(cfg.cluster.num_workers, worker_resources(cfg), cfg.cluster.placement_strategy, dict(trial or {}))
+def bundle(cpus: float, gpus: float = 0.0) -> Dict[str, float]:
+    """One worker's bundle, what Ray reserves for it: e.g. {"CPU": 8, "GPU": 1}; no GPU key
+    when gpus is 0 (a CPU run)."""
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}

@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from orchestrator.core.errors import ConfigError
+from orchestrator.formulas.errors import ConfigError
 
 TOLERANCE = 0.15
 """How far the prediction may be from the measured peak (the goal, and what the tests allow)."""

@@ -22,8 +22,6 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from ray.tune.search import Searcher
 
 from orchestrator.analysis import lr_bracket
-from orchestrator.core import derived, sweep_schema
-from orchestrator.studies import search_space
 
 
 def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: float) -> float:
@@ -41,18 +39,6 @@ def steps_to_target(uri: str, experiment: str, tags: Dict[str, str], target: flo
     (trial,) = report_inputs.trials_of(uri, [store.get_run(run_id)])
     tokens = trial.reach(target) if trial.train and trial.batch else None
     return tokens / trial.batch if tokens is not None else math.inf
-
-
-def groups_of(sweep: sweep_schema.Sweep, first_round: Sequence[search_space.Trial]):
-    """(values, first-round lrs, budget) of the sweep's brackets that have a feasible first-round
-    trial (`infeasible: skip` drops the others); budgets: train.total_tokens rounded down to whole
-    updates."""
-    groups = []
-    for point, lrs in search_space.bracket_groups(sweep):
-        mine = [t for t in first_round if all(t.values.get(k) == v for k, v in point.items())]
-        if mine:
-            groups.append((point, lrs, derived.rounded_budget(mine[0].cfg)))
-    return groups
 
 
 class BracketSearch(Searcher):
@@ -82,23 +68,6 @@ class BracketSearch(Searcher):
         self.trials: Dict[str, Tuple[int, float, int]] = {}
         """Tune trial id -> (bracket, lr, seed index)."""
         self.runs = dict(runs or {})
-
-    @classmethod
-    def from_sweep(
-        cls, sweep: sweep_schema.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
-    ) -> "BracketSearch":
-        """The sweep's brackets (groups_of). `runs`: the store, experiment and tags of the sweep's
-        MLflow runs (the steps criterion reads them)."""
-        s = sweep.search
-        runs = {**(runs or {}), "target_loss": s.target_loss}
-        return cls(
-            groups_of(sweep, first_round),
-            search_space.seed_values(sweep),
-            s.criterion,
-            s.lr_step,
-            s.max_lrs_per_batch,
-            runs,
-        )
 
     def _open(self, i: int) -> bool:
         """Whether bracket i may hand out trials now (LadderSearch holds a rung back)."""
@@ -195,32 +164,6 @@ class LadderSearch(BracketSearch):
         self.placed: Dict[int, Dict[str, Any]] = {}
         """rung -> what placed it (B_opt, B_crit, lr_opt predicted, batch sizes), for the log and state."""
         self.finished = finished or self._read_finished
-
-    @classmethod
-    def from_sweep(
-        cls, sweep: sweep_schema.Sweep, first_round: Sequence[search_space.Trial], runs: Optional[Dict[str, Any]] = None
-    ) -> "LadderSearch":
-        from orchestrator.studies import ladder_plan
-
-        plans = ladder_plan.rungs(sweep)
-        groups = groups_of(sweep, first_round)
-        rung_of = [
-            next(i for i, r in enumerate(plans) if all(values.get(k) == v for k, v in r.values.items()))
-            for values, _, _ in groups
-        ]
-        s = sweep.search
-        runs = {**(runs or {}), "target_loss": s.target_loss}
-        return cls(
-            groups,
-            [(r.params, r.tokens) for r in plans],
-            rung_of,
-            search_space.seed_values(sweep),
-            s.criterion,
-            s.lr_step,
-            s.max_lrs_per_batch,
-            runs,
-            sweep.ladder.tolerance,
-        )
 
     def _read_finished(self):
         from orchestrator.reporting import report_inputs

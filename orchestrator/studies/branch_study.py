@@ -18,9 +18,12 @@ from typing import Any, Dict, List, Optional
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
-from orchestrator.core.sweep_schema import BranchConfig
+from orchestrator.core.sweep_schema import BranchConfig, Sweep
 from orchestrator.formulas import batching
-from orchestrator.tracking.run_tags import PARENT_TAG, ROLE_TAG
+from orchestrator.studies import search_space
+from orchestrator.studies.search_space import Trial
+from orchestrator.studies.study import Prepared, StudyKind, TunePhase, validated_base
+from orchestrator.tracking.run_tags import BRANCH_OF_TAG, PARENT_TAG, ROLE_TAG
 
 BASE_ROLE = "branch-base"
 """orchestrator.role (run_tags.ROLE_TAG) of a branch study's base run, a child of the study's parent run."""
@@ -120,3 +123,128 @@ def checkpoints_of(uri: str, run_id: str, at_tokens: List[int]) -> Dict[int, str
 
 def base_tags(parent: str) -> Dict[str, str]:
     return {PARENT_TAG: parent, ROLE_TAG: BASE_ROLE}
+
+
+def _branch_points(s: Sweep) -> None:
+    if not s.branch.at_tokens:
+        raise ConfigError("branch.at_tokens", "missing: the token counts to branch from, e.g. [65536, 131072]")
+
+
+def _branch_continues_the_base(s: Sweep) -> None:
+    if 1 not in s.branch.factors:
+        raise ConfigError("branch.factors", f"got {s.branch.factors}; needs 1, the base's own continuation")
+
+
+def _branch_tokens(s: Sweep) -> None:
+    if not s.branch.tokens:
+        raise ConfigError("branch.tokens", "missing: the tokens each branch trains, e.g. 32768")
+
+
+def _relative_tolerance_below_1(s: Sweep) -> None:
+    if s.branch.tolerance_kind == "relative" and not s.branch.tolerance < 1:
+        raise ConfigError(
+            "branch.tolerance",
+            f"got {s.branch.tolerance}; a relative tolerance is a share of the loss in (0, 1), e.g. 0.01 "
+            "(branch.tolerance_kind: absolute takes a loss difference)",
+        )
+
+
+def _branch_sweeps_only_factors(s: Sweep) -> None:
+    if s.space:
+        raise ConfigError(
+            "space", f"a branch study sweeps branch.factors at branch.at_tokens, not {', '.join(s.space)}"
+        )
+
+
+def _every_branch(s: Sweep) -> None:
+    if s.scheduler.type != "none":
+        raise ConfigError("branch", NEEDS)
+
+
+def _no_loss_tolerance(s: Sweep) -> None:
+    if "loss_tolerance" in s.written:
+        raise ConfigError("loss_tolerance", "a branch study recommends a ramp by branch.tolerance, not a batch size")
+
+
+NEEDS = "a branch study runs every branch: search.algorithm grid, no scheduler"
+
+RULES = (
+    _branch_points,
+    _branch_continues_the_base,
+    _branch_tokens,
+    _relative_tolerance_below_1,
+    _branch_sweeps_only_factors,
+    _every_branch,
+    _no_loss_tolerance,
+)
+
+
+class BranchStudy(StudyKind):
+    """The branches of one base run; the base trains first, as a Tune phase of its own, unless
+    `branch.from` names an existing run."""
+
+    name = "branch study"
+    search_tag = "grid"
+    needs = ("branch", NEEDS)
+    rules = RULES
+
+    def present(self, sweep: Sweep) -> bool:
+        return sweep.branch is not None
+
+    def values(self, sweep: Sweep) -> List[Dict[str, Any]]:
+        base = validated_base(sweep)
+        check(sweep.branch, base)
+        return branch_values(sweep.branch, base)
+
+    def plan(self, sweep: Sweep, base: Config) -> Prepared:
+        prepared = super().plan(sweep, base)
+        if not sweep.branch.from_run:  # trained first, with a checkpoint at every branch point
+            prepared.base_trial = self.resolve(sweep, base_values(sweep.branch, base))
+        return prepared
+
+    def start_of(self, trial: Trial) -> int:
+        return branch_at(trial.cfg) if "train.stop_at_tokens" in trial.values else 0
+
+    def before_ray(self, prepared: Prepared) -> None:
+        """`branch.from`: the run, with its checkpoints, found before Ray starts."""
+        sweep, base = prepared.sweep, prepared.base
+        if sweep.branch.from_run:
+            prepared.base_run = find_base(base.tracking.uri, base.tracking.experiment, sweep.branch.from_run)
+            prepared.trials = self._from_checkpoints(prepared)
+
+    def before_tune(self, prepared: Prepared, tune_phase: TunePhase) -> Dict[str, str]:
+        """The base run trained now as its own Tune phase (a resumed study finds it finished)."""
+        if prepared.base_run is None:
+            prepared.base_run = self._train_base(prepared, tune_phase)
+            prepared.trials = self._from_checkpoints(prepared)
+        return {BRANCH_OF_TAG: prepared.base_run}
+
+    def _train_base(self, prepared: Prepared, tune_phase: TunePhase) -> str:
+        from orchestrator.tracking.store import Store
+
+        store, tags = Store.of(prepared.base), base_tags(prepared.parent_run)
+        run_id = store.find_run(tags)
+        if not run_id or store.get_run(run_id).status != "FINISHED":
+            name, branches = prepared.sweep.name, len(prepared.trials or [])
+            print(f"branch study {name!r}: the base run first, then {branches} branches")
+            tune_phase([prepared.base_trial], tags, "base")
+            run_id = store.find_run(tags)
+        if not run_id or store.get_run(run_id).status != "FINISHED":
+            raise RuntimeError(
+                f"the base run of branch study {prepared.sweep.name!r} did not finish (MLflow run {run_id})"
+            )
+        return run_id
+
+    def _from_checkpoints(self, prepared: Prepared) -> List[Trial]:
+        """The branch trials, each with the base run's checkpoint at its branch point."""
+        sweep, run_id = prepared.sweep, prepared.base_run
+        checkpoints = checkpoints_of(prepared.base.tracking.uri, run_id, sweep.branch.at_tokens)
+        unvalidated = search_space.base_of(sweep)
+        trials = [
+            self.resolve(sweep, {**t.values, "train.start_from_checkpoint": checkpoints[branch_at(t.cfg)]}, unvalidated)
+            for t in prepared.trials or []
+        ]
+        refused = next((t for t in trials if t.cfg is None), None)
+        if refused is not None:
+            raise ConfigError("branch.at_tokens", f"the base run {run_id}: {refused.problem}")
+        return trials

@@ -4,10 +4,9 @@ submit checks the same shapes against a cluster's nodes."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from orchestrator.core import derived, schema, sweep_schema
-from orchestrator.formulas import feasibility
 from orchestrator.studies import search_space
 
 TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the workers hold the CPUs
@@ -18,25 +17,20 @@ def in_trial_process(sweep: sweep_schema.Sweep, cfg: schema.Config) -> bool:
     return sweep.local_mode and derived.batch_plan(cfg).num_workers == 1
 
 
-def trial_resources(sweep: sweep_schema.Sweep, params: Dict[str, Any]) -> Dict[str, float]:
-    """What the Tune trial of `params` holds (Tune asks with the trial's param space entry)."""
-    return resources_of(sweep, search_space.resolve(sweep, params["trial"]).cfg)
-
-
 def resources_of(sweep: sweep_schema.Sweep, cfg: Optional[schema.Config]) -> Dict[str, float]:
     """What a Tune trial of `cfg` holds: the worker's CPUs (and GPU) when the worker runs inside
     it, else a fraction of a CPU for waiting on its worker group (None: an infeasible point)."""
     if cfg is None or not in_trial_process(sweep, cfg):
         return {"CPU": TRIAL_DRIVER_CPUS}
-    return feasibility.worker_resources(cfg)
+    return derived.worker_resources(cfg)
 
 
 def trial_shape(sweep: sweep_schema.Sweep, cfg: schema.Config):
     """What one trial holds: its worker bundles and the Tune trial's own CPU, or, when the
     worker runs inside the trial, one bundle for both."""
     if in_trial_process(sweep, cfg):
-        return feasibility.shape_of(cfg)
-    return feasibility.shape_of(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
+        return derived.shape_of(cfg)
+    return derived.shape_of(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})
 
 
 def trial_shapes(sweep: sweep_schema.Sweep, trials: List[search_space.Trial]) -> list:

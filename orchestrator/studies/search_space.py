@@ -1,7 +1,6 @@
-"""A sweep (orchestrator.core.sweep_file reads and checks the file) -> the list of trials to run:
-grid points x draws x seed replicates, each resolved to a validated train config (shares ->
-tokens, lr scaling rule -> lr, joint constraints); and how early stopping groups the trials.
-A bracket search's list is its first round (the lrs it proposes later change no shape or group).
+"""What every kind of study (studies/study.py) lays its trials out with: a trial's values resolved
+to a validated train config (shares -> tokens, lr scaling rule -> lr, joint constraints), grid
+points, draws and seed replicates, the feasible trials, and how early stopping groups them.
 Pure: no Ray, no MLflow.
 """
 
@@ -11,17 +10,14 @@ import itertools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from orchestrator.analysis import lr_bracket
 from orchestrator.core import config as config_lib
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
-from orchestrator.core.sweep_file import load
 from orchestrator.core.sweep_schema import LR_KEYS, SHARE_KEYS, Constraint, Sweep
-from orchestrator.studies import branch_study, ladder_plan
 
 
 @dataclass
@@ -79,7 +75,7 @@ def _short(x: float) -> str:
     return f"{mantissa.removesuffix('.0')}e{int(exponent)}" if x else "0"
 
 
-def _draw(spec: Dict[str, Any], rng: np.random.Generator) -> Any:
+def draw(spec: Dict[str, Any], rng: np.random.Generator) -> Any:
     ((kind, args),) = spec.items()
     if kind == "choice":
         return args[int(rng.integers(len(args)))]
@@ -109,30 +105,9 @@ def _get(cfg: Config, key: str) -> Any:
     return node
 
 
-def _grid_points(space: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+def grid_points(space: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
     grid = {k: v["grid"] for k, v in space.items() if "grid" in v}
     return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())] if grid else [{}]
-
-
-def expand(sweep: Sweep) -> List[Trial]:
-    """Every trial of a grid or random sweep, in a reproducible order, validated; a bracket
-    search's first round (every batch size x group x initial lr x seed)."""
-    if sweep.branch:  # the branches (their checkpoints known once the base has run)
-        base = config_lib.load(sweep.base_config, sweep.base_overrides)
-        branch_study.check(sweep.branch, base)
-        values = branch_study.branch_values(sweep.branch, base)
-    elif sweep.search.algorithm == "bracket":
-        values = [{**point, "optim.lr": lr} for point, lrs in bracket_groups(sweep) for lr in lrs]
-    else:
-        rng = np.random.default_rng(sweep.search.seed)
-        sampled = {k: v for k, v in sweep.space.items() if "grid" not in v}
-        values = []
-        for point in _grid_points(sweep.space):
-            for _ in range(sweep.search.num_samples if sampled or sweep.search.algorithm != "grid" else 1):
-                values.append({**point, **{k: _draw(spec, rng) for k, spec in sampled.items()}})
-    seeds = seed_values(sweep)  # replicates of every configuration, side by side
-    base = base_of(sweep)
-    return [resolve(sweep, {**v, **s}, base) for v in values for s in seeds]
 
 
 def seed_values(sweep: Sweep) -> List[Dict[str, int]]:
@@ -143,48 +118,25 @@ def seed_values(sweep: Sweep) -> List[Dict[str, int]]:
     return [{"train.seed": first + i} for i in range(sweep.search.seeds)]
 
 
-def bracket_groups(sweep: Sweep) -> List[Tuple[Dict[str, Any], List[float]]]:
-    """A bracket search's (batch size, group): the grid values (batch and the other axes, not the
-    lr; a ladder's rung, its model and budget, first) and the first round's learning rates,
-    optim.lr's grid or lr_scaling's guess / step, guess, guess x step."""
-    axes = {k: v for k, v in sweep.space.items() if k != "optim.lr" and k not in LR_KEYS}
-    rungs = [r.values for r in ladder_plan.rungs(sweep)] or [{}]
-    groups = []
-    for point in [{**rung, **p} for rung in rungs for p in _grid_points(axes)]:
-        if "optim.lr" in sweep.space:
-            lrs = sorted({lr_bracket.round_lr(x) for x in sweep.space["optim.lr"]["grid"]})
-        else:
-            rule = {k: sweep.space[k]["grid"][0] for k in LR_KEYS}
-            tokens = point["batch.tokens_per_update"] / sweep.lr_scaling.reference_tokens
-            guess = rule["lr_scaling.base_lr"] * tokens ** rule["lr_scaling.alpha"]
-            lrs = lr_bracket.initial_from_rule(guess, sweep.search.lr_step)
-        groups.append((point, lrs))
-    return groups
-
-
-def bracket_bound(sweep: Sweep) -> int:
-    """The most trials a bracket search runs: max_lrs_per_batch x batch sizes x groups x seeds."""
-    return len(bracket_groups(sweep)) * sweep.search.max_lrs_per_batch * sweep.search.seeds
-
-
 def base_of(sweep: Sweep) -> Config:
     """The base config trials are resolved against: the file with the sweep's overrides, not
     validated (each trial's own config is)."""
     return config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False)
 
 
-def resolve(sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None) -> Trial:
+def resolve(
+    sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None, held: Optional[Dict[str, Any]] = None
+) -> Trial:
     """Sampled values -> train-config overrides (shares -> tokens, scaling rule -> lr) -> config.
     `base`: base_of(sweep), when the caller holds it (it is read only): the base file is then
-    parsed once per trial, for the trial's own config."""
+    parsed once per trial, for the trial's own config. `held`: overrides the study's kind sets
+    under the sampled values (a ladder rung's warmup and optimizer constants)."""
     base = base or base_of(sweep)
-    overrides = {k: v for k, v in values.items() if k not in SHARE_KEYS and k not in LR_KEYS}
+    overrides = {**(held or {}), **{k: v for k, v in values.items() if k not in SHARE_KEYS and k not in LR_KEYS}}
     budget = values.get("train.total_tokens", base.train.total_tokens)
     for share_key, tokens_key in SHARE_KEYS.items():
         if share_key in values:
             overrides[tokens_key] = int(round(values[share_key] * budget))
-    if sweep.ladder and "train.total_tokens" in values:
-        overrides = {**ladder_plan.held(sweep.ladder.hold, base, budget), **overrides}
     if sweep.lr_scaling and "optim.lr" not in values:  # (a bracket search proposes the lr itself)
         tokens = overrides.get("batch.tokens_per_update", base.batch.tokens_per_update)
         lr = values["lr_scaling.base_lr"] * (tokens / sweep.lr_scaling.reference_tokens) ** values["lr_scaling.alpha"]
@@ -201,44 +153,6 @@ def resolve(sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None)
             trial.cfg, trial.problem = None, f"constraint {problem}"
             break
     return trial
-
-
-@dataclass
-class Prepared:
-    """A sweep file read with the command line's overrides, as `sweep`, `sweep --dry-run` and
-    `submit` all need it before anything starts."""
-
-    sweep: Sweep
-    base: Config
-    """The base config, with the overrides (they apply to every trial's base)."""
-    trials: Optional[List[Trial]]
-    """The feasible trials, in order; None for optuna, whose search proposes them as it runs."""
-    skipped: List[Trial]
-    """Infeasible trials left out (`infeasible: skip`)."""
-    base_trial: Optional[Trial]
-    """A branch study's base run, trained first (None without one, or with branch.from)."""
-
-    def all_trials(self) -> List[Trial]:
-        """Every trial that runs first: the branch base, then the trials (the base config for optuna)."""
-        if self.trials is None:
-            return [Trial({}, self.base)]
-        return ([self.base_trial] if self.base_trial else []) + self.trials
-
-
-def prepare(sweep_path, overrides: Sequence[str] = ()) -> Prepared:
-    """Load the sweep file, add the overrides to its base, load the base (a bad one fails here),
-    expand and split the trials, check their ASHA alignment and lay out a branch study's base."""
-    sweep = load(sweep_path)
-    sweep.base_overrides += list(overrides)
-    base = config_lib.load(sweep.base_config, sweep.base_overrides)
-    trials, skipped = None, []
-    if sweep.search.algorithm != "optuna":
-        trials, skipped = split_feasible(sweep, expand(sweep))
-        check_asha_alignment(sweep, trials)
-    base_trial = None
-    if sweep.branch and not sweep.branch.from_run:  # trained first, with a checkpoint at every branch point
-        base_trial = resolve(sweep, branch_study.base_values(sweep.branch, base))
-    return Prepared(sweep, base, trials, skipped, base_trial)
 
 
 def split_feasible(sweep: Sweep, trials: List[Trial]) -> Tuple[List[Trial], List[Trial]]:

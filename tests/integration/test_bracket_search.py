@@ -11,8 +11,7 @@ import math
 import numpy as np
 import yaml
 
-from orchestrator.core import sweep_file
-from orchestrator.studies import search_space
+from orchestrator.studies import kinds, search_space
 from orchestrator.studies.bracket_search import BracketSearch
 from orchestrator.studies.grouped_asha import GroupedASHA
 from tests.conftest import ROOT
@@ -108,14 +107,14 @@ def test_a_sweep_s_searcher_suggests_what_a_grid_sweep_carries_and_resumes_from_
     from ray.tune.search import Searcher
 
     from orchestrator.cluster import submit
-    from orchestrator.driver import sweep as sweep_lib
 
     path = write_sweep(tmp_path)
-    sweep = sweep_file.load(path)
-    first = search_space.expand(sweep)  # 2 batch sizes x 2 warmups x 2 lrs x 2 seeds
-    assert len(first) == 16 and search_space.bracket_bound(sweep) == 2 * 2 * 4 * 2
-    assert "criterion final_loss" in sweep_lib._how_many(sweep, first)
-    space, searcher = sweep_lib._param_space(sweep, first, {})
+    sweep = kinds.load(path)
+    first = kinds.expand(sweep)  # 2 batch sizes x 2 warmups x 2 lrs x 2 seeds
+    assert len(first) == 16 and kinds.kind_of(sweep).bound(sweep) == 2 * 2 * 4 * 2
+    assert "criterion final_loss" in kinds.kind_of(sweep).describe(sweep, first)
+    found = kinds.kind_of(sweep).search(sweep, first, {})
+    space, searcher = found.space, found.searcher
     assert space == {} and isinstance(searcher, BracketSearch)
     suggested = {f"t{i}": searcher.suggest(f"t{i}")["trial"] for i in range(16)}
     assert searcher.suggest("t16") is None  # every bracket waits for its first round
@@ -137,7 +136,7 @@ def test_a_sweep_s_searcher_suggests_what_a_grid_sweep_carries_and_resumes_from_
     searcher.save(str(saved))
     state = json.loads(saved.read_text())  # plain JSON: nothing to unpickle
     assert state["brackets"][0]["lrs"] == [1e-3, 3e-3, 6e-3]
-    restored = BracketSearch.from_sweep(sweep, first)
+    restored = kinds.kind_of(sweep).searcher(sweep, first, {})
     restored.restore(str(saved))
     for s in (searcher, restored):
         assert s.suggest("t16")["trial"] == {
@@ -157,6 +156,6 @@ def test_a_sweep_s_searcher_suggests_what_a_grid_sweep_carries_and_resumes_from_
         while (nxt := restored.suggest(f"t{count}")) not in (None, Searcher.FINISHED):
             ids.append(f"t{count}")
             count += 1
-    assert nxt == Searcher.FINISHED and count <= search_space.bracket_bound(sweep)
+    assert nxt == Searcher.FINISHED and count <= kinds.kind_of(sweep).bound(sweep)
     assert all(b.done for b in restored.brackets)
     assert submit.trial_shapes(path)  # submit checks the first round's shapes (an lr changes none)

@@ -9,9 +9,9 @@ import sys
 import pytest
 import yaml
 
-from orchestrator.core import derived, sweep_file
+from orchestrator.core import derived
 from orchestrator.formulas import cost
-from orchestrator.studies import search_space
+from orchestrator.studies import kinds, search_space
 from tests.conftest import ROOT, run_cli, run_main
 
 DEMO = ROOT / "conf" / "sweep" / "demo.yaml"
@@ -58,8 +58,8 @@ def expected_eta(path, use_gpu):
     """What cost.py computes for the sweep's trials: its own tokens, FLOPs per token and devices."""
     from workloads import workload
 
-    sweep = sweep_file.load(path)
-    trials, _ = search_space.split_feasible(sweep, search_space.expand(sweep))
+    sweep = kinds.load(path)
+    trials, _ = search_space.split_feasible(sweep, kinds.expand(sweep))
     walls = []
     for t in trials:
         c = t.cfg.cluster
@@ -190,7 +190,7 @@ def test_bracket_shows_its_first_round_and_its_bound(dry_run, tmp_path):
         "step 2; first round 6 trials, at most 15 (search.max_lrs_per_batch 5 x 3 batch sizes x 1 group x 1 seed); "
         "nothing started"
     )
-    first = search_space.expand(sweep_file.load(sweep))
+    first = kinds.expand(kinds.load(sweep))
     assert len(first) == 6 and all(t.name in out for t in first)
     assert any(line.startswith("first round total: 6 trials") for line in lines)
     (span,) = [line for line in lines if line.startswith("cost range: ")]

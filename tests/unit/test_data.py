@@ -19,10 +19,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core import derived, schema, sweep_file
+from orchestrator.core import derived, schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config, SourceConfig
 from orchestrator.formulas.batching import BatchPlan
+from orchestrator.studies import kinds
 from workloads.text import corpus as C
 from workloads.text import mixture
 from workloads.text import packing as D
@@ -462,10 +463,9 @@ DEMO_SWEEP = Path(__file__).resolve().parents[2] / "conf" / "sweep" / "demo.yaml
 
 
 def demo_trials():
-    from orchestrator.studies import search_space
 
-    sweep = sweep_file.load(DEMO_SWEEP)
-    trials = search_space.expand(sweep)
+    sweep = kinds.load(DEMO_SWEEP)
+    trials = kinds.expand(sweep)
     by_batch = {t.cfg.batch.tokens_per_update: t.cfg for t in trials}
     return [by_batch[b] for b in sorted(by_batch)]
 

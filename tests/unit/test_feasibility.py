@@ -90,14 +90,28 @@ def test_autoscaling_groups_add_the_nodes_they_may_still_start():
 
 
 def test_fractional_gpus_let_small_trials_share_a_gpu():
-    from orchestrator.core import config
-    from orchestrator.formulas import feasibility
+    from orchestrator.core import config, derived
     from tests.conftest import TINY
 
     half = config.load(TINY, ["cluster.use_gpu=true", "cluster.gpus_per_worker=0.5", "cluster.cpus_per_worker=1"])
     one_gpu_node = [{"CPU": 4.0, "GPU": 1.0}]
-    assert feasibility.worker_resources(half) == {"CPU": 1.0, "GPU": 0.5}
-    two_trials = Shape(2, feasibility.worker_resources(half), "STRICT_PACK")  # what two such trials hold
+    assert derived.worker_resources(half) == {"CPU": 1.0, "GPU": 0.5}
+    two_trials = Shape(2, derived.worker_resources(half), "STRICT_PACK")  # what two such trials hold
     assert fits(two_trials, one_gpu_node)
     whole = config.load(TINY, ["cluster.use_gpu=true", "cluster.cpus_per_worker=1"])
-    assert not fits(Shape(2, feasibility.worker_resources(whole), "STRICT_PACK"), one_gpu_node)
+    assert not fits(Shape(2, derived.worker_resources(whole), "STRICT_PACK"), one_gpu_node)
+
+
+def test_the_formula_takes_plain_numbers_and_the_core_reads_the_config():
+    """formulas/feasibility knows no config: a bundle from a worker's CPUs and GPUs (none: no GPU
+    key); core/derived reads the cluster section into it and into a run's shape."""
+    from orchestrator.core import config, derived
+    from orchestrator.formulas import feasibility
+    from tests.conftest import TINY
+
+    assert feasibility.bundle(8.0, 1.0) == {"CPU": 8.0, "GPU": 1.0}
+    assert feasibility.bundle(2.0) == feasibility.bundle(2.0, 0.0) == {"CPU": 2.0}
+    cpu = config.load(TINY, ["cluster.cpus_per_worker=2", "cluster.num_workers=2", "cluster.placement_strategy=SPREAD"])
+    assert derived.worker_resources(cpu) == {"CPU": 2.0}
+    assert derived.shape_of(cpu) == Shape(2, {"CPU": 2.0}, "SPREAD", {})
+    assert derived.shape_of(cpu, trial={"CPU": 0.2}) == Shape(2, {"CPU": 2.0}, "SPREAD", {"CPU": 0.2})

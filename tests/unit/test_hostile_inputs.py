@@ -17,9 +17,11 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from orchestrator.cli import main
-from orchestrator.core import config, derived, storage, sweep_file
+from orchestrator.core import config, derived, storage
 from orchestrator.driver import plan, ray_session, sweep
 from orchestrator.reporting import report_files
+from orchestrator.studies import kinds
+from orchestrator.studies.study import Prepared
 from orchestrator.tracking import mlflow_ui, run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import TINY, free_ports, sqlite_store, touched, write_sweep
@@ -302,7 +304,9 @@ def test_no_password_reaches_the_store_from_a_sweep_file_or_a_config(tmp_path):
         search={"algorithm": "optuna", "optuna_storage": secret_uri, "num_samples": 2},
         space={"optim.lr": {"loguniform": [1e-4, 1e-2]}},
     )
-    parent = sweep._open_parent(sweep_file.load(path), config.load(TINY, [f"tracking.uri={uri}"]), None)
+    loaded = kinds.load(path)
+    study = kinds.kind_of(loaded)
+    parent = sweep._open_parent(Prepared(study, loaded, config.load(TINY, [f"tracking.uri={uri}"]), None))
     Store(uri).set_tags(parent, {run_tags.CHECKPOINTS_TAG: f"s3://k:{PASSWORD}@b/r/x"})
     Store(uri).set_tags(parent, {run_tags.FAILURE_TAG: f"OSError: cannot open {secret_uri}"})
     run = Store(uri).get_run(parent)

@@ -3,8 +3,9 @@ every import, at module level or inside a function (a function-level import that
 circle is still a circle, only a later one), except those under `if TYPE_CHECKING:`.
 
 No circle: a module's imports, followed any number of steps, never lead back to it. The layers
-(docs/design.md 2) are the folders: each room imports only the rooms of MAY_IMPORT (the core only
-the core, workloads the core and the tracking door, reporting never the driver); the pure rooms
+(docs/design.md 2) are the folders: each room imports only the rooms of MAY_IMPORT (the formulas
+no other room, the core only the formulas, workloads the core and the tracking door, reporting
+never the driver); the pure rooms
 name no Ray, DeepSpeed, MLflow or torch anywhere, and import with those four blocked. One door to
 MLflow: outside orchestrator/tracking/ no module (benchmarks/ included) imports mlflow or reads the
 fields of MLflow's own run objects; the door hands out the project's records instead."""
@@ -47,9 +48,12 @@ hands out tracking.records.RunRecord. The config's `cfg.data.*` has none of thes
 Ray job's `info.status` is not read through an `.info` attribute."""
 
 
-CORE = ("orchestrator.core", "orchestrator.formulas")
+FORMULAS = ("orchestrator.formulas",)
+"""Pure and the lowest floor: the arithmetic on plain numbers, one place per formula, with an error
+of its own (formulas/errors.py, which the core re-exports); it imports no other room."""
+CORE = ("orchestrator.core", *FORMULAS)
 """Pure: the config (schema, loading, validation, what it implies, the sweep file, what core needs
-of the workloads by import path) and the arithmetic, one place per formula."""
+of the workloads by import path) and the formulas below it."""
 ANALYSIS = ("orchestrator.analysis",)
 """Pure: runs as records, the critical batch size, the branch measurement."""
 PURE = CORE + ANALYSIS
@@ -59,8 +63,8 @@ STUDIES = ("orchestrator.studies",)
 WORKLOADS = ("workloads",)
 
 MAY_IMPORT = {  # room -> the rooms it may import besides itself (docs/design.md 2)
-    "orchestrator.core": CORE,
-    "orchestrator.formulas": CORE,
+    "orchestrator.formulas": (),
+    "orchestrator.core": FORMULAS,
     "orchestrator.analysis": PURE,
     "orchestrator.tracking": CORE,
     "workloads": CORE + TRACKING,
@@ -186,10 +190,12 @@ def test_the_layers_hold():
 def test_a_planted_upward_import_is_a_violation():
     graph = import_graph(ROOT)
     graph["orchestrator.formulas.batching"] = graph["orchestrator.formulas.batching"] | {"orchestrator.driver.launch"}
+    graph["orchestrator.formulas.memory"] = graph["orchestrator.formulas.memory"] | {"orchestrator.core.errors"}
     graph["orchestrator.reporting.plots"] = graph["orchestrator.reporting.plots"] | {"orchestrator.driver.sweep"}
     graph["workloads.train.engine"] = graph["workloads.train.engine"] | {"orchestrator.analysis.trials"}
     assert layer_violations(graph) == [
         "orchestrator.formulas.batching -> orchestrator.driver.launch",
+        "orchestrator.formulas.memory -> orchestrator.core.errors",
         "orchestrator.reporting.plots -> orchestrator.driver.sweep",
         "workloads.train.engine -> orchestrator.analysis.trials",
     ]

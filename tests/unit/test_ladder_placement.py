@@ -10,6 +10,7 @@ import math
 import pytest
 
 from orchestrator.analysis import ladder_placement, lr_bracket
+from orchestrator.studies import kinds
 from tests.ladder_truth import WORLDS
 
 GRID = [2**k for k in range(4, 17)]  # 16 .. 65,536 tokens per update: a wide sweep space
@@ -105,14 +106,13 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
 
 
 def test_a_ladder_sweeps_searcher_knows_each_groups_rung(tmp_path):
-    from orchestrator.studies import ladder_plan, search_space
-    from orchestrator.studies.bracket_search import LadderSearch
+    from orchestrator.studies import ladder_plan
     from tests.unit.test_ladder_plan import ladder_sweep
 
     sweep = ladder_sweep(tmp_path)
-    groups = search_space.bracket_groups(sweep)
-    first = [search_space.resolve(sweep, {**point, "optim.lr": lrs[0]}) for point, lrs in groups]
-    search = LadderSearch.from_sweep(sweep, first)
+    groups = kinds.kind_of(sweep).brackets(sweep)
+    first = [kinds.kind_of(sweep).resolve(sweep, {**point, "optim.lr": lrs[0]}) for point, lrs in groups]
+    search = kinds.kind_of(sweep).searcher(sweep, first, {})
     plans = ladder_plan.rungs(sweep)
     assert search.rungs == [(p.params, p.tokens) for p in plans]
     for values, rung in zip(search.values, search.rung_of):

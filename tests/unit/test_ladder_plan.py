@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.core import config, derived, sweep_file
 from orchestrator.core.errors import ConfigError
-from orchestrator.studies import ladder_plan, search_space
+from orchestrator.studies import kinds, ladder_plan
 from orchestrator.tracking.run_tags import RUNG_TAG
 from tests.conftest import ROOT, TINY, write_sweep
 
@@ -23,7 +23,7 @@ SEARCH = {"algorithm": "bracket", "max_concurrent": 2}
 
 def ladder_sweep(tmp_path, **ladder):
     body = {"models": MODELS, "tokens_per_param": [0.5, 2], "target": {"params": 1.0e7, "tokens": 2.0e8}, **ladder}
-    return sweep_file.load(write_sweep(tmp_path, ladder=body, space=SPACE, search=SEARCH))
+    return kinds.load(write_sweep(tmp_path, ladder=body, space=SPACE, search=SEARCH))
 
 
 def n_of(model):
@@ -41,10 +41,10 @@ def test_rungs_are_models_times_budgets_in_whole_largest_batches_smallest_comput
     )
     assert [(r.params, r.tokens) for r in rungs] == expected
     assert all(r.tokens % 4096 == 0 for r in rungs) and len({r.tokens / r.params for r in rungs}) > 1
-    groups = search_space.bracket_groups(sweep)
+    groups = kinds.kind_of(sweep).brackets(sweep)
     assert len(groups) == 4 * 3  # rungs x batch sizes, each with the first round's lrs
     assert {g[0]["train.total_tokens"] for g in groups} == {r.tokens for r in rungs}
-    first = search_space.expand(sweep)[0]
+    first = kinds.expand(sweep)[0]
     assert first.name.startswith("d_model=64 n_layers=2 D=") and first.cfg.train.total_tokens == rungs[0].tokens
 
 
@@ -59,7 +59,7 @@ def test_report_reads_the_ladder_of_a_sweep_file_as_the_sweep_does():
     read_recorded): the ladder's target and tolerance must come through, or the report of a
     ladder named by its file or its name has no target while the end of the sweep has one."""
     path = ROOT / "conf" / "sweep" / "ladder.yaml"
-    checked = sweep_file.load(path)
+    checked = kinds.load(path)
     assert sweep_file.load(path, check=False).ladder == checked.ladder
     assert sweep_file.read_recorded(path.read_text(), path).ladder == checked.ladder
 
@@ -73,7 +73,7 @@ def test_report_by_name_finds_the_targets_model_params_from_the_runs(tmp_path, m
     from orchestrator.reporting import report
 
     path = ROOT / "conf" / "sweep" / "ladder.yaml"
-    expected = ladder_plan.target(sweep_file.load(path))
+    expected = ladder_plan.target(kinds.load(path))
     monkeypatch.chdir(tmp_path)
     recorded = sweep_file.read_recorded(path.read_text(), Path(path.name))
     assert not recorded.base_config.exists()
@@ -87,7 +87,7 @@ def test_each_rung_holds_the_bases_warmup_share_and_adamws_constants_in_tokens(t
     sweep = ladder_sweep(tmp_path)
     base = config.load(sweep.base_config, sweep.base_overrides)
     rung = ladder_plan.rungs(sweep)[-1]
-    trial = search_space.resolve(sweep, {**rung.values, "batch.tokens_per_update": 4096, "optim.lr": 3e-3})
+    trial = kinds.kind_of(sweep).resolve(sweep, {**rung.values, "batch.tokens_per_update": 4096, "optim.lr": 3e-3})
     c = trial.cfg
     share = base.schedule.warmup_tokens / base.train.total_tokens
     assert c.schedule.warmup_tokens == round(share * rung.tokens)
@@ -105,7 +105,8 @@ def test_each_rung_holds_the_bases_warmup_share_and_adamws_constants_in_tokens(t
     # the rung's own budget: the weight decay per step scales as B / D (lr x wd x D / B held)
     got = derived.adamw_constants(c).weight_decay
     assert got == pytest.approx(derived.adamw_constants(base).weight_decay * base.train.total_tokens / rung.tokens)
-    steps = search_space.resolve(ladder_sweep(tmp_path, hold="steps"), {**rung.values, "optim.lr": 3e-3}).cfg
+    steps_sweep = ladder_sweep(tmp_path, hold="steps")
+    steps = kinds.kind_of(steps_sweep).resolve(steps_sweep, {**rung.values, "optim.lr": 3e-3}).cfg
     assert steps.optim.beta2_half_life_tokens is None and math.isclose(
         derived.adamw_constants(steps).beta2, derived.adamw_constants(base).beta2
     )
@@ -129,28 +130,30 @@ def test_a_ladder_that_cannot_run_names_its_key(tmp_path, ladder, key):
 def test_a_ladder_is_a_bracket_search(tmp_path):
     body = {"models": MODELS, "tokens_per_param": [1], "target": {"params": 1.0e7, "tokens": 2.0e8}}
     with pytest.raises(ConfigError) as info:
-        sweep_file.load(write_sweep(tmp_path, ladder=body, space=SPACE))
+        kinds.load(write_sweep(tmp_path, ladder=body, space=SPACE))
     assert info.value.key == "ladder" and "bracket" in str(info.value)
 
 
 def test_each_ladder_trial_is_tagged_with_its_rung_and_a_plain_sweeps_are_not(tmp_path):
     sweep = ladder_sweep(tmp_path)
     for rung in ladder_plan.rungs(sweep):
-        trial = search_space.resolve(sweep, {**rung.values, "batch.tokens_per_update": 2048, "optim.lr": 3e-3})
+        trial = kinds.kind_of(sweep).resolve(sweep, {**rung.values, "batch.tokens_per_update": 2048, "optim.lr": 3e-3})
         assert ladder_plan.rung_tags(sweep, trial.cfg) == {RUNG_TAG: rung.label}
     assert rung.label == f"N={rung.params / 1e3:.3g}k D={rung.tokens / 1e3:.3g}k"  # the tiny models' sizes
-    plain = sweep_file.load(write_sweep(tmp_path, space=SPACE, search=SEARCH))
+    plain = kinds.load(write_sweep(tmp_path, space=SPACE, search=SEARCH))
     assert ladder_plan.rung_tags(plain, config.load(TINY)) == {}
 
 
 def test_the_shipped_ladder_is_3_sizes_by_3_budgets_with_a_target_4_to_10x_its_largest_rung():
     """conf/sweep/ladder.yaml: the CPU-sized ladder docs/ladders.md runs (its dry run lists it)."""
-    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "ladder.yaml")
+    sweep = kinds.load(ROOT / "conf" / "sweep" / "ladder.yaml")
     rungs = ladder_plan.rungs(sweep)
     assert len(rungs) == 9 and len({r.params for r in rungs}) == 3
     assert len({round(r.tokens / r.params, 1) for r in rungs}) >= 3  # varied D/N: N and D told apart
     n, d, model = ladder_plan.target(sweep)
     assert 4 <= 6 * n * d / rungs[-1].compute <= 10 and model
     # the tightest trial: the smallest rung's warmup share of its budget at the largest batch size
-    tightest = search_space.resolve(sweep, {**rungs[0].values, "batch.tokens_per_update": 2048, "optim.lr": 1e-3})
+    tightest = kinds.kind_of(sweep).resolve(
+        sweep, {**rungs[0].values, "batch.tokens_per_update": 2048, "optim.lr": 1e-3}
+    )
     assert tightest.cfg is not None, tightest.problem

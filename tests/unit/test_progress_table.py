@@ -9,10 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.core import sweep_file
 from orchestrator.driver import progress_table
 from orchestrator.formulas import cost
-from orchestrator.studies import search_space
+from orchestrator.studies import kinds
 from tests.conftest import ROOT
 
 BUDGET = 327_680  # conf/sweep/demo.yaml: train.total_tokens, a whole number of updates at every B
@@ -33,8 +32,8 @@ def trial(trial_id, batch, lr):
 
 @pytest.fixture
 def table_and_trials():
-    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
-    assert search_space.expand(sweep)[0].cfg.train.total_tokens == BUDGET, "the figures below assume it"
+    sweep = kinds.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    assert kinds.expand(sweep)[0].cfg.train.total_tokens == BUDGET, "the figures below assume it"
     clock = Clock()
     table = progress_table.ProgressTable(sweep, clock=clock)
     table.setup(total_num_samples=15)
@@ -122,7 +121,7 @@ def simulated_sweep(table, clock, n=12, slots=2, start_up_s=15.0, train_s=20.0, 
 
 def grid_table(clock, console=None):
     """The demo's sweep searched as a grid: its trials are known in advance."""
-    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    sweep = kinds.load(ROOT / "conf" / "sweep" / "demo.yaml")
     sweep = dataclasses.replace(sweep, search=dataclasses.replace(sweep.search, algorithm="grid"))
     return progress_table.ProgressTable(sweep, clock=clock, console=console)
 
@@ -193,7 +192,7 @@ def test_pending_counts_the_bracket_searchs_created_trials_and_its_bound_ends_wi
     """The demo's bound is 32 trials and it ran 26: no '6 pending' while the last ones run, and
     the last table counts the trials the sweep ran."""
     clock = Clock()
-    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    sweep = kinds.load(ROOT / "conf" / "sweep" / "demo.yaml")
     table = progress_table.ProgressTable(sweep, clock=clock)
     table.setup(total_num_samples=32)
     trials, _ = simulated_sweep(table, clock, n=26)
@@ -241,7 +240,7 @@ def test_a_restarted_trial_measures_its_rate_again(table_and_trials):
 def test_on_a_terminal_the_table_refreshes_in_place_and_stops(capsys):
     from rich.console import Console
 
-    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    sweep = kinds.load(ROOT / "conf" / "sweep" / "demo.yaml")
     screen = io.StringIO()
     clock = Clock()
     table = progress_table.ProgressTable(
@@ -266,7 +265,7 @@ def test_a_sweep_of_hundreds_lists_the_running_the_best_and_the_failed_and_count
     """200 trials: 120 finished, 2 failed, 3 running, 75 pending. The plain table lists the 3
     running, the 5 finished with the lowest eval loss and the 2 failed (10 rows, in Tune's order),
     and counts the other 190 by status; the rich table lists the same rows."""
-    sweep = sweep_file.load(ROOT / "conf" / "sweep" / "demo.yaml")
+    sweep = kinds.load(ROOT / "conf" / "sweep" / "demo.yaml")
     clock = Clock()
     table = progress_table.ProgressTable(sweep, clock=clock)
     table.setup(total_num_samples=200)

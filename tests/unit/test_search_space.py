@@ -6,9 +6,9 @@ import math
 import pytest
 import yaml
 
-from orchestrator.core import derived, sweep_file
+from orchestrator.core import derived
 from orchestrator.core.errors import ConfigError
-from orchestrator.studies import search_space
+from orchestrator.studies import kinds, search_space
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "conf" / "train" / "tiny.yaml")
@@ -23,14 +23,14 @@ def write(tmp_path, **body):
 
 
 def test_grid_product_and_names(tmp_path):
-    sweep = sweep_file.load(
+    sweep = kinds.load(
         write(
             tmp_path,
             space={"batch.tokens_per_update": {"grid": [2048, 65536]}, "optim.lr": {"grid": [3e-4, 1e-3]}},
             base={"config": TINY, "overrides": {"train.total_tokens": 1048576, "schedule.warmup_tokens": 131072}},
         )
     )
-    trials = search_space.expand(sweep)
+    trials = kinds.expand(sweep)
     assert len(trials) == 4
     assert {(t.cfg.batch.tokens_per_update, t.cfg.optim.lr) for t in trials} == {
         (2048, 3e-4),
@@ -46,8 +46,8 @@ def test_random_draws_are_seeded_and_in_range(tmp_path):
         space={"optim.lr": {"loguniform": [1e-4, 1e-2]}, "train.seed": {"randint": [1, 3]}},
         search={"algorithm": "random", "num_samples": 50, "seed": 7},
     )
-    a = search_space.expand(sweep_file.load(write(tmp_path, **body)))
-    b = search_space.expand(sweep_file.load(write(tmp_path, **body)))
+    a = kinds.expand(kinds.load(write(tmp_path, **body)))
+    b = kinds.expand(kinds.load(write(tmp_path, **body)))
     assert [t.cfg.optim.lr for t in a] == [t.cfg.optim.lr for t in b]
     assert all(1e-4 <= t.cfg.optim.lr <= 1e-2 for t in a)
     assert {t.cfg.train.seed for t in a} == {1, 2, 3}
@@ -57,7 +57,7 @@ def test_random_draws_are_seeded_and_in_range(tmp_path):
 
 @pytest.mark.parametrize("alpha,expected", [("sqrt", 0.5), ("linear", 1.0), (0.25, 0.25)])
 def test_lr_scaling_rule(tmp_path, alpha, expected):
-    sweep = sweep_file.load(
+    sweep = kinds.load(
         write(
             tmp_path,
             space={"batch.tokens_per_update": {"grid": [1024, 4096, 16384]}},
@@ -65,21 +65,21 @@ def test_lr_scaling_rule(tmp_path, alpha, expected):
             base={"config": TINY, "overrides": {"train.total_tokens": 1048576, "schedule.warmup_tokens": 0}},
         )
     )
-    for t in search_space.expand(sweep):
+    for t in kinds.expand(sweep):
         ratio = t.cfg.batch.tokens_per_update / 4096
         assert t.cfg.optim.lr == pytest.approx(1e-3 * ratio**expected, rel=1e-5)
 
 
 def test_warmup_as_share_of_budget(tmp_path):
-    sweep = sweep_file.load(
+    sweep = kinds.load(
         write(
             tmp_path,
             space={"schedule.warmup_share": {"grid": [0.01, 0.1]}},
             base={"config": TINY, "overrides": {"batch.tokens_per_update": 1024}},
         )
     )
-    budget = search_space.expand(sweep)[0].cfg.train.total_tokens
-    assert [t.cfg.schedule.warmup_tokens for t in search_space.expand(sweep)] == [
+    budget = kinds.expand(sweep)[0].cfg.train.total_tokens
+    assert [t.cfg.schedule.warmup_tokens for t in kinds.expand(sweep)] == [
         round(0.01 * budget),
         round(0.1 * budget),
     ]
@@ -91,18 +91,18 @@ def test_constraints_and_infeasible_listing(tmp_path):
         constraints=[{"key": "batch.tokens_per_update", "max": 0.25, "of": "train.total_tokens"}],
         base={"config": TINY, "overrides": {"schedule.warmup_tokens": 0}},
     )
-    sweep = sweep_file.load(write(tmp_path, **body))
+    sweep = kinds.load(write(tmp_path, **body))
     with pytest.raises(ConfigError) as info:
-        search_space.split_feasible(sweep, search_space.expand(sweep))
+        search_space.split_feasible(sweep, kinds.expand(sweep))
     message = str(info.value)
     assert "2 of 3 trials infeasible" in message and "4,992" in message and "constraint" in message
-    sweep = sweep_file.load(write(tmp_path, infeasible="skip", **body))
-    good, bad = search_space.split_feasible(sweep, search_space.expand(sweep))
+    sweep = kinds.load(write(tmp_path, infeasible="skip", **body))
+    good, bad = search_space.split_feasible(sweep, kinds.expand(sweep))
     assert [t.cfg.batch.tokens_per_update for t in good] == [4096] and len(bad) == 2
 
 
 def test_asha_needs_reports_at_equal_tokens(tmp_path):
-    sweep = sweep_file.load(
+    sweep = kinds.load(
         write(
             tmp_path,
             space={"batch.tokens_per_update": {"grid": [4096, 12288]}},
@@ -110,7 +110,7 @@ def test_asha_needs_reports_at_equal_tokens(tmp_path):
         )
     )
     with pytest.raises(ConfigError, match="train.eval_every_tokens"):
-        search_space.check_asha_alignment(sweep, search_space.expand(sweep))
+        search_space.check_asha_alignment(sweep, kinds.expand(sweep))
 
 
 @pytest.mark.parametrize(
@@ -147,14 +147,14 @@ def test_asha_needs_reports_at_equal_tokens(tmp_path):
 )
 def test_bad_sweep_files(tmp_path, body, key):
     with pytest.raises(ConfigError) as info:
-        sweep_file.load(write(tmp_path, **body))
+        kinds.load(write(tmp_path, **body))
     assert info.value.key == key
 
 
 def test_shipped_sweeps_are_valid():
     for path in sorted((ROOT / "conf" / "sweep").glob("*.yaml")):
-        sweep = sweep_file.load(path)
-        good, _ = search_space.split_feasible(sweep, search_space.expand(sweep))
+        sweep = kinds.load(path)
+        good, _ = search_space.split_feasible(sweep, kinds.expand(sweep))
         search_space.check_asha_alignment(sweep, good)
         budgets = {t.cfg.train.total_tokens for t in good}
         assert len(budgets) == 1 or sweep.ladder, "every trial shares the budget (but a ladder's rungs)"
@@ -166,16 +166,15 @@ def test_optuna_search_space_is_built_from_the_sweep(tmp_path):
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    from orchestrator.driver import sweep as sweep_lib
-
-    sweep = sweep_file.load(
+    sweep = kinds.load(
         write(
             tmp_path,
             space={"optim.lr": {"loguniform": [1e-4, 1e-2]}, "batch.tokens_per_update": {"choice": [2048, 4096]}},
             search={"algorithm": "optuna", "num_samples": 4},
         )
     )
-    space, searcher = sweep_lib._param_space(sweep, None, {})
+    found = kinds.kind_of(sweep).search(sweep, None, {})
+    space, searcher = found.space, found.searcher
     assert isinstance(searcher, OptunaSearch)
     assert isinstance(space["trial"]["optim.lr"], tune.search.sample.Float)
     assert space["trial"]["batch.tokens_per_update"].categories == [2048, 4096]
@@ -189,14 +188,14 @@ def test_an_optuna_study_is_kept_where_optuna_dashboard_reads_it(tmp_path):
     and its MLflow parent run, and what it is told there `optuna.load_study` reads back."""
     import optuna
 
-    from orchestrator.driver import sweep as sweep_lib
     from orchestrator.tracking import run_tags
 
     url = f"sqlite:///{tmp_path}/optuna.db"
     space = {"optim.lr": {"loguniform": [1e-4, 1e-2]}}
-    sweep = sweep_file.load(write(tmp_path, space=space, search={"algorithm": "optuna", "optuna_storage": url}))
+    sweep = kinds.load(write(tmp_path, space=space, search={"algorithm": "optuna", "optuna_storage": url}))
     runs = {"tags": {run_tags.PARENT_TAG: "0123456789abcdef"}}
-    space, searcher = sweep_lib._param_space(sweep, None, runs)
+    found = kinds.kind_of(sweep).search(sweep, None, runs)
+    space, searcher = found.space, found.searcher
     assert searcher.set_search_properties(None, None, space)  # as Tune hands it the param space
     suggested = searcher.suggest("t1")
     searcher.on_trial_complete("t1", {sweep.search.metric: 2.5, **suggested})
@@ -215,7 +214,7 @@ def test_an_optuna_study_is_kept_where_optuna_dashboard_reads_it(tmp_path):
 )
 def test_optuna_storage_is_a_database_url_for_optuna_only(tmp_path, search, says):
     with pytest.raises(ConfigError, match=says):
-        sweep_file.load(write(tmp_path, space={"optim.lr": {"loguniform": [1e-4, 1e-2]}}, search=search))
+        kinds.load(write(tmp_path, space={"optim.lr": {"loguniform": [1e-4, 1e-2]}}, search=search))
 
 
 def test_trial_resources_follow_where_the_worker_runs(tmp_path):
@@ -228,13 +227,15 @@ def test_trial_resources_follow_where_the_worker_runs(tmp_path):
         (True, [0.8, placement.TRIAL_DRIVER_CPUS]),
         (False, [placement.TRIAL_DRIVER_CPUS, placement.TRIAL_DRIVER_CPUS]),
     ]:
-        sweep = sweep_file.load(write(tmp_path, space=space, local_mode=local_mode))
-        trials = search_space.expand(sweep)
-        assert [placement.trial_resources(sweep, {"trial": t.values}) for t in trials] == [{"CPU": c} for c in expected]
+        sweep = kinds.load(write(tmp_path, space=space, local_mode=local_mode))
+        trials = kinds.expand(sweep)
+        assert [placement.resources_of(sweep, kinds.kind_of(sweep).resolve(sweep, t.values).cfg) for t in trials] == [
+            {"CPU": c} for c in expected
+        ]
 
 
 def test_seeds_replicate_every_configuration(tmp_path):
-    sweep = sweep_file.load(
+    sweep = kinds.load(
         write(
             tmp_path,
             space={"optim.lr": {"grid": [1e-3, 3e-3]}},
@@ -242,7 +243,7 @@ def test_seeds_replicate_every_configuration(tmp_path):
             base={"config": TINY, "overrides": {"train.seed": 10}},
         )
     )
-    trials = search_space.expand(sweep)
+    trials = kinds.expand(sweep)
     assert [(t.cfg.optim.lr, t.cfg.train.seed) for t in trials] == [
         (lr, s) for lr in (1e-3, 3e-3) for s in (10, 11, 12)
     ]
@@ -256,34 +257,34 @@ def test_seeds_replicate_every_configuration(tmp_path):
         ({"search": {"seeds": 2}, "space": {"train.seed": {"grid": [1, 2]}}}, "search.seeds"),
     ]:
         with pytest.raises(ConfigError, match=key):
-            sweep_file.load(write(tmp_path, **body))
+            kinds.load(write(tmp_path, **body))
 
 
 def test_early_stopping_groups_share_batch_size_decay_shape_and_seed(tmp_path):
     space = {"batch.tokens_per_update": {"grid": [2048, 4096]}, "optim.lr": {"grid": [1e-3, 3e-3]}}
-    sweep = sweep_file.load(write(tmp_path, space=space))
+    sweep = kinds.load(write(tmp_path, space=space))
     assert search_space.comparison_keys(sweep) == ("batch.tokens_per_update",)
-    assert search_space.lone_groups(sweep, search_space.expand(sweep)) == []
-    sweep = sweep_file.load(
+    assert search_space.lone_groups(sweep, kinds.expand(sweep)) == []
+    sweep = kinds.load(
         write(tmp_path, space={**space, "schedule.decay": {"grid": ["cosine", "wsd"]}}, search={"seeds": 2})
     )
     keys = search_space.comparison_keys(sweep)
     assert keys == ("batch.tokens_per_update", "schedule.decay", "train.seed")
-    trials = search_space.expand(sweep)
+    trials = kinds.expand(sweep)
     groups = {search_space.comparison_group(keys, t.values) for t in trials}
     assert len(groups) == 2 * 2 * 2 and all(
         len([t for t in trials if search_space.comparison_group(keys, t.values) == g]) == 2 for g in groups
     )  # the two learning rates of each group
-    one_per_batch = sweep_file.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))
-    assert len(search_space.lone_groups(one_per_batch, search_space.expand(one_per_batch))) == 2
+    one_per_batch = kinds.load(write(tmp_path, space={"batch.tokens_per_update": {"grid": [2048, 4096]}}))
+    assert len(search_space.lone_groups(one_per_batch, kinds.expand(one_per_batch))) == 2
 
 
 def test_a_ramp_axis_names_each_trial_by_its_ramp_and_groups_early_stopping_by_it(tmp_path):
     fixed = [{"from_tokens": 0, "tokens_per_update": 2048}]
     ramps = [fixed, [*fixed, {"from_tokens": 4096, "tokens_per_update": 4096}]]
     space = {"batch.ramp": {"grid": ramps}, "optim.lr": {"grid": [1e-3, 3e-3]}}
-    sweep = sweep_file.load(write(tmp_path, space=space))
-    trials = search_space.expand(sweep)
+    sweep = kinds.load(write(tmp_path, space=space))
+    trials = kinds.expand(sweep)
     assert [t.name.split(" lr=")[0] for t in trials] == ["B=2Ki", "B=2Ki", "B=2Ki>4Ki@4Ki", "B=2Ki>4Ki@4Ki"]
     assert [len(t.cfg.batch.ramp) for t in trials] == [1, 1, 2, 2]
     keys = search_space.comparison_keys(sweep)
@@ -303,17 +304,15 @@ def test_bracket_first_round_from_the_lr_grid_or_the_scaling_rule(tmp_path):
         "optim.lr": {"grid": [3e-3, 1e-3]},
         "schedule.decay": {"grid": ["wsd", "cosine"]},
     }
-    sweep = sweep_file.load(
-        write(tmp_path, base=BRACKET_BASE, space=space, search={"algorithm": "bracket", "seeds": 2})
-    )
-    trials = search_space.expand(sweep)
+    sweep = kinds.load(write(tmp_path, base=BRACKET_BASE, space=space, search={"algorithm": "bracket", "seeds": 2}))
+    trials = kinds.expand(sweep)
     assert [
         (t.cfg.batch.tokens_per_update, t.cfg.schedule.decay, t.cfg.optim.lr, t.cfg.train.seed) for t in trials
     ] == [(b, d, lr, s) for b in (2048, 8192) for d in ("wsd", "cosine") for lr in (1e-3, 3e-3) for s in (0, 1)]
-    assert search_space.bracket_bound(sweep) == 7 * 2 * 2 * 2  # max_lrs_per_batch x B x groups x seeds
+    assert kinds.kind_of(sweep).bound(sweep) == 7 * 2 * 2 * 2  # max_lrs_per_batch x B x groups x seeds
     assert trials[1].name == "B=2Ki lr=1e-3 wu=0% wsd seed=1"
     rule = {"reference_tokens": 2048, "base_lr": 1e-3, "alpha": "sqrt"}
-    sweep = sweep_file.load(
+    sweep = kinds.load(
         write(
             tmp_path,
             base=BRACKET_BASE,
@@ -322,7 +321,7 @@ def test_bracket_first_round_from_the_lr_grid_or_the_scaling_rule(tmp_path):
             search={"algorithm": "bracket", "lr_step": 3},
         )
     )
-    trials = search_space.expand(sweep)
+    trials = kinds.expand(sweep)
     assert [t.cfg.batch.tokens_per_update for t in trials] == [2048] * 3 + [8192] * 3
     # the rule's guess at B, / step, x 1, x step: 1e-3 x (B / 2048)^0.5
     assert [t.cfg.optim.lr for t in trials] == pytest.approx([1e-3 / 3, 1e-3, 3e-3, 2e-3 / 3, 2e-3, 6e-3], rel=1e-5)
@@ -389,7 +388,7 @@ def test_bad_bracket_sweep_files_exit_2_with_one_line(tmp_path, capsys, search, 
         body["lr_scaling"] = lr_scaling
     path = write(tmp_path, **body)
     with pytest.raises(ConfigError) as info:
-        sweep_file.load(path)
+        kinds.load(path)
     assert info.value.key == key
     assert main(["sweep", str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -409,8 +408,8 @@ def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
     from orchestrator.studies import branch_study
 
     branch = {"at_tokens": [65536, 16384], "factors": [1, 2, 4], "tokens": 16384, "lr_scaling": "sqrt"}
-    sweep = sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "from": None}))
-    trials = search_space.expand(sweep)
+    sweep = kinds.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "from": None}))
+    trials = kinds.expand(sweep)
     assert [t.name for t in trials] == [f"at={a} B={b}" for a in ("16Ki", "64Ki") for b in ("4Ki", "8Ki", "16Ki")]
     for t, (at, k) in zip(trials, [(a, k) for a in (16384, 65536) for k in (1, 2, 4)]):
         c = t.cfg
@@ -425,13 +424,13 @@ def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
 
 def test_an_absolute_tolerance_is_a_loss_difference_and_merrills_rule_an_option(tmp_path):
     branch = {"at_tokens": [16384], "tokens": 16384, "tolerance": 1.5, "tolerance_kind": "absolute"}
-    sweep = sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "compare": "every_smaller"}))
+    sweep = kinds.load(write(tmp_path, base=BRANCH_BASE, branch={**branch, "compare": "every_smaller"}))
     assert (sweep.branch.tolerance, sweep.branch.tolerance_kind, sweep.branch.compare) == (
         1.5,
         "absolute",
         "every_smaller",
     )
-    assert sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch=branch)).branch.compare == "reference"
+    assert kinds.load(write(tmp_path, base=BRANCH_BASE, branch=branch)).branch.compare == "reference"
 
 
 @pytest.mark.parametrize(
@@ -455,12 +454,12 @@ def test_an_absolute_tolerance_is_a_loss_difference_and_merrills_rule_an_option(
 def test_a_branch_study_that_cannot_run_names_its_key(tmp_path, branch, base, key, says):
     good = {"at_tokens": [16384], "factors": [1, 2, 4], "tokens": 16384}
     with pytest.raises(ConfigError) as info:
-        search_space.expand(sweep_file.load(write(tmp_path, base=BRANCH_BASE, branch={**good, **branch}, **base)))
+        kinds.expand(kinds.load(write(tmp_path, base=BRANCH_BASE, branch={**good, **branch}, **base)))
     assert info.value.key == key and says in str(info.value), str(info.value)
 
 
 def test_a_trial_name_states_its_warmup_as_it_is(tmp_path):
     """8,192 of 327,680 tokens is 2.5 %, which the name said as 2 %."""
     base = {"config": TINY, "overrides": {"train.total_tokens": 327680, "schedule.warmup_tokens": 8192}}
-    sweep = sweep_file.load(write(tmp_path, base=base, space={"optim.lr": {"grid": [1e-3]}}))
-    assert search_space.expand(sweep)[0].name.endswith("wu=2.5%")
+    sweep = kinds.load(write(tmp_path, base=base, space={"optim.lr": {"grid": [1e-3]}}))
+    assert kinds.expand(sweep)[0].name.endswith("wu=2.5%")

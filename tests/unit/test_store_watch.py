@@ -10,8 +10,9 @@ import logging
 
 from ray.exceptions import RayTaskError
 
-from orchestrator.core import config, sweep_file
+from orchestrator.core import config
 from orchestrator.driver import store_watch, sweep_summary
+from orchestrator.studies import kinds
 from orchestrator.tracking.refusals import StoreRefusedWrites
 from orchestrator.tracking.store import Store
 from tests.conftest import TINY, sqlite_store, write_sweep
@@ -44,7 +45,7 @@ def test_a_trial_failed_for_the_store_stops_the_sweep_and_prints_no_traceback(ca
 
 def test_a_sweep_stopped_by_its_store_ends_in_one_line_with_its_runs_closed_where_it_can(tmp_path, capsys):
     uri = sqlite_store(tmp_path)
-    sweep = sweep_file.load(write_sweep(tmp_path))
+    sweep = kinds.load(write_sweep(tmp_path))
     base = config.load(TINY, [f"tracking.uri={uri}"])
     store = Store(uri, base.tracking.experiment)
     store.ensure_experiment()

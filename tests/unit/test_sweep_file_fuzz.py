@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from orchestrator.cli import main
 from orchestrator.core import sweep_file, table_reader
 from orchestrator.core.sweep_schema import Sweep
+from orchestrator.studies import kinds
 from tests.conftest import TINY, write_sweep
 from tests.unit.test_validation_fuzz import concrete, invalid
 
@@ -110,4 +111,4 @@ def test_the_valid_sections_around_the_keys_are_valid(head, tmp_path):
     """The fuzz's control: each section it writes a bad value into passes as it stands."""
     section, extra = CONTEXT[head]
     source = "branches.yaml" if head == "branch" else "smoke.yaml"
-    sweep_file.load(write_sweep(tmp_path, source, **{head: section, **extra}))
+    kinds.load(write_sweep(tmp_path, source, **{head: section, **extra}))
