@@ -95,14 +95,15 @@ def factory(name: str) -> Callable[..., Any]:
     if entry is None:
         raise KeyError(f"unknown workload {name!r}; registered: {', '.join(names())}")
     if isinstance(entry, str):
-        entry = _load(entry)
+        entry = load(entry)
         if name in _entries:
             _entries[name] = entry
     return entry
 
 
-def _load(path: str) -> Any:
-    """The object at "package.module:attribute"."""
+def load(path: str) -> Any:
+    """The object at "package.module:attribute", imported now: a workload's factory or check, or
+    anything else the config names by import path (a tracking sink, `tracking.sinks`)."""
     module, _, attr = path.partition(":")
     obj: Any = importlib.import_module(module)
     for part in attr.split("."):
@@ -146,12 +147,12 @@ TOKENIZER_LOAD = "workloads.text.tokenizer:load"
 def check(cfg: Any) -> None:
     """The config check of cfg.model.name's workload, if it has one (imported only then)."""
     if cfg.model.name in CONFIG_CHECKS:
-        _load(CONFIG_CHECKS[cfg.model.name])(cfg)
+        load(CONFIG_CHECKS[cfg.model.name])(cfg)
 
 
 def vocab_size(tokenizer: str) -> int:
     """Tokens of the tokenizer named by data.tokenizer (the tokenizers are torch-free)."""
-    return _load(TOKENIZER_LOAD)(tokenizer).vocab_size
+    return load(TOKENIZER_LOAD)(tokenizer).vocab_size
 
 
 register("gpt", "workloads.workload:GPTWorkload")  # decoder-only transformer over packed documents

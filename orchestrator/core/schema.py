@@ -271,6 +271,10 @@ class TrackingConfig:
     """MLflow system metrics (CPU, memory, GPU); None = on when training on GPU."""
     system_metrics_interval_s: float = 10.0
     """Seconds between system-metric samples (MLflow's sampler)."""
+    sinks: List[str] = field(default_factory=list)
+    """Extra trackers beside MLflow, each named by import path "package.module:Attribute": a class
+    or factory of a tracking.tracker.RunSink, given the store (tracking.sinks.SinkContext) and fed
+    every param, metric, tag, text artifact and status that MLflow takes (docs/configuration.md)."""
 
 
 @dataclass

@@ -137,6 +137,22 @@ def _workload_name(key: str, name: str) -> None:
         raise ConfigError(key, f"got {name!r}; that is a {type(factory).__name__}, not a workload factory")
 
 
+def _sinks(key: str, paths: List[Any]) -> None:
+    """Each an import path that imports, to a class or factory, and named once: a sink is built
+    from it in every process that writes a run (a worker too), so one that cannot be built must
+    be refused here, before the sweep's first run exists."""
+    valid = "valid: a list of package.module:Attribute, each a tracking sink class or factory, named once"
+    for path in paths:
+        if not isinstance(path, str) or not workload_registry.is_import_path(path) or paths.count(path) > 1:
+            raise ConfigError(key, f"got {path!r}; {valid}")
+        try:
+            sink = workload_registry.load(path)
+        except Exception as exc:  # the user's module may raise anything while it imports
+            raise ConfigError(key, f"got {path!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
+        if not callable(sink):
+            raise ConfigError(key, f"got {path!r}; that is a {type(sink).__name__}, not a sink class or factory")
+
+
 def _scheme(valid: Tuple[str, ...], what: str) -> Callable[[str, Any], None]:
     """A path, or a URI whose scheme is one of `valid`."""
 
@@ -284,6 +300,7 @@ FIELDS = {
     "tracking.max_buffered_points": count(),
     "tracking.system_metrics": Field("bool", optional=True),
     "tracking.system_metrics_interval_s": number(0, low_open=True),
+    "tracking.sinks": Field("list", check=_sinks),
     "gns.enabled": Field("bool"),
     "gns.adam": Field("bool"),
     "gns.ema_tokens": count(optional=True),

@@ -18,7 +18,7 @@ from orchestrator.tracking.run_tags import STOPPED_AT_TAG
 from orchestrator.tracking.store import Store
 
 
-def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None:
+def _close_unfinished_runs(store: Store, trials, stopped_at: Dict[str, int]) -> None:
     """A scheduler stops a trial by ending its actor, so its MLflow run is still RUNNING; this can
     happen right after the last report too (ASHA stops every trial at max_t). Close such runs:
     FINISHED when they saw the budget, else KILLED and tagged with the rung that stopped them
@@ -32,8 +32,8 @@ def _close_unfinished_runs(uri: str, trials, stopped_at: Dict[str, int]) -> None
         else:
             t.status = "KILLED"
             t.stopped_at = stopped_at.get(t.trial_id or "", t.eval[-1][0] if t.eval else t.tokens_seen)
-            Store(uri).set_tags(t.run_id, {STOPPED_AT_TAG: str(t.stopped_at)})
-        run_life.close_run(uri, t.run_id, t.status, title=t.name)
+            store.set_tags(t.run_id, {STOPPED_AT_TAG: str(t.stopped_at)})
+        run_life.close_run(store, t.run_id, t.status, title=t.name)
 
 
 def finish(
@@ -47,17 +47,17 @@ def finish(
     from orchestrator.reporting import pipeline, report, report_inputs, results
 
     progress_table.stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
-    uri = base.tracking.uri
+    uri, store = base.tracking.uri, Store.of(base)  # the sweep's store, with its extra sinks
     if isinstance(error, StoreRefusedWrites):  # no report to write: one line
-        return _stopped_by_the_store(sweep, uri, parent, error)
+        return _stopped_by_the_store(sweep, uri, store, parent, error)
     runs = report_inputs.trial_runs(uri, parent)  # and the finished runs it reused
     inputs = report_inputs.read_mlflow(uri, sweep.name, parent, results.METRICS, runs)
     trials = inputs.trials
-    _close_unfinished_runs(uri, trials, stopped_at or {})  # the records too: the report reads them as closed
+    _close_unfinished_runs(store, trials, stopped_at or {})  # the records too: the report reads them as closed
     finished = [t for t in trials if t.outcome == "finished"]
     print(f"\n=== sweep {sweep.name}: {len(finished)} of {len(trials)} trials reached the budget ===")
     if trials:
-        _log_parent_artifacts(uri, parent, trials)
+        _log_parent_artifacts(store, parent, trials)
     print(f"MLflow: `{mlflow_ui.ui_command(uri)}`, then {mlflow_ui.ui_link(uri, base.tracking.experiment)}")
     if finished:  # the report ends with the link that compares every trial on one chart
         try:
@@ -67,21 +67,23 @@ def finish(
                 print(f"no comparison: {redact_uri(str(exc))}")
                 compare = None
             settings = report_inputs.settings(sweep, f"the sweep file {sweep.path}")
-            pipeline.make(inputs, settings, compare_with=compare, ladder=report.ladder_request(sweep))
+            pipeline.make(inputs, settings, compare_with=compare, ladder=report.ladder_request(sweep), store=store)
         except ValueError as exc:  # nothing to analyse (e.g. no batch size logged)
             print(f"no analysis: {redact_uri(str(exc))}")
     status = "FAILED" if error is not None or not finished else "FINISHED"
-    Store(uri).finish_run(parent, status)
+    store.finish_run(parent, status)
     if error is not None:
         print(f"sweep {sweep.name} failed: {type(error).__name__}: {redact_uri(str(error))}", file=sys.stderr)
         return 1
     return 0 if finished else 1
 
 
-def _stopped_by_the_store(sweep: sweep_schema.Sweep, uri: str, parent: str, error: StoreRefusedWrites) -> int:
+def _stopped_by_the_store(
+    sweep: sweep_schema.Sweep, uri: str, store: Store, parent: str, error: StoreRefusedWrites
+) -> int:
     """The sweep's line when its store refused a trial's write: its open runs marked FAILED where
     the store takes that now (it may have refused only for a while), else said to be left open."""
-    store, mlflow_log = Store(uri), logging.getLogger("mlflow.store.db.utils")
+    mlflow_log = logging.getLogger("mlflow.store.db.utils")
     level = mlflow_log.level
     mlflow_log.setLevel(logging.CRITICAL)  # its tracebacks of each refusal: the line says it
     try:
@@ -102,8 +104,8 @@ def _stopped_by_the_store(sweep: sweep_schema.Sweep, uri: str, parent: str, erro
     return 1
 
 
-def _log_parent_artifacts(uri: str, parent: str, trials) -> None:
+def _log_parent_artifacts(store: Store, parent: str, trials) -> None:
     from orchestrator.reporting import plots
 
     curves = {t.name: t.train for t in sorted(trials, key=lambda t: (t.batch or 0, t.lr or 0))}
-    Store(uri).log_figure(parent, plots.loss_vs_tokens(curves, title="train loss of every trial"), "loss_vs_tokens.png")
+    store.log_figure(parent, plots.loss_vs_tokens(curves, title="train loss of every trial"), "loss_vs_tokens.png")

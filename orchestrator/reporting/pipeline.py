@@ -28,10 +28,12 @@ def make(
     target_losses: Optional[Sequence[float]] = None,
     ui_port: int = mlflow_ui.DEFAULT_PORT,
     ladder: Optional[report_ladder.Request] = None,
+    store: Optional[Store] = None,
     **options,
 ) -> Answer:
     """The report of `inputs` in `out` (default reports/<name>): analysed with `settings` and
-    `options` (sweep_analysis.analyse's), written, logged to MLflow when read from there, and
+    `options` (sweep_analysis.analyse's), written, logged to MLflow when read from there (through
+    `store`: the sweep's own, with its extra sinks, at the end of `sweep`; else the store read), and
     printed, with the links of `orchestrator ui` on `ui_port`; when the trials form a ladder, its
     part too (report_ladder.py; `ladder`: its target and tolerance). Returns the answer."""
     answer = report_inputs.analyse(inputs, target_losses, settings.origin, **settings.options, **options)
@@ -51,7 +53,7 @@ def make(
     if inputs.uri is None:
         where = f"read from {inputs.folder}"
     else:
-        store = Store(inputs.uri)
+        store = store or Store(inputs.uri)
         for path in written:
             store.log_file(inputs.source.run_id, path, "report")
         if inputs.source.kind == "sweep" and not rungs:  # so sweeps compare in MLflow's runs table (a

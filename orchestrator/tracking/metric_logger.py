@@ -5,10 +5,12 @@
 tracking costs the training loop almost nothing; points that cannot be sent (tracking server
 down) stay buffered up to a bound and are retried. A resume watermark (the last step MLflow
 already holds, per metric) drops the points a resumed run replays, so each step appears once.
+What MLflow takes goes on to the config's extra sinks (`tracking.sinks`: sinks.py), point for point.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -20,6 +22,8 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.core.config import redact_uri
 from orchestrator.tracking.refusals import refuses_for_good, why_not
+from orchestrator.tracking.sinks import NO_SINKS
+from orchestrator.tracking.tracker import RunSink
 
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 # MLflow's REST client retries a failed request 7 times with exponential backoff (about 4 min)
@@ -60,6 +64,8 @@ class MetricLogger:
       wait in the buffer and are retried; past `max_buffered_points` the next `log()` raises
       TrackingError. Nothing is dropped silently. A batch sent twice (reply lost, then retried)
       is stored once: MLflow's metric key includes the timestamp taken here at `log()`.
+    - `sinks` (the run's extra sinks: Store.sinks) get each batch once MLflow has taken it, so
+      they hold what MLflow holds, each point once.
     """
 
     def __init__(
@@ -69,8 +75,9 @@ class MetricLogger:
         flush_every_s: float = 5.0,
         max_buffered_points: int = 100_000,
         watermarks: Optional[Dict[str, int]] = None,
+        sinks: RunSink = NO_SINKS,
     ):
-        self.uri, self.run_id = uri, run_id
+        self.uri, self.run_id, self.sinks = uri, run_id, sinks
         self.flush_every_s = flush_every_s
         self.max_buffered_points = max_buffered_points
         self._client = MlflowClient(tracking_uri=uri)
@@ -155,6 +162,9 @@ class MetricLogger:
                 del self._pending[: len(batch)]
             self.sent_points += len(batch)
             self.last_error = None
+            # A log() call's points share their step and stay together: one sink call each.
+            for step, points in itertools.groupby(batch, key=lambda m: m.step):
+                self.sinks.log_metrics(self.run_id, {m.key: m.value for m in points}, step)
             return True
 
     def _loop(self) -> None:

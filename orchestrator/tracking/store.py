@@ -6,11 +6,14 @@ system_metrics.py, the only code that calls MLflow's API (tests/unit/test_import
 Runs: one per `orchestrator train`; for a sweep one parent run and one child run per trial
 (tag `mlflow.parentRunId`). The x axis of every training curve is tokens: `step` = tokens seen.
 Every param, tag and text logged here passes the config's one redaction rule (`redact_uri`):
-whatever a config, a sweep file or an error holds, no URI's password reaches the store.
+whatever a config, a sweep file or an error holds, no URI's password reaches the store. A Store is
+a tracker.RunIndex, and each write MLflow takes here goes on, with the same values, to the
+config's extra sinks (`tracking.sinks`: sinks.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -34,6 +37,7 @@ from orchestrator.tracking.run_tags import (
     warning_tags,
     warnings_in,
 )
+from orchestrator.tracking.sinks import SinkContext, Sinks, built
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -109,20 +113,29 @@ def env_for_workers() -> Dict[str, str]:
 
 class Store:
     """An MLflow tracking store at `uri` (made absolute: resolve_uri) and the `experiment` runs are
-    created and searched in (None for a store that is only read by run id or across experiments).
+    created and searched in (None for a store that is only read by run id or across experiments),
+    with the extra `sinks` its writes also go to (import paths: `tracking.sinks`).
 
     Each call opens MLflow's client afresh: it is cheap (MLflow caches the store behind it), and a
-    Store is then only a URI, safe to hand to threads and to pickle. Nothing is opened until a call
-    needs it, so a Store of a SQLite file that does not exist creates none (`exists`)."""
+    Store is then only a URI and paths, safe to hand to threads and to pickle. Nothing is opened
+    until a call needs it, so a Store of a SQLite file that does not exist creates none (`exists`)."""
 
-    def __init__(self, uri: str, experiment: Optional[str] = None):
+    def __init__(self, uri: str, experiment: Optional[str] = None, sinks: Sequence[str] = ()):
         self.uri = resolve_uri(uri)
         self.experiment = experiment
+        self.sink_paths = tuple(sinks)
 
     @classmethod
     def of(cls, cfg: Any) -> "Store":
-        """The store and experiment a train config names (`tracking.uri`, `tracking.experiment`)."""
-        return cls(cfg.tracking.uri, cfg.tracking.experiment)
+        """The store, experiment and extra sinks a train config names (`tracking.uri`,
+        `tracking.experiment`, `tracking.sinks`)."""
+        return cls(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.sinks)
+
+    @property
+    def sinks(self) -> Sinks:
+        """The extra sinks, built in this process on first use (sinks.built): each write below
+        reaches them once MLflow has taken it, with the values MLflow got."""
+        return built(self.sink_paths, SinkContext(redact_uri(self.uri), self.experiment))
 
     def __repr__(self) -> str:
         return f"Store({redact_uri(self.uri)!r}, {self.experiment!r})"
@@ -173,7 +186,9 @@ class Store:
         """A new run in the experiment (created when missing); its id."""
         exp_id = self.ensure_experiment()
         tags = {k: redact_uri(str(v)) for k, v in (tags or {}).items()}
-        return self._client().create_run(exp_id, run_name=name, tags=tags).info.run_id
+        run_id = self._client().create_run(exp_id, run_name=name, tags=tags).info.run_id
+        self.sinks.start_run(run_id, name, tags)
+        return run_id
 
     def reopen_run(self, run_id: str) -> None:
         """Mark a run RUNNING again when training resumes into it (a re-run `orchestrator train`,
@@ -182,13 +197,17 @@ class Store:
         earlier attempt goes too: it no longer describes the run, nor does its curves artifact."""
         c = self._client()
         tags = c.get_run(run_id).data.tags
-        for stale in (FAILURE_TAG, CURVES_TAG):  # the curves artifact holds the earlier attempt's only
-            if stale in tags:
-                c.delete_tag(run_id, stale)
+        stale = [key for key in (FAILURE_TAG, CURVES_TAG) if key in tags]  # its curves artifact: the earlier attempt's
+        for key in stale:
+            c.delete_tag(run_id, key)
         c.update_run(run_id, status="RUNNING")
+        if stale:
+            self.sinks.delete_tags(run_id, stale)
+        self.sinks.set_status(run_id, "RUNNING")
 
     def finish_run(self, run_id: str, status: str = "FINISHED") -> None:
         self._client().set_terminated(run_id, status=status)
+        self.sinks.set_status(run_id, status)
 
     def log_params(self, run_id: str, params: Dict[str, Any]) -> None:
         """Params once per run; a resumed run re-logging identical values is skipped."""
@@ -199,11 +218,15 @@ class Store:
         todo = [Param(k, redact_uri(str(v))[:6000]) for k, v in sorted(params.items()) if k not in existing]
         for i in range(0, len(todo), MAX_PARAMS):
             c.log_batch(run_id, params=todo[i : i + MAX_PARAMS])
+        if todo:
+            self.sinks.log_params(run_id, {p.key: p.value for p in todo})
 
     def set_tags(self, run_id: str, tags: Dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        self._client().log_batch(run_id, tags=[RunTag(k, redact_uri(str(v))) for k, v in tags.items()])
+        tags = {k: redact_uri(str(v)) for k, v in tags.items()}
+        self._client().log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        self.sinks.set_tags(run_id, tags)
 
     def refuses_writes(self, run_id: str) -> Optional[str]:
         """None when the store takes a write (a tag set on `run_id`, then deleted), else why not,
@@ -229,7 +252,9 @@ class Store:
         now = int(time.time() * 1000)
         from mlflow.entities import Metric
 
-        self._client().log_batch(run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in metrics.items()])
+        values, step = {k: float(v) for k, v in metrics.items()}, int(step)
+        self._client().log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+        self.sinks.log_metrics(run_id, values, step)
 
     def log_history(self, run_id: str, curves: Dict[str, History], timestamp_ms: Optional[int] = None) -> None:
         """Whole curves {key: [(step, value)]} in MLflow's largest batches (tables imported into a
@@ -240,12 +265,22 @@ class Store:
         metrics = [Metric(k, float(v), now, int(s)) for k, points in curves.items() for s, v in points]
         for start in range(0, len(metrics), MAX_METRICS):
             self._client().log_batch(run_id, metrics=metrics[start : start + MAX_METRICS])
+        sinks = self.sinks
+        if sinks:  # whole curves: one point a call (a sink's call is one step's values)
+            for m in metrics:
+                sinks.log_metrics(run_id, {m.key: m.value}, m.step)
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
-        self._client().log_text(run_id, redact_uri(text), artifact_file)
+        text = redact_uri(text)
+        self._client().log_text(run_id, text, artifact_file)
+        self.sinks.log_text(run_id, text, artifact_file)
 
     def log_dict(self, run_id: str, data: Dict[str, Any], artifact_file: str) -> None:
+        """A dict as a JSON (or YAML, by its name) artifact; the sinks get it as JSON text."""
         self._client().log_dict(run_id, data, artifact_file)
+        sinks = self.sinks
+        if sinks:
+            sinks.log_text(run_id, json.dumps(data, indent=2, default=str), artifact_file)
 
     def log_file(self, run_id: str, path: str | Path, artifact_path: Optional[str] = None) -> None:
         self._client().log_artifact(run_id, str(path), artifact_path)

@@ -222,7 +222,7 @@ def test_a_run_ends_with_its_figure_logged_and_closed(tmp_path):
     (run,) = WORLD.simulate([(1024, 0.01, 0)])
     run_id = _log(uri, None, run, {}, "RUNNING")
     open_before = plt.get_fignums()
-    run_life.close_run(uri, run_id, "FINISHED", title=run.name)
+    run_life.close_run(Store(uri), run_id, "FINISHED", title=run.name)
     assert plt.get_fignums() == open_before
     assert "loss_vs_tokens.png" in Store(uri).list_artifacts(run_id)
     assert Store(uri).get_run(run_id).status == "FINISHED"

@@ -61,6 +61,7 @@ SPECIAL = {  # fields that take several forms: an invalid value of each
     "data.tokenizer": ["/no/such/tokenizer.json", "byte"],
     "train.run_name": ["a/b", ".."],
     "cluster.address": ["5", "localhost", "http://head:8265"],
+    "tracking.sinks": [["tests.nowhere:Sink"], ["not a path"], ["json:dumps", "json:dumps"], ["json:__name__"]],
 }
 
 

@@ -277,6 +277,7 @@ def _open_tracking(cfg: Config, state: TrainState, resources: contextlib.ExitSta
         cfg.tracking.flush_every_s,
         cfg.tracking.max_buffered_points,
         watermarks={**state.mlflow_watermarks, **held},
+        sinks=store.sinks,
     )
     logger.restore_pending(state.mlflow_pending, held)
     resources.push(_closing(logger))
@@ -341,7 +342,7 @@ def _update(run: Run, update: int):
 def _report_divergence(run: Run, stats: UpdateStats) -> None:
     if run.logger:
         reason = f"non-finite loss at {run.state.tokens:,} tokens"
-        Store(run.logger.uri).set_tags(run.state.run_id, {FAILURE_TAG: reason})
+        Store.of(run.cfg).set_tags(run.state.run_id, {FAILURE_TAG: reason})
     run.api.report(
         {"tokens": run.state.tokens, "diverged": 1.0, "loss": stats.loss, "stable_loss": run.state.stable_loss}
     )
@@ -396,7 +397,7 @@ def _adapt(run: Run) -> None:
     override = batching.ramp_override(run.decided.ramp)
     log.info("batch.schedule=adaptive: %s tokens per update from %s tokens on", *run.decided.ramp[-1][::-1])
     if run.logger:
-        Store(run.logger.uri).set_tags(run.state.run_id, {REALISED_RAMP_TAG: override})
+        Store.of(run.cfg).set_tags(run.state.run_id, {REALISED_RAMP_TAG: override})
 
 
 def _evaluate(run: Run) -> None:
