@@ -1,5 +1,5 @@
 """Does following the report's "what to run" pay? The recommended config of a finished sweep
-(`recommended.yaml`, orchestrator/analysis/recommend.py) trained on its seeds beside the sweep's
+(`recommended.yaml`, orchestrator/analysis/launch_choice.py) trained on its seeds beside the sweep's
 best configuration: its final loss within the stated tolerance of the best's, in fewer
 optimizer steps (a larger batch at the same tokens).
 

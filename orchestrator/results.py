@@ -1,4 +1,4 @@
-"""The public path of the Python API (orchestrator/reporting/results.py): `load_sweep` and the
+"""The public path of the Python API (orchestrator/reporting/sweep_tables.py): `load_sweep` and the
 tables it returns (docs/design.md 3)."""
 
-from orchestrator.reporting.results import Fit, SweepResults, load_sweep  # noqa: F401
+from orchestrator.reporting.sweep_tables import Fit, SweepResults, load_sweep  # noqa: F401

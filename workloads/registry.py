@@ -1,4 +1,4 @@
-"""The public path of the workload registry (orchestrator/core/registry.py): `from workloads import
+"""The public path of the workload registry (orchestrator/core/workload_paths.py): `from workloads import
 registry`, then `@registry.register("name")` on a workload factory."""
 
-from orchestrator.core.registry import BUILTIN, factory, importable, is_import_path, names, register, register_all  # noqa: F401
+from orchestrator.core.workload_paths import BUILTIN, factory, importable, is_import_path, names, register, register_all  # noqa: F401

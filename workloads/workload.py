@@ -1,12 +1,12 @@
 """What the train loop needs from a workload (the `Workload` protocol), the two built-in ones,
-and `build`, which makes the one that `model.name` names through orchestrator/core/registry.py
+and `build`, which makes the one that `model.name` names through orchestrator/core/workload_paths.py
 (public as workloads.registry).
 
 A workload owns its model and its data and answers three questions: which micro-batch does
 worker r see at accumulation step a of update u, what is the *summed* token loss of a
 micro-batch (and how many real tokens it holds), and what is the held-out loss. A third one is
 a class with the members of `Workload` and a constructor `(cfg, plan, device)`, registered
-with `@registry.register("name")`; `model.name: name` then validates and builds it. A static
+with `@workload_paths.register("name")`; `model.name: name` then validates and builds it. A static
 `costs(cfg) -> ModelCosts` (optional) tells `plan`, `sweep --dry-run` and
 `batch.micro_batch_size: auto` its size, FLOPs and memory without building the model.
 """
@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime
 import torch
 from torch import nn
 
-from orchestrator.core import registry
+from orchestrator.core import workload_paths
 from orchestrator.core.schema import Config
 from orchestrator.formulas.batching import BatchPlan
 from orchestrator.formulas.memory import ModelCosts
@@ -80,7 +80,7 @@ def missing_members(obj: object) -> List[str]:
 
 def costs(cfg: Config) -> Optional[ModelCosts]:
     """The workload's size, FLOPs and activation memory from its config (None: it does not say)."""
-    factory = registry.factory(cfg.model.name)
+    factory = workload_paths.factory(cfg.model.name)
     return factory.costs(cfg) if hasattr(factory, "costs") else None
 
 
@@ -197,7 +197,7 @@ def build(cfg: Config, plan: BatchPlan, device: torch.device) -> Workload:
     """The workload registered as model.name. Seeds the model init from train.seed, so every
     split and every rank starts alike."""
     torch.manual_seed(cfg.train.seed)
-    work = registry.factory(cfg.model.name)(cfg, plan, device)
+    work = workload_paths.factory(cfg.model.name)(cfg, plan, device)
     missing = missing_members(work)
     if missing:
         raise TypeError(

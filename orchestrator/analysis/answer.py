@@ -1,5 +1,5 @@
 """What a sweep answers, as typed records: `sweep_analysis.analyse` returns an `Answer`, and
-report.json (`Answer.to_json`), the tables and the Python API (reporting/results.py) and the printed
+report.json (`Answer.to_json`), the tables and the Python API (reporting/sweep_tables.py) and the printed
 answer (reporting/report_render.py) all read it. The rules behind every number are stated in
 sweep_analysis.py's docstring. Pure: plain Python values, no numpy, no MLflow.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple
 
-from orchestrator.analysis.recommend import Recommendation
+from orchestrator.analysis.launch_choice import Recommendation
 
 
 def _json(value: Any) -> Any:
@@ -358,7 +358,7 @@ class Answer(Record):
     """The names of the trials left out (no batch.tokens_per_update or no train/loss), a branch
     study's branches aside (read as branches: `branch`)."""
     recommendation: Optional[Recommendation] = None
-    """What to run at the sweep's budget (analysis/recommend.py); None for a branch study or
+    """What to run at the sweep's budget (analysis/launch_choice.py); None for a branch study or
     without final losses."""
     source: Optional[Source] = None
     """Where the trials were read from; None for an answer computed from trials in memory."""

@@ -59,10 +59,10 @@ import numpy as np
 from orchestrator.analysis import (
     branch_analysis,
     branch_cbs,
+    launch_choice,
     loss_surface,
     lr_optimum,
     optimal_batch,
-    recommend,
     steps_to_target,
     tradeoff,
 )
@@ -261,8 +261,8 @@ def what_to_run(
     metric: str = "eval/loss",
     tolerance: float = optimal_batch.DEFAULT_TOLERANCE,
     lr_criterion: str = "final_loss",
-) -> Optional[recommend.Recommendation]:
-    """recommend.for_sweep on the best configuration per batch size with the one lr the answer
+) -> Optional[launch_choice.Recommendation]:
+    """launch_choice.for_sweep on the best configuration per batch size with the one lr the answer
     names there (`best_lr`, by the answer's lr_criterion: final loss unless the command asked for
     fewest steps; a full run at this budget is judged by its final loss, and the lr of fewest steps
     to a loss can cost final loss: docs/benchmarks.md#recommended_run), the power law through those
@@ -285,12 +285,12 @@ def what_to_run(
     seq_len, workers = usable[0].number("data.seq_len"), usable[0].number("cluster.num_workers")
     found, why = sweep_tradeoff(usable, metric, rows, law, tolerance)
     unit = int(seq_len * (workers or 1)) if seq_len else None
-    return recommend.for_sweep(rows, law, unit, tolerance, found, why, lr_criterion)
+    return launch_choice.for_sweep(rows, law, unit, tolerance, found, why, lr_criterion)
 
 
 def sweep_tradeoff(usable: Sequence[Trial], metric: str, rows, law, tolerance: float):
     """(the trade-off of the sweep's own loss surface at its budget, why there is none): its B*,
-    the penalties around it, the lr of each batch from the sweep's lr law (recommend.lr_at, as the
+    the penalties around it, the lr of each batch from the sweep's lr law (launch_choice.lr_at, as the
     recommendation reads it), its predicted loss (loss_surface.py, tradeoff.py)."""
     surface = loss_surface.fit(loss_surface.Grid.of(usable, metric))
     if surface is None:
@@ -300,7 +300,7 @@ def sweep_tradeoff(usable: Sequence[Trial], metric: str, rows, law, tolerance: f
     s = surface.summary()
     tokens = usable[0].number("train.total_tokens")
     return tradeoff.tradeoff(
-        s.curve(), lambda b, _: (recommend.lr_at(b, rows, law)[0], None), tokens, tolerance, s.loss()
+        s.curve(), lambda b, _: (launch_choice.lr_at(b, rows, law)[0], None), tokens, tolerance, s.loss()
     ), None
 
 

@@ -31,7 +31,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from orchestrator.core import registry, validation, yaml_files
+from orchestrator.core import validation, workload_paths, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config, RampStep
 from orchestrator.core.validation import check_override
@@ -319,7 +319,7 @@ def _schema() -> DictConfig:
 
 def follow_tokenizer(cfg: Config) -> None:
     """model.vocab_size None -> the tokenizer's; a given one must equal it."""
-    size = registry.vocab_size(cfg.data.tokenizer)
+    size = workload_paths.vocab_size(cfg.data.tokenizer)
     if cfg.model.vocab_size is None:
         cfg.model.vocab_size = size
     elif cfg.model.vocab_size != size and cfg.model.name != "linreg":

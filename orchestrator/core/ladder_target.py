@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from orchestrator.core import config as config_lib
-from orchestrator.core import registry, yaml_files
+from orchestrator.core import workload_paths, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import Sweep
 
@@ -43,7 +43,7 @@ class Target:
 def model_params(sweep: Sweep, model: Dict[str, Any], key: str) -> int:
     """model.params of the base config with `model` set; `key` names the sweep file's entry."""
     cfg = config_lib.load(sweep.base_config, sweep.base_overrides + yaml_files.dotlist(model))
-    n = registry.compute_params(cfg)
+    n = workload_paths.compute_params(cfg)
     if not n:
         raise ConfigError(key, f"workload {cfg.model.name!r} states no costs(cfg), so its model.params is unknown")
     return n

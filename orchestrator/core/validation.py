@@ -16,8 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
-from orchestrator.core import registry as workload_registry
-from orchestrator.core import storage
+from orchestrator.core import storage, workload_paths
 from orchestrator.core.derived import (
     ADAPTIVE,
     adamw_constants,
@@ -123,14 +122,14 @@ def one_of(*values: Any) -> Field:
 
 def _workload_name(key: str, name: str) -> None:
     """A registered name (the table that builds them), or `package.module:factory` that imports."""
-    names = workload_registry.names()
+    names = workload_paths.names()
     if name in names:
         return
     valid = f"valid: {', '.join(names)} or package.module:factory"
-    if not workload_registry.is_import_path(name):
+    if not workload_paths.is_import_path(name):
         raise ConfigError(key, f"got {name!r}; {valid}")
     try:
-        factory = workload_registry.factory(name)
+        factory = workload_paths.factory(name)
     except Exception as exc:  # the user's module may raise anything while it imports
         raise ConfigError(key, f"got {name!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
     if not callable(factory):
@@ -143,10 +142,10 @@ def _sinks(key: str, paths: List[Any]) -> None:
     be refused here, before the sweep's first run exists."""
     valid = "valid: a list of package.module:Attribute, each a tracking sink class or factory, named once"
     for path in paths:
-        if not isinstance(path, str) or not workload_registry.is_import_path(path) or paths.count(path) > 1:
+        if not isinstance(path, str) or not workload_paths.is_import_path(path) or paths.count(path) > 1:
             raise ConfigError(key, f"got {path!r}; {valid}")
         try:
-            sink = workload_registry.load(path)
+            sink = workload_paths.load(path)
         except Exception as exc:  # the user's module may raise anything while it imports
             raise ConfigError(key, f"got {path!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
         if not callable(sink):
@@ -412,7 +411,7 @@ def _across_fields(cfg: Config) -> None:
             "got 'fp16' with deepspeed.zero_stage=0, where DeepSpeed unscales gradients it never scaled; "
             "use bf16, or fp16 with deepspeed.zero_stage 1 to 3",
         )
-    workload_registry.check(cfg)  # e.g. hf: transformers reads the model's config
+    workload_paths.check(cfg)  # e.g. hf: transformers reads the model's config
 
 
 def _adaptive_schedule(cfg: Config) -> None:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from orchestrator.core import ds_config, registry, storage
+from orchestrator.core import ds_config, storage, workload_paths
 from orchestrator.core.config import flatten, redact_uri, to_dict, to_yaml
 from orchestrator.core.derived import (
     adamw_constants,
@@ -111,7 +111,7 @@ def preflight(cfg: Config) -> None:
 
     if cfg.model.init_from and cfg.model.name in ("gpt", "hf"):
         check_init_from(cfg)
-    if cfg.model.name not in registry.BUILTIN:
+    if cfg.model.name not in workload_paths.BUILTIN:
         check_workload(cfg, plan)
     if cfg.cluster.use_gpu and not ray_session.on_cluster(cfg):
         import torch
@@ -161,18 +161,18 @@ def check_workload(cfg: Config, plan) -> None:
 
 def run_params(cfg: Config) -> Dict[str, Any]:
     """MLflow params: the resolved config flattened (secrets redacted) but the keys only another
-    built-in workload reads (registry.NOT_READ), plus derived values. A branch (a run that starts
+    built-in workload reads (workload_paths.NOT_READ), plus derived values. A branch (a run that starts
     from a checkpoint where its batch.ramp changes) logs as batch.tokens_per_update the batch it
     trains at, its own: the config's is the ramp's first, the base run's."""
     plan = batch_plan(cfg)
-    params = registry.own_params(cfg.model.name, flatten(to_dict(cfg)))
+    params = workload_paths.own_params(cfg.model.name, flatten(to_dict(cfg)))
     params["batch.tokens_per_update"] = own_batch(cfg)
     params["batch.grad_accum_steps"] = plan.grad_accum_steps
     params["batch.micro_batch_size"] = plan.micro_batch_size
     params["train.total_steps"] = total_updates(cfg)
     params["train.total_tokens_rounded"] = rounded_budget(cfg)
     params["deepspeed.zero_stage_effective"] = zero_stage(cfg)  # with one worker it can be lower
-    n = registry.compute_params(cfg)
+    n = workload_paths.compute_params(cfg)
     if n:  # the N of a ladder's laws (docs/ladders.md)
         params["model.params"] = n
     # The beta2 and weight decay used, whichever form gave them (the given keys stay as given);
@@ -261,7 +261,7 @@ def build_trainer(
             marker=str(marker) if marker else None,
         ),
         local_mode=local_mode,
-        workloads=registry.importable(),
+        workloads=workload_paths.importable(),
         startup=startup.as_payload(),
     )
     return TorchTrainer(

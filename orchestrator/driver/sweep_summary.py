@@ -44,14 +44,14 @@ def finish(
     stopped_at: Optional[Dict[str, int]] = None,
 ) -> int:
     """Close the parent run and print the answer: the report pipeline's, as `orchestrator report` gives it."""
-    from orchestrator.reporting import pipeline, report, report_inputs, results
+    from orchestrator.reporting import pipeline, report, report_inputs, sweep_tables
 
     progress_table.stop_live()  # a live table the Tune callbacks did not stop (the sweep failed)
     uri, store = base.tracking.uri, Store.of(base)  # the sweep's store, with its extra sinks
     if isinstance(error, StoreRefusedWrites):  # no report to write: one line
         return _stopped_by_the_store(sweep, uri, store, parent, error)
     runs = report_inputs.trial_runs(uri, parent)  # and the finished runs it reused
-    inputs = report_inputs.read_mlflow(uri, sweep.name, parent, results.METRICS, runs)
+    inputs = report_inputs.read_mlflow(uri, sweep.name, parent, sweep_tables.METRICS, runs)
     trials = inputs.trials
     _close_unfinished_runs(store, trials, stopped_at or {})  # the records too: the report reads them as closed
     finished = [t for t in trials if t.outcome == "finished"]

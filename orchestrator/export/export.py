@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from orchestrator.core import config, registry, storage, validation
+from orchestrator.core import config, storage, validation, workload_paths
 from orchestrator.core.errors import ConfigError
 from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, PARENT_TAG, ROLE_TAG, SWEEP_ROLE
 from orchestrator.tracking.store import Store, resolve_uri
@@ -317,7 +317,7 @@ def _write_model(cfg, state_dict: Dict[str, Any], folder: Path, info: Dict[str, 
 def _workload_hook(cfg):
 
     try:
-        factory = registry.factory(cfg.model.name)
+        factory = workload_paths.factory(cfg.model.name)
     except Exception as exc:  # a user workload this process cannot import: the generic file
         log.warning("workload %r does not import here (%s); writing %s", cfg.model.name, exc, WEIGHTS)
         return None

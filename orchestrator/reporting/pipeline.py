@@ -4,7 +4,7 @@ or a folder of tables) and the end of `sweep` both call `make`, so the two alway
 - read (report_inputs.py): the runs as `Inputs`, from MLflow or from trials.csv and curves.csv;
 - analyse (sweep_analysis.analyse): the typed `answer.Answer` (its docstring states every rule);
 - write: report.json, the figures and the summaries (report_files.py), trials.csv and curves.csv
-  (results.py: what `results.load_sweep` gives), logged to the MLflow run under report/ when read
+  (sweep_tables.py: what `sweep_tables.load_sweep` gives), logged to the MLflow run under report/ when read
   from MLflow; the answer printed (report_render.summary_lines).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from orchestrator.analysis.answer import Answer
-from orchestrator.reporting import report_files, report_folder, report_inputs, report_ladder, results
+from orchestrator.reporting import report_files, report_folder, report_inputs, report_ladder, sweep_tables
 from orchestrator.reporting.report_inputs import Inputs, Settings
 from orchestrator.reporting.report_render import overview, summary_lines
 from orchestrator.tracking import mlflow_ui
@@ -40,7 +40,7 @@ def make(
     rungs = report_ladder.analyse(inputs.trials, ladder, settings.options["loss_tolerance"])
     out = out or report_files.default_out(inputs.name)
     parts = [report_ladder.part(rungs)] if rungs else []
-    tables = results.build(
+    tables = sweep_tables.build(
         inputs.name, inputs.source.run_id or "", inputs.trials, inputs.curves, answer, inputs.metrics, inputs.uri or ""
     )
     with report_files.staged(out, inputs.folder) as folder:  # checked again: a sweep's may have changed as it ran

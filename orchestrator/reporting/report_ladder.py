@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from orchestrator.analysis import ladder, ladder_rungs, optimal_batch, tradeoff
 from orchestrator.analysis.trials import Trial
 from orchestrator.core import config as config_lib
-from orchestrator.core import ladder_target, registry
+from orchestrator.core import ladder_target, workload_paths
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import Target
 from orchestrator.formulas import cost
@@ -193,7 +193,7 @@ def params_of(trials: Sequence[Trial], model: Dict[str, Any]) -> int:
     sequence length are the ladder's)."""
     for t in trials:
         try:
-            n = registry.compute_params(config_lib.from_dict(recommended.config_of(t.params, model)))
+            n = workload_paths.compute_params(config_lib.from_dict(recommended.config_of(t.params, model)))
         except ConfigError:
             continue  # a run whose params are no train config of this project
         if n:

@@ -141,7 +141,7 @@ def _trend_sentence(trend: Trend) -> str:
 
 
 def what_to_run(result: Answer) -> List[str]:
-    """The recommendation (analysis/recommend.py) as sentences, and how to launch it; [] without one."""
+    """The recommendation (analysis/launch_choice.py) as sentences, and how to launch it; [] without one."""
     rec = result.recommendation
     if rec is None:
         return []

@@ -1,7 +1,7 @@
 """A ladder's rungs (docs/ladders.md): each model of `ladder.models` at each budget of
 `ladder.tokens_per_param` (or `ladder.rungs` as given), with its model.params N and budget D,
 smallest compute first; and the target the ladder recommends for. Pure but for the workload's
-cost function, named by its import path (core/registry.py): no Ray, no MLflow.
+cost function, named by its import path (core/workload_paths.py): no Ray, no MLflow.
 
 A budget of tokens_per_param x N is rounded to whole updates of the largest batch size the
 sweep's space names, so every batch size of a rung sees the same tokens (comparisons at equal
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.core import config as config_lib
-from orchestrator.core import derived, ladder_target, registry
+from orchestrator.core import derived, ladder_target, workload_paths
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.ladder_target import model_params as _params
 from orchestrator.core.schema import Config
@@ -61,7 +61,7 @@ def rung_tags(sweep: Sweep, cfg: Config) -> Dict[str, str]:
     ladder."""
     if sweep.ladder is None:
         return {}
-    return {RUNG_TAG: label(registry.compute_params(cfg) or 0, cfg.train.total_tokens)}
+    return {RUNG_TAG: label(workload_paths.compute_params(cfg) or 0, cfg.train.total_tokens)}
 
 
 def _short(n: float) -> str:

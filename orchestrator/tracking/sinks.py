@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Set, Tuple
 
-from orchestrator.core import registry
+from orchestrator.core import workload_paths
 from orchestrator.tracking.tracker import RunSink
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def _build(path: str, context: SinkContext) -> Optional[RunSink]:
     """One object per path and store in a process; None (reported once) when it cannot be built
     here: validation imported it where the command ran, not on this worker."""
     try:
-        return registry.load(path)(context)
+        return workload_paths.load(path)(context)
     except Exception as exc:
         _report_once(path, "cannot be built in this process", exc)
         return None

@@ -110,7 +110,7 @@ def test_smoke_sweep_with_a_fault_in_every_trial(ray_session, tmp_path, monkeypa
     # the same sweep in Python (orchestrator.results): the trials, and every point MLflow holds, value for value
     import pandas as pd
 
-    from orchestrator.reporting.results import load_sweep
+    from orchestrator.reporting.sweep_tables import load_sweep
 
     loaded = load_sweep(SMOKE, tracking_uri=uri)
     assert (loaded.name, loaded.run_id) == ("smoke", parent)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from orchestrator.core import config, derived, registry
+from orchestrator.core import config, derived, workload_paths
 from orchestrator.core.errors import ConfigError
 from orchestrator.driver import launch
 from orchestrator.tracking.store import Store
@@ -19,7 +19,7 @@ from workloads.workload import GPTWorkload, LinRegWorkload, Workload, build
 UPDATES = 8
 
 
-Bigram = registry.register("bigram")(user_workload.Bigram)  # docs/workloads.md's example, given a short name
+Bigram = workload_paths.register("bigram")(user_workload.Bigram)  # docs/workloads.md's example, given a short name
 
 
 def bigram_config(tmp_path, *extra):
@@ -55,8 +55,8 @@ def bigram_config(tmp_path, *extra):
 
 
 def test_registered_names_are_what_validation_accepts(tmp_path):
-    assert {"gpt", "linreg", "bigram"} <= set(registry.names())
-    assert registry.factory("gpt") is GPTWorkload and registry.factory("linreg") is LinRegWorkload
+    assert {"gpt", "linreg", "bigram"} <= set(workload_paths.names())
+    assert workload_paths.factory("gpt") is GPTWorkload and workload_paths.factory("linreg") is LinRegWorkload
     assert bigram_config(tmp_path).model.name == "bigram"
     with pytest.raises(ConfigError, match="model.name.*bigram") as err:
         config.load(TINY, ["model.name=trigram"])
@@ -71,8 +71,8 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
     summed, count = work.summed_loss(work.model, mb)
     assert count == mb.real_tokens > 0 and summed.item() > 0
 
-    monkeypatch.setattr(registry, "_entries", dict(registry._entries))  # forget "empty" afterwards
-    registry.register("empty", lambda cfg, plan, device: object())
+    monkeypatch.setattr(workload_paths, "_entries", dict(workload_paths._entries))  # forget "empty" afterwards
+    workload_paths.register("empty", lambda cfg, plan, device: object())
     with pytest.raises(
         TypeError,
         match="'empty' lacks model, flops_per_token, source_names, param_groups, "
@@ -84,11 +84,11 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
         def micro_batch(self, update, rank, accum_step):
             return super().micro_batch(update * self.plan.sequences_per_update, self.plan, rank, accum_step)
 
-    registry.register("old", OldSignature)
+    workload_paths.register("old", OldSignature)
     with pytest.raises(TypeError, match=r"micro_batch\(update, rank, accum_step\) is the old signature; it is now"):
         build(config.load(TINY, ["model.name=old"]), derived.batch_plan(cfg), torch.device("cpu"))
     with pytest.raises(ValueError, match="'bigram' is already registered as tests.fixtures.user_workload:Bigram"):
-        registry.register("bigram", lambda cfg, plan, device: object())
+        workload_paths.register("bigram", lambda cfg, plan, device: object())
 
 
 @pytest.mark.parametrize(

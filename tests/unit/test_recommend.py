@@ -1,4 +1,4 @@
-"""What to run (orchestrator/analysis/recommend.py) and the file that launches it
+"""What to run (orchestrator/analysis/launch_choice.py) and the file that launches it
 (orchestrator/reporting/recommended.py): the B_opt rule on hand-computed rows, the lr at that batch
 size, and a recommended.yaml that `orchestrator plan` accepts, made from a run's params as MLflow
 holds them."""
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from orchestrator import cli
-from orchestrator.analysis import recommend
+from orchestrator.analysis import launch_choice
 from orchestrator.core import config, derived
 from orchestrator.driver import run_life
 from orchestrator.reporting import recommended
@@ -27,7 +27,7 @@ ROWS = [  # final losses at the best lr per batch size; 1,024 is 0.3 % over the 
 
 
 def test_the_batch_is_b_opt_rounded_down_to_whole_sequences_and_its_lr_interpolated():
-    rec = recommend.for_sweep(ROWS, lr_law=None, unit=64)
+    rec = launch_choice.for_sweep(ROWS, lr_law=None, unit=64)
     threshold = 2.000 * 1.005  # the crossing of 1.005 x the best, linear in B between 1,024 and 2,048
     b_opt = 1024 + (threshold - 2.006) / (2.020 - 2.006) * 1024
     assert rec.b_opt.batch == pytest.approx(b_opt) and rec.b_opt.status == "resolved"
@@ -36,16 +36,16 @@ def test_the_batch_is_b_opt_rounded_down_to_whole_sequences_and_its_lr_interpola
     assert rec.lr == pytest.approx(math.exp(math.log(2.0e-3) + share * math.log(2.8e-3 / 2.0e-3)))
     assert rec.lr_from == "interpolated" and rec.template_run == "r1024"
     assert rec.overrides() == {"batch.tokens_per_update": 1280, "optim.lr": rec.lr}
-    law = recommend.for_sweep(ROWS, lr_law=(5e-5, 0.5), unit=64)
+    law = launch_choice.for_sweep(ROWS, lr_law=(5e-5, 0.5), unit=64)
     assert law.lr == pytest.approx(5e-5 * 1280**0.5) and law.lr_from == "power law"
 
 
 def test_every_batch_within_the_tolerance_recommends_the_largest_and_says_it_is_a_bound():
     flat = [{**r, "final_loss": 2.0 + 0.001 * i} for i, r in enumerate(ROWS)]
-    rec = recommend.for_sweep(flat, lr_law=None, unit=64)
+    rec = launch_choice.for_sweep(flat, lr_law=None, unit=64)
     assert rec.b_opt.status == "above" and rec.tokens_per_update == 2048 and rec.lr == 2.8e-3
     assert any("larger batch sizes were not tried" in s for s in rec.rule)
-    assert recommend.for_sweep([{"batch": 256, "final_loss": None}], None, 64) is None
+    assert launch_choice.for_sweep([{"batch": 256, "final_loss": None}], None, 64) is None
 
 
 def params_of(cfg) -> dict:
@@ -145,8 +145,8 @@ def test_a_sweep_whose_loss_rises_on_both_sides_recommends_its_tolerance_point_a
     rows = [
         {"batch": r.batch, "final_loss": r.final_loss, "lr": r.lr, "run_id": r.run_id} for r in answer.best_per_batch
     ]
-    assert rec.lr == recommend.lr_at(rec.tokens_per_update, rows, None)[0]  # one lr law for every point
-    assert found.loss_optimal.lr.value == recommend.lr_at(b_star.value, rows, None)[0]
+    assert rec.lr == launch_choice.lr_at(rec.tokens_per_update, rows, None)[0]  # one lr law for every point
+    assert found.loss_optimal.lr.value == launch_choice.lr_at(b_star.value, rows, None)[0]
     j = rec.to_json()
     assert j["tolerance"] == 0.004 and len(j["tradeoff"]) == 9
     assert set(j["loss_optimal"]) == {"tokens_per_update", "lr", "predicted_loss"}

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.analysis import sweep_analysis
 from orchestrator.core.errors import ConfigError
-from orchestrator.reporting import report, report_files, report_inputs, report_render, results
+from orchestrator.reporting import report, report_files, report_inputs, report_render, sweep_tables
 from orchestrator.tracking import metric_logger, run_tags
 from orchestrator.tracking import store as store_module
 from orchestrator.tracking.store import Store
@@ -229,13 +229,13 @@ def test_a_run_ends_with_its_figure_logged_and_closed(tmp_path):
 
 
 def test_where_a_run_keeps_its_checkpoints_is_in_its_record_and_table(store):
-    from orchestrator.reporting import results
+    from orchestrator.reporting import sweep_tables
 
     uri, run_id = store["uri"], store["lone"]
     Store(uri).set_tags(run_id, {run_tags.CHECKPOINTS_TAG: "s3://bucket/runs/lone"})
     (t,) = report_inputs.trials_of(uri, [Store(uri).get_run(run_id)])
     assert t.checkpoints == "s3://bucket/runs/lone"
-    assert list(results.trials_frame([t])["checkpoints"]) == ["s3://bucket/runs/lone"]
+    assert list(sweep_tables.trials_frame([t])["checkpoints"]) == ["s3://bucket/runs/lone"]
 
 
 def test_curves_are_smoothed_in_a_window_of_constant_width_on_the_log_axis():
@@ -392,7 +392,7 @@ def test_a_sweep_named_by_its_file_its_name_or_its_parent_run_gets_one_answer(st
     `sweep` logs it) and read back when the file is not given: report by file, by name, by parent
     run id and load_sweep agree, and say where the settings came from; the command line's lr
     criterion wins over the default."""
-    from orchestrator.reporting import results
+    from orchestrator.reporting import sweep_tables
 
     name, uri = "settings-recorded", store["uri"]
     text = (
@@ -424,7 +424,7 @@ def test_a_sweep_named_by_its_file_its_name_or_its_parent_run_gets_one_answer(st
         "primary_target": f"the sweep file recorded on run {parent}",
         "loss_tolerance": "default",
     }
-    loaded = results.load_sweep(name, tracking_uri=uri, experiment=EXPERIMENT)
+    loaded = sweep_tables.load_sweep(name, tracking_uri=uri, experiment=EXPERIMENT)
     assert loaded.fit.raw == {k: v for k, v in written["name"].items() if k != "name"}
 
     out = tmp_path / "cli-wins"
@@ -466,7 +466,7 @@ def test_a_text_param_that_looks_like_a_number_is_written_and_read_back_as_text(
     of names as names, so `report DIR` reads the folder `report` wrote."""
     from orchestrator.analysis import tables
     from orchestrator.analysis.trials import Trial
-    from orchestrator.reporting import results
+    from orchestrator.reporting import sweep_tables
 
     names = ["73714518", "29e68690", "a1b2c3d4"]
     trials = [
@@ -485,8 +485,8 @@ def test_a_text_param_that_looks_like_a_number_is_written_and_read_back_as_text(
         for i, name in enumerate(names)
     ]
     curves = {t.run_id: {"train/loss": t.train} for t in trials}
-    frames = results.trials_frame(trials), results.curves_frame(trials, curves)
-    results.SweepResults("names", "parent", *frames, fit=None).to_csv(tmp_path)
+    frames = sweep_tables.trials_frame(trials), sweep_tables.curves_frame(trials, curves)
+    sweep_tables.SweepResults("names", "parent", *frames, fit=None).to_csv(tmp_path)
     back = tables.read(tmp_path)
     assert [t.params["train.run_name"] for t in back] == names
     assert [t.params["train.seed"] for t in back] == ["0", "1", "2"]
@@ -541,7 +541,7 @@ def test_whole_curves_logged_in_batches_read_back_as_logged(tmp_path):
 
 
 def test_a_runs_curves_artifact_holds_every_curve_report_and_load_sweep_read_by_default():
-    assert set(store_module.CURVES_STORED) == {*report_inputs.METRICS, *results.METRICS}
+    assert set(store_module.CURVES_STORED) == {*report_inputs.METRICS, *sweep_tables.METRICS}
 
 
 def test_a_heatmap_of_hundreds_of_lrs_stays_a_figure_one_can_open():

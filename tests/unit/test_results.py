@@ -1,4 +1,4 @@
-"""`orchestrator.reporting.results`: the tables `load_sweep` returns and `report` writes, built from a
+"""`orchestrator.reporting.sweep_tables`: the tables `load_sweep` returns and `report` writes, built from a
 known-truth world's trials (no MLflow: tests/integration/test_sweep.py reads a real sweep)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.analysis import sweep_analysis, tables
 from orchestrator.analysis.trials import Curve, Trial
-from orchestrator.reporting import results
+from orchestrator.reporting import sweep_tables
 from tests.conftest import ROOT
 from tests.known_truth import World
 
@@ -43,7 +43,7 @@ def sweep():
         for t in trials[:-1]  # the last run logged nothing this reader was asked for
     }
     result = sweep_analysis.analyse(trials)
-    return trials, curves, result, results.build("syn", "parent", trials, curves, result, results.METRICS)
+    return trials, curves, result, sweep_tables.build("syn", "parent", trials, curves, result, sweep_tables.METRICS)
 
 
 def test_trials_table_has_one_row_per_trial_with_its_params_outcome_and_last_values(sweep):
@@ -108,7 +108,7 @@ def test_params_are_typed_so_pandas_reads_the_csv_back_to_the_same_frame(sweep, 
     trials, curves, result, _ = sweep
     texts = {"cluster.address": "None", "cluster.use_gpu": "False", "gns.enabled": "True", "optim.eps": "1e-08"}
     typed = [dataclasses.replace(t, params={**t.params, **texts}) for t in trials]
-    built = results.build("syn", "parent", typed, curves, result, results.METRICS)
+    built = sweep_tables.build("syn", "parent", typed, curves, result, sweep_tables.METRICS)
     frame = built.trials
     assert frame["cluster.address"].isna().all() and frame["optim.eps"].eq(1e-08).all()
     assert frame["cluster.use_gpu"].dtype == bool and not frame["cluster.use_gpu"].any() and frame["gns.enabled"].all()
@@ -142,14 +142,14 @@ def test_curves_hold_every_point_of_the_metrics_asked_for_value_for_value(sweep)
     assert list(frame.columns) == ["trial", "run_id", "metric", "tokens", "value"]
     assert frame["tokens"].dtype == "int64" and frame["value"].dtype == "float64"
     for t in trials:
-        for metric in results.METRICS:
+        for metric in sweep_tables.METRICS:
             rows = frame[(frame["run_id"] == t.run_id) & (frame["metric"] == metric)]
             expected = curves.get(t.run_id, {}).get(metric, [])
             assert list(zip(rows["tokens"], rows["value"])) == expected, (t.name, metric)
             assert set(rows["trial"]) <= {t.name}
     assert len(frame) == sum(len(points) for c in curves.values() for points in c.values())
     assert frame[frame["run_id"] == trials[-1].run_id].empty
-    only = results.curves_frame(trials, curves, ["train/lr"])
+    only = sweep_tables.curves_frame(trials, curves, ["train/lr"])
     assert set(only["metric"]) == {"train/lr"} and len(only) == len(EXTRA) * len(curves)
 
 
@@ -185,7 +185,7 @@ def test_fit_is_the_reports_numbers(sweep):
     assert list(fit.critical_batch["target_loss"]) == fit.targets
     assert list(fit.critical_batch["batch_sizes"]) == [len(f["points"]) for f in result["critical_batch"]]
     assert (fit.lr_coef, fit.lr_alpha) == (result["lr_scaling"]["coef"], result["lr_scaling"]["alpha"])
-    assert results.fit_of(None) is None
+    assert sweep_tables.fit_of(None) is None
     # the points B_crit is fitted to, per target and batch size, as the report's cost tables give them
     points = [(f["target_loss"], p) for f in result["critical_batch"] for p in f["points"]]
     steps = fit.steps_to_target
@@ -212,14 +212,14 @@ def values(frame: pd.DataFrame) -> list:
 
 
 def test_only_results_imports_pandas():
-    """The command line stays light: pandas is reporting/results.py's alone (imported by `report`
+    """The command line stays light: pandas is reporting/sweep_tables.py's alone (imported by `report`
     when it runs)."""
     importers = [
         str(p.relative_to(ROOT))
         for p in sorted((ROOT / "orchestrator").rglob("*.py"))
         if re.search(r"^\s*(import|from) pandas", p.read_text(), re.M)
     ]
-    assert importers == ["orchestrator/reporting/results.py"]
+    assert importers == ["orchestrator/reporting/sweep_tables.py"]
 
 
 def test_a_curve_reads_as_the_sorted_list_of_tuples_it_replaces():
@@ -265,4 +265,4 @@ def test_the_recommendation_is_a_typed_config_whose_yaml_is_recommended_yaml(swe
     (written,) = report_files.write_recommended(trials, answer, tmp_path)
     assert written.read_text() == typed.to_yaml()
     assert config_lib.to_dict(config_lib.load(written)) == config_lib.to_dict(typed.config)
-    assert results.build("syn", "parent", trials, {}, None).recommended is None
+    assert sweep_tables.build("syn", "parent", trials, {}, None).recommended is None

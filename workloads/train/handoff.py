@@ -37,7 +37,7 @@ class WorkerPayload:
     local_mode: bool = False
     """Ray Train's local mode inside a Tune trial: reports and checkpoints go to Ray Tune."""
     workloads: Mapping[str, str] = field(default_factory=dict)
-    """The driver's registered workloads by import path (core/registry.importable)."""
+    """The driver's registered workloads by import path (core/workload_paths.importable)."""
     startup: Optional[Dict[str, object]] = None
     """The launcher's start-up phases (core/phases.Phases.as_payload), which the worker carries on."""
 

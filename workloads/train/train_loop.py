@@ -20,7 +20,7 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from orchestrator.core import logs, registry
+from orchestrator.core import logs, workload_paths
 from orchestrator.core.config import from_dict
 from orchestrator.core.derived import (
     adaptive_rule,
@@ -90,7 +90,7 @@ def train_worker(config: Mapping[str, WorkerPayload]) -> None:
     startup = Phases.from_payload(payload.startup)
     startup.mark("ray_train")  # from fit() to here: Ray Train's controller and worker group
     logs.setup()
-    registry.register_all(dict(payload.workloads))
+    workload_paths.register_all(dict(payload.workloads))
     _train(from_dict(payload.config), payload, _ray(payload), startup)
 
 

@@ -1,6 +1,6 @@
 """A finished sweep (or one run) as pandas tables, for notebooks: `load_sweep(...)`.
 
-    from orchestrator.reporting.results import load_sweep
+    from orchestrator.reporting.sweep_tables import load_sweep
     sweep = load_sweep("smoke", tracking_uri="sqlite:///mlflow.db")
     sweep.trials    # one row per trial: outcome, final metrics, short aliases, every param by its dotted key
     sweep.curves    # long: trial, run_id, metric (names categorical), tokens, value -- every point MLflow holds
