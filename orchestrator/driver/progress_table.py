@@ -83,6 +83,7 @@ class ProgressTable(tune.Callback):
         clock: Callable[[], float] = time.monotonic,
         console: Any = None,
         study: Optional[StudyKind] = None,
+        base: Optional[Config] = None,
     ) -> None:
         self.sweep = sweep
         self.study = study or kinds.kind_of(sweep)
@@ -94,7 +95,7 @@ class ProgressTable(tune.Callback):
         self.last_print = -math.inf
         self.started_at: Optional[float] = None  # the first trial's start
         self._live: Any = None
-        self._base: Optional[Config] = None  # search_space.base_of(sweep), read at the first row
+        self._base = base  # search_space.unvalidated_base(sweep), read at the first row if not given
 
     def __getstate__(self) -> Dict[str, Any]:  # Tune may pickle its callbacks; a Live display cannot be
         return {**self.__dict__, "_live": None}
@@ -104,7 +105,7 @@ class ProgressTable(tune.Callback):
 
     def _row(self, trial) -> Dict[str, Any]:
         if trial.trial_id not in self.rows:
-            self._base = self._base or search_space.base_of(self.sweep)
+            self._base = self._base or search_space.unvalidated_base(self.sweep)
             resolved = self.study.resolve(self.sweep, trial.config["trial"], self._base)
             c = resolved.cfg
             self.rows[trial.trial_id] = {

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from orchestrator.core import config as config_lib
 from orchestrator.core import storage
@@ -139,35 +139,78 @@ def _say_how_early_stopping_compares(prepared: Prepared) -> None:
 
 
 def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
+    """The sweep: read once and planned by its kind, every check before Ray, Ray, its parent run,
+    Tune, its report."""
     prepared = kinds.prepare(sweep_path, overrides)
+    folder = _check_before_ray(prepared, resume)
+    on_ray = _start_ray(prepared)
+    _open_or_resume(prepared, folder, resume)
+    scheduler = None if resume else _scheduler(prepared.sweep, prepared.base.train.total_tokens)
+    error = _tune(prepared, folder, resume, scheduler)
+    from orchestrator.driver import sweep_summary
+
+    leaving = ray_session.shut_down_meanwhile() if on_ray else None  # the closing report reads MLflow only
+    try:
+        stopped = getattr(scheduler, "stopped_at", None)  # which trials a fresh sweep's ASHA stopped where
+        return sweep_summary.finish(prepared.sweep, prepared.base, prepared.parent_run, error, stopped)
+    finally:
+        if leaving:
+            leaving.join()
+
+
+def _check_before_ray(prepared: Prepared, resume: bool) -> str:
+    """Everything a sweep checks before Ray starts: its paths, its kind's work on the plan (a
+    branch study's base run found), every distinct trial's preflight, the storage, the folder
+    its report goes to, the checkpoints a resumed sweep would load; its folder."""
     sweep, base = prepared.sweep, prepared.base
-    _check_before_ray(prepared)
+    run_life.resolve_paths(base)
+    for t in prepared.skipped:
+        log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
+    prepared.study.before_ray(prepared)
+    _preflight(prepared.all_trials())
+    storage.check_reachable(base.train.storage_path, "train.storage_path")  # once: every trial's lies under it
+    report_files.check_out_folder(report_files.default_out(sweep.name))  # where the sweep's report goes when it ends
+    _say_how_early_stopping_compares(prepared)
     folder = _sweep_dir(storage.join(base.train.storage_path, "sweeps"), sweep.name, resume)
     if resume and storage.local_path(folder) is not None:  # remote ones: each trial checks what it loads
         from workloads.train import checkpoint
 
         checkpoint.check_files(storage.local_path(folder), "--resume")
+    return folder
+
+
+def _start_ray(prepared: Prepared) -> bool:
+    """Ray (started here, or joined), checked against every trial's shape; the `auto` micro-batches
+    found. Whether this process started it."""
+    base = prepared.base
     meanwhile = _import_while_ray_starts(base.tracking.uri)
     on_ray = ray_session.ray_init(base.cluster.address)
     meanwhile.join()
-    ray_session.check_cluster(base, placement.trial_shapes(sweep, prepared.all_trials()))
+    ray_session.check_cluster(base, placement.trial_shapes(prepared.sweep, prepared.all_trials()))
     micro_batch.resolve_all([t.cfg for t in prepared.all_trials()])
+    return on_ray
+
+
+def _open_or_resume(prepared: Prepared, folder: str, resume: bool) -> None:
+    """The sweep's MLflow parent run: opened and recorded in its folder, or read back on --resume."""
+    sweep = prepared.sweep
     if resume:
         prepared.parent_run = storage.read_json(storage.join(folder, RECORD))["parent_run_id"]
         where = config_lib.redact_uri(folder)
         print(f"resuming sweep {sweep.name!r} from {where} (MLflow parent run {prepared.parent_run})")
-    else:
-        prepared.parent_run = _open_parent(prepared)
-        storage.write_json(
-            storage.join(folder, RECORD), {"parent_run_id": prepared.parent_run, "sweep": str(sweep.path)}
-        )
-        where, count = config_lib.redact_uri(folder), prepared.study.describe(sweep, prepared.trials)
-        print(f"sweep {sweep.name!r}: {count}, MLflow parent run {prepared.parent_run}, results in {where}")
+        return
+    prepared.parent_run = _open_parent(prepared)
+    storage.write_json(storage.join(folder, RECORD), {"parent_run_id": prepared.parent_run, "sweep": str(sweep.path)})
+    where, count = config_lib.redact_uri(folder), prepared.study.describe(sweep, prepared.trials)
+    print(f"sweep {sweep.name!r}: {count}, MLflow parent run {prepared.parent_run}, results in {where}")
 
-    # Tune restores its own scheduler on --resume; a fresh sweep's tells which trials it stopped where.
-    scheduler, error = None if resume else _scheduler(sweep, base.train.total_tokens), None
+
+def _tune(prepared: Prepared, folder: str, resume: bool, scheduler) -> Optional[BaseException]:
+    """The kind's phases before Tune (a branch study's base run), then the study's Tune run; the
+    error that ended it, if any (StoreRefusedWrites when the store refused the trials' writes)."""
     from orchestrator.driver import store_watch
 
+    error = None
     with store_watch.watching() as watch:
         try:
             with _only_our_progress():
@@ -181,29 +224,7 @@ def run(sweep_path: str, overrides: List[str], resume: bool = False) -> int:
             error = exc
     if watch.refused:  # every trial stopped at the first that failed for it: the store is the reason
         error = StoreRefusedWrites(watch.refused)
-    from orchestrator.driver import sweep_summary
-
-    leaving = ray_session.shut_down_meanwhile() if on_ray else None  # the closing report reads MLflow only
-    try:
-        return sweep_summary.finish(sweep, base, prepared.parent_run, error, getattr(scheduler, "stopped_at", None))
-    finally:
-        if leaving:
-            leaving.join()
-
-
-def _check_before_ray(prepared: Prepared) -> None:
-    """Everything a sweep checks before Ray starts: its paths, its kind's work on the plan (a
-    branch study's base run found), every distinct trial's preflight, the storage, the folder
-    its report goes to."""
-    sweep, base = prepared.sweep, prepared.base
-    run_life.resolve_paths(base)
-    for t in prepared.skipped:
-        log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
-    prepared.study.before_ray(prepared)
-    _preflight(prepared.all_trials())
-    storage.check_reachable(base.train.storage_path, "train.storage_path")  # once: every trial's lies under it
-    report_files.check_out_folder(report_files.default_out(sweep.name))  # where the sweep's report goes when it ends
-    _say_how_early_stopping_compares(prepared)
+    return error
 
 
 @contextlib.contextmanager
@@ -244,7 +265,7 @@ def _tuner(prepared: Prepared, trials, folder: str, resume: bool, scheduler, tag
     setup = TrialSetup(
         sweep=sweep,
         study=study,
-        base=search_space.base_of(sweep),
+        base=prepared.unvalidated,
         parent_run_id=prepared.parent_run,
         train_storage=storage.join(folder, "train"),
         tune_storage=storage.join(folder, phase),
@@ -294,7 +315,7 @@ def _tuner(prepared: Prepared, trials, folder: str, resume: bool, scheduler, tag
             checkpoint_config=tune.CheckpointConfig(
                 num_to_keep=trials[0].cfg.train.keep_checkpoints if trials else base.train.keep_checkpoints
             ),
-            callbacks=[ProgressTable(sweep, study=study)],
+            callbacks=[ProgressTable(sweep, study=study, base=prepared.unvalidated)],
             verbose=0,
         ),
     )

@@ -43,8 +43,8 @@ class TrialSetup:
     study: StudyKind
     """The sweep's kind (studies/kinds.kind_of): how a trial's values resolve, and its tags."""
     base: Config
-    """search_space.base_of(sweep), read once by the driver: a trial parses the base file once,
-    for its own config."""
+    """The sweep's unvalidated base (studies/study.Prepared.unvalidated), read once by the driver:
+    a trial parses the base file once, for its own config."""
     parent_run_id: str
     """The sweep's MLflow run, every trial's parent."""
     train_storage: str

@@ -20,7 +20,6 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import BranchConfig, Sweep
 from orchestrator.formulas import batching
-from orchestrator.studies import search_space
 from orchestrator.studies.search_space import Trial
 from orchestrator.studies.study import Prepared, StudyKind, TunePhase, validated_base
 from orchestrator.tracking.run_tags import BRANCH_OF_TAG, PARENT_TAG, ROLE_TAG
@@ -239,7 +238,7 @@ class BranchStudy(StudyKind):
         """The branch trials, each with the base run's checkpoint at its branch point."""
         sweep, run_id = prepared.sweep, prepared.base_run
         checkpoints = checkpoints_of(prepared.base.tracking.uri, run_id, sweep.branch.at_tokens)
-        unvalidated = search_space.base_of(sweep)
+        unvalidated = prepared.unvalidated
         trials = [
             self.resolve(sweep, {**t.values, "train.start_from_checkpoint": checkpoints[branch_at(t.cfg)]}, unvalidated)
             for t in prepared.trials or []

@@ -64,7 +64,7 @@ class LadderStudy(bracket.BracketStudy):
 
     def resolve(self, sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None) -> Trial:
         """A rung's trial keeps the base's warmup share (and, with hold tokens, AdamW's constants)."""
-        base = base or search_space.base_of(sweep)
+        base = base or search_space.unvalidated_base(sweep)
         budget = values.get("train.total_tokens")
         held = ladder_plan.held(sweep.ladder.hold, base, budget) if budget is not None else None
         return search_space.resolve(sweep, values, base, held)

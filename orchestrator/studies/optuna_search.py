@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
-from orchestrator.studies import corners
+from orchestrator.studies import corners, search_space
 from orchestrator.studies.search_space import Trial
 from orchestrator.studies.study import DryRunLines, Prepared, Search, StudyKind
 from orchestrator.tracking.run_tags import PARENT_TAG
@@ -31,7 +31,7 @@ class OptunaStudy(StudyKind):
     own_keys = ("search.optuna_storage",)
 
     def plan(self, sweep: Sweep, base: Config) -> Prepared:
-        return Prepared(self, sweep, base, None)
+        return Prepared(self, sweep, base, search_space.unvalidated_base(sweep), None)
 
     def describe(self, sweep: Sweep, trials: Optional[List[Trial]]) -> str:
         return f"{sweep.search.num_samples} trials"

@@ -110,15 +110,16 @@ def grid_points(space: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())] if grid else [{}]
 
 
-def seed_values(sweep: Sweep) -> List[Dict[str, int]]:
-    """The replicates' values: [{}] for one seed, else train.seed = base seed + 0 .. seeds - 1."""
+def seed_values(sweep: Sweep, base: Optional[Config] = None) -> List[Dict[str, int]]:
+    """The replicates' values: [{}] for one seed, else train.seed = base seed + 0 .. seeds - 1
+    (`base`: unvalidated_base(sweep), when the caller holds it)."""
     if sweep.search.seeds == 1:
         return [{}]
-    first = config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False).train.seed
+    first = (base or unvalidated_base(sweep)).train.seed
     return [{"train.seed": first + i} for i in range(sweep.search.seeds)]
 
 
-def base_of(sweep: Sweep) -> Config:
+def unvalidated_base(sweep: Sweep) -> Config:
     """The base config trials are resolved against: the file with the sweep's overrides, not
     validated (each trial's own config is)."""
     return config_lib.load(sweep.base_config, sweep.base_overrides, validate_config=False)
@@ -128,10 +129,10 @@ def resolve(
     sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None, held: Optional[Dict[str, Any]] = None
 ) -> Trial:
     """Sampled values -> train-config overrides (shares -> tokens, scaling rule -> lr) -> config.
-    `base`: base_of(sweep), when the caller holds it (it is read only): the base file is then
+    `base`: unvalidated_base(sweep), when the caller holds it (it is read only): the base file is then
     parsed once per trial, for the trial's own config. `held`: overrides the study's kind sets
     under the sampled values (a ladder rung's warmup and optimizer constants)."""
-    base = base or base_of(sweep)
+    base = base or unvalidated_base(sweep)
     overrides = {**(held or {}), **{k: v for k, v in values.items() if k not in SHARE_KEYS and k not in LR_KEYS}}
     budget = values.get("train.total_tokens", base.train.total_tokens)
     for share_key, tokens_key in SHARE_KEYS.items():

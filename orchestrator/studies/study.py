@@ -51,7 +51,10 @@ class Prepared:
     study: "StudyKind"
     sweep: Sweep
     base: Config
-    """The base config, with the overrides (they apply to every trial's base)."""
+    """The base config, with the overrides (they apply to every trial's base), validated."""
+    unvalidated: Config
+    """The same base, not validated, which every trial's values are resolved against
+    (search_space.resolve): read once here, and carried to the trials' processes."""
     trials: Optional[List[Trial]]
     """The feasible trials, in order; None when a searcher proposes them as it runs (Optuna)."""
     skipped: List[Trial] = field(default_factory=list)
@@ -122,17 +125,18 @@ class StudyKind:
         """The sampled values of every configuration the study trains, before seed replicates."""
         raise NotImplementedError(f"{type(self).__name__} lists no trials")
 
-    def trials(self, sweep: Sweep) -> Optional[List[Trial]]:
+    def trials(self, sweep: Sweep, unvalidated: Optional[Config] = None) -> Optional[List[Trial]]:
         """Every trial, in a reproducible order, resolved (None: a searcher proposes them)."""
-        base = search_space.base_of(sweep)
-        seeds = search_space.seed_values(sweep)
+        base = unvalidated or search_space.unvalidated_base(sweep)
+        seeds = search_space.seed_values(sweep, base)
         return [self.resolve(sweep, {**v, **s}, base) for v in self.values(sweep) for s in seeds]
 
     def plan(self, sweep: Sweep, base: Config) -> Prepared:
         """The trials split into feasible and skipped, checked for ASHA's alignment."""
-        trials, skipped = search_space.split_feasible(sweep, self.trials(sweep))
+        unvalidated = search_space.unvalidated_base(sweep)
+        trials, skipped = search_space.split_feasible(sweep, self.trials(sweep, unvalidated))
         search_space.check_asha_alignment(sweep, trials)
-        return Prepared(self, sweep, base, trials, skipped)
+        return Prepared(self, sweep, base, unvalidated, trials, skipped)
 
     def resolve(self, sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None) -> Trial:
         """A trial's values -> its validated config (what the trial's process runs)."""
