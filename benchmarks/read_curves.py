@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.reporting import results  # noqa: E402
+from orchestrator.reporting import sweep_tables  # noqa: E402
 from orchestrator.tracking import metric_logger  # noqa: E402
 from orchestrator.tracking.run_tags import PARENT_TAG, ROLE_TAG, SWEEP_ROLE  # noqa: E402
 from orchestrator.tracking.store import Store  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> None:
         uri, parent = _known_truth_store(Path(tempfile.mkdtemp(prefix="read-curves-")))
     store = Store(uri)
     runs = store.child_runs(parent)
-    keys = list(results.METRICS)
+    keys = list(sweep_tables.METRICS)
 
     def sequential():
         return store.histories(runs, keys, workers=1)

@@ -19,6 +19,7 @@ from orchestrator.core import ladder_target, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report_folder, report_inputs, report_ladder
 from orchestrator.reporting.report_files import check_out_folder, default_out
+from orchestrator.tracking.store import Store
 
 
 def ladder_request(
@@ -53,7 +54,7 @@ def run(
     `orchestrator ui` the printed links open. target_params / target_tokens: a ladder's target,
     over the sweep file's ladder.target. loss_tolerance: the share of the loss the recommendation
     trades for a larger batch, over the file's loss_tolerance (a ladder's ladder.tolerance)."""
-    from orchestrator.reporting import pipeline, results  # pandas and matplotlib only when a report runs
+    from orchestrator.reporting import pipeline, sweep_tables  # pandas and matplotlib only when a report runs
 
     is_sweep_file = Path(target).is_file() and target.endswith((".yaml", ".yml"))
     read = sweep_file.load(target, check=False) if is_sweep_file else None  # the command's one parse of it
@@ -67,7 +68,7 @@ def run(
     uri, name, run_id = _resolve(target, list(overrides), read)
     out_dir = Path(out) if out else default_out(name)
     check_out_folder(out_dir)  # before reading the runs: a refusal costs nothing
-    inputs = report_inputs.read_mlflow(uri, name, run_id, results.METRICS)
+    inputs = report_inputs.read_mlflow(uri, name, run_id, sweep_tables.METRICS)
     if not any(t.batch and t.train for t in inputs.trials):
         print(
             f"orchestrator report: nothing to report: no run under {run_id} has train/loss and batch.tokens_per_update"
@@ -78,11 +79,14 @@ def run(
         ladder = ladder_request(sweep, target_params, target_tokens, inputs.trials)
     if given_target:
         refuse_target_outside_the_ladder(inputs.trials, ladder.target)
+    tracking = report_inputs.tracking_for(target, list(overrides), read)[1]
     compare = None
     if sweep is not None and sweep.branch is not None:
-        experiment = report_inputs.tracking_for(target, list(overrides), read)[2]
-        compare = report_inputs.compared_sweep(sweep.branch, uri, experiment)
-    pipeline.make(inputs, settings, out_dir, target_losses, ui_port=ui_port, ladder=ladder, compare_with=compare)
+        compare = report_inputs.compared_sweep(sweep.branch, uri, tracking.experiment)
+    store = Store(uri, tracking.experiment, tracking.sinks)  # what the report logs reaches the sinks too
+    pipeline.make(
+        inputs, settings, out_dir, target_losses, ui_port=ui_port, ladder=ladder, compare_with=compare, store=store
+    )
     return 0
 
 

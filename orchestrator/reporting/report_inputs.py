@@ -2,7 +2,7 @@
 its runs as `trials.Trial` records with the curves the analysis needs (MLflow only through the
 door, tracking/store.py, whose run records become trials here), or a folder of trials.csv and
 curves.csv; either way as `Inputs`, which `analyse` turns into the answer with where it was read
-from. `report`, `results.load_sweep`, the sweep's closing summary and the bracket searcher all read
+from. `report`, `sweep_tables.load_sweep`, the sweep's closing summary and the bracket searcher all read
 runs through here."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from orchestrator.analysis.answer import Answer, Source
 from orchestrator.analysis.trials import Curve, Trial
 from orchestrator.core import config, sweep_file, sweep_schema
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.schema import TrackingConfig
 from orchestrator.tracking.records import RunRecord
 from orchestrator.tracking.run_tags import CHECKPOINTS_TAG, ROLE_TAG, STOPPED_AT_TAG, SWEEP_ROLE, SWEEP_TAG, TRIAL_TAG
 from orchestrator.tracking.store import Store, resolve_uri
@@ -51,10 +52,11 @@ class Inputs:
 
 def tracking_for(
     target: str, overrides: List[str], sweep: Optional[sweep_schema.Sweep] = None
-) -> Tuple[Optional[str], str, str]:
-    """(sweep name when target is a sweep file, tracking uri, experiment). The `tracking.*` entries
-    of a sweep file's `base.overrides` name its store; the command line's overrides win. `sweep`:
-    the sweep file as the command read it already (a command parses it once)."""
+) -> Tuple[Optional[str], TrackingConfig]:
+    """(sweep name when target is a sweep file, its tracking: the store's uri resolved, the
+    experiment, the extra sinks). The `tracking.*` entries of a sweep file's `base.overrides` name
+    them; the command line's overrides win. `sweep`: the sweep file as the command read it already
+    (a command parses it once)."""
 
     name, extra = None, []
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
@@ -65,14 +67,16 @@ def tracking_for(
         if not sweep.named:
             raise ConfigError("name", f"sweep file {target} has no top-level `name:`; valid: a sweep YAML with name")
         name, extra = sweep.name, [o for o in sweep.base_overrides if o.startswith("tracking.")]
-    cfg = config.load(None, extra + list(overrides))
-    return name, resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
+    tracking = config.load(None, extra + list(overrides)).tracking
+    tracking.uri = resolve_uri(tracking.uri)
+    return name, tracking
 
 
 def resolve(target: str, overrides: List[str], sweep: Optional[sweep_schema.Sweep] = None) -> Tuple[str, str, str]:
     """(tracking uri, report name, run id of the sweep's parent run or of the single run); `sweep`
     as tracking_for's."""
-    sweep_name, uri, experiment = tracking_for(target, overrides, sweep)
+    sweep_name, tracking = tracking_for(target, overrides, sweep)
+    uri, experiment = tracking.uri, tracking.experiment
     store = Store(uri, experiment)
     if not store.exists():
         raise ConfigError("tracking.uri", f"no MLflow store at {uri}; pass tracking.uri=<the store of the sweep>")

@@ -352,7 +352,7 @@ def test_report_of_a_sweep_file_reads_it_once_and_makes_the_report_of_its_runs(s
     # search.criterion steps is how the search scored lrs; the lr the report names is by final loss
     # unless the command line asks otherwise (one criterion for the whole answer, issue 52).
     assert settings.options == {"lr_criterion": "final_loss", "primary_target": None, "loss_tolerance": 0.005}
-    assert options == {"compare_with": None}
+    assert options.pop("store").uri == store["uri"] and options == {"compare_with": None}
     assert settings.origin == {"lr_criterion": "default", "primary_target": "default", "loss_tolerance": "default"}
 
 
@@ -570,3 +570,20 @@ def test_the_answer_does_not_depend_on_the_order_the_runs_started_in(trials):
         return json.dumps(result, sort_keys=True, default=str)
 
     assert answer(trials[::-1]) == answer(trials) == answer(sorted(trials, key=lambda t: t.run_id))
+
+
+def test_a_report_run_later_logs_its_answer_to_the_sinks_too(store, tmp_path):
+    """`report NAME` with tracking.sinks: the answer's metrics and tags it logs on the sweep's
+    parent run reach the sinks as they reach MLflow (at the end of `sweep` they always did)."""
+    from tests.unit import test_tracking_sinks as recorded
+
+    sink = "tests.unit.test_tracking_sinks:Recording"
+    overrides = [f"tracking.uri={store['uri']}", f"tracking.experiment={EXPERIMENT}", f"tracking.sinks=[{sink}]"]
+    recorded.WRITES.clear()
+    assert report.run(SWEEP, overrides, out=str(tmp_path / "out"), target_losses=None) == 0
+    writes = [w for ws in recorded.WRITES.values() for w in ws if w[1] == store["parent"]]
+    metrics = {k: v for kind, _, logged, *_ in writes if kind == "log_metrics" for k, v in logged.items()}
+    tags = {k: v for kind, _, logged, *_ in writes if kind == "set_tags" for k, v in logged.items()}
+    parent = Store(store["uri"]).get_run(store["parent"])
+    assert metrics and metrics == {k: parent.metrics[k] for k in metrics}
+    assert tags and tags == {k: parent.tags[k] for k in tags}
