@@ -28,7 +28,7 @@ from orchestrator.driver import plan as planning
 from orchestrator.formulas import batching, cost, memory
 from orchestrator.studies import kinds
 from orchestrator.studies.search_space import Trial
-from orchestrator.studies.study import Prepared
+from orchestrator.studies.study import Prepared, counted
 
 
 @dataclass(frozen=True)
@@ -150,10 +150,6 @@ def _estimate_all(prepared: Prepared, trials: Sequence[Trial], options: Options)
 # ---------------------------------------------------------------- rendering
 
 
-def _count(n: float, noun: str) -> str:
-    return f"{n:g} {noun}" + ("" if n == 1 else "s")
-
-
 def _flops(x: Optional[float]) -> str:
     return "unknown" if x is None else f"{x:.2e}".replace("e+", "e")
 
@@ -230,21 +226,21 @@ def _at_once(rows: Sequence[Row], slots: int) -> str:
     if len(kinds) != 1:
         return ""
     held = sorted((r.held for r in rows), reverse=True)[:slots]
-    return f"; up to {_count(sum(held), next(iter(kinds)))} at once"
+    return f"; up to {counted(sum(held), next(iter(kinds)))} at once"
 
 
 def totals(sweep: sweep_schema.Sweep, rows: Sequence[Row]) -> Tuple[List[str], cost.SweepCost]:
     slots = sweep.search.max_concurrent
     total = cost.sweep_cost([r.cost for r in rows], slots)
     lines = [
-        f"total: {_count(total.trials, 'trial')}, {_flops(total.flops)} FLOPs, {_device_hours(total.device_hours)}, "
+        f"total: {counted(total.trials, 'trial')}, {_flops(total.flops)} FLOPs, {_device_hours(total.device_hours)}, "
         f"{cost.format_duration(total.wall_s)} of trial wall time (sum)"
     ]
     if total.eta_s is None:
         lines.append(f"ETA: unknown ({total.unknown} trials of a workload that states no costs)")
     else:
         lines.append(
-            f"ETA: {cost.format_duration(total.eta_s)} ({total.eta_s:,.0f} s) with {_count(slots, 'trial')} at a time "
+            f"ETA: {cost.format_duration(total.eta_s)} ({total.eta_s:,.0f} s) with {counted(slots, 'trial')} at a time "
             f"(search.max_concurrent{_at_once(rows, slots)}), started in the order above as slots free up"
             + ("; ASHA stops some trials early, so the sweep may end sooner" if sweep.scheduler.type == "asha" else "")
         )
@@ -298,10 +294,10 @@ def ranged(prepared: Prepared, options: Options, title: str, keys: List[str], tr
         f"per trial: {_flops(span.trial_flops.low)} .. {_flops(span.trial_flops.high)} FLOPs, "
         f"{cost.format_duration(span.trial_wall_s.low)} .. {cost.format_duration(span.trial_wall_s.high)} wall, "
         f"{_hours(span.trial_device_hours.low)} .. {_hours(span.trial_device_hours.high)} {h}",
-        f"total ({_count(n, 'trial')}): {_flops(span.flops.low)} .. {_flops(span.flops.high)} FLOPs, "
+        f"total ({counted(n, 'trial')}): {_flops(span.flops.low)} .. {_flops(span.flops.high)} FLOPs, "
         f"{_hours(span.device_hours.low)} .. {_hours(span.device_hours.high)} {h}",
         f"ETA: {cost.format_duration(span.eta_s.low)} .. {cost.format_duration(span.eta_s.high)} "
-        f"({span.eta_s.low:,.0f} .. {span.eta_s.high:,.0f} s) with {_count(slots, 'trial')} at a time "
+        f"({span.eta_s.low:,.0f} .. {span.eta_s.high:,.0f} s) with {counted(slots, 'trial')} at a time "
         "(search.max_concurrent)"
         + ("; ASHA stops some trials early, so the sweep may end sooner" if sweep.scheduler.type == "asha" else ""),
     ]
@@ -369,7 +365,7 @@ def bounded(prepared: Prepared, options: Options, title: Callable[[int], str], r
         f"cost range: {low.trials} .. {high.trials} trials, {_flops(low.flops)} .. {_flops(high.flops)} FLOPs, "
         + ", ".join(f"{_hours(low.device_hours.get(k))} .. {_hours(high.device_hours.get(k))} {k}-hours" for k in hours)
         + f"; ETA {cost.format_duration(low.eta_s)} .. {cost.format_duration(high.eta_s)} "
-        f"({low.eta_s:,.0f} .. {high.eta_s:,.0f} s) with {_count(slots, 'trial')} at a time, "
+        f"({low.eta_s:,.0f} .. {high.eta_s:,.0f} s) with {counted(slots, 'trial')} at a time, "
         "more when a batch size's later rounds wait on each other"
     )
     return lines

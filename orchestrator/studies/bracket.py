@@ -15,7 +15,7 @@ from orchestrator.core.sweep_file import is_number, lr_space
 from orchestrator.core.sweep_schema import LR_KEYS, Sweep
 from orchestrator.studies import search_space
 from orchestrator.studies.search_space import Trial
-from orchestrator.studies.study import DryRunLines, Prepared, Search, StudyKind
+from orchestrator.studies.study import DryRunLines, Prepared, Search, StudyKind, counted
 
 
 def _bracket_batch_grid(s: Sweep) -> None:
@@ -174,13 +174,9 @@ class BracketStudy(StudyKind):
         def title(bound: int) -> str:
             return (
                 f"sweep {sweep.name!r}: bracket search of the learning rate per batch size, criterion "
-                f"{s.criterion} (search.criterion), step {s.lr_step:g}; first round {_count(first, 'trial')}, "
-                f"at most {bound} (search.max_lrs_per_batch {s.max_lrs_per_batch} x {_count(batches, 'batch size')} "
-                f"x {_count(per_batch, 'group')} x {_count(s.seeds, 'seed')}); nothing started"
+                f"{s.criterion} (search.criterion), step {s.lr_step:g}; first round {counted(first, 'trial')}, "
+                f"at most {bound} (search.max_lrs_per_batch {s.max_lrs_per_batch} x {counted(batches, 'batch size')} "
+                f"x {counted(per_batch, 'group')} x {counted(s.seeds, 'seed')}); nothing started"
             )
 
         return lines.bounded(prepared, title, s.max_lrs_per_batch)
-
-
-def _count(n: float, noun: str) -> str:
-    return f"{n:g} {noun}" + ("" if n == 1 else "s")

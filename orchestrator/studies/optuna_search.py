@@ -11,7 +11,7 @@ from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.studies import corners, search_space
 from orchestrator.studies.search_space import Trial
-from orchestrator.studies.study import DryRunLines, Prepared, Search, StudyKind
+from orchestrator.studies.study import DryRunLines, Prepared, Search, StudyKind, counted
 from orchestrator.tracking.run_tags import PARENT_TAG
 
 
@@ -66,7 +66,7 @@ class OptunaStudy(StudyKind):
         sweep = prepared.sweep
         n, slots = sweep.search.num_samples, sweep.search.max_concurrent
         title = (
-            f"sweep {sweep.name!r}: Optuna search, {n:g} trial{'' if n == 1 else 's'} (search.num_samples), "
+            f"sweep {sweep.name!r}: Optuna search, {counted(n, 'trial')} (search.num_samples), "
             f"{slots} at a time; the trials are proposed while it runs, so here is the space and the range of cost"
         )
         keys, trials = corners.corners(sweep)

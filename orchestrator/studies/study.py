@@ -162,9 +162,10 @@ class StudyKind:
 
     def dry_run(self, prepared: Prepared, lines: DryRunLines) -> List[str]:
         """The dry run's lines: every trial with its cost."""
-        count = len(prepared.all_trials())
-        title = f"sweep {prepared.sweep.name!r}: {count} trial{'' if count == 1 else 's'} ({self.search_tag} search)"
-        return lines.listed(prepared, title + "; nothing started")
+        trials = counted(len(prepared.all_trials()), "trial")
+        return lines.listed(
+            prepared, f"sweep {prepared.sweep.name!r}: {trials} ({self.search_tag} search); nothing started"
+        )
 
     def before_ray(self, prepared: Prepared) -> None:
         """Work on the plan before Ray starts (a branch study finds the run it branches from)."""
@@ -173,6 +174,11 @@ class StudyKind:
         """Phases before the study's Tune run (a branch study's base run); the tags every trial
         of that run gets."""
         return {}
+
+
+def counted(n: float, noun: str) -> str:
+    """`1 trial`, `3 trials`: a count in the dry run's and the sweep's words."""
+    return f"{n:g} {noun}" + ("" if n == 1 else "s")
 
 
 def validated_base(sweep: Sweep) -> Config:
