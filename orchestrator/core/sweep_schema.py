@@ -199,7 +199,7 @@ class LadderConfig:
 @dataclass
 class Sweep:
     """A sweep file, read and checked by sweep_file.load: one field per top-level key (name ..
-    branch), then what the reader derives. Not frozen: `studies.search_space.prepare` adds the
+    branch), then what the reader derives. Not frozen: `studies.kinds.prepare` adds the
     command line's overrides to base_overrides."""
 
     name: str = ""

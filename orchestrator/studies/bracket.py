@@ -14,7 +14,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_file import is_number, lr_space
 from orchestrator.core.sweep_schema import LR_KEYS, Sweep
 from orchestrator.studies import search_space
-from orchestrator.studies.search_space import Trial
+from orchestrator.studies.search_space import Trial, Values
 from orchestrator.studies.study import DryRunLines, Prepared, Search, StudyKind, counted
 
 
@@ -91,7 +91,7 @@ RULES = (
 )
 
 
-def groups(sweep: Sweep, rungs: Sequence[Dict[str, Any]] = ({},)) -> List[Tuple[Dict[str, Any], List[float]]]:
+def groups(sweep: Sweep, rungs: Sequence[Values] = ({},)) -> List[Tuple[Values, List[float]]]:
     """The (batch size, group) brackets: the grid values (batch and the other axes, not the lr;
     `rungs`' values, a ladder's model and budget, first) and the first round's learning rates,
     optim.lr's grid or lr_scaling's guess / step, guess, guess x step."""
@@ -129,10 +129,10 @@ class BracketStudy(StudyKind):
         "first-round trials have no such peer and are not stopped early (the search's later lrs are compared with them)"
     )
 
-    def brackets(self, sweep: Sweep) -> List[Tuple[Dict[str, Any], List[float]]]:
+    def brackets(self, sweep: Sweep) -> List[Tuple[Values, List[float]]]:
         return groups(sweep)
 
-    def values(self, sweep: Sweep) -> List[Dict[str, Any]]:
+    def values(self, sweep: Sweep) -> List[Values]:
         return [{**point, "optim.lr": lr} for point, lrs in self.brackets(sweep) for lr in lrs]
 
     def bound(self, sweep: Sweep) -> int:

@@ -20,7 +20,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import BranchConfig, Sweep
 from orchestrator.formulas import batching
-from orchestrator.studies.search_space import Trial
+from orchestrator.studies.search_space import Trial, Values
 from orchestrator.studies.study import Prepared, StudyKind, TunePhase, validated_base
 from orchestrator.tracking.run_tags import BRANCH_OF_TAG, PARENT_TAG, ROLE_TAG
 
@@ -190,7 +190,7 @@ class BranchStudy(StudyKind):
     def present(self, sweep: Sweep) -> bool:
         return sweep.branch is not None
 
-    def values(self, sweep: Sweep) -> List[Dict[str, Any]]:
+    def values(self, sweep: Sweep) -> List[Values]:
         base = validated_base(sweep)
         check(sweep.branch, base)
         return branch_values(sweep.branch, base)

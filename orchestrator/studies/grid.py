@@ -4,13 +4,14 @@ trains every combination of the space's grids; a random search draws the other k
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import List
 
 import numpy as np
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.studies import search_space
+from orchestrator.studies.search_space import Values
 from orchestrator.studies.study import StudyKind
 
 
@@ -19,7 +20,7 @@ def _grid_search_of_grids(s: Sweep) -> None:
         raise ConfigError("search.algorithm", "grid search needs every space key to be a grid; use random or optuna")
 
 
-def _drawn(sweep: Sweep, draws: int) -> List[Dict[str, Any]]:
+def _drawn(sweep: Sweep, draws: int) -> List[Values]:
     """Every grid point with the other keys (lr_scaling's too) drawn `draws` times."""
     rng = np.random.default_rng(sweep.search.seed)
     sampled = {k: v for k, v in sweep.space.items() if "grid" not in v}
@@ -35,7 +36,7 @@ class GridStudy(StudyKind):
     algorithm = search_tag = "grid"
     rules = (_grid_search_of_grids,)
 
-    def values(self, sweep: Sweep) -> List[Dict[str, Any]]:
+    def values(self, sweep: Sweep) -> List[Values]:
         # lr_scaling's base_lr or alpha may be a distribution even in a grid search: drawn then
         sampled = any("grid" not in v for v in sweep.space.values())
         return _drawn(sweep, sweep.search.num_samples if sampled else 1)
@@ -45,5 +46,5 @@ class RandomStudy(StudyKind):
     name = "random search"
     algorithm = search_tag = "random"
 
-    def values(self, sweep: Sweep) -> List[Dict[str, Any]]:
+    def values(self, sweep: Sweep) -> List[Values]:
         return _drawn(sweep, sweep.search.num_samples)

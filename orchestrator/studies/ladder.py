@@ -12,7 +12,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.studies import bracket, ladder_plan, search_space
-from orchestrator.studies.search_space import Trial
+from orchestrator.studies.search_space import Trial, Values
 
 
 def _ladder_rungs_one_way(s: Sweep) -> None:
@@ -59,10 +59,10 @@ class LadderStudy(bracket.BracketStudy):
     def present(self, sweep: Sweep) -> bool:
         return sweep.ladder is not None
 
-    def brackets(self, sweep: Sweep) -> List[Tuple[Dict[str, Any], List[float]]]:
+    def brackets(self, sweep: Sweep) -> List[Tuple[Values, List[float]]]:
         return bracket.groups(sweep, [r.values for r in ladder_plan.rungs(sweep)])
 
-    def resolve(self, sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None) -> Trial:
+    def resolve(self, sweep: Sweep, values: Values, base: Optional[Config] = None) -> Trial:
         """A rung's trial keeps the base's warmup share (and, with hold tokens, AdamW's constants)."""
         base = base or search_space.unvalidated_base(sweep)
         budget = values.get("train.total_tokens")

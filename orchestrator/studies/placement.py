@@ -34,5 +34,5 @@ def trial_shape(sweep: sweep_schema.Sweep, cfg: schema.Config):
 
 
 def trial_shapes(sweep: sweep_schema.Sweep, trials: List[search_space.Trial]) -> list:
-    """The shape of every trial (search_space.Prepared.all_trials: the base config's for optuna)."""
+    """The shape of every trial (study.Prepared.all_trials: the base config's for optuna)."""
     return [trial_shape(sweep, t.cfg) for t in trials]

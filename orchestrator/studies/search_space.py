@@ -19,6 +19,10 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import LR_KEYS, SHARE_KEYS, Constraint, Sweep
 
+Values = Dict[str, Any]
+"""A trial's sampled values by the sweep file's dotted keys (`batch.tokens_per_update`, `optim.lr`,
+a share such as `schedule.warmup_share`): what Tune's param space carries as "trial"."""
+
 
 @dataclass
 class Trial:
@@ -105,7 +109,7 @@ def _get(cfg: Config, key: str) -> Any:
     return node
 
 
-def grid_points(space: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+def grid_points(space: Dict[str, Dict[str, Any]]) -> List[Values]:
     grid = {k: v["grid"] for k, v in space.items() if "grid" in v}
     return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())] if grid else [{}]
 
@@ -126,7 +130,7 @@ def unvalidated_base(sweep: Sweep) -> Config:
 
 
 def resolve(
-    sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None, held: Optional[Dict[str, Any]] = None
+    sweep: Sweep, values: Values, base: Optional[Config] = None, held: Optional[Dict[str, Any]] = None
 ) -> Trial:
     """Sampled values -> train-config overrides (shares -> tokens, scaling rule -> lr) -> config.
     `base`: unvalidated_base(sweep), when the caller holds it (it is read only): the base file is then

@@ -26,7 +26,7 @@ from orchestrator.core import config as config_lib
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Section, Sweep
 from orchestrator.studies import search_space
-from orchestrator.studies.search_space import Trial
+from orchestrator.studies.search_space import Trial, Values
 
 Rule = Callable[[Sweep], None]
 
@@ -121,7 +121,7 @@ class StudyKind:
         """Whether the file has this kind's section."""
         return self.section is not None and self.section.key in sweep.sections
 
-    def values(self, sweep: Sweep) -> List[Dict[str, Any]]:
+    def values(self, sweep: Sweep) -> List[Values]:
         """The sampled values of every configuration the study trains, before seed replicates."""
         raise NotImplementedError(f"{type(self).__name__} lists no trials")
 
@@ -138,7 +138,7 @@ class StudyKind:
         search_space.check_asha_alignment(sweep, trials)
         return Prepared(self, sweep, base, unvalidated, trials, skipped)
 
-    def resolve(self, sweep: Sweep, values: Dict[str, Any], base: Optional[Config] = None) -> Trial:
+    def resolve(self, sweep: Sweep, values: Values, base: Optional[Config] = None) -> Trial:
         """A trial's values -> its validated config (what the trial's process runs)."""
         return search_space.resolve(sweep, values, base)
 

@@ -18,7 +18,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Dict, List
 
 import pytest
 import yaml
@@ -27,6 +27,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import Section, Sweep
 from orchestrator.core.validation import Field, count
 from orchestrator.studies import kinds
+from orchestrator.studies.search_space import Values
 from orchestrator.studies.study import StudyKind
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
@@ -57,7 +58,7 @@ class ToyStudy(StudyKind):
     section = Section("toy", ToyConfig, {"toy.lrs": Field("list"), "toy.batch": count()})
     rules = (_lrs_given,)
 
-    def values(self, sweep: Sweep) -> List[Dict[str, Any]]:
+    def values(self, sweep: Sweep) -> List[Values]:
         toy = sweep.sections["toy"]
         return [{"batch.tokens_per_update": toy.batch, "optim.lr": lr} for lr in toy.lrs]
 
