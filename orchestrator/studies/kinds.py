@@ -26,14 +26,16 @@ KINDS: List[StudyKind] = [LadderStudy(), BranchStudy(), BracketStudy(), OptunaSt
 
 
 def register(kind: StudyKind) -> StudyKind:
-    """Add a kind of study: one with a section of its own (`kind.section`), which no other kind
-    has, or one that `search.algorithm` names. Registering the same class again replaces it."""
-    KINDS[:] = [k for k in KINDS if type(k) is not type(kind)]
-    if kind.section is not None and kind.section.key in {k.section.key for k in KINDS if k.section}:
+    """Add a kind of study, ahead of the built-in ones: one with a section of its own
+    (`kind.section`), which no other kind has, or one that a `search.algorithm` of
+    sweep_schema.ALGORITHMS names (the file's row checks the word). Registering the same class
+    again replaces it."""
+    others = [k for k in KINDS if type(k) is not type(kind)]
+    if kind.section is not None and kind.section.key in {k.section.key for k in others if k.section}:
         raise ValueError(f"a kind of study with section {kind.section.key!r} is registered already")
     if kind.section is None and kind.algorithm is None:
         raise ValueError(f"{type(kind).__name__} needs a section or a search.algorithm that asks for it")
-    KINDS.insert(0, kind)
+    KINDS[:] = [kind, *others]
     return kind
 
 

@@ -178,6 +178,18 @@ def mirrored(folder: Path) -> dict:
     return dict(runs)
 
 
+def test_a_second_kind_with_the_same_section_is_refused_and_changes_nothing(toy_kind):
+    class Other(StudyKind):
+        section = Section("toy", ToyConfig, {})
+
+    before = list(kinds.KINDS)
+    with pytest.raises(ValueError, match="section 'toy' is registered already"):
+        kinds.register(Other())
+    assert kinds.KINDS == before and kinds.register(ToyStudy()) is not toy_kind  # the same class: replaced
+    assert [type(k) for k in kinds.KINDS].count(ToyStudy) == 1
+    kinds.KINDS[:] = before
+
+
 @pytest.mark.slow
 def test_a_sweep_of_a_registered_kind_mirrored_into_a_sink_of_your_own(
     toy_kind, ray_session, tmp_path, monkeypatch, capsys
