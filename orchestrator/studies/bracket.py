@@ -120,7 +120,7 @@ def budgeted(brackets, first_round: Sequence[Trial]):
     return out
 
 
-class BracketStudy(StudyKind):
+class BracketKind(StudyKind):
     name = "bracket search"
     algorithm = search_tag = "bracket"
     rules = RULES

@@ -178,7 +178,7 @@ RULES = (
 )
 
 
-class BranchStudy(StudyKind):
+class BranchKind(StudyKind):
     """The branches of one base run; the base trains first, as a Tune phase of its own, unless
     `branch.from` names an existing run."""
 

@@ -31,7 +31,7 @@ def _drawn(sweep: Sweep, draws: int) -> List[Values]:
     ]
 
 
-class GridStudy(StudyKind):
+class GridKind(StudyKind):
     name = "grid search"
     algorithm = search_tag = "grid"
     rules = (_grid_search_of_grids,)
@@ -42,7 +42,7 @@ class GridStudy(StudyKind):
         return _drawn(sweep, sweep.search.num_samples if sampled else 1)
 
 
-class RandomStudy(StudyKind):
+class RandomKind(StudyKind):
     name = "random search"
     algorithm = search_tag = "random"
 

@@ -13,15 +13,15 @@ from typing import Dict, List, Sequence
 from orchestrator.core import sweep_file
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import Section, Sweep
-from orchestrator.studies.bracket import BracketStudy
-from orchestrator.studies.branch_study import BranchStudy
-from orchestrator.studies.grid import GridStudy, RandomStudy
-from orchestrator.studies.ladder import LadderStudy
-from orchestrator.studies.optuna_search import OptunaStudy
+from orchestrator.studies.bracket import BracketKind
+from orchestrator.studies.branch_study import BranchKind
+from orchestrator.studies.grid import GridKind, RandomKind
+from orchestrator.studies.ladder import LadderKind
+from orchestrator.studies.optuna_search import OptunaKind
 from orchestrator.studies.search_space import Trial
 from orchestrator.studies.study import Prepared, Rule, StudyKind, validated_base
 
-KINDS: List[StudyKind] = [LadderStudy(), BranchStudy(), BracketStudy(), OptunaStudy(), RandomStudy(), GridStudy()]
+KINDS: List[StudyKind] = [LadderKind(), BranchKind(), BracketKind(), OptunaKind(), RandomKind(), GridKind()]
 """Every kind, those with a section first (a ladder before a branch study: a ladder refuses one)."""
 
 

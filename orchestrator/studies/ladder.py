@@ -50,7 +50,7 @@ def _no_loss_tolerance(s: Sweep) -> None:
 NEEDS = "every rung is a bracket search over batch size and lr: search.algorithm bracket, no branch, no scheduler"
 
 
-class LadderStudy(bracket.BracketStudy):
+class LadderKind(bracket.BracketKind):
     name = "ladder"
     algorithm = None
     needs = ("ladder", NEEDS)

@@ -24,7 +24,7 @@ def _one_seed(s: Sweep) -> None:
         )
 
 
-class OptunaStudy(StudyKind):
+class OptunaKind(StudyKind):
     name = "Optuna search"
     algorithm = search_tag = "optuna"
     rules = (_one_seed,)

@@ -1,5 +1,5 @@
 """What a user adds from files of their own, with no file under orchestrator/ knowing of it
-(issue 53): a kind of study (`ToyStudy`: a `toy:` section of the sweep file, its own keys and
+(issue 53): a kind of study (`ToyKind`: a `toy:` section of the sweep file, its own keys and
 rule, the trials it plans, a tag of its own), registered with studies/kinds.register; and a
 tracker beside MLflow (`JsonlSink`, named by its import path in `tracking.sinks`), which receives
 every param, metric, tag and status of a sweep and then holds what MLflow holds for its runs.
@@ -51,7 +51,7 @@ def _lrs_given(sweep: Sweep) -> None:
         raise ConfigError("toy.lrs", "missing: the learning rates, e.g. [1e-3, 3e-3]")
 
 
-class ToyStudy(StudyKind):
+class ToyKind(StudyKind):
     """One trial per lr at one batch size, every trial tagged with its lr's rank."""
 
     name = "toy study"
@@ -68,7 +68,7 @@ class ToyStudy(StudyKind):
 
 @pytest.fixture
 def toy_kind():
-    kind = kinds.register(ToyStudy())
+    kind = kinds.register(ToyKind())
     yield kind
     kinds.KINDS.remove(kind)
 
@@ -185,8 +185,8 @@ def test_a_second_kind_with_the_same_section_is_refused_and_changes_nothing(toy_
     before = list(kinds.KINDS)
     with pytest.raises(ValueError, match="section 'toy' is registered already"):
         kinds.register(Other())
-    assert kinds.KINDS == before and kinds.register(ToyStudy()) is not toy_kind  # the same class: replaced
-    assert [type(k) for k in kinds.KINDS].count(ToyStudy) == 1
+    assert kinds.KINDS == before and kinds.register(ToyKind()) is not toy_kind  # the same class: replaced
+    assert [type(k) for k in kinds.KINDS].count(ToyKind) == 1
     kinds.KINDS[:] = before
 
 
