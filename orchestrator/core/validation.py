@@ -128,12 +128,17 @@ def _workload_name(key: str, name: str) -> None:
     valid = f"valid: {', '.join(names)} or package.module:factory"
     if not workload_paths.is_import_path(name):
         raise ConfigError(key, f"got {name!r}; {valid}")
+    _callable_at(key, name, workload_paths.factory, valid, "a workload factory")
+
+
+def _callable_at(key: str, path: str, load: Callable[[str], Any], valid: str, what: str) -> None:
+    """`path` (package.module:attribute) imports, by `load`, to something callable (`what`)."""
     try:
-        factory = workload_paths.factory(name)
+        found = load(path)
     except Exception as exc:  # the user's module may raise anything while it imports
-        raise ConfigError(key, f"got {name!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
-    if not callable(factory):
-        raise ConfigError(key, f"got {name!r}; that is a {type(factory).__name__}, not a workload factory")
+        raise ConfigError(key, f"got {path!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
+    if not callable(found):
+        raise ConfigError(key, f"got {path!r}; that is a {type(found).__name__}, not {what}")
 
 
 def _sinks(key: str, paths: List[Any]) -> None:
@@ -144,12 +149,7 @@ def _sinks(key: str, paths: List[Any]) -> None:
     for path in paths:
         if not isinstance(path, str) or not workload_paths.is_import_path(path) or paths.count(path) > 1:
             raise ConfigError(key, f"got {path!r}; {valid}")
-        try:
-            sink = workload_paths.load(path)
-        except Exception as exc:  # the user's module may raise anything while it imports
-            raise ConfigError(key, f"got {path!r}; it does not import ({type(exc).__name__}: {exc}); {valid}") from None
-        if not callable(sink):
-            raise ConfigError(key, f"got {path!r}; that is a {type(sink).__name__}, not a sink class or factory")
+        _callable_at(key, path, workload_paths.load, valid, "a sink class or factory")
 
 
 def _scheme(valid: Tuple[str, ...], what: str) -> Callable[[str, Any], None]:

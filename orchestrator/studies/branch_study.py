@@ -155,16 +155,6 @@ def _branch_sweeps_only_factors(s: Sweep) -> None:
         )
 
 
-def _every_branch(s: Sweep) -> None:
-    if s.scheduler.type != "none":
-        raise ConfigError("branch", NEEDS)
-
-
-def _no_loss_tolerance(s: Sweep) -> None:
-    if "loss_tolerance" in s.written:
-        raise ConfigError("loss_tolerance", "a branch study recommends a ramp by branch.tolerance, not a batch size")
-
-
 NEEDS = "a branch study runs every branch: search.algorithm grid, no scheduler"
 
 RULES = (
@@ -173,8 +163,6 @@ RULES = (
     _branch_tokens,
     _relative_tolerance_below_1,
     _branch_sweeps_only_factors,
-    _every_branch,
-    _no_loss_tolerance,
 )
 
 
@@ -185,7 +173,9 @@ class BranchKind(StudyKind):
     name = "branch study"
     search_tag = "grid"
     needs = ("branch", NEEDS)
+    takes_scheduler = False
     rules = RULES
+    refused_keys = {"loss_tolerance": "a branch study recommends a ramp by branch.tolerance, not a batch size"}
 
     def present(self, sweep: Sweep) -> bool:
         return sweep.branch is not None

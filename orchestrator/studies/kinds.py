@@ -46,14 +46,15 @@ def sections() -> Dict[str, Section]:
 
 def kind_of(sweep: Sweep) -> StudyKind:
     """The sweep's kind: the one whose section the file has, else the one search.algorithm names.
-    A kind with a section runs its own search (its search_tag): another algorithm, or a second
-    kind's section, is refused with the kind's words."""
+    A kind with a section runs its own search (its search_tag): another algorithm, a second kind's
+    section, or a scheduler it does not take, is refused with the kind's words."""
     present = [k for k in KINDS if k.present(sweep)]
     algorithm = sweep.search.algorithm  # the one place the code reads it
     if not present:
         return next(k for k in KINDS if k.algorithm == algorithm)
     kind = present[0]
-    if len(present) > 1 or algorithm != kind.search_tag:
+    refused_scheduler = not kind.takes_scheduler and sweep.scheduler.type != "none"
+    if len(present) > 1 or algorithm != kind.search_tag or refused_scheduler:
         key, message = kind.needs
         raise ConfigError(key or kind.section.key, message or f"runs search.algorithm {kind.search_tag}")
     return kind
@@ -61,17 +62,21 @@ def kind_of(sweep: Sweep) -> StudyKind:
 
 def _rules_of(sweep: Sweep) -> Sequence[Rule]:
     kind = kind_of(sweep)
-    return (_own_keys_of(kind),) + kind.rules
+    return (_keys_of(kind),) + kind.rules
 
 
-def _own_keys_of(kind: StudyKind) -> Rule:
-    """Keys another kind reads alone are refused (search.optuna_storage outside Optuna)."""
+def _keys_of(kind: StudyKind) -> Rule:
+    """Keys another kind reads alone (search.optuna_storage outside Optuna), and keys the kind
+    refuses (a single sweep's loss_tolerance in a ladder), are refused."""
 
     def rule(sweep: Sweep) -> None:
         for other in KINDS:
             for key in other.own_keys:
                 if other is not kind and sweep.written.get(key) is not None:
                     raise ConfigError(key, f"only with search.algorithm: {other.search_tag} (got {kind.search_tag})")
+        for key, why in kind.refused_keys.items():
+            if key in sweep.written:
+                raise ConfigError(key, why)
 
     return rule
 

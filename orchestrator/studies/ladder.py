@@ -37,16 +37,6 @@ def _ladder_target(s: Sweep) -> None:
         )
 
 
-def _no_scheduler(s: Sweep) -> None:
-    if s.scheduler.type != "none":
-        raise ConfigError("ladder", NEEDS)
-
-
-def _no_loss_tolerance(s: Sweep) -> None:
-    if "loss_tolerance" in s.written:
-        raise ConfigError("loss_tolerance", "a ladder's is ladder.tolerance (loss_tolerance is a single sweep's)")
-
-
 NEEDS = "every rung is a bracket search over batch size and lr: search.algorithm bracket, no branch, no scheduler"
 
 
@@ -54,7 +44,9 @@ class LadderKind(bracket.BracketKind):
     name = "ladder"
     algorithm = None
     needs = ("ladder", NEEDS)
-    rules = bracket.RULES + (_ladder_rungs_one_way, _ladder_target, _no_scheduler, _no_loss_tolerance)
+    takes_scheduler = False
+    rules = bracket.RULES + (_ladder_rungs_one_way, _ladder_target)
+    refused_keys = {"loss_tolerance": "a ladder's is ladder.tolerance (loss_tolerance is a single sweep's)"}
 
     def present(self, sweep: Sweep) -> bool:
         return sweep.ladder is not None

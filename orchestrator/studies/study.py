@@ -20,7 +20,7 @@ Pure but for what Tune's searchers need (Ray Tune is imported by `search` only).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from orchestrator.core import config as config_lib
 from orchestrator.core.schema import Config
@@ -105,13 +105,17 @@ class StudyKind:
     """A section of the sweep file of the kind's own: its key asks for the kind."""
     needs: Tuple[str, str] = ("", "")
     """(key, message) of the refusal when a kind with a section meets a `search.algorithm` other
-    than its search_tag, or a second kind's section."""
+    than its search_tag, a second kind's section, or a scheduler it does not take."""
+    takes_scheduler: bool = True
+    """Whether early stopping (`scheduler:`) may stop its trials."""
     search_tag: str = "grid"
     """The parent run's orchestrator.search tag: the search algorithm the kind runs."""
     rules: Tuple[Rule, ...] = ()
     """The sweep file's rules that hold for this kind alone, in the order they run."""
     own_keys: Tuple[str, ...] = ()
     """Keys of the file only this kind reads: another kind refuses them."""
+    refused_keys: Mapping[str, str] = {}
+    """Keys of the file this kind refuses when they are written, each with its reason."""
     bounded: bool = False
     """The number of trials is an upper bound (a searcher that stops early), not a count."""
     lone_trials: str = "trials have no such peer and are never stopped early"

@@ -157,3 +157,22 @@ def test_the_shipped_ladder_is_3_sizes_by_3_budgets_with_a_target_4_to_10x_its_l
         sweep, {**rungs[0].values, "batch.tokens_per_update": 2048, "optim.lr": 1e-3}
     )
     assert tightest.cfg is not None, tightest.problem
+
+
+@pytest.mark.parametrize(
+    "extra, key, words",
+    [
+        ({"scheduler": {"type": "asha", "grace_period_tokens": 4096}}, "ladder", "no scheduler"),
+        ({"search": {**SEARCH, "algorithm": "grid"}}, "ladder", "search.algorithm bracket"),
+        ({"branch": {"at_tokens": [4096], "tokens": 4096}}, "ladder", "no branch"),
+        ({"loss_tolerance": 0.01}, "loss_tolerance", "ladder.tolerance"),
+    ],
+)
+def test_a_ladder_refuses_another_search_a_scheduler_a_branch_and_a_single_sweeps_tolerance(
+    tmp_path, extra, key, words
+):
+    body = {"models": MODELS, "tokens_per_param": [0.5, 2], "target": {"params": 1.0e7, "tokens": 2.0e8}}
+    sections = {"ladder": body, "space": SPACE, "search": SEARCH, **extra}
+    with pytest.raises(ConfigError) as refused:
+        kinds.load(write_sweep(tmp_path, **sections))
+    assert refused.value.key == key and words in refused.value.message
