@@ -8,19 +8,22 @@ micro-batch (and how many real tokens it holds), and what is the held-out loss. 
 a class with the members of `Workload` and a constructor `(cfg, plan, device)`, registered
 with `@workload_paths.register("name")`; `model.name: name` then validates and builds it. A static
 `costs(cfg) -> ModelCosts` (optional) tells `plan`, `sweep --dry-run` and
-`batch.micro_batch_size: auto` its size, FLOPs and memory without building the model.
+`batch.micro_batch_size: auto` its size, FLOPs and memory without building the model. A static
+`preflight(cfg, plan)` (optional) is what the driver checks before Ray starts (`preflight` below);
+without one, the workload is built once on the CPU.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 from torch import nn
 
 from orchestrator.core import workload_paths
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.formulas.batching import BatchPlan
 from orchestrator.formulas.memory import ModelCosts
@@ -84,6 +87,39 @@ def costs(cfg: Config) -> Optional[ModelCosts]:
     return factory.costs(cfg) if hasattr(factory, "costs") else None
 
 
+def preflight(cfg: Config, plan: BatchPlan) -> None:
+    """The checks of model.name's workload that need its data or its model, in the driver before
+    Ray starts: its factory's static `preflight(cfg, plan)`, else the workload built once on this
+    machine's CPU. A ConfigError (exit 2) says what is wrong; a workload of your own that fails in
+    any other way is one too, naming model.name."""
+    factory = workload_paths.factory(cfg.model.name)
+    try:
+        if hasattr(factory, "preflight"):
+            factory.preflight(cfg, plan)
+        else:
+            build(cfg, plan, torch.device("cpu"))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        if cfg.model.name in workload_paths.BUILTIN:
+            raise  # a built-in's own failure is a bug to see whole, not bad input
+        raise ConfigError("model.name", f"got {cfg.model.name!r}; {exc}") from None
+
+
+def check_text_run(cfg: Config, plan: BatchPlan, meta_model: Callable[[], nn.Module]) -> None:
+    """The preflight of a workload over packed documents: the corpus holds an update's tokens
+    (its token caches built on the way, for the workers), and model.init_from's names and shapes
+    match the model's, which `meta_model` builds on the meta device (no memory, no data)."""
+    from workloads.text import packing
+    from workloads.train.checkpoint import check_weights
+
+    packing.check_corpus(cfg, plan.tokens_per_update)
+    if cfg.model.init_from:
+        with torch.device("meta"):
+            model = meta_model()
+        check_weights(model, cfg.model.init_from)
+
+
 def token_micro_batch(batch, source_names: Sequence[str], device: torch.device) -> MicroBatch:
     """A MicroBatch of a packed token batch of workloads/text/packing.py, for workloads on that data."""
     tensors = {k: getattr(batch, k).to(device) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
@@ -126,6 +162,12 @@ class GPTWorkload:
             compute_params=gpt.count_params(shape),  # no position table; the tied head once
         )
 
+    @staticmethod
+    def preflight(cfg: Config, plan: BatchPlan) -> None:
+        from workloads.builtin import gpt
+
+        check_text_run(cfg, plan, lambda: gpt.GPT(gpt.GPTConfig.of(cfg.model)))
+
     def param_groups(self) -> List[Dict[str, Any]]:
         return self._model_lib.param_groups(self.model, self.cfg.optim.weight_decay)
 
@@ -164,6 +206,10 @@ class LinRegWorkload:
     def costs(cfg: Config) -> ModelCosts:
         dim = cfg.model.dim  # a "sequence" is seq_len examples of dim inputs and one label
         return ModelCosts(dim, 6.0 * dim, cfg.data.seq_len * (dim + 2) * 4.0, compute_params=dim)
+
+    @staticmethod
+    def preflight(cfg: Config, plan: BatchPlan) -> None:
+        """Nothing to check: its data is drawn, not read, and validation has checked its keys."""
 
     def param_groups(self) -> List[Dict[str, Any]]:
         return [{"params": list(self.model.parameters()), "weight_decay": 0.0}]

@@ -7,6 +7,7 @@ fit it, and finish: the status, the failure reason, the loss plot, the run close
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -36,14 +37,14 @@ from workloads.train.handoff import FaultInjection, WorkerPayload
 
 
 def ready(cfg: Config) -> None:
-    """Resolve the config's paths, then run the preflight checks on them."""
+    """Resolve the config's paths and its calibration, then run the preflight checks on them."""
     resolve_paths(cfg)
+    resolve_calibration(cfg)
     preflight(cfg)
 
 
 def resolve_paths(cfg: Config) -> None:
-    """Absolute paths for everything workers read or write (Ray workers have their own cwd), and
-    batch.calibration_from read from its study (they have no business with the store's sweeps)."""
+    """Absolute paths for everything workers read or write (Ray workers have their own cwd)."""
     for src in cfg.data.sources:
         if src.path and "://" not in src.path:
             src.path = str(Path(src.path).expanduser().resolve())
@@ -59,29 +60,35 @@ def resolve_paths(cfg: Config) -> None:
         )
     cfg.train.storage_path = storage.resolve(cfg.train.storage_path)
     cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
-    resolve_calibration(cfg)
     # The token cache is shared by the driver's preflight and all workers (which inherit this).
     os.environ.setdefault("ORCHESTRATOR_CACHE_DIR", str(corpus.cache_root().resolve()))
 
 
 def resolve_calibration(cfg: Config) -> None:
-    """batch.calibration_from: the branch study's branched critical batch size over B_simple, with
-    the suggested ramp's safety factor (branch_ramp.online_calibration), becomes batch.calibration,
-    said once; a study that is not in the store, or has no resolved point with B_simple, is a
-    ConfigError naming the key."""
+    """batch.calibration_from, read in the driver (workers have no business with the store's
+    sweeps): the branch study's branched critical batch size over B_simple, with the suggested
+    ramp's safety factor (branch_ramp.online_calibration), becomes batch.calibration; a study that
+    is not in the store, or has no resolved point with B_simple, is a ConfigError naming the key."""
     name = cfg.batch.calibration_from
-    if not name:
-        return
+    if name:
+        cfg.batch.calibration = _calibration_of(cfg.tracking.uri, cfg.tracking.experiment, name)
+        cfg.batch.calibration_from = None
+
+
+@functools.lru_cache(maxsize=None)
+def _calibration_of(uri: str, experiment: str, name: str) -> float:
+    """The study read from the store once in a process (a sweep's trials all name the same), and
+    the ratio said once."""
     from orchestrator.analysis import branch_analysis, branch_ramp
     from orchestrator.reporting import report_inputs
 
-    run_id = Store(cfg.tracking.uri, cfg.tracking.experiment).find_sweep_run_anywhere(name)
+    run_id = Store(uri, experiment).find_sweep_run_anywhere(name)
     if run_id is None:
         raise ConfigError(
             "batch.calibration_from",
-            f"no sweep named {name!r} in {redact_uri(cfg.tracking.uri)}; name a branch study run into the same store",
+            f"no sweep named {name!r} in {redact_uri(uri)}; name a branch study run into the same store",
         )
-    study = branch_analysis.study(report_inputs.read_trials(cfg.tracking.uri, run_id))
+    study = branch_analysis.study(report_inputs.read_trials(uri, run_id))
     ratio = branch_ramp.online_calibration(study.points) if study else None
     if ratio is None:
         raise ConfigError(
@@ -89,12 +96,12 @@ def resolve_calibration(cfg: Config) -> None:
             f"sweep {name!r} has no resolved branch point with B_simple beside it, so no ratio to calibrate by; "
             "give batch.calibration instead",
         )
-    cfg.batch.calibration, cfg.batch.calibration_from = ratio, None
     print(
         f"batch.calibration={ratio:.3g}: branch study {name!r}'s critical batch size over B_simple (median), "
         f"x {branch_ramp.ONLINE_FACTOR:g} so the batch doubles where it passes "
         f"{branch_ramp.THRESHOLD:g}x the batch, as the suggested ramp does"
     )
+    return ratio
 
 
 def preflight(cfg: Config) -> None:
@@ -103,16 +110,9 @@ def preflight(cfg: Config) -> None:
         from workloads.train import checkpoint
 
         checkpoint.check_files(storage.local_path(cfg.train.start_from_checkpoint), "train.start_from_checkpoint")
-    plan = batch_plan(cfg)
-    if cfg.model.name in ("gpt", "hf"):
-        from workloads.text import packing
+    from workloads import workload
 
-        packing.check_corpus(cfg, plan.tokens_per_update)
-
-    if cfg.model.init_from and cfg.model.name in ("gpt", "hf"):
-        check_init_from(cfg)
-    if cfg.model.name not in workload_paths.BUILTIN:
-        check_workload(cfg, plan)
+    workload.preflight(cfg, batch_plan(cfg))  # the workload's own: its corpus, its init_from
     if cfg.cluster.use_gpu and not ray_session.on_cluster(cfg):
         import torch
 
@@ -122,41 +122,6 @@ def preflight(cfg: Config) -> None:
                 "true, but this torch build sees no CUDA device; "
                 "use cluster.use_gpu=false or install the CUDA build (README)",
             )
-
-
-def check_init_from(cfg: Config) -> None:
-    """model.init_from's names and shapes against the built-in model's, built on the meta device
-    (no memory, no data): a mismatch is a ConfigError before any run is created. A user's
-    workload is built whole by check_workload, which loads its init_from as the workers will."""
-    import torch
-
-    from workloads.train.checkpoint import check_weights
-
-    with torch.device("meta"):
-        if cfg.model.name == "gpt":
-            from workloads.builtin import gpt
-
-            model = gpt.GPT(gpt.GPTConfig.of(cfg.model))
-        else:
-            from workloads.builtin.hf_model import build_model
-
-            model = build_model(cfg)
-    check_weights(model, cfg.model.init_from)
-
-
-def check_workload(cfg: Config, plan) -> None:
-    """Build a user's workload once on this machine's CPU: one that breaks the Workload protocol,
-    or fails to build, is a ConfigError naming what is wrong, before any run starts."""
-    import torch
-
-    from workloads import workload
-
-    try:
-        workload.build(cfg, plan, torch.device("cpu"))
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError("model.name", f"got {cfg.model.name!r}; {exc}") from None
 
 
 def run_params(cfg: Config) -> Dict[str, Any]:

@@ -164,6 +164,9 @@ def _check_before_ray(prepared: Prepared, resume: bool) -> str:
     its report goes to, the checkpoints a resumed sweep would load; its folder."""
     sweep, base = prepared.sweep, prepared.base
     run_life.resolve_paths(base)
+    run_life.resolve_calibration(base)  # read here, once: the trials' processes resolve against its value
+    prepared.unvalidated.batch.calibration = base.batch.calibration
+    prepared.unvalidated.batch.calibration_from = base.batch.calibration_from
     for t in prepared.skipped:
         log.warning("skipping infeasible trial [%s]: %s", t.name, t.problem)
     prepared.study.before_ray(prepared)

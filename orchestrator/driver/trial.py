@@ -93,6 +93,7 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         return
     cfg = trial.cfg
     run_life.resolve_paths(cfg)
+    run_life.resolve_calibration(cfg)  # the driver's, in the base; else the trial's own (read once a process)
     if setup.device_memory:  # a trial on a Ray the command joined does not inherit its environment
         os.environ[micro_batch.DEVICE_MEMORY_ENV] = setup.device_memory
     micro_batch.resolve(cfg)  # the sweep's driver found it before the trials started: a cache hit

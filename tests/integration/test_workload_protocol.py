@@ -91,6 +91,43 @@ def test_build_returns_a_workload_and_names_what_a_broken_one_lacks(tmp_path, mo
         workload_paths.register("bigram", lambda cfg, plan, device: object())
 
 
+def test_the_driver_runs_a_workloads_own_preflight_else_builds_it_once(tmp_path, monkeypatch):
+    """run_life.preflight asks the workload: a static `preflight(cfg, plan)` on its factory is
+    the check (its ConfigError the one line; the workload is not built), and one without is built
+    once on the CPU, a failure there a ConfigError naming model.name."""
+    from orchestrator.driver import run_life
+
+    monkeypatch.setattr(workload_paths, "_entries", dict(workload_paths._entries))
+    built = []
+
+    class Checked(Bigram):
+        def __init__(self, cfg, plan, device):
+            built.append(cfg.model.name)
+            super().__init__(cfg, plan, device)
+
+        @staticmethod
+        def preflight(cfg, plan):
+            if plan.tokens_per_update > 64:
+                raise ConfigError("batch.tokens_per_update", f"got {plan.tokens_per_update}; this corpus takes 64")
+
+    class Broken(Bigram):
+        def __init__(self, cfg, plan, device):
+            built.append(cfg.model.name)
+            raise RuntimeError("no such vocabulary")
+
+    workload_paths.register("checked", Checked)
+    workload_paths.register("broken", Broken)
+    with pytest.raises(ConfigError, match="batch.tokens_per_update: got 128; this corpus takes 64"):
+        run_life.preflight(bigram_config(tmp_path, "model.name=checked"))
+    run_life.preflight(bigram_config(tmp_path, "model.name=checked", "batch.tokens_per_update=64"))
+    assert built == [], "a workload with its own preflight is not built by the driver"
+    run_life.preflight(bigram_config(tmp_path))
+    assert built == []  # Bigram has no preflight of its own: built, but not through these classes
+    with pytest.raises(ConfigError, match="model.name: got 'broken'; no such vocabulary"):
+        run_life.preflight(bigram_config(tmp_path, "model.name=broken"))
+    assert built == ["broken"]
+
+
 @pytest.mark.parametrize(
     "code",
     [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from unittest import mock
 
 import pytest
 import torch
@@ -178,7 +179,7 @@ def test_the_analysis_leaves_an_adaptive_run_out_as_it_does_a_ramped_one(grown):
     assert Trial(run_id, "fixed", "FINISHED", {**params, "batch.schedule": "fixed"}, []).batch == B0
 
 
-def test_calibration_from_reads_a_branch_study_in_the_store(uri, tmp_path):  # noqa: F811
+def test_calibration_from_reads_a_branch_study_in_the_store(uri, tmp_path, capsys):  # noqa: F811
     """A branch study written into the store as a sweep does it (parent run, children with their
     params and curves; test_branch_analysis's study, whose base logs B_simple 300 all along):
     batch.calibration_from=STUDY becomes the median of its resolved points' cbs / 300 (computed
@@ -206,3 +207,9 @@ def test_calibration_from_reads_a_branch_study_in_the_store(uri, tmp_path):  # n
     run_life.resolve_calibration(cfg)
     assert cfg.batch.calibration == pytest.approx(resolved[1] / 300.0 * 2 / 8, rel=1e-9)
     assert cfg.batch.calibration_from is None
+    # Every trial of a sweep names the same study: read and said once in a process.
+    capsys.readouterr()
+    again = adaptive(uri, tmp_path, "batch.calibration_from=cal-study")
+    with mock.patch.object(Store, "find_sweep_run_anywhere", side_effect=AssertionError("read twice")):
+        run_life.resolve_calibration(again)
+    assert again.batch.calibration == cfg.batch.calibration and capsys.readouterr().out == ""

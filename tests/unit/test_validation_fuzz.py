@@ -12,13 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from orchestrator.core import config, schema, storage, validation, yaml_files
+from orchestrator.core import config, derived, schema, storage, validation, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import RampStep, SourceConfig
 from orchestrator.core.validation import FIELDS, Field
 from orchestrator.driver import launch, ray_session, run_life
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, TINY, run_cli, write_sweep
+from workloads import workload
 
 
 def leaf_keys(section=schema.Config, prefix=""):
@@ -336,7 +337,8 @@ def test_the_same_shape_passes_the_init_from_check(tmp_path):
     model = gpt.GPT(gpt.GPTConfig.of(config.load(TINY).model))
     assert model.lm_head.weight is model.wte.weight
     export.save_safetensors(model.state_dict(), tmp_path / "own.safetensors")
-    run_life.check_init_from(config.load(TINY, [f"model.init_from={tmp_path / 'own.safetensors'}"]))
+    cfg = config.load(TINY, [f"model.init_from={tmp_path / 'own.safetensors'}"])
+    workload.preflight(cfg, derived.batch_plan(cfg))
 
 
 def test_train_resume_finds_the_newest_unfinished_run_of_the_same_config(tmp_path, monkeypatch, capsys):

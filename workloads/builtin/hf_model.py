@@ -95,6 +95,12 @@ class HFWorkload:
         return ModelCosts(params, flops, float(activations), compute_params=matmul_params)
 
     @staticmethod
+    def preflight(cfg: Config, plan: BatchPlan) -> None:
+        from workloads.workload import check_text_run
+
+        check_text_run(cfg, plan, lambda: build_model(cfg))
+
+    @staticmethod
     def export(cfg: Config, state_dict: Dict[str, Any], folder) -> None:
         """`orchestrator export`: a folder transformers' `from_pretrained` loads (config.json and
         model.safetensors)."""
