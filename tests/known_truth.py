@@ -11,7 +11,7 @@ lr_max / knee(B_noise(L) / B) and knee(x) = (1 + x^k)^(1/k): k = 1 is the model 
 assumes, k > 1 a sharper knee, k < 1 a softer one. `shape: stretched` replaces the power law
 (L - floor)^exponent by the rate of a stretched exponential, L - floor = A exp(-(P / tau)^beta) in
 the progress P, so the curves are not power laws either. The learning rate follows
-a real schedule in tokens (linear warmup, then constant, wsd or cosine), so warmup steps make
+a real schedule in tokens (linear warmup, then constant, wsd, cosine or linear), so warmup steps make
 less progress and an lr grid fixed across B misses lr_opt by a different factor at every B.
 B_noise may rise as the loss falls: B_noise(L) = b_noise x ((loss_start - floor) / (L - floor))^rise.
 A seed's luck multiplies its rate (log-normal; its spread may grow with B); every logged
@@ -122,11 +122,15 @@ class World:
             start = total * (1 - self.wsd_decay_share)
             frac = np.clip((t - start) / (total - start), 0.0, 1.0)
             after = 1.0 - (1.0 - self.min_lr_ratio) * frac
-        elif self.decay == "cosine":
-            frac = np.clip((t - self.warmup_tokens) / (total - self.warmup_tokens), 0.0, 1.0)
-            after = self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + np.cos(math.pi * frac))
         else:
-            raise ValueError(f"decay {self.decay!r}: constant, wsd or cosine")
+            frac = np.clip((t - self.warmup_tokens) / (total - self.warmup_tokens), 0.0, 1.0)
+            if self.decay == "cosine":
+                shape = 0.5 * (1 + np.cos(math.pi * frac))
+            elif self.decay == "linear":
+                shape = 1.0 - frac
+            else:
+                raise ValueError(f"decay {self.decay!r}: constant, wsd, cosine or linear")
+            after = self.min_lr_ratio + (1 - self.min_lr_ratio) * shape
         return np.where(t < self.warmup_tokens, warm, after)
 
     # ---------------------------------------------------------------- runs
@@ -299,22 +303,50 @@ a loss that is no power law; runs that fail above 1.5x the optimal lr (so the lr
 tried usually failed); seed noise that grows at small B. Each has B_crit = b_noise exactly."""
 
 
+SHAPE_WORLDS = {
+    "cosine decay": (World(decay="cosine", b_noise=2000.0), BATCHES, 2),
+    "linear decay to zero": (
+        World(decay="linear", min_lr_ratio=0.0, b_noise=1200.0),
+        (256, 512, 1024, 2048, 4096, 8192),
+        3,
+    ),
+    "stretched exponential, log-normal lr": (
+        World(shape="stretched", gain="lognormal", b_noise=600.0),
+        (64, 128, 256, 512, 1024, 2048),
+        2,
+    ),
+    "slow power law in steps": (World(exponent=3.0, b_noise=1000.0), BATCHES, 3),
+}
+"""Worlds of issue 57, each with its batch grid and seeds: steps to target read while the lr decays
+(cosine, or linearly to zero; the analysis reads the first TRUSTED_SHARE of the budget), a
+stretched-exponential loss under a log-normal lr response, and a power law slower than the
+others' (L - floor ~ steps^-1/2). Each has B_crit = b_noise."""
+SHAPE_LRS = (0.0005, 0.032)
+"""The factor-2 lr grid of the shape worlds (offset per draw), wide enough that every batch size's
+optimum lies inside it."""
+
+
 def offset_grid(draw: int, lrs: Sequence[float]) -> List[float]:
     """`lrs` shifted by a draw's own fraction of their factor-2 step, so draws put the grid at every
     offset from the optimum (a fixed grid leaves each batch size at one offset in every draw)."""
     return [lr * 2.0 ** ((draw * 0.37) % 1.0) for lr in lrs]
 
 
-def _primary(job: Tuple["World", Sequence[float], int]) -> Dict[str, object]:
+def _primary(job: Tuple["World", Sequence[float], int, Sequence[int]]) -> Dict[str, object]:
     from orchestrator.analysis import sweep_analysis
 
-    world, lrs, seeds = job
-    result = sweep_analysis.analyse(world.trials(world.grid(lrs=lrs, seeds=seeds)))
+    world, lrs, seeds, batches = job
+    result = sweep_analysis.analyse(world.trials(world.grid(batches, lrs=lrs, seeds=seeds)))
     return {**result.primary.to_json(), "points": None}
 
 
 def primaries(
-    world: "World", lrs: Sequence[float], draws: int, seeds: int = 2, workers: int = 2
+    world: "World",
+    lrs: Sequence[float],
+    draws: int,
+    seeds: int = 2,
+    workers: int = 2,
+    batches: Sequence[int] = BATCHES,
 ) -> List[Dict[str, object]]:
     """The primary critical_batch entry of each of `draws` draws of `world` (its lr grid
     `offset_grid` per draw), analysed in `workers` fresh processes (draws are independent, and a
@@ -322,6 +354,6 @@ def primaries(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(world.with_(draw=d), offset_grid(d, lrs), seeds) for d in range(draws)]
+    jobs = [(world.with_(draw=d), offset_grid(d, lrs), seeds, tuple(batches)) for d in range(draws)]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(pool.map(_primary, jobs))

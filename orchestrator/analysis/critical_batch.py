@@ -143,6 +143,22 @@ def lack_of_fit(sse: float, points: int, pure_error_dof: int) -> Optional[float]
     return float(stats.f.sf(sse / (points - 2), points - 2, pure_error_dof))
 
 
+def widening(sse: float, points: int) -> float:
+    """How much wider the seeds' interval must be to hold the points' scatter about the fit: the
+    square root of the reduced chi-square, sse / (points - 2) with weights 1 / variance, where it
+    exceeds 1 (Birge's ratio, the Particle Data Group's scale factor), else 1. Where the hyperbola
+    is not the curves' shape, or the reading is biased by batch size, the scatter across batch
+    sizes grows and the interval with it, instead of only a test failing."""
+    if points <= 2 or not math.isfinite(sse):
+        return 1.0
+    return max(1.0, math.sqrt(sse / (points - 2)))
+
+
+def widened(boot: np.ndarray, centre: float, factor: float) -> np.ndarray:
+    """Bootstrap values spread `factor` times as far from `centre` in log."""
+    return np.exp(math.log(centre) + factor * (np.log(boot) - math.log(centre)))
+
+
 def slope(xs: Sequence[float], ys: np.ndarray) -> np.ndarray:
     """Least-squares slope of log y on log x, per row of ys [..., n]."""
     x = np.log(np.asarray(xs, np.float64))

@@ -16,6 +16,8 @@ from orchestrator.formulas.schedules import TRUSTED_SHARE
 
 CLIP_SPREAD = 0.25
 """Warn when the share of clipped updates before a target differs by more than this between B."""
+PRECISION = 0.2
+"""A B_crit whose 90 % interval does not hold it to within this share is `imprecise`."""
 WARMUP_FACTOR = 3.0
 """Warn when E_min is within this many times the warmup tokens."""
 UNINTERPOLATED = {
@@ -24,6 +26,13 @@ UNINTERPOLATED = {
     "not interpolated": "no concave parabola passes through the best lr and its neighbours, so it is the best lr tried",
 }
 """Why an lr optimum inside the grid is no interpolation (orchestrator/analysis/lr_optimum.py)."""
+
+
+def imprecise(fit: TargetFit) -> bool:
+    if fit.b_crit is None or fit.b_crit_interval is None:
+        return False
+    low, high = fit.b_crit_interval
+    return max(high / fit.b_crit, fit.b_crit / low) > 1 + PRECISION
 
 
 def notes(usable: Sequence[Trial], fit: TargetFit) -> List[str]:
@@ -44,6 +53,11 @@ def notes(usable: Sequence[Trial], fit: TargetFit) -> List[str]:
                 f"the best lr at B = {', '.join(at)} is {word}: {why}; the steps there carry the lr grid's spacing "
                 "as their uncertainty, in the fit and in the interval"
             )
+    if imprecise(fit):
+        notes.append(
+            f"imprecise: the interval does not hold B_crit to within {PRECISION:.0%}; more seeds (search.seeds), "
+            "batch sizes or a finer lr grid narrow it"
+        )
     if missing:
         notes.append("not reached by batch sizes " + ", ".join(f"{b:,}" for b in missing))
     warmup = max((t.warmup_tokens for t in usable), default=0.0)
@@ -79,11 +93,12 @@ def notes(usable: Sequence[Trial], fit: TargetFit) -> List[str]:
 
 def flags(fit: TargetFit) -> Tuple[str, ...]:
     """What marks a B_crit, for machines (the notes say it for people): `lack_of_fit` (the
-    hyperbola does not describe the points), `lr_bound` (the best lr of a point is at an edge of
+    hyperbola does not describe the points), `imprecise` (its interval does not hold it to within
+    PRECISION), `lr_bound` (the best lr of a point is at an edge of
     the lrs tried: its steps are an upper bound), `lr_not_interpolated` (a point's best lr is
     one-sided or the best tried: its steps carry the grid's spacing as their uncertainty)."""
     words = {p.lr_edge for p in fit.points}
-    marks = [("lack_of_fit", fit.lack_of_fit.flagged)]
+    marks = [("lack_of_fit", fit.lack_of_fit.flagged), ("imprecise", imprecise(fit))]
     marks += [
         ("lr_bound", bool(words & {"lowest", "highest"})),
         ("lr_not_interpolated", bool(words & set(UNINTERPOLATED))),

@@ -22,6 +22,8 @@ END_SHARE = 0.1
 MIN_BATCH_SIZES = 3
 LACK_OF_FIT_P = 0.05
 RESAMPLES, SEED = 1000, 0
+WIDENING_NOTED = 1.1
+"""An interval widened for lack of fit (critical_batch.widening) by at least this says so."""
 PRIOR_DOF = 4
 """Degrees of freedom the pooled seed variance counts for in each point's own (steps_to_target._variances)."""
 
@@ -247,7 +249,9 @@ def _above_start(target: float, start: float) -> TargetFit:
 
 def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, target: float):
     """The fit at target k and its bootstrap B_crit (None without one). Each resample also
-    moves every point by its lr interpolation's error scale (independently per target)."""
+    moves every point by its lr interpolation's error scale (independently per target); the
+    bootstrap is widened where the points scatter about the fit more than their variances say
+    (critical_batch.widening)."""
     jitter = np.random.default_rng([SEED, k])
     rows: List[Point] = []
     missing, spreads, boot_cols, dof = [], [], [], 0
@@ -289,26 +293,34 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
         )
     else:
         status = "resolved"
-    boot_b_crit, interval, bound = None, None, None
-    if status == "resolved":
-        if weighted and all(c is not None for c in boot_cols):
-            boot_b_crit = cb.fit(sizes, np.stack(boot_cols, axis=1), weights).b_crit
-            interval = cb.percentile_interval(boot_b_crit)
-        else:
-            notes.append("no interval: one seed per configuration (search.seeds >= 2 gives one)")
-    elif status in ("below", "above"):
-        bound = min(sizes) if status == "below" else max(sizes)
-    lack = LackOfFit()
+    lack, chi2 = LackOfFit(), math.nan
     if weighted and fit is not None:
         predicted = np.log(fit.s_min * (1 + fit.b_crit / np.asarray(sizes, np.float64)))
         residuals = np.log([r.steps for r in rows]) - predicted
-        p = cb.lack_of_fit(float(np.sum(residuals**2 / np.asarray(variances))), len(rows), dof)
+        chi2 = float(np.sum(residuals**2 / np.asarray(variances)))
+        p = cb.lack_of_fit(chi2, len(rows), dof)
         lack = LackOfFit(p, p is not None and p < LACK_OF_FIT_P, dof)
         if lack.flagged:
             notes.append(
                 f"lack of fit: the steps depart from S_min + E_min / B by more than the seeds' spread explains "
                 f"(p = {p:.2g}); B_crit is a summary, not a measurement"
             )
+    boot_b_crit, interval, bound = None, None, None
+    if status == "resolved":
+        if weighted and all(c is not None for c in boot_cols):
+            boot_b_crit = cb.fit(sizes, np.stack(boot_cols, axis=1), weights).b_crit
+            factor = cb.widening(chi2, len(rows))
+            boot_b_crit = cb.widened(boot_b_crit, float(fit.b_crit), factor)
+            interval = cb.percentile_interval(boot_b_crit)
+            if factor >= WIDENING_NOTED:
+                notes.append(
+                    f"interval widened {factor:.2f}x: the batch sizes scatter about the fit more than their seeds "
+                    "explain (the curves' shape is not the hyperbola's, or the reading differs by batch size)"
+                )
+        else:
+            notes.append("no interval: one seed per configuration (search.seeds >= 2 gives one)")
+    elif status in ("below", "above"):
+        bound = min(sizes) if status == "below" else max(sizes)
     measured = [r.b_simple for r in rows if r.b_simple is not None]
     entry = TargetFit(
         target_loss=target,

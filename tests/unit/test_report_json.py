@@ -15,7 +15,8 @@ criterion; its branch reports: branch runs no longer `skipped`, the ramp's `ramp
 from-scratch tables in a branch study's summary, no table without rows; the `mixed` cases'
 B_crit intervals once the analysis read its trials in one order, trials.in_one_order; issue 52:
 the best configuration's settings as numbers, and the summary opening with the answer and its
-decision figure).
+decision figure; issue 57: the `imprecise` flag and its note where the interval does not hold
+B_crit to within 20 %).
 `python -m tests.unit.test_report_json DIR` writes what the code gives now, for a deliberate
 change of the report.
 """
