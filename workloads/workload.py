@@ -120,6 +120,25 @@ def check_text_run(cfg: Config, plan: BatchPlan, meta_model: Callable[[], nn.Mod
         check_weights(model, cfg.model.init_from)
 
 
+def own_params(name: str, flat: Dict[str, Any]) -> Dict[str, Any]:
+    """A run's flattened config `flat` without the keys that another built-in workload reads and
+    workload `name` does not (each built-in factory's `config_keys`; a trailing '.' names a
+    section): a gpt run logs no linear regression's noise, a linreg run no transformer's shape. A
+    workload of your own may read any key, and logs every one."""
+    if name not in workload_paths.BUILTIN:
+        return dict(flat)
+    own = set(workload_paths.factory(name).config_keys)
+    others = {k for b in workload_paths.BUILTIN if b != name for k in workload_paths.factory(b).config_keys} - own
+    return {k: v for k, v in flat.items() if not any(k == u or (u.endswith(".") and k.startswith(u)) for u in others)}
+
+
+TEXT_KEYS = (
+    *("model.n_layers", "model.n_heads", "model.d_model", "model.mlp_ratio", "model.max_seq_len", "model.vocab_size"),
+    *("data.sources.", "data.tokenizer", "data.eval_fraction", "data.max_documents_per_source", "data.shard_dir"),
+)
+"""The keys a transformer over packed documents reads that linreg does not (`config_keys`)."""
+
+
 def token_micro_batch(batch, source_names: Sequence[str], device: torch.device) -> MicroBatch:
     """A MicroBatch of a packed token batch of workloads/text/packing.py, for workloads on that data."""
     tensors = {k: getattr(batch, k).to(device) for k in ("inputs", "targets", "positions", "doc_ids", "loss_mask")}
@@ -130,6 +149,8 @@ def token_micro_batch(batch, source_names: Sequence[str], device: torch.device) 
 
 class GPTWorkload:
     """`gpt`: the decoder-only transformer of workloads/builtin/gpt.py over packed documents."""
+
+    config_keys = TEXT_KEYS
 
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
         from workloads.builtin import gpt
@@ -190,6 +211,8 @@ class GPTWorkload:
 
 class LinRegWorkload:
     """`linreg`: linear regression with a known gradient noise scale; one example = one token."""
+
+    config_keys = ("model.dim", "model.noise_std", "model.w_star_norm")
 
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
         from workloads.builtin import linreg

@@ -295,28 +295,18 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
         status = "resolved"
     lack, chi2 = LackOfFit(), math.nan
     if weighted and fit is not None:
-        predicted = np.log(fit.s_min * (1 + fit.b_crit / np.asarray(sizes, np.float64)))
-        residuals = np.log([r.steps for r in rows]) - predicted
-        chi2 = float(np.sum(residuals**2 / np.asarray(variances)))
-        p = cb.lack_of_fit(chi2, len(rows), dof)
-        lack = LackOfFit(p, p is not None and p < LACK_OF_FIT_P, dof)
+        lack, chi2 = _lack_of_fit(fit, rows, variances, dof)
         if lack.flagged:
             notes.append(
                 f"lack of fit: the steps depart from S_min + E_min / B by more than the seeds' spread explains "
-                f"(p = {p:.2g}); B_crit is a summary, not a measurement"
+                f"(p = {lack.p:.2g}); B_crit is a summary, not a measurement"
             )
     boot_b_crit, interval, bound = None, None, None
     if status == "resolved":
         if weighted and all(c is not None for c in boot_cols):
             boot_b_crit = cb.fit(sizes, np.stack(boot_cols, axis=1), weights).b_crit
-            factor = cb.widening(chi2, len(rows))
-            boot_b_crit = cb.widened(boot_b_crit, float(fit.b_crit), factor)
-            interval = cb.percentile_interval(boot_b_crit)
-            if factor >= WIDENING_NOTED:
-                notes.append(
-                    f"interval widened {factor:.2f}x: the batch sizes scatter about the fit more than their seeds "
-                    "explain (the curves' shape is not the hyperbola's, or the reading differs by batch size)"
-                )
+            boot_b_crit, interval, widened = _widened_interval(boot_b_crit, float(fit.b_crit), chi2, len(rows))
+            notes += widened
         else:
             notes.append("no interval: one seed per configuration (search.seeds >= 2 gives one)")
     elif status in ("below", "above"):
@@ -340,6 +330,26 @@ def _target(usable, batches: List[Batch], points: List[Best], boots, k: int, tar
     return replace(
         entry, notes=(*notes, *diagnostics.notes(usable, entry)), flags=diagnostics.flags(entry)
     ), boot_b_crit
+
+
+def _lack_of_fit(fit: cb.Fit, rows: Sequence[Point], variances: Sequence[float], dof: int) -> Tuple[LackOfFit, float]:
+    """The F test of the fit's residuals against the seeds' spread, and their chi-square."""
+    predicted = np.log(fit.s_min * (1 + fit.b_crit / np.asarray([r.batch for r in rows], np.float64)))
+    residuals = np.log([r.steps for r in rows]) - predicted
+    chi2 = float(np.sum(residuals**2 / np.asarray(variances)))
+    p = cb.lack_of_fit(chi2, len(rows), dof)
+    return LackOfFit(p, p is not None and p < LACK_OF_FIT_P, dof), chi2
+
+
+def _widened_interval(boot: np.ndarray, b_crit: float, chi2: float, points: int):
+    """(the bootstrap widened for lack of fit, its 90 % interval, the note saying so if it was)."""
+    factor = cb.widening(chi2, points)
+    boot = cb.widened(boot, b_crit, factor)
+    note = (
+        f"interval widened {factor:.2f}x: the batch sizes scatter about the fit more than their seeds explain "
+        "(the curves' shape is not the hyperbola's, or the reading differs by batch size)"
+    )
+    return boot, cb.percentile_interval(boot), [note] if factor >= WIDENING_NOTED else []
 
 
 @dataclass(frozen=True)

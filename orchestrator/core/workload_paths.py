@@ -119,26 +119,6 @@ def compute_params(cfg: Any) -> Optional[int]:
     return int(found.compute_params) if found and found.compute_params else None
 
 
-_LINREG_KEYS = ("model.dim", "model.noise_std", "model.w_star_norm")
-_TEXT_MODEL_KEYS = ("model.n_layers", "model.n_heads", "model.d_model", "model.mlp_ratio", "model.max_seq_len")
-_TEXT_DATA_KEYS = ("data.sources.", "data.tokenizer", "data.eval_fraction", "data.max_documents_per_source")
-NOT_READ: Dict[str, Tuple[str, ...]] = {
-    "gpt": ("model.hf.", *_LINREG_KEYS),
-    "hf": _LINREG_KEYS,
-    "linreg": ("model.hf.", *_TEXT_MODEL_KEYS, "model.vocab_size", *_TEXT_DATA_KEYS, "data.shard_dir"),
-}
-"""Per built-in workload, the config keys (dotted; a trailing '.' names a section) that only the
-other built-ins read: a run's MLflow params leave them out, so a gpt run shows no linear
-regression's noise and a linreg run no transformer's shape. A workload of your own may read any
-key, and logs every one."""
-
-
-def own_params(name: str, flat: Dict[str, Any]) -> Dict[str, Any]:
-    """The flattened config `flat` without the keys NOT_READ by workload `name`."""
-    unread = NOT_READ.get(name, ())
-    return {k: v for k, v in flat.items() if not any(k == u or (u.endswith(".") and k.startswith(u)) for u in unread)}
-
-
 CONFIG_CHECKS = {"hf": "workloads.builtin.hf_model:hf_config"}
 """model.name -> the check (cfg -> None, raises ConfigError) validation runs for it."""
 TOKENIZER_LOAD = "workloads.text.tokenizer:load"

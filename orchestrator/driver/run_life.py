@@ -126,11 +126,13 @@ def preflight(cfg: Config) -> None:
 
 def run_params(cfg: Config) -> Dict[str, Any]:
     """MLflow params: the resolved config flattened (secrets redacted) but the keys only another
-    built-in workload reads (workload_paths.NOT_READ), plus derived values. A branch (a run that starts
+    built-in workload reads (workload.own_params), plus derived values. A branch (a run that starts
     from a checkpoint where its batch.ramp changes) logs as batch.tokens_per_update the batch it
     trains at, its own: the config's is the ramp's first, the base run's."""
     plan = batch_plan(cfg)
-    params = workload_paths.own_params(cfg.model.name, flatten(to_dict(cfg)))
+    from workloads import workload
+
+    params = workload.own_params(cfg.model.name, flatten(to_dict(cfg)))
     params["batch.tokens_per_update"] = own_batch(cfg)
     params["batch.grad_accum_steps"] = plan.grad_accum_steps
     params["batch.micro_batch_size"] = plan.micro_batch_size

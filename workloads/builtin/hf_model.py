@@ -20,6 +20,7 @@ from orchestrator.core.schema import Config
 from orchestrator.formulas.batching import BatchPlan
 from orchestrator.formulas.memory import ModelCosts
 from workloads.train.checkpoint import load_weights
+from workloads.workload import TEXT_KEYS, check_text_run
 
 
 def hf_config(cfg: Config):
@@ -59,6 +60,8 @@ def build_model(cfg: Config) -> nn.Module:
 class HFWorkload:
     """`hf`: the causal LM of model.hf over the packed documents of workloads/text/packing.py."""
 
+    config_keys = ("model.hf.", *TEXT_KEYS)
+
     def __init__(self, cfg: Config, plan: BatchPlan, device: torch.device):
         from workloads.builtin import gpt
         from workloads.text.packing import TokenDataset
@@ -96,8 +99,6 @@ class HFWorkload:
 
     @staticmethod
     def preflight(cfg: Config, plan: BatchPlan) -> None:
-        from workloads.workload import check_text_run
-
         check_text_run(cfg, plan, lambda: build_model(cfg))
 
     @staticmethod
