@@ -340,20 +340,20 @@ def _primary(job: Tuple["World", Sequence[float], int, Sequence[int]]) -> Dict[s
     return {**result.primary.to_json(), "points": None}
 
 
-def primaries(
-    world: "World",
-    lrs: Sequence[float],
-    draws: int,
-    seeds: int = 2,
-    workers: int = 2,
-    batches: Sequence[int] = BATCHES,
-) -> List[Dict[str, object]]:
-    """The primary critical_batch entry of each of `draws` draws of `world` (its lr grid
-    `offset_grid` per draw), analysed in `workers` fresh processes (draws are independent, and a
-    2-core machine then takes half the time)."""
+def primaries_of(
+    worlds: Dict[str, Tuple["World", Sequence[int], int]], lrs: Sequence[float], draws: int, workers: int = 2
+) -> Dict[str, List[Dict[str, object]]]:
+    """The primary critical_batch entry of each of `draws` draws of every (world, batches, seeds)
+    in `worlds` (its lr grid `offset_grid` per draw), analysed in `workers` fresh processes (draws
+    are independent, and a 2-core machine then takes half the time)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(world.with_(draw=d), offset_grid(d, lrs), seeds, tuple(batches)) for d in range(draws)]
+    jobs = [
+        (world.with_(draw=d), offset_grid(d, lrs), seeds, tuple(batches))
+        for world, batches, seeds in worlds.values()
+        for d in range(draws)
+    ]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_primary, jobs))
+        found = list(pool.map(_primary, jobs))
+    return {name: found[i * draws : (i + 1) * draws] for i, name in enumerate(worlds)}

@@ -16,19 +16,25 @@ import pytest
 from orchestrator.analysis import critical_batch as cb
 from orchestrator.analysis import diagnostics, sweep_analysis
 from orchestrator.formulas.schedules import TRUSTED_SHARE
-from tests.known_truth import SHAPE_LRS, SHAPE_WORLDS, World, factor_grid, primaries
+from tests.known_truth import SHAPE_LRS, SHAPE_WORLDS, World, factor_grid, primaries_of
 
 DRAWS = 30
 
 
+@pytest.fixture(scope="module")
+def found():
+    """The primary B_crit of 30 draws of every shape world, in one pool of processes."""
+    return primaries_of(SHAPE_WORLDS, factor_grid(*SHAPE_LRS), DRAWS)
+
+
 @pytest.mark.parametrize("name", list(SHAPE_WORLDS))
-def test_b_crit_is_within_20_percent_or_flagged_and_covered(name):
+def test_b_crit_is_within_20_percent_or_flagged_and_covered(found, name):
     """Over 30 draws: the primary B_crit within 20 % of the truth or flagged (lack of fit, or an
     interval that does not hold it to 20 %) in at least 29, and its 90 % interval holding the truth
     in at least 24 (80 %); a lack of fit at most a fifth of the time (these worlds' steps follow the
     hyperbola closely enough that a flag would be a false alarm)."""
-    world, batches, seeds = SHAPE_WORLDS[name]
-    found = primaries(world, factor_grid(*SHAPE_LRS), DRAWS, seeds=seeds, batches=batches)
+    world = SHAPE_WORLDS[name][0]
+    found = found[name]
     assert all(p["status"] == "resolved" for p in found), [p["notes"] for p in found if p["status"] != "resolved"]
     errors = [p["b_crit"] / world.b_noise - 1 for p in found]
     flagged = [bool({"lack_of_fit", "imprecise"} & set(p["flags"])) for p in found]
