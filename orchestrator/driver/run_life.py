@@ -29,7 +29,7 @@ from orchestrator.core.schema import Config
 from orchestrator.driver import plan as planning
 from orchestrator.driver import ray_session
 from orchestrator.studies import branch_study
-from orchestrator.tracking.run_tags import FAILURE_TAG
+from orchestrator.tracking.run_tags import FAILURE_TAG, ONLINE_CALIBRATION_METRIC
 from orchestrator.tracking.store import CURVES_STORED, Store, resolve_uri
 from workloads.text import corpus
 from workloads.train import handoff
@@ -66,9 +66,11 @@ def resolve_paths(cfg: Config) -> None:
 
 def resolve_calibration(cfg: Config) -> None:
     """batch.calibration_from, read in the driver (workers have no business with the store's
-    sweeps): the branch study's branched critical batch size over B_simple, with the suggested
-    ramp's safety factor (branch_ramp.online_calibration), becomes batch.calibration; a study that
-    is not in the store, or has no resolved point with B_simple, is a ConfigError naming the key."""
+    sweeps): the calibration the branch study's report recorded on its parent run (its branched
+    critical batch size over B_simple with the suggested ramp's safety factor:
+    branch_ramp.online_calibration), computed once where the study is analysed and read back here,
+    becomes batch.calibration. A study that is not in the store, or whose answer holds none, is a
+    ConfigError naming the key."""
     name = cfg.batch.calibration_from
     if name:
         cfg.batch.calibration = _calibration_of(cfg.tracking.uri, cfg.tracking.experiment, name)
@@ -77,29 +79,27 @@ def resolve_calibration(cfg: Config) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _calibration_of(uri: str, experiment: str, name: str) -> float:
-    """The study read from the store once in a process (a sweep's trials all name the same), and
-    the ratio said once."""
-    from orchestrator.analysis import branch_analysis, branch_ramp
-    from orchestrator.reporting import report_inputs
+    """The study's answer read from the store once in a process (a sweep's trials all name the
+    same), and the ratio said once."""
+    from orchestrator.analysis.branch_ramp import ONLINE_FACTOR, THRESHOLD  # its scipy: only when named
 
-    run_id = Store(uri, experiment).find_sweep_run_anywhere(name)
+    store = Store(uri, experiment)
+    run_id = store.find_sweep_run_anywhere(name)
     if run_id is None:
         raise ConfigError(
             "batch.calibration_from",
             f"no sweep named {name!r} in {redact_uri(uri)}; name a branch study run into the same store",
         )
-    study = branch_analysis.study(report_inputs.read_trials(uri, run_id))
-    ratio = branch_ramp.online_calibration(study.points) if study else None
+    ratio = store.get_run(run_id).metrics.get(ONLINE_CALIBRATION_METRIC)
     if ratio is None:
         raise ConfigError(
             "batch.calibration_from",
-            f"sweep {name!r} has no resolved branch point with B_simple beside it, so no ratio to calibrate by; "
-            "give batch.calibration instead",
+            f"sweep {name!r}'s answer holds no calibration: it has no resolved branch point with B_simple beside it, "
+            f"or no report of it was written (`orchestrator report {name}` writes one); give batch.calibration instead",
         )
     print(
         f"batch.calibration={ratio:.3g}: branch study {name!r}'s critical batch size over B_simple (median), "
-        f"x {branch_ramp.ONLINE_FACTOR:g} so the batch doubles where it passes "
-        f"{branch_ramp.THRESHOLD:g}x the batch, as the suggested ramp does"
+        f"x {ONLINE_FACTOR:g} so the batch doubles where it passes {THRESHOLD:g}x the batch, as the suggested ramp does"
     )
     return ratio
 

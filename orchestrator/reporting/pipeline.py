@@ -13,11 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from orchestrator.analysis import branch_ramp
 from orchestrator.analysis.answer import Answer
 from orchestrator.reporting import report_files, report_folder, report_inputs, report_ladder, sweep_tables
 from orchestrator.reporting.report_inputs import Inputs, Settings
 from orchestrator.reporting.report_render import overview, summary_lines
 from orchestrator.tracking import mlflow_ui
+from orchestrator.tracking.run_tags import ONLINE_CALIBRATION_METRIC
 from orchestrator.tracking.store import Store
 
 
@@ -75,7 +77,8 @@ def make(
 
 def answer_metrics(answer: Answer) -> Dict[str, float]:
     """The answer as the sweep's parent run's metrics (answer/...): B_crit and its interval's ends,
-    B_simple at the primary target, the best final loss and its batch size, what to run."""
+    B_simple at the primary target, the best final loss and its batch size, what to run; a branch
+    study's batch.calibration (what `batch.calibration_from` reads back)."""
     p, best, rec = answer.primary, answer.best, answer.recommendation
     found = {
         "answer/b_crit": p.b_crit if p else None,
@@ -86,6 +89,7 @@ def answer_metrics(answer: Answer) -> Dict[str, float]:
         "answer/best_tokens_per_update": best.batch if best else None,
         "answer/recommended_tokens_per_update": rec.tokens_per_update if rec else None,
         "answer/recommended_lr": rec.lr if rec else None,
+        ONLINE_CALIBRATION_METRIC: branch_ramp.online_calibration(answer.branch.points) if answer.branch else None,
     }
     return {k: float(v) for k, v in found.items() if v is not None}
 

@@ -25,6 +25,9 @@ REUSED_BY_PREFIX = (
 )
 CURVES_TAG = "orchestrator.curves"  # the metrics the run's curves.parquet artifact holds, comma-joined
 CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folders live (path or URI)
+ONLINE_CALIBRATION_METRIC = (
+    "answer/online_calibration"  # a branch study's batch.calibration (its report's), read by batch.calibration_from
+)
 RUN_COLOR_TAG = "mlflow.runColor"  # MLflow's UI draws the run in this colour ("#rrggbb"): its batch size's
 
 

@@ -21,6 +21,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.yaml_files import parse_overrides
 from orchestrator.driver import launch, run_life
 from orchestrator.formulas import adaptive_batch, batching, noise
+from orchestrator.reporting import report
 from orchestrator.tracking.run_tags import PARENT_TAG, REALISED_RAMP_TAG, ROLE_TAG, SWEEP_ROLE, SWEEP_TAG
 from orchestrator.tracking.store import Store
 from tests.unit.test_branch_analysis import study_trials
@@ -181,7 +182,8 @@ def test_the_analysis_leaves_an_adaptive_run_out_as_it_does_a_ramped_one(grown):
 
 def test_calibration_from_reads_a_branch_study_in_the_store(uri, tmp_path, capsys):  # noqa: F811
     """A branch study written into the store as a sweep does it (parent run, children with their
-    params and curves; test_branch_analysis's study, whose base logs B_simple 300 all along):
+    params and curves; test_branch_analysis's study, whose base logs B_simple 300 all along): until
+    a report of it is written its answer holds no calibration, which is refused naming the key; then
     batch.calibration_from=STUDY becomes the median of its resolved points' cbs / 300 (computed
     here from the same runs in memory) times 2 / 8, so the run doubles where that passes 8x the
     batch as the suggested ramp does, and calibration_from is cleared for the workers."""
@@ -203,6 +205,12 @@ def test_calibration_from_reads_a_branch_study_in_the_store(uri, tmp_path, capsy
     points = branch_analysis.study(trials).points
     resolved = sorted(p["cbs"] for p in points if p["status"] == "resolved")
     assert len(resolved) == 3, "the premise: three resolved points"
+    unreported = adaptive(uri, tmp_path, "batch.calibration_from=cal-study")
+    with pytest.raises(ConfigError) as err:
+        run_life.resolve_calibration(unreported)
+    assert err.value.key == "batch.calibration_from" and "`orchestrator report cal-study`" in str(err.value)
+    overrides = [f"tracking.uri={uri}", f"tracking.experiment={EXPERIMENT}"]
+    assert report.run("cal-study", overrides, out=str(tmp_path / "report"), target_losses=None) == 0
     cfg = adaptive(uri, tmp_path, "batch.calibration_from=cal-study")
     run_life.resolve_calibration(cfg)
     assert cfg.batch.calibration == pytest.approx(resolved[1] / 300.0 * 2 / 8, rel=1e-9)
