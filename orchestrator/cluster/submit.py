@@ -41,10 +41,10 @@ from orchestrator.cluster.ray_jobs import (
     normalise_address,
 )
 from orchestrator.cluster.upload import EXCLUDES, check_upload_size, mib, upload_limit
-from orchestrator.core import schema, sweep_file, yaml_files
+from orchestrator.core import derived, schema, sweep_file, yaml_files
 from orchestrator.core.errors import ConfigError
 from orchestrator.formulas import feasibility
-from orchestrator.studies import kinds, placement
+from orchestrator.studies import kinds
 
 _ENV_REF_RE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
 NOT_SECRET = ("MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
@@ -234,7 +234,7 @@ def trial_shapes(sweep_path: str | Path, overrides: Sequence[str] = ()) -> List[
     computes them (studies/kinds.prepare)."""
 
     prepared = kinds.prepare(sweep_path, overrides)
-    return feasibility.distinct(placement.trial_shapes(prepared.sweep, prepared.all_trials()))
+    return feasibility.distinct([derived.trial_shape(t.cfg, prepared.sweep.local_mode) for t in prepared.all_trials()])
 
 
 def check_fit(client, shapes: Sequence[Any]) -> None:

@@ -1,7 +1,7 @@
 """What a config implies beyond its keys: the batch plan (S x b x D x A) and the segments of a
 batch ramp, the beta2 and weight decay AdamW uses, SGD's L2 coefficient, the ZeRO stage the
 engine runs, the gradient noise scale's EMA, whether to compile, and what Ray reserves for a
-run's workers (its shape, which formulas/feasibility checks against a cluster). The one place
+run's workers and a sweep's trial (its shape, which formulas/feasibility checks against a cluster). The one place
 each is computed: the trainer, the DeepSpeed config, `plan`, validation and the MLflow params all
 read them here.
 
@@ -212,3 +212,28 @@ def shape_of(cfg: Config, trial: Optional[Dict[str, float]] = None) -> feasibili
     (a Tune trial's own resources)."""
     c = cfg.cluster
     return feasibility.Shape(c.num_workers, worker_resources(cfg), c.placement_strategy, dict(trial or {}))
+
+
+TRIAL_DRIVER_CPUS = 0.2  # a Tune trial that only waits on its worker group; the workers hold the CPUs
+
+
+def in_trial_process(cfg: Config, local_mode: bool) -> bool:
+    """Does a sweep's trial of `cfg` run its one worker in the Tune trial's process (Ray Train
+    local mode, the sweep file's `local_mode`)?"""
+    return local_mode and batch_plan(cfg).num_workers == 1
+
+
+def trial_resources(cfg: Optional[Config], local_mode: bool) -> Dict[str, float]:
+    """What a sweep's Tune trial of `cfg` holds: the worker's CPUs (and GPU) when the worker runs
+    inside it, else a fraction of a CPU for waiting on its worker group (None: an infeasible point)."""
+    if cfg is None or not in_trial_process(cfg, local_mode):
+        return {"CPU": TRIAL_DRIVER_CPUS}
+    return worker_resources(cfg)
+
+
+def trial_shape(cfg: Config, local_mode: bool) -> feasibility.Shape:
+    """What a sweep's trial of `cfg` holds: its worker bundles and the Tune trial's own CPU, or,
+    when the worker runs inside the trial, one bundle for both."""
+    if in_trial_process(cfg, local_mode):
+        return shape_of(cfg)
+    return shape_of(cfg, trial={"CPU": TRIAL_DRIVER_CPUS})

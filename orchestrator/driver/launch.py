@@ -11,8 +11,6 @@ kept beside them.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import signal
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from orchestrator.core import storage
-from orchestrator.core.config import redact_uri, to_dict
+from orchestrator.core.config import redact_uri
 from orchestrator.core.derived import ADAPTIVE, rounded_budget, shape_of
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
@@ -127,15 +125,6 @@ def finished_already(cfg: Config, record: Optional[Dict[str, Any]], digest: str)
     return run if run is not None and run.status == "FINISHED" else None
 
 
-def config_digest(cfg: Config) -> str:
-    """What makes two `train` commands the same run: the resolved config but its run name and the
-    extra sinks it is mirrored to (nor do they change the digest of a config from before them)."""
-    settings = to_dict(cfg)
-    settings["train"]["run_name"] = None
-    del settings["tracking"]["sinks"]
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def unfinished_run(cfg: Config, digest: str) -> str:
     """The name of the newest run of this config under train.storage_path whose MLflow run did
     not finish (`train --resume` without train.run_name)."""
@@ -158,7 +147,7 @@ def unfinished_run(cfg: Config, digest: str) -> str:
 def train(cfg: Config, resume: bool = False) -> int:
     run_life.ready(cfg)
     storage.check_reachable(cfg.train.storage_path, "train.storage_path")
-    digest = config_digest(cfg)
+    digest = run_life.config_digest(cfg)
     if resume and not cfg.train.run_name:
         cfg.train.run_name = unfinished_run(cfg, digest)
     name = cfg.train.run_name = cfg.train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -16,7 +16,7 @@ from orchestrator.core import derived, sweep_schema
 from orchestrator.core.schema import Config
 from orchestrator.formulas import cost
 from orchestrator.reporting.report_format import TOK, cell
-from orchestrator.studies import kinds, placement, search_space
+from orchestrator.studies import kinds, search_space
 from orchestrator.studies.study import StudyKind
 
 QUIET_UP_TO_S = 60.0
@@ -123,7 +123,7 @@ class ProgressTable(tune.Callback):
                 "wall": None,  # seconds from its (last) start to its end
                 "first": None,  # (tokens, time) of the first result since the trial (re)started
                 "rate": None,
-                "holds": placement.resources_of(self.sweep, c),  # what Tune reserves for it
+                "holds": derived.trial_resources(c, self.sweep.local_mode),  # what Tune reserves for it
             }
         return self.rows[trial.trial_id]
 

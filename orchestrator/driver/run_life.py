@@ -8,6 +8,8 @@ fit it, and finish: the status, the failure reason, the loss plot, the run close
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -41,6 +43,15 @@ def ready(cfg: Config) -> None:
     resolve_paths(cfg)
     resolve_calibration(cfg)
     preflight(cfg)
+
+
+def config_digest(cfg: Config) -> str:
+    """What makes two `train` commands the same run: the resolved config but its run name and the
+    extra sinks it is mirrored to (nor do they change the digest of a config from before them)."""
+    settings = to_dict(cfg)
+    settings["train"]["run_name"] = None
+    del settings["tracking"]["sinks"]
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def resolve_paths(cfg: Config) -> None:

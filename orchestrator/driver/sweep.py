@@ -19,15 +19,15 @@ import time
 from typing import Any, Dict, List, Optional
 
 from orchestrator.core import config as config_lib
-from orchestrator.core import storage
+from orchestrator.core import derived, storage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.driver import micro_batch, ray_session, run_life
 from orchestrator.driver.trial import TrialSetup, run_trial
 from orchestrator.reporting import report_files
-from orchestrator.studies import kinds, placement, search_space
+from orchestrator.studies import kinds, search_space
 from orchestrator.studies.search_space import Trial
-from orchestrator.studies.study import Prepared, StudyKind
+from orchestrator.studies.study import Prepared
 from orchestrator.tracking.refusals import StoreRefusedWrites
 from orchestrator.tracking.run_tags import (
     PARENT_TAG,
@@ -189,7 +189,9 @@ def _start_ray(prepared: Prepared) -> bool:
     meanwhile = _import_while_ray_starts(base.tracking.uri)
     on_ray = ray_session.ray_init(base.cluster.address)
     meanwhile.join()
-    ray_session.check_cluster(base, placement.trial_shapes(prepared.sweep, prepared.all_trials()))
+    ray_session.check_cluster(
+        base, [derived.trial_shape(t.cfg, prepared.sweep.local_mode) for t in prepared.all_trials()]
+    )
     micro_batch.resolve_all([t.cfg for t in prepared.all_trials()])
     return on_ray
 
@@ -280,7 +282,7 @@ def _tuner(prepared: Prepared, trials, folder: str, resume: bool, scheduler, tag
     )
 
     def resources(params: Dict[str, Any]) -> Dict[str, float]:
-        return placement.resources_of(sweep, study.resolve(sweep, params["trial"]).cfg)
+        return derived.trial_resources(study.resolve(sweep, params["trial"]).cfg, sweep.local_mode)
 
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), resources)
     # A phase resumed before it had started (a branch study's branches) begins afresh.
@@ -292,7 +294,7 @@ def _tuner(prepared: Prepared, trials, folder: str, resume: bool, scheduler, tag
         "experiment": base.tracking.experiment,
         "tags": {PARENT_TAG: prepared.parent_run, SWEEP_TAG: sweep.name},
     }
-    search = study.search(sweep, trials, runs) if phase == "tune" else StudyKind.search(study, sweep, trials, runs)
+    search = study.search(sweep, trials, runs)  # a phase before Tune's (a branch study's base): the kind's too
     asha = sweep.scheduler.type == "asha"
     return tune.Tuner(
         trainable,

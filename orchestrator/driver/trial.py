@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from orchestrator.core import storage
+from orchestrator.core import derived, storage
 from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
-from orchestrator.driver import launch, micro_batch, run_life
-from orchestrator.studies import branch_study, placement
+from orchestrator.driver import micro_batch, run_life
+from orchestrator.studies import branch_study
 from orchestrator.studies.study import StudyKind
 from orchestrator.tracking.refusals import StoreRefusedWrites
 from orchestrator.tracking.run_tags import (
@@ -106,7 +106,7 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
         tune.report(_finished_result(store.get_run(run_id)))
         return
-    digest = launch.config_digest(cfg)
+    digest = run_life.config_digest(cfg)
     reused = None if run_id else store.find_finished({DIGEST_TAG: digest})
     if reused is not None:
         # An earlier sweep (a ladder before a rung was added) finished this very config: its run
@@ -118,7 +118,7 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     if run_id:
         store.reopen_run(run_id)  # a retried trial: RUNNING again
     run_id = run_id or run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg), DIGEST_TAG: digest})
-    local = placement.in_trial_process(sweep, cfg)  # then the worker reports to Tune itself
+    local = derived.in_trial_process(cfg, sweep.local_mode)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
     # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
     tune_dir = storage.join(setup.tune_storage, Path(tune.get_context().get_trial_dir()).name)

@@ -2,5 +2,5 @@
 grid and random search (grid), Optuna (optuna_search), the bracket search of the lr per batch size
 (bracket, its Tune searcher bracket_search), branch studies (branch_study) and ladders (ladder, its
 rungs ladder_plan); which kind a file asks for, and registering more (kinds). Beside them what
-every kind lays its trials out with (search_space), grouped early stopping (grouped_asha), where
-trials run (placement) and the dry run's corners (corners)."""
+every kind lays its trials out with (search_space), grouped early stopping (grouped_asha) and the
+dry run's corners (corners)."""

@@ -175,8 +175,8 @@ class StudyKind:
         """Work on the plan before Ray starts (a branch study finds the run it branches from)."""
 
     def before_tune(self, prepared: Prepared, tune_phase: TunePhase) -> Dict[str, str]:
-        """Phases before the study's Tune run (a branch study's base run); the tags every trial
-        of that run gets."""
+        """Phases before the study's Tune run (a branch study's base run), whose trials Tune runs
+        as the kind's `search` lays them out; the tags every trial of that run gets."""
         return {}
 
 

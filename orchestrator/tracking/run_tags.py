@@ -19,7 +19,7 @@ STOPPED_AT_TAG = "orchestrator.stopped_at_tokens"  # the early-stopping rung a t
 WARNING_TAG_PREFIX = "orchestrator.warning."  # + a 3-digit index: what a worker warned about, in order
 REALISED_RAMP_TAG = "orchestrator.realised_ramp"  # batch.schedule=adaptive: the batch.ramp it took, to replay
 RUNG_TAG = "orchestrator.ladder_rung"  # a ladder trial's rung, `N=213k D=426k` (studies/ladder_plan.py)
-DIGEST_TAG = "orchestrator.config_digest"  # a trial's resolved config, hashed (driver/launch.config_digest)
+DIGEST_TAG = "orchestrator.config_digest"  # a trial's resolved config, hashed (driver/run_life.config_digest)
 REUSED_BY_PREFIX = (
     "orchestrator.reused_by."  # + a later sweep's parent run id, = its trial id: a finished run it reused
 )

@@ -192,8 +192,8 @@ def test_rerunning_a_finished_run_trains_nothing_and_starts_no_ray(faulty_run, m
     longer = copy.deepcopy(cfg)
     longer.train.total_tokens *= 2
     record = launch.run_record(cfg.train.storage_path, "faulty")
-    assert launch.finished_already(longer, record, launch.config_digest(longer)) is None
-    assert launch.finished_already(cfg, record, launch.config_digest(cfg)).run_id == run_id
+    assert launch.finished_already(longer, record, run_life.config_digest(longer)) is None
+    assert launch.finished_already(cfg, record, run_life.config_digest(cfg)).run_id == run_id
 
 
 def test_a_diverging_run_fails_with_its_reason_and_shows_its_worker_s_warning(

@@ -220,18 +220,16 @@ def test_optuna_storage_is_a_database_url_for_optuna_only(tmp_path, search, says
 def test_trial_resources_follow_where_the_worker_runs(tmp_path):
     """A single-worker trial in local mode holds its worker's CPUs itself; a trial that starts a
     worker group (D > 1, or local_mode: false) holds only a fraction for waiting on it."""
-    from orchestrator.studies import placement
-
     space = {"cluster.num_workers": {"grid": [1, 2]}, "cluster.cpus_per_worker": {"grid": [0.8]}}
     for local_mode, expected in [
-        (True, [0.8, placement.TRIAL_DRIVER_CPUS]),
-        (False, [placement.TRIAL_DRIVER_CPUS, placement.TRIAL_DRIVER_CPUS]),
+        (True, [0.8, derived.TRIAL_DRIVER_CPUS]),
+        (False, [derived.TRIAL_DRIVER_CPUS, derived.TRIAL_DRIVER_CPUS]),
     ]:
         sweep = kinds.load(write(tmp_path, space=space, local_mode=local_mode))
         trials = kinds.expand(sweep)
-        assert [placement.resources_of(sweep, kinds.kind_of(sweep).resolve(sweep, t.values).cfg) for t in trials] == [
-            {"CPU": c} for c in expected
-        ]
+        assert [
+            derived.trial_resources(kinds.kind_of(sweep).resolve(sweep, t.values).cfg, sweep.local_mode) for t in trials
+        ] == [{"CPU": c} for c in expected]
 
 
 def test_seeds_replicate_every_configuration(tmp_path):

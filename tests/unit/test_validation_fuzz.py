@@ -349,14 +349,14 @@ def test_train_resume_finds_the_newest_unfinished_run_of_the_same_config(tmp_pat
     overrides = [f"tracking.uri={uri}", "train.storage_path=runs"]
     cfg = config.load(TINY, overrides)
     run_life.resolve_paths(cfg)
-    digest = launch.config_digest(cfg)
+    digest = run_life.config_digest(cfg)
     other = config.load(TINY, [*overrides, "optim.lr=0.5"])
     run_life.resolve_paths(other)
     Store(uri, cfg.tracking.experiment).ensure_experiment()
     for name, started, status, of in [
         ("old-killed", 1, "RUNNING", digest),
         ("newer-finished", 2, "FINISHED", digest),
-        ("newest-other-config", 4, "RUNNING", launch.config_digest(other)),
+        ("newest-other-config", 4, "RUNNING", run_life.config_digest(other)),
         ("new-killed", 3, "RUNNING", digest),
     ]:
         run_id = Store(uri, cfg.tracking.experiment).create_run(name)
