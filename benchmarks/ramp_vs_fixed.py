@@ -86,7 +86,11 @@ def arm_overrides(report: Dict[str, Any]) -> Dict[str, List[str]]:
     )
     scaling = [f"batch.ramp_lr_scaling={branch['lr_scaling']}"]
     # what batch.calibration_from gives: the study's cbs / B_simple with the ramp's safety factor
-    calibration = branch_ramp.online_calibration(points) or branch_ramp.ONLINE_FACTOR
+    # (taken here whether or not it is resolved, which the arm's line says)
+    online = branch_ramp.online_calibration(points)
+    calibration = online.value if online else branch_ramp.ONLINE_FACTOR
+    if online and not online.resolved:
+        print(f"the adaptive arm's calibration is not resolved ({online.why_not()}); calibration_from refuses it")
     return {
         "fixed": [],
         "ramp": [branch["ramp_override"], *scaling],

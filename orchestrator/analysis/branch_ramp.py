@@ -6,6 +6,7 @@ as a YAML snippet (`ramp_yaml`) and as an override (`ramp_override`). Pure: nump
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -280,12 +281,14 @@ def calibration(points: Sequence[Mapping[str, Any]]) -> Optional[float]:
     """The branched critical batch size over B_simple, the median over the resolved points that
     have both (a bound is not a value, and the median keeps one odd point from setting it); None
     without such a point."""
-    ratios = [
-        float(p["cbs"]) / float(p["b_simple"])
-        for p in points
-        if p.get("status") == RESOLVED and p.get("cbs") and p.get("b_simple") and p["b_simple"] > 0
-    ]
+    ratios = [float(p["cbs"]) / float(p["b_simple"]) for p in _calibrating(points)]
     return float(np.median(ratios)) if ratios else None
+
+
+def _calibrating(points: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    return [
+        p for p in points if p.get("status") == RESOLVED and p.get("cbs") and p.get("b_simple") and p["b_simple"] > 0
+    ]
 
 
 ONLINE_FACTOR = adaptive_batch.THRESHOLD / THRESHOLD
@@ -293,10 +296,56 @@ ONLINE_FACTOR = adaptive_batch.THRESHOLD / THRESHOLD
 its calibrated B_simple passes adaptive_batch.THRESHOLD x the batch, so this makes it double where
 the critical batch size passes THRESHOLD x the batch, as the suggested ramp does."""
 
+CALIBRATION_MARGIN = THRESHOLD / 4
+"""How far above the ratio at any point the calibration may lie and be resolved (2x): after a
+doubling the rule holds the batch at most 2 / THRESHOLD = 1/4 of the critical batch size it reads,
+so read 2x too high it is still at most half the true one (Merrill et al.'s 2x rule at its limit);
+read too low, the run only grows later than it could."""
 
-def online_calibration(points: Sequence[Mapping[str, Any]]) -> Optional[float]:
-    """`batch.calibration_from`: calibration(points) x ONLINE_FACTOR, the setting that held the
-    fixed batch's loss on real runs (ramp_vs_fixed, docs/branches.md); at the ratio itself the run
-    doubles at 2x, the rule that lost loss."""
+
+@dataclass(frozen=True)
+class OnlineCalibration:
+    """`batch.calibration_from`'s answer: the setting, the interval it is read from, and whether
+    it is resolved (an adaptive run is not started on one that is not)."""
+
+    value: float
+    """calibration(points) x ONLINE_FACTOR: the setting that held the fixed batch's loss on real
+    runs (ramp_vs_fixed, docs/branches.md); at the ratio itself the run doubles at 2x, the rule
+    that lost loss."""
+    interval: Tuple[Optional[float], Optional[float]]
+    """The ratios the points allow, x ONLINE_FACTOR: from the lowest low end to the highest high
+    end of their 90 % intervals (each point's cbs_interval over its B_simple; None: unbounded).
+    One setting serves the whole run, so it must hold at every point."""
+    resolved: bool
+    """value <= CALIBRATION_MARGIN x interval[0]: the setting exceeds the ratio at no point by more
+    than the rule's margin, even at the low end of that point's interval."""
+
+    def why_not(self) -> str:
+        """Why it is not resolved, in words ("" when it is)."""
+        if self.resolved:
+            return ""
+        low = self.interval[0]
+        if low is None:
+            return "a point's interval reaches below its smallest branch batch, so the ratio there is not bounded below"
+        return (
+            f"{self.value:.3g} is {self.value / low:.1f}x the lowest the points allow ({low:.3g}), more than the "
+            f"{CALIBRATION_MARGIN:g}x that keeps the batch under half the critical batch size"
+        )
+
+
+def online_calibration(points: Sequence[Mapping[str, Any]]) -> Optional[OnlineCalibration]:
+    """`batch.calibration_from`'s answer from a branch study's points; None without a resolved
+    point with B_simple beside it."""
     ratio = calibration(points)
-    return ratio * ONLINE_FACTOR if ratio is not None else None
+    if ratio is None:
+        return None
+    lows, highs = [], []
+    for p in _calibrating(points):
+        low, high = p.get("cbs_interval") or (None, None)
+        lows.append(None if low is None else low / p["b_simple"] * ONLINE_FACTOR)
+        highs.append(None if high is None else high / p["b_simple"] * ONLINE_FACTOR)
+    low = None if None in lows else min(lows)
+    high = None if None in highs else max(highs)
+    value = ratio * ONLINE_FACTOR
+    resolved = low is not None and value <= CALIBRATION_MARGIN * low * (1 + 1e-12)
+    return OnlineCalibration(value, (low, high), resolved)

@@ -31,7 +31,7 @@ from orchestrator.core.schema import Config
 from orchestrator.driver import plan as planning
 from orchestrator.driver import ray_session
 from orchestrator.studies import branch_study
-from orchestrator.tracking.run_tags import FAILURE_TAG, ONLINE_CALIBRATION_METRIC
+from orchestrator.tracking.run_tags import FAILURE_TAG, ONLINE_CALIBRATION_METRIC, ONLINE_CALIBRATION_TAG
 from orchestrator.tracking.store import CURVES_STORED, Store, resolve_uri
 from workloads.text import corpus
 from workloads.train import handoff
@@ -80,8 +80,9 @@ def resolve_calibration(cfg: Config) -> None:
     sweeps): the calibration the branch study's report recorded on its parent run (its branched
     critical batch size over B_simple with the suggested ramp's safety factor:
     branch_ramp.online_calibration), computed once where the study is analysed and read back here,
-    becomes batch.calibration. A study that is not in the store, or whose answer holds none, is a
-    ConfigError naming the key."""
+    becomes batch.calibration. A study that is not in the store, whose answer holds none, or whose
+    calibration is not resolved (branch_ramp.OnlineCalibration: no adapting on it) is a ConfigError
+    naming the key."""
     name = cfg.batch.calibration_from
     if name:
         cfg.batch.calibration = _calibration_of(cfg.tracking.uri, cfg.tracking.experiment, name)
@@ -101,12 +102,19 @@ def _calibration_of(uri: str, experiment: str, name: str) -> float:
             "batch.calibration_from",
             f"no sweep named {name!r} in {redact_uri(uri)}; name a branch study run into the same store",
         )
-    ratio = store.get_run(run_id).metrics.get(ONLINE_CALIBRATION_METRIC)
+    run = store.get_run(run_id)
+    ratio, status = run.metrics.get(ONLINE_CALIBRATION_METRIC), run.tags.get(ONLINE_CALIBRATION_TAG, "")
     if ratio is None:
         raise ConfigError(
             "batch.calibration_from",
             f"sweep {name!r}'s answer holds no calibration: it has no resolved branch point with B_simple beside it, "
             f"or no report of it was written (`orchestrator report {name}` writes one); give batch.calibration instead",
+        )
+    if status != "resolved":  # an adaptive run does not adapt on a calibration it cannot trust
+        raise ConfigError(
+            "batch.calibration_from",
+            f"sweep {name!r}'s calibration is {status or 'not resolved'}; run the study with more seeds "
+            "(search.seeds) or branch points, give batch.calibration, or train with batch.schedule=fixed",
         )
     print(
         f"batch.calibration={ratio:.3g}: branch study {name!r}'s critical batch size over B_simple (median), "

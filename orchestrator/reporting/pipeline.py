@@ -19,7 +19,7 @@ from orchestrator.reporting import report_files, report_folder, report_inputs, r
 from orchestrator.reporting.report_inputs import Inputs, Settings
 from orchestrator.reporting.report_render import overview, summary_lines
 from orchestrator.tracking import mlflow_ui
-from orchestrator.tracking.run_tags import ONLINE_CALIBRATION_METRIC
+from orchestrator.tracking.run_tags import ONLINE_CALIBRATION_METRIC, ONLINE_CALIBRATION_TAG
 from orchestrator.tracking.store import Store
 
 
@@ -78,7 +78,7 @@ def make(
 def answer_metrics(answer: Answer) -> Dict[str, float]:
     """The answer as the sweep's parent run's metrics (answer/...): B_crit and its interval's ends,
     B_simple at the primary target, the best final loss and its batch size, what to run; a branch
-    study's batch.calibration (what `batch.calibration_from` reads back)."""
+    study's batch.calibration and its interval (what `batch.calibration_from` reads back)."""
     p, best, rec = answer.primary, answer.best, answer.recommendation
     found = {
         "answer/b_crit": p.b_crit if p else None,
@@ -89,16 +89,30 @@ def answer_metrics(answer: Answer) -> Dict[str, float]:
         "answer/best_tokens_per_update": best.batch if best else None,
         "answer/recommended_tokens_per_update": rec.tokens_per_update if rec else None,
         "answer/recommended_lr": rec.lr if rec else None,
-        ONLINE_CALIBRATION_METRIC: branch_ramp.online_calibration(answer.branch.points) if answer.branch else None,
     }
+    online = _online_calibration(answer)
+    if online:
+        low, high = online.interval
+        found.update({ONLINE_CALIBRATION_METRIC: online.value, "answer/online_calibration_low": low})
+        found["answer/online_calibration_high"] = high
     return {k: float(v) for k, v in found.items() if v is not None}
 
 
 def answer_tags(answer: Answer) -> Dict[str, str]:
-    """The answer's words as the parent run's tags: B_crit's status and the loss it is stated at."""
+    """The answer's words as the parent run's tags: B_crit's status and the loss it is stated at;
+    a branch study's calibration's status."""
     p = answer.primary
-    return {
+    tags = {
         "answer.status": p.status if p else "no target",
         "answer.primary_target": f"{p.target_loss:.4g}" if p else "-",
         "answer.lr_criterion": answer.lr_criterion,
     }
+    online = _online_calibration(answer)
+    if online:
+        tags[ONLINE_CALIBRATION_TAG] = "resolved" if online.resolved else f"not resolved: {online.why_not()}"
+    return tags
+
+
+def _online_calibration(answer: Answer) -> Optional[branch_ramp.OnlineCalibration]:
+    """A branch study's `batch.calibration_from` answer (None for another sweep)."""
+    return branch_ramp.online_calibration(answer.branch.points) if answer.branch else None

@@ -28,6 +28,9 @@ CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folde
 ONLINE_CALIBRATION_METRIC = (
     "answer/online_calibration"  # a branch study's batch.calibration (its report's), read by batch.calibration_from
 )
+ONLINE_CALIBRATION_TAG = (
+    "answer.online_calibration"  # ... and whether it is resolved: "resolved" or "not resolved: why"
+)
 RUN_COLOR_TAG = "mlflow.runColor"  # MLflow's UI draws the run in this colour ("#rrggbb"): its batch size's
 
 

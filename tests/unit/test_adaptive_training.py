@@ -22,7 +22,15 @@ from orchestrator.core.yaml_files import parse_overrides
 from orchestrator.driver import launch, run_life
 from orchestrator.formulas import adaptive_batch, batching, noise
 from orchestrator.reporting import report
-from orchestrator.tracking.run_tags import PARENT_TAG, REALISED_RAMP_TAG, ROLE_TAG, SWEEP_ROLE, SWEEP_TAG
+from orchestrator.tracking.run_tags import (
+    ONLINE_CALIBRATION_METRIC,
+    ONLINE_CALIBRATION_TAG,
+    PARENT_TAG,
+    REALISED_RAMP_TAG,
+    ROLE_TAG,
+    SWEEP_ROLE,
+    SWEEP_TAG,
+)
 from orchestrator.tracking.store import Store
 from tests.unit.test_branch_analysis import study_trials
 from tests.unit.test_trainer_in_process import EXPERIMENT, FakeRay, history, linreg, train, uri  # noqa: F401
@@ -166,6 +174,52 @@ def test_the_calibration_is_the_median_ratio_at_resolved_points_and_a_missing_st
         run_life.resolve_calibration(cfg)
     assert err.value.key == "batch.calibration_from" and "no sweep named 'no-such-study'" in str(err.value)
     assert cfg.batch.calibration == 1.0
+
+
+def test_the_calibration_is_resolved_only_when_it_exceeds_no_points_ratio_by_more_than_the_margin():
+    """online_calibration: the median ratio x 1/4, its interval the lowest low end and the highest
+    high end of the points' own (cbs_interval / B_simple, x 1/4), resolved when the setting is at
+    most CALIBRATION_MARGIN (2) x that low end; a point whose interval is unbounded below leaves it
+    not resolved. Computed here by hand from the points."""
+
+    def point(cbs, low, high, b_simple=100.0):
+        return {"status": "resolved", "cbs": cbs, "cbs_interval": [low, high], "b_simple": b_simple}
+
+    agreeing = [point(200, 160, 250), point(220, 180, 270), point(180, 150, 230)]
+    online = branch_ramp.online_calibration(agreeing)
+    assert online.value == pytest.approx(2.0 * 0.25) and online.interval == pytest.approx((1.5 * 0.25, 2.7 * 0.25))
+    assert online.resolved and online.why_not() == ""
+    # one point's ratio 4x below the others: the setting (their median) is 2.67x its low end
+    drifting = agreeing[:2] + [point(60, 50, 75), point(240, 200, 300)]
+    online = branch_ramp.online_calibration(drifting)
+    assert online.value == pytest.approx(2.1 * 0.25) and online.interval[0] == pytest.approx(0.5 * 0.25)
+    assert not online.resolved and "4.2x the lowest the points allow" in online.why_not()
+    assert branch_ramp.CALIBRATION_MARGIN == 2.0
+    # exactly at the margin: resolved
+    assert branch_ramp.online_calibration([point(200, 100, 250)]).resolved
+    unbounded = branch_ramp.online_calibration([*agreeing, point(200, None, 250)])
+    assert not unbounded.resolved and unbounded.interval[0] is None and "not bounded below" in unbounded.why_not()
+    assert branch_ramp.online_calibration([{**agreeing[0], "status": "above"}]) is None
+
+
+def test_an_adaptive_run_does_not_start_on_a_calibration_that_is_not_resolved(uri, tmp_path):  # noqa: F811
+    """A study whose report recorded its calibration as not resolved (pipeline.answer_tags, from
+    the status tested above) is refused, naming the key and the reason: the run would not adapt on it."""
+    store = Store(uri, EXPERIMENT)
+    parent = store.create_run("sweep drifting", {ROLE_TAG: SWEEP_ROLE, SWEEP_TAG: "drifting"})
+    online = branch_ramp.online_calibration(
+        [{"status": "resolved", "cbs": c, "cbs_interval": [c * 0.8, c * 1.25], "b_simple": 100.0} for c in (200, 60)]
+    )
+    assert not online.resolved, "the premise: ratios 2 and 0.6, the setting 1.3 / 4 is 2.7x the lowest low end / 4"
+    store.log_metrics(parent, {ONLINE_CALIBRATION_METRIC: online.value}, step=0)
+    store.set_tags(parent, {ONLINE_CALIBRATION_TAG: f"not resolved: {online.why_not()}"})
+    store.finish_run(parent)
+    cfg = adaptive(uri, tmp_path, "batch.calibration_from=drifting")
+    with pytest.raises(ConfigError) as err:
+        run_life.resolve_calibration(cfg)
+    assert err.value.key == "batch.calibration_from"
+    assert "calibration is not resolved: 0.325 is 2.7x the lowest the points allow" in str(err.value)
+    assert cfg.batch.calibration == 1.0 and cfg.batch.calibration_from == "drifting"
 
 
 def test_the_analysis_leaves_an_adaptive_run_out_as_it_does_a_ramped_one(grown):

@@ -127,3 +127,21 @@ def test_the_online_rule_holds_the_loss_at_a_quarter_of_the_noise_scale_and_not_
     assert 0 < quarter.extra_loss_vs_best_fixed <= spread and quarter.outcome.steps <= 0.6 * quarter.best_fixed.steps
     assert 0 < quarter.extra_steps_vs_oracle <= 2 * quarter.oracle.steps
     assert regret(online_schedule(world, BASE, 2.0), world, TRIED).extra_loss_vs_best_fixed > 3 * spread
+
+
+def test_a_calibration_read_within_its_margin_keeps_the_online_batch_under_half_the_critical_batch():
+    """branch_ramp.CALIBRATION_MARGIN's reason, on the world: the online rule (double where the
+    calibrated reading passes 2x the batch, calibrated to 1/4 of the ratio) reads the critical batch
+    size CALIBRATION_MARGIN x too high at worst when resolved, which is threshold 8 / 2 = 4 here: every
+    batch it takes is then at most half of B_crit where it takes it (0.5 measured); read 4x too high
+    (a setting the status refuses) it reaches B_crit itself (1.0): the threshold-2 rule of the test
+    above, which ends more than 3 spreads above the best fixed batch."""
+    world = ScheduleWorld()
+    margin = branch_ramp.CALIBRATION_MARGIN
+
+    def worst_share(schedule):
+        return max(batch / world.b_crit(world.run(schedule, t).loss) for t, batch in schedule[1:])
+
+    assert worst_share(online_schedule(world, BASE, 8.0)) <= 0.25 + 1e-9
+    assert worst_share(online_schedule(world, BASE, 8.0 / margin)) <= 0.5 + 1e-9
+    assert worst_share(online_schedule(world, BASE, 8.0 / (2 * margin))) > 0.5
