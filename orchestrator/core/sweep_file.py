@@ -191,6 +191,7 @@ FIELDS = {
     "ladder.target.overrides": Field("any", optional=True, check=lambda key, value: _model_overrides(key, value)),
     "ladder.tolerance": number(0, 1, low_open=True, high_open=True),
     "loss_tolerance": number(0, 1, low_open=True, high_open=True),
+    "replay.tables": Field("str"),
     "ladder.hold": one_of("tokens", "steps"),
     "ladder.predict": Field("bool"),
 }

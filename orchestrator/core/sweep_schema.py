@@ -140,6 +140,17 @@ class BranchConfig:
 
 
 @dataclass(frozen=True)
+class ReplayConfig:
+    """A replay sweep (docs/sweeps.md, "Replaying recorded runs"): every trial serves a recorded
+    run from tables instead of training, so a searcher can be judged on real runs at the cost of
+    logging them."""
+
+    tables: str = ""
+    """A folder holding trials.csv and curves.csv (as `report --out` writes them), relative to the
+    sweep file."""
+
+
+@dataclass(frozen=True)
 class Rung:
     """One rung of a ladder given as it is: a model (overrides of the base) and its budget."""
 
@@ -231,6 +242,8 @@ class Sweep:
     """A branch study instead of a space; None: a sweep from scratch."""
     ladder: Optional[LadderConfig] = None
     """A ladder of model sizes and budgets, each rung a bracket search over space; None: one study."""
+    replay: Optional[ReplayConfig] = None
+    """Serve every trial from recorded runs instead of training it; None: trials train."""
     loss_tolerance: float = 0.005
     """The share of the final loss the recommendation trades for a larger batch: it is the largest
     batch whose predicted penalty against the loss-optimal batch is within this (docs/critical-batch.md;

@@ -22,7 +22,7 @@ from orchestrator.core import config as config_lib
 from orchestrator.core import derived, storage
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import Sweep
-from orchestrator.driver import micro_batch, ray_session, run_life
+from orchestrator.driver import micro_batch, ray_session, replay, run_life
 from orchestrator.driver.trial import TrialSetup, run_trial
 from orchestrator.reporting import report_files
 from orchestrator.studies import kinds, search_space
@@ -163,6 +163,8 @@ def _check_before_ray(prepared: Prepared, resume: bool) -> str:
     branch study's base run found), every distinct trial's preflight, the storage, the folder
     its report goes to, the checkpoints a resumed sweep would load; its folder."""
     sweep, base = prepared.sweep, prepared.base
+    if sweep.replay is not None:
+        replay.check(sweep)
     run_life.resolve_paths(base)
     run_life.resolve_calibration(base)  # read here, once: the trials' processes resolve against its value
     prepared.unvalidated.batch.calibration = base.batch.calibration
@@ -282,6 +284,8 @@ def _tuner(prepared: Prepared, trials, folder: str, resume: bool, scheduler, tag
     )
 
     def resources(params: Dict[str, Any]) -> Dict[str, float]:
+        if sweep.replay is not None:  # a replayed trial trains nothing: it holds what waiting holds
+            return {"CPU": derived.TRIAL_DRIVER_CPUS}
         return derived.trial_resources(study.resolve(sweep, params["trial"]).cfg, sweep.local_mode)
 
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), resources)

@@ -7,6 +7,7 @@ retry or the sweep's `--resume` keeps logging into the same run. What the sweep'
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from orchestrator.core import derived, storage
 from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
-from orchestrator.driver import micro_batch, run_life
+from orchestrator.driver import micro_batch, replay, run_life
 from orchestrator.studies import branch_study
 from orchestrator.studies.study import StudyKind
 from orchestrator.tracking.refusals import StoreRefusedWrites
@@ -118,6 +119,9 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     if run_id:
         store.reopen_run(run_id)  # a retried trial: RUNNING again
     run_id = run_id or run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg), DIGEST_TAG: digest})
+    if sweep.replay is not None:  # a recorded run, served instead of trained (driver/replay.py)
+        _serve_recorded(cfg, sweep, run_id, store)
+        return
     local = derived.in_trial_process(cfg, sweep.local_mode)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
     # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
@@ -139,6 +143,29 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     run_life.finish(cfg, run_id, error)
     if error is not None:
         raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
+
+
+def _serve_recorded(cfg: Config, sweep: Sweep, run_id: str, store: Store) -> None:
+    """The trial's recorded run into its MLflow run and to Tune, FAILED where the recording failed;
+    a config the tables do not hold ends its run FAILED with the reason, and Tune hears an
+    infinite loss."""
+    from ray import tune
+
+    values = {
+        replay.KEY[0]: cfg.batch.tokens_per_update,
+        replay.KEY[1]: cfg.optim.lr,
+        replay.KEY[2]: cfg.train.seed,
+        replay.KEY[3]: cfg.train.total_tokens,
+    }
+    error = None
+    try:
+        replay.serve(values, sweep, lambda curves: store.log_history(run_id, curves), tune.report)
+    except replay.RecordedFailure as exc:
+        error = exc
+    except replay.NotRecorded as exc:
+        error = exc
+        tune.report({"tokens": 0, "eval_loss": math.inf, "refused": str(exc)})
+    run_life.finish(cfg, run_id, error)
 
 
 def _finished_result(run) -> Dict[str, Any]:

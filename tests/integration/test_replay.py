@@ -1,0 +1,116 @@
+"""A replay sweep (`replay: {tables: DIR}`, orchestrator/driver/replay.py): every trial serves a
+recorded run of a known-truth world's tables (tests/known_truth.py) through Ray Tune and MLflow
+instead of training, and the sweep's report says what `report DIR` says of the same tables, to the
+printed digits. How a trial serves its run (exactly, step by step; refused off the tables) is
+tested without Ray below it."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import yaml
+
+from orchestrator.analysis import tables
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.sweep_schema import ReplayConfig, Sweep
+from orchestrator.driver import replay
+from orchestrator.tracking import run_tags
+from orchestrator.tracking.store import Store
+from tests.conftest import ROOT, run_main, sqlite_store
+from tests.known_truth import World
+
+WORLD = World(draw=1)
+BATCHES, LRS = (256, 512, 1024), (0.002, 0.004, 0.008, 0.016)
+
+
+def recorded_tables(folder):
+    return WORLD.write(WORLD.grid(batches=BATCHES, lrs=LRS, seeds=1), folder)
+
+
+def served(folder, values):
+    """What serve logs (each piece) and reports for `values`, in order."""
+    sweep = Sweep(path=folder.parent / "sweep.yaml", replay=ReplayConfig(str(folder)))
+    logged, reported = [], []
+    replay.serve(values, sweep, logged.append, reported.append)
+    return logged, reported
+
+
+def key(batch, lr, seed=0):
+    return {
+        "batch.tokens_per_update": batch,
+        "optim.lr": lr,
+        "train.seed": seed,
+        "train.total_tokens": WORLD.total_tokens,
+    }
+
+
+def test_a_recorded_run_is_served_exactly_and_a_config_off_the_tables_is_refused(tmp_path):
+    """The served pieces put together are the recorded curves, value for value; each report to Tune
+    follows the pieces up to its evaluation and carries that evaluation's loss; an lr the tables do
+    not hold, and tables that repeat a run, are refused naming why."""
+    folder = recorded_tables(tmp_path / "tables")
+    (run,) = [t for t in tables.read(folder) if t.batch == 512 and t.lr == pytest.approx(0.004)]
+    logged, reported = served(folder, key(512, 0.004000000000001))  # a YAML float's last bits
+    for metric, field in tables.METRICS.items():
+        pieces = [p for piece in logged for p in piece.get(metric, [])]
+        assert pieces == list(getattr(run, field)), metric
+    assert [(r["tokens"], r["eval_loss"]) for r in reported] == list(run.eval)
+    assert all(r["step"] == r["tokens"] // 512 for r in reported)
+    for i, r in enumerate(reported):  # what Tune hears at an evaluation was logged before it
+        seen = [t for piece in logged[: i + 1] for t, _ in piece.get("train/loss", [])]
+        assert max(seen) <= r["tokens"] < min([t for t, _ in run.train if t > max(seen)] or [math.inf])
+
+    with pytest.raises(replay.NotRecorded, match="optim.lr=0.064.*12 runs"):
+        served(folder, key(512, 0.064))
+    rows = (folder / "trials.csv").read_text().splitlines()
+    (folder / "trials.csv").write_text("\n".join(rows + [rows[1].replace("B=", "again B=", 1)]) + "\n")
+    replay.recorded.cache_clear()
+    with pytest.raises(ConfigError, match="share"):
+        served(folder, key(512, 0.004))
+
+
+@pytest.mark.slow
+def test_a_replay_sweep_reports_what_the_tables_say(ray_session, tmp_path, monkeypatch, capsys):
+    """A grid sweep over the tables' own grid, every trial replayed (no training: linear
+    regression's config only names the keys), whose closing report prints the answer `report DIR`
+    prints of the tables."""
+    monkeypatch.chdir(tmp_path)
+    folder = recorded_tables(tmp_path / "tables")
+    overrides = {k: v for k, v in WORLD.params(WORLD.grid(batches=BATCHES[:1], lrs=LRS[:1])[0]).items()}
+    overrides.pop("batch.tokens_per_update"), overrides.pop("optim.lr")
+    sweep = {
+        "name": "replayed",
+        "base": {"config": str(ROOT / "conf" / "train" / "linreg.yaml"), "overrides": overrides},
+        "space": {"batch.tokens_per_update": {"grid": list(BATCHES)}, "optim.lr": {"grid": list(LRS)}},
+        "search": {"max_concurrent": 4},
+        "replay": {"tables": "tables"},
+    }
+    (tmp_path / "replayed.yaml").write_text(yaml.safe_dump(sweep))
+    uri = sqlite_store(tmp_path)
+    code, out, err = run_main(capsys, "sweep", tmp_path / "replayed.yaml", f"tracking.uri={uri}")
+    assert code == 0, out[-3000:] + err[-3000:]
+    recorded = tables.read(folder)
+    finished = [t for t in recorded if t.status == "FINISHED"]
+    assert 0 < len(finished) < len(recorded), "the premise: a recorded run diverged"
+    assert f"{len(finished)} of {len(recorded)} trials reached the budget" in out
+    code, direct, err = run_main(capsys, "report", folder, "--out", tmp_path / "direct")
+    assert code == 0, err
+
+    def answer(printed):
+        """From the report's line on, word by word, with the runs' names (the sweep names its
+        trials, the tables their runs) as one word; without what only one of the two says: the
+        sweep's link to MLflow and its recommended.yaml (from its base config), the folder's
+        default settings."""
+        lines = printed.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("report: ")) + 1
+        kept = [line for line in lines[start:] if not line.startswith(("every trial's", "  http", "Settings by"))]
+        kept = [re.sub(r" \(recommended\.yaml [^)]*\)", "", line) for line in kept]
+        return [re.sub(r"B=\S+ lr=\S+ (wu=\S+%|seed=\d+)", "<run>", line).split() for line in kept]
+
+    assert answer(out) == answer(direct) and len(answer(direct)) > 5
+    runs = Store(uri).child_runs(Store(uri, "orchestrator").find_sweep_run("replayed"))
+    assert sorted(r.status for r in runs) == sorted(t.status for t in recorded)
+    (failed,) = [r for r in runs if r.status == "FAILED"]
+    assert "ended FAILED" in failed.tags[run_tags.FAILURE_TAG]
