@@ -192,6 +192,7 @@ FIELDS = {
     "ladder.tolerance": number(0, 1, low_open=True, high_open=True),
     "loss_tolerance": number(0, 1, low_open=True, high_open=True),
     "replay.tables": Field("str"),
+    "replay.params": number(0, low_open=True, optional=True),
     "ladder.hold": one_of("tokens", "steps"),
     "ladder.predict": Field("bool"),
 }

@@ -148,6 +148,8 @@ class ReplayConfig:
     tables: str = ""
     """A folder holding trials.csv and curves.csv (as `report --out` writes them), relative to the
     sweep file."""
+    params: Optional[float] = None
+    """The model size replayed (the tables' model.params), where they hold several."""
 
 
 @dataclass(frozen=True)

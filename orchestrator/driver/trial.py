@@ -26,6 +26,7 @@ from orchestrator.tracking.run_tags import (
     CHECKPOINTS_TAG,
     DIGEST_TAG,
     PARENT_TAG,
+    REPLAYED_TAG,
     REUSED_BY_PREFIX,
     RUN_COLOR_TAG,
     SWEEP_TAG,
@@ -159,7 +160,8 @@ def _serve_recorded(cfg: Config, sweep: Sweep, run_id: str, store: Store) -> Non
     }
     error = None
     try:
-        replay.serve(values, sweep, lambda curves: store.log_history(run_id, curves), tune.report)
+        served = replay.serve(values, sweep, lambda curves: store.log_history(run_id, curves), tune.report)
+        store.set_tags(run_id, {REPLAYED_TAG: served})
     except replay.RecordedFailure as exc:
         error = exc
     except replay.NotRecorded as exc:

@@ -31,6 +31,7 @@ ONLINE_CALIBRATION_METRIC = (
 ONLINE_CALIBRATION_TAG = (
     "answer.online_calibration"  # ... and whether it is resolved: "resolved" or "not resolved: why"
 )
+REPLAYED_TAG = "orchestrator.replayed"  # a replay sweep's trial: the recorded run it served, or how it was interpolated
 RUN_COLOR_TAG = "mlflow.runColor"  # MLflow's UI draws the run in this colour ("#rrggbb"): its batch size's
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import yaml
 
@@ -19,7 +20,7 @@ from orchestrator.driver import replay
 from orchestrator.tracking import run_tags
 from orchestrator.tracking.store import Store
 from tests.conftest import ROOT, run_main, sqlite_store
-from tests.known_truth import World
+from tests.known_truth import World, write_tables
 
 WORLD = World(draw=1)
 BATCHES, LRS = (256, 512, 1024), (0.002, 0.004, 0.008, 0.016)
@@ -29,7 +30,7 @@ def recorded_tables(folder):
     return WORLD.write(WORLD.grid(batches=BATCHES, lrs=LRS, seeds=1), folder)
 
 
-def served(folder, values):
+def served_pieces(folder, values):
     """What serve logs (each piece) and reports for `values`, in order."""
     sweep = Sweep(path=folder.parent / "sweep.yaml", replay=ReplayConfig(str(folder)))
     logged, reported = [], []
@@ -52,7 +53,7 @@ def test_a_recorded_run_is_served_exactly_and_a_config_off_the_tables_is_refused
     not hold, and tables that repeat a run, are refused naming why."""
     folder = recorded_tables(tmp_path / "tables")
     (run,) = [t for t in tables.read(folder) if t.batch == 512 and t.lr == pytest.approx(0.004)]
-    logged, reported = served(folder, key(512, 0.004000000000001))  # a YAML float's last bits
+    logged, reported = served_pieces(folder, key(512, 0.004000000000001))  # a YAML float's last bits
     for metric, field in tables.METRICS.items():
         pieces = [p for piece in logged for p in piece.get(metric, [])]
         assert pieces == list(getattr(run, field)), metric
@@ -63,12 +64,70 @@ def test_a_recorded_run_is_served_exactly_and_a_config_off_the_tables_is_refused
         assert max(seen) <= r["tokens"] < min([t for t, _ in run.train if t > max(seen)] or [math.inf])
 
     with pytest.raises(replay.NotRecorded, match="optim.lr=0.064.*12 runs"):
-        served(folder, key(512, 0.064))
+        served_pieces(folder, key(512, 0.064))
     rows = (folder / "trials.csv").read_text().splitlines()
     (folder / "trials.csv").write_text("\n".join(rows + [rows[1].replace("B=", "again B=", 1)]) + "\n")
     replay.recorded.cache_clear()
     with pytest.raises(ConfigError, match="share"):
-        served(folder, key(512, 0.004))
+        served_pieces(folder, key(512, 0.004))
+
+
+def test_a_config_between_recorded_runs_is_interpolated_and_none_is_extrapolated(tmp_path):
+    """Inside the grid of recorded (log B, log lr), the final loss is the linear interpolant over
+    its triangulation (scipy's griddata, computed here from the runs' own final losses) and the
+    nearest run's curves are served scaled to it; outside it, and in a triangle with a run that
+    failed (B = 256 at lr 0.016 diverged), the trial is refused."""
+    from scipy.interpolate import griddata
+
+    folder = recorded_tables(tmp_path / "tables")
+    runs = tables.read(folder)
+    finished = [t for t in runs if t.status == "FINISHED"]
+    batch, lr = 700, 0.0052  # between B 512 and 1,024, lr 0.004 and 0.008; nearest 512, 0.004
+    expected = griddata(
+        np.log([(t.batch, t.lr) for t in finished]),
+        [t.eval[-1][1] for t in finished],
+        [(math.log(batch), math.log(lr))],
+        method="linear",
+    )[0]
+    sweep = Sweep(path=tmp_path / "sweep.yaml", replay=ReplayConfig(str(folder)))
+    served = replay.find(key(batch, lr), sweep)
+    (nearest,) = [t for t in runs if (t.batch, t.lr) == (512, pytest.approx(0.004))]
+    assert served.run.name == nearest.name and "interpolated" in served.note
+    logged, reported = served_pieces(folder, key(batch, lr))
+    assert reported[-1]["eval_loss"] == pytest.approx(expected, rel=1e-12)
+    served_train = [p for piece in logged for p in piece.get("train/loss", [])]
+    assert [t for t, _ in served_train] == [t for t, _ in nearest.train]
+    assert [v for _, v in served_train] == pytest.approx([v * served.scale for _, v in nearest.train], rel=1e-12)
+    b_simple = [p for piece in logged for p in piece.get("gns/b_simple", [])]
+    assert b_simple == list(nearest.b_simple), "a noise scale is not a loss: served as recorded"
+
+    with pytest.raises(replay.NotRecorded, match="outside the recorded grid"):
+        replay.find(key(2048, 0.004), sweep)
+    with pytest.raises(replay.NotRecorded, match="one of which failed"):
+        replay.find(key(300, 0.014), sweep)
+
+
+def test_tables_of_several_model_sizes_replay_the_one_named(tmp_path):
+    """Tables whose runs hold model.params of two sizes: a sweep without replay.params is refused
+    naming them; with one, its runs are served; a size the tables lack is refused."""
+    trials, curves = WORLD.tables(WORLD.grid(batches=BATCHES, lrs=LRS[:3], seeds=1))
+    for size, rows in ((1000, trials), (8000, [dict(r) for r in trials])):
+        for r in rows:
+            r["model.params"] = size
+    bigger = [{**r, "trial": "big " + r["trial"]} for r in trials if r["model.params"] == 1000]
+    for r in bigger:
+        r["model.params"] = 8000
+    folder = write_tables(trials + bigger, curves + [("big " + c[0], *c[1:]) for c in curves], tmp_path / "t")
+
+    def sweep(params=None):
+        return Sweep(path=tmp_path / "sweep.yaml", replay=ReplayConfig(str(folder), params))
+
+    with pytest.raises(ConfigError, match="several model sizes .1,000, 8,000.; name one"):
+        replay.check(sweep())
+    assert replay.find(key(512, LRS[1]), sweep(8000)).run.name.startswith("big ")
+    assert not replay.find(key(512, LRS[1]), sweep(1000)).run.name.startswith("big ")
+    with pytest.raises(ConfigError, match="no run of model.params 4,000"):
+        replay.check(sweep(4000))
 
 
 @pytest.mark.slow
