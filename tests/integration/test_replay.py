@@ -130,6 +130,41 @@ def test_tables_of_several_model_sizes_replay_the_one_named(tmp_path):
         replay.check(sweep(4000))
 
 
+def test_the_shipped_moe_replay_serves_its_first_round_from_converted_tables(tmp_path, monkeypatch):
+    """conf/sweep/replay_moe.yaml over tables that benchmarks/steplaw_tables.py converts from a grid
+    in the published format (a few rows of our own, as CI has no ../shared): every trial of its
+    first round is served the recorded final loss of its batch and lr, as one report at the budget."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import steplaw_tables
+
+    from orchestrator.studies import kinds
+
+    body = yaml.safe_load((ROOT / "conf" / "sweep" / "replay_moe.yaml").read_text())
+    size, budget = body["replay"]["params"], body["base"]["overrides"]["train.total_tokens"]
+    batches, lrs = body["space"]["batch.tokens_per_update"]["grid"], body["space"]["optim.lr"]["grid"]
+    header = ["seq_len", "Na", "D", "bs", "ti", "lr", "loss", "smooth loss"]
+    rows = [
+        [2048, size, budget, b // 2048, budget // b, lr, 2.5 + i / 100, 2.4 + i / 100]
+        for i, (b, lr) in enumerate((b, lr) for b in batches for lr in lrs)
+    ]
+    rows.append([2048, size // 2, budget, batches[0] // 2048, budget // batches[0], lrs[0], 2.9, 2.8])  # another size
+    data = tmp_path / "grid.csv"
+    data.write_text("\n".join(",".join(map(str, r)) for r in [header, *rows]) + "\n")
+    assert steplaw_tables.main([str(tmp_path / "tables"), "--data", str(data)]) == 0
+    body["replay"]["tables"] = str(tmp_path / "tables")
+    body["base"]["config"] = str(ROOT / "conf" / "train" / "linreg.yaml")
+    (tmp_path / "replay_moe.yaml").write_text(yaml.safe_dump(body))
+
+    prepared = kinds.prepare(str(tmp_path / "replay_moe.yaml"), [])
+    replay.check(prepared.sweep)
+    first_round = [(b, lr) for b in batches for lr in lrs]
+    for i, (b, lr) in enumerate(first_round):
+        values = dict(zip(replay.KEY, (b, lr, 0, budget)))
+        logged, reported = [], []
+        assert replay.serve(values, prepared.sweep, logged.append, reported.append).startswith("recorded run")
+        assert [(r["tokens"], r["eval_loss"]) for r in reported] == [(budget, pytest.approx(2.4 + i / 100))]
+
+
 @pytest.mark.slow
 def test_a_replay_sweep_reports_what_the_tables_say(ray_session, tmp_path, monkeypatch, capsys):
     """A grid sweep over the tables' own grid, every trial replayed (no training: linear
