@@ -209,6 +209,13 @@ def serve(
     return served.note
 
 
+def unlogged(curves: Mapping[str, History], last_steps: Mapping[str, int]) -> Dict[str, History]:
+    """The points of `curves` past each metric's last step the run holds (Store.last_steps): a
+    retried or resumed trial serves its run again, and its history keeps each step once."""
+    fresh = {metric: [(t, v) for t, v in points if t > last_steps.get(metric, -1)] for metric, points in curves.items()}
+    return {metric: points for metric, points in fresh.items() if points}
+
+
 def _between(curves: Mapping[str, object], after: float, until: float) -> Dict[str, History]:
     """Each curve's points with after < tokens <= until."""
     out: Dict[str, List[Tuple[int, float]]] = {}

@@ -117,11 +117,12 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         print(f"trial {trial.name}: reusing finished run {reused.run_id} of the same config")
         tune.report(_finished_result(reused))
         return
-    if run_id:
+    reopened = run_id is not None
+    if reopened:
         store.reopen_run(run_id)  # a retried trial: RUNNING again
     run_id = run_id or run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg), DIGEST_TAG: digest})
     if sweep.replay is not None:  # a recorded run, served instead of trained (driver/replay.py)
-        _serve_recorded(cfg, sweep, run_id, store)
+        _serve_recorded(cfg, sweep, run_id, store, store.last_steps(run_id) if reopened else {})
         return
     local = derived.in_trial_process(cfg, sweep.local_mode)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
@@ -146,10 +147,10 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
 
 
-def _serve_recorded(cfg: Config, sweep: Sweep, run_id: str, store: Store) -> None:
-    """The trial's recorded run into its MLflow run and to Tune, FAILED where the recording failed;
-    a config the tables do not hold ends its run FAILED with the reason, and Tune hears an
-    infinite loss."""
+def _serve_recorded(cfg: Config, sweep: Sweep, run_id: str, store: Store, logged: Mapping[str, int]) -> None:
+    """The trial's recorded run into its MLflow run (past the steps it holds, `logged`: a retried
+    trial's) and to Tune, FAILED where the recording failed; a config the tables do not hold ends
+    its run FAILED with the reason, and Tune hears an infinite loss."""
     from ray import tune
 
     values = {
@@ -160,7 +161,9 @@ def _serve_recorded(cfg: Config, sweep: Sweep, run_id: str, store: Store) -> Non
     }
     error = None
     try:
-        served = replay.serve(values, sweep, lambda curves: store.log_history(run_id, curves), tune.report)
+        served = replay.serve(
+            values, sweep, lambda curves: store.log_history(run_id, replay.unlogged(curves, logged)), tune.report
+        )
         store.set_tags(run_id, {REPLAYED_TAG: served})
     except replay.RecordedFailure as exc:
         error = exc

@@ -63,6 +63,13 @@ def test_a_recorded_run_is_served_exactly_and_a_config_off_the_tables_is_refused
         seen = [t for piece in logged[: i + 1] for t, _ in piece.get("train/loss", [])]
         assert max(seen) <= r["tokens"] < min([t for t, _ in run.train if t > max(seen)] or [math.inf])
 
+    # served again into a run that holds the first pieces (a retried trial): each step once
+    held = {m: max(t for t, _ in pts) for m, pts in logged[0].items()}
+    again = [replay.unlogged(piece, held) for piece in logged]
+    for metric, field in tables.METRICS.items():
+        pieces = [p for piece in logged[:1] + again for p in piece.get(metric, [])]
+        assert pieces == list(getattr(run, field)), metric
+
     with pytest.raises(replay.NotRecorded, match="optim.lr=0.064.*12 runs"):
         served_pieces(folder, key(512, 0.064))
     rows = (folder / "trials.csv").read_text().splitlines()
