@@ -1,6 +1,7 @@
 """What runs inside each Tune trial's process (the Train V2 pattern: a function trainable that
 calls TorchTrainer.fit()): resolve the trial's config, open (or find) its MLflow child run and
-live one run (driver/run_life.py). A trial finds its child run again by its Tune trial id, so a
+live one run (driver/run_life.py), or in a replay sweep serve it from recorded runs
+(driver/replay.py). A trial finds its child run again by its Tune trial id, so a
 retry or the sweep's `--resume` keeps logging into the same run. What the sweep's driver
 (driver/sweep.py) hands every trial is a TrialSetup, pickled by Ray Tune as such.
 """
@@ -67,12 +68,32 @@ class TrialSetup:
     of the key under which the driver kept each shape's micro-batch answer."""
 
 
+@dataclass(frozen=True)
+class OpenedRun:
+    """A trial's config and its MLflow child run, opened, or reopened after a retry or `--resume`."""
+
+    cfg: Config
+    name: str
+    run_id: str
+    store: Store
+    reopened: bool
+    """The run was this trial's before (a retry, or `--resume`): it may hold steps already."""
+    startup: Phases
+
+
 def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
-    """One trial (train_trial); a trial that fails while the tracking store refuses writes fails
-    with StoreRefusedWrites, which stops the sweep (driver/store_watch.py) instead of its retries
-    and every later trial failing the same way."""
+    """One trial: its run opened, then trained (TorchTrainer), or in a replay sweep served from
+    recorded runs (driver/replay.py). A trial that fails while the tracking store refuses writes
+    fails with StoreRefusedWrites, which stops the sweep (driver/store_watch.py) instead of its
+    retries and every later trial failing the same way."""
     try:
-        train_trial(params, setup)
+        opened = _open(params, setup)
+        if opened is None:  # an infeasible point, or a run that finished before: reported as such
+            return
+        if setup.sweep.replay is None:
+            _train(opened, setup)
+        else:
+            _serve_recorded(opened, setup.sweep)
     except Exception:
         refused = Store.of(setup.base).refuses_writes(setup.parent_run_id)
         if refused:
@@ -80,10 +101,11 @@ def run_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         raise
 
 
-def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
-    """One trial: resolve its config, open (or find) its MLflow child run, run TorchTrainer."""
+def _open(params: Dict[str, Any], setup: TrialSetup) -> Optional[OpenedRun]:
+    """Resolve the trial's config, and open (or find) its MLflow child run; None where there is
+    nothing to run: an infeasible point (reported as very bad), a run that finished (its own, or
+    an earlier sweep's of the same config), reported as it ended."""
     from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     startup = _trial_startup()
     sweep = setup.sweep
@@ -92,7 +114,7 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     trial = setup.study.resolve(sweep, params["trial"], setup.base)
     if trial.cfg is None:  # optuna proposed an infeasible point: report it as very bad
         tune.report({"tokens": 0, "eval_loss": float("inf"), "infeasible": trial.problem})
-        return
+        return None
     cfg = trial.cfg
     run_life.resolve_paths(cfg)
     run_life.resolve_calibration(cfg)  # the driver's, in the base; else the trial's own (read once a process)
@@ -107,7 +129,7 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     if run_id and store.get_run(run_id).status == "FINISHED":
         # Finished before the driver died, but Tune's state had not caught up: do not rerun it.
         tune.report(_finished_result(store.get_run(run_id)))
-        return
+        return None
     digest = run_life.config_digest(cfg)
     reused = None if run_id else store.find_finished({DIGEST_TAG: digest})
     if reused is not None:
@@ -116,20 +138,27 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
         store.set_tags(reused.run_id, {REUSED_BY_PREFIX + setup.parent_run_id: trial_id})
         print(f"trial {trial.name}: reusing finished run {reused.run_id} of the same config")
         tune.report(_finished_result(reused))
-        return
-    reopened = run_id is not None
-    if reopened:
+        return None
+    if run_id:
         store.reopen_run(run_id)  # a retried trial: RUNNING again
-    run_id = run_id or run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg), DIGEST_TAG: digest})
-    if sweep.replay is not None:  # a recorded run, served instead of trained (driver/replay.py)
-        _serve_recorded(cfg, sweep, run_id, store, store.last_steps(run_id) if reopened else {})
-        return
-    local = derived.in_trial_process(cfg, sweep.local_mode)  # then the worker reports to Tune itself
+        return OpenedRun(cfg, trial.name, run_id, store, True, startup)
+    run_id = run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg), DIGEST_TAG: digest})
+    return OpenedRun(cfg, trial.name, run_id, store, False, startup)
+
+
+def _train(opened: OpenedRun, setup: TrialSetup) -> None:
+    """The trial's TorchTrainer, fit; its run finished (Tune retries a failed trial from its checkpoint)."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    cfg, run_id, startup = opened.cfg, opened.run_id, opened.startup
+    trial_id = cfg.train.run_name
+    local = derived.in_trial_process(cfg, setup.sweep.local_mode)  # then the worker reports to Tune itself
     # Where the checkpoints go, for `orchestrator export`: in local mode Tune keeps them in the
     # trial's folder (its name is the one of the local trial dir), else Ray Train under the trial id.
     tune_dir = storage.join(setup.tune_storage, Path(tune.get_context().get_trial_dir()).name)
     checkpoints = tune_dir if local else storage.join(setup.train_storage, trial_id)
-    store.set_tags(run_id, {CHECKPOINTS_TAG: checkpoints})
+    opened.store.set_tags(run_id, {CHECKPOINTS_TAG: checkpoints})
     startup.mark("open_run")
     trainer = run_life.build_trainer(
         cfg,
@@ -144,21 +173,18 @@ def train_trial(params: Dict[str, Any], setup: TrialSetup) -> None:
     _, error = run_life.fit(trainer)
     run_life.finish(cfg, run_id, error)
     if error is not None:
-        raise RuntimeError(f"trial {trial.name} failed: {error}")  # Tune retries it from its checkpoint
+        raise RuntimeError(f"trial {opened.name} failed: {error}")  # Tune retries it from its checkpoint
 
 
-def _serve_recorded(cfg: Config, sweep: Sweep, run_id: str, store: Store, logged: Mapping[str, int]) -> None:
-    """The trial's recorded run into its MLflow run (past the steps it holds, `logged`: a retried
-    trial's) and to Tune, FAILED where the recording failed; a config the tables do not hold ends
-    its run FAILED with the reason, and Tune hears an infinite loss."""
+def _serve_recorded(opened: OpenedRun, sweep: Sweep) -> None:
+    """The trial's recorded run into its MLflow run (past the steps it holds: a retried trial's)
+    and to Tune, FAILED where the recording failed; a config the tables do not hold ends its run
+    FAILED with the reason, and Tune hears an infinite loss."""
     from ray import tune
 
-    values = {
-        replay.KEY[0]: cfg.batch.tokens_per_update,
-        replay.KEY[1]: cfg.optim.lr,
-        replay.KEY[2]: cfg.train.seed,
-        replay.KEY[3]: cfg.train.total_tokens,
-    }
+    cfg, run_id, store = opened.cfg, opened.run_id, opened.store
+    logged = store.last_steps(run_id) if opened.reopened else {}
+    values = dict(zip(replay.KEY, (cfg.batch.tokens_per_update, cfg.optim.lr, cfg.train.seed, cfg.train.total_tokens)))
     error = None
     try:
         served = replay.serve(
