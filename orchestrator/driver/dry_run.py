@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from orchestrator.core import derived, sweep_schema
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import AUTO, Config
-from orchestrator.driver import micro_batch
+from orchestrator.driver import micro_batch, replay
 from orchestrator.driver import plan as planning
 from orchestrator.formulas import batching, cost, memory
 from orchestrator.studies import kinds
@@ -393,4 +393,9 @@ def run(sweep_path: str, overrides: List[str], options: Options = Options()) -> 
     _check(options)
     prepared = kinds.prepare(sweep_path, overrides)  # as `sweep` reads it
     print("\n".join(prepared.study.dry_run(prepared, Lines(options))))
+    if prepared.sweep.replay is not None:
+        print(
+            f"replay: every trial is served from {replay.folder(prepared.sweep)} and trains nothing; "
+            "the costs above are what training them would cost"
+        )
     return 0

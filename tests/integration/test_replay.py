@@ -137,10 +137,11 @@ def test_tables_of_several_model_sizes_replay_the_one_named(tmp_path):
         replay.check(sweep(4000))
 
 
-def test_the_shipped_moe_replay_serves_its_first_round_from_converted_tables(tmp_path, monkeypatch):
+def test_the_shipped_moe_replay_serves_its_first_round_from_converted_tables(tmp_path, monkeypatch, capsys):
     """conf/sweep/replay_moe.yaml over tables that benchmarks/steplaw_tables.py converts from a grid
     in the published format (a few rows of our own, as CI has no ../shared): every trial of its
-    first round is served the recorded final loss of its batch and lr, as one report at the budget."""
+    first round is served the recorded final loss of its batch and lr, as one report at the budget;
+    its dry run says that nothing trains."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import steplaw_tables
 
@@ -162,6 +163,9 @@ def test_the_shipped_moe_replay_serves_its_first_round_from_converted_tables(tmp
     body["base"]["config"] = str(ROOT / "conf" / "train" / "linreg.yaml")
     (tmp_path / "replay_moe.yaml").write_text(yaml.safe_dump(body))
 
+    code, out, err = run_main(capsys, "sweep", tmp_path / "replay_moe.yaml", "--dry-run")
+    assert code == 0, err
+    assert f"replay: every trial is served from {tmp_path / 'tables'} and trains nothing" in out
     prepared = kinds.prepare(str(tmp_path / "replay_moe.yaml"), [])
     replay.check(prepared.sweep)
     first_round = [(b, lr) for b in batches for lr in lrs]
