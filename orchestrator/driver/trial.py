@@ -18,7 +18,7 @@ from orchestrator.core import derived, storage
 from orchestrator.core.phases import Phases
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
-from orchestrator.driver import micro_batch, replay, run_life
+from orchestrator.driver import micro_batch, run_life
 from orchestrator.studies import branch_study
 from orchestrator.studies.study import StudyKind
 from orchestrator.tracking.refusals import StoreRefusedWrites
@@ -181,6 +181,8 @@ def _serve_recorded(opened: OpenedRun, sweep: Sweep) -> None:
     and to Tune, FAILED where the recording failed; a config the tables do not hold ends its run
     FAILED with the reason, and Tune hears an infinite loss."""
     from ray import tune
+
+    from orchestrator.driver import replay  # the tables' reader: only in a replay sweep's trials
 
     cfg, run_id, store = opened.cfg, opened.run_id, opened.store
     logged = store.last_steps(run_id) if opened.reopened else {}
