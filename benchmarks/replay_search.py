@@ -54,7 +54,7 @@ Rung = Tuple[int, int]
 GOAL_EXCESS, GOAL_SHARE = 0.001, 0.25
 
 
-class Served:
+class Answered:
     """Every trial answered as the replay serves it, counted per rung."""
 
     def __init__(self, folder: Path):
@@ -81,7 +81,7 @@ class Served:
         }
 
 
-def searched(search, served: Served, rungs: List[Rung]) -> None:
+def searched(search, served: Answered, rungs: List[Rung]) -> None:
     """Every trial the search hands out, answered at once (one at a time, as with max_concurrent 1)."""
     n = 0
     while (suggested := search.suggest(str(n))) not in (None, BracketSearch.FINISHED):
@@ -100,15 +100,15 @@ def bracket_groups(rungs: List[Rung], batches: List[float], lrs: List[float]):
     return groups, [i for i in range(len(rungs)) for _ in batches]
 
 
-def run_bracket(folder, rungs, batches, lrs) -> Served:
-    served = Served(folder)
+def run_bracket(folder, rungs, batches, lrs) -> Answered:
+    served = Answered(folder)
     groups, _ = bracket_groups(rungs, batches, lrs)
     searched(BracketSearch(groups, step=math.sqrt(2), max_lrs=7), served, rungs)
     return served
 
 
-def run_ladder(folder, rungs, batches, lrs, tolerance) -> Served:
-    served = Served(folder)
+def run_ladder(folder, rungs, batches, lrs, tolerance) -> Answered:
+    served = Answered(folder)
     groups, rung_of = bracket_groups(rungs, batches, lrs)
 
     def finished():
@@ -120,9 +120,9 @@ def run_ladder(folder, rungs, batches, lrs, tolerance) -> Served:
     return served
 
 
-def run_sampled(folder, rungs, grids, counts, seed: int, tpe: bool) -> Served:
+def run_sampled(folder, rungs, grids, counts, seed: int, tpe: bool) -> Answered:
     """Per rung, counts[rung] trials over its (B, lr) grid: uniform draws, or Optuna's TPE."""
-    served = Served(folder)
+    served = Answered(folder)
     rng = np.random.default_rng(seed)
     for rung in rungs:
         points = [(float(b), float(lr)) for b, lr, _ in grids[rung]]

@@ -18,7 +18,6 @@ to read in a replay of them).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -28,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from real_runs import DATA, LOSS_COLUMNS, read_grid, trials_of  # noqa: E402
+
+from tests.known_truth import write_tables  # noqa: E402
 
 FINAL_LR = 1e-5
 """The published runs' final learning rate (cosine to it)."""
@@ -47,16 +48,8 @@ def convert(data: Path, out: Path, loss: str = "smooth") -> List[Path]:
             }
         )
     rows, curves = tables.rows_of(trials)
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / tables.TRIALS).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        writer.writeheader()
-        writer.writerows(rows)
-    with (out / tables.CURVES).open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(tables.CURVE_FIELDS)
-        writer.writerows(curves)
-    return [out / tables.TRIALS, out / tables.CURVES]
+    folder = write_tables(rows, curves, out)
+    return [folder / tables.TRIALS, folder / tables.CURVES]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,9 +1,9 @@
 """What a config implies beyond its keys: the batch plan (S x b x D x A) and the segments of a
 batch ramp, the beta2 and weight decay AdamW uses, SGD's L2 coefficient, the ZeRO stage the
 engine runs, the gradient noise scale's EMA, whether to compile, and what Ray reserves for a
-run's workers and a sweep's trial (its shape, which formulas/feasibility checks against a cluster). The one place
-each is computed: the trainer, the DeepSpeed config, `plan`, validation and the MLflow params all
-read them here.
+run's workers and a sweep's trial (its shape, which formulas/feasibility checks against a
+cluster). The one place each is computed: the trainer, the DeepSpeed config, `plan`, validation
+and the MLflow params all read them here.
 
 Pure: the schema and the formulas only (which take the config's plain numbers, never the config).
 """

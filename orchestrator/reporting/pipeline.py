@@ -93,8 +93,13 @@ def answer_metrics(answer: Answer) -> Dict[str, float]:
     online = _online_calibration(answer)
     if online:
         low, high = online.interval
-        found.update({ONLINE_CALIBRATION_METRIC: online.value, "answer/online_calibration_low": low})
-        found["answer/online_calibration_high"] = high
+        found.update(
+            {
+                ONLINE_CALIBRATION_METRIC: online.value,
+                "answer/online_calibration_low": low,
+                "answer/online_calibration_high": high,
+            }
+        )
     return {k: float(v) for k, v in found.items() if v is not None}
 
 
