@@ -4,7 +4,8 @@ trial and MLflow run, so the searchers, early stopping and the report run on rea
 of logging them.
 
 A trial serves the recorded run of its config: the same `batch.tokens_per_update`, `optim.lr`,
-`train.seed` and `train.total_tokens` (KEY), of the one model size replayed (`replay.params`).
+`train.seed` and `train.total_tokens` (KEY), of its model size: `replay.params`, else the tables'
+one size, else the trial's own model.params as its workload counts it (a ladder's rungs).
 Where the tables hold no run of it but recorded runs around it at its seed and budget, its final
 loss is interpolated linearly in (log B, log lr) over their triangulation and the nearest run's
 curves are scaled to it (`find`). Its curves go to the trial's MLflow run up to each of the
@@ -20,13 +21,15 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from orchestrator.analysis import tables
 from orchestrator.analysis.trials import BATCH_KEY, LR_KEY, Trial
+from orchestrator.core import workload_paths
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import Sweep
 from orchestrator.tracking.records import History
 
@@ -34,7 +37,7 @@ KEY = (BATCH_KEY, LR_KEY, "train.seed", "train.total_tokens")
 """The config keys that pick the recorded run a trial serves."""
 Key = Tuple[int, float, int, int]
 PARAMS = "model.params"
-"""The tables' model size: a sweep over tables of several names one (replay.params)."""
+"""The tables' model size: a trial serves replay.params, else its own (a ladder's rung's)."""
 LOSSES = ("train/loss", "eval/loss", "eval/loss_se")
 """The curves an interpolated config's scale applies to (a loss and its standard error)."""
 
@@ -67,6 +70,13 @@ def folder(sweep: Sweep) -> Path:
     return given if given.is_absolute() else (sweep.path.parent / given).resolve()
 
 
+def values_of(cfg: Config) -> Dict[str, object]:
+    """What picks the run a trial of `cfg` serves: KEY's values and its model.params."""
+    c = cfg
+    key = (c.batch.tokens_per_update, c.optim.lr, c.train.seed, c.train.total_tokens)
+    return {**dict(zip(KEY, key)), PARAMS: workload_paths.compute_params(cfg)}
+
+
 def key_of(values: Mapping[str, object]) -> Optional[Key]:
     """KEY's values, as numbers compared to 9 significant digits (a CSV cell and a YAML number
     may differ in their last bits); None when one is missing or not a number."""
@@ -97,37 +107,47 @@ def recorded(path: str) -> Dict[Optional[int], Dict[Key, Trial]]:
     return runs
 
 
-def _of_size(sweep: Sweep) -> Dict[Key, Trial]:
-    """The runs of the model size the sweep replays (ConfigError when that is not one size)."""
+def _of_size(sweep: Sweep, params: Optional[float] = None) -> Dict[Key, Trial]:
+    """The runs of the model size a trial serves: replay.params where given, else the tables' one
+    size, else the trial's own model.params (`params`: its workload's count, as a ladder's rung
+    sets it); ConfigError when the tables hold none of that size, or several sizes and no size is
+    named."""
     by_size = recorded(str(folder(sweep)))
+    sizes = ", ".join(f"{s:,}" for s in sorted(s for s in by_size if s is not None)) or "none"
     wanted = sweep.replay.params
-    if wanted is None:
-        if len(by_size) > 1:
-            sizes = ", ".join(f"{s:,}" for s in sorted(s for s in by_size if s is not None))
-            raise ConfigError("replay.params", f"the tables hold runs of several model sizes ({sizes}); name one")
+    if wanted is None and len(by_size) <= 1:
         return next(iter(by_size.values()), {})
+    if wanted is None and not params:
+        raise ConfigError(
+            "replay.params",
+            f"the tables hold runs of several model sizes ({sizes}); name one, or give each trial its own "
+            "(a ladder's rungs, whose workload counts their model.params)",
+        )
+    wanted = wanted or params
     for size, runs in by_size.items():
         if size is not None and math.isclose(size, wanted, rel_tol=1e-6):
             return runs
-    sizes = ", ".join(f"{s:,}" for s in sorted(s for s in by_size if s is not None)) or "none"
-    raise ConfigError("replay.params", f"no run of model.params {wanted:,} in the tables; they hold {sizes}")
+    key = "replay.params" if sweep.replay.params else "model.params"
+    raise ConfigError(key, f"no run of model.params {wanted:,.0f} in the tables; they hold {sizes}")
 
 
-def check(sweep: Sweep) -> None:
-    """Before Ray: the tables read and the model size found (exit 2 on a folder without tables, a
-    malformed one, or no one size to replay)."""
+def check(sweep: Sweep, configs: Sequence[Config] = ()) -> None:
+    """Before Ray: the tables read and the model size of every trial's config found; exit 2 on a
+    folder without tables, a malformed one, or a size not recorded."""
     where = folder(sweep)
     if not tables.is_table_folder(str(where)):
         raise ConfigError("replay.tables", f"{where} holds no {tables.TRIALS}; give a folder `report --out` wrote")
-    _of_size(sweep)
+    for size in sorted({workload_paths.compute_params(c) or 0 for c in configs} or {0}):
+        _of_size(sweep, size)
 
 
 def find(values: Mapping[str, object], sweep: Sweep) -> Served:
-    """The recorded run of a trial's config; else, inside the grid of recorded (log B, log lr) at
-    its seed and budget, the final loss interpolated linearly over the grid's triangulation and the
-    nearest run's curves scaled to it; else NotRecorded (nothing is extrapolated, nor interpolated
-    next to a run that failed)."""
-    runs = _of_size(sweep)
+    """The recorded run of a trial's config (KEY's values and, where the tables hold several model
+    sizes, its PARAMS); else, inside the grid of recorded (log B, log lr) at its seed and budget,
+    the final loss interpolated linearly over the grid's triangulation and the nearest run's curves
+    scaled to it; else NotRecorded (nothing is extrapolated, nor interpolated next to a run that
+    failed)."""
+    runs = _of_size(sweep, values.get(PARAMS))  # type: ignore[arg-type]
     key = key_of(values)
     shown = ", ".join(f"{k}={values.get(k)}" for k in KEY)
     if key is None:

@@ -164,7 +164,7 @@ def _check_before_ray(prepared: Prepared, resume: bool) -> str:
     its report goes to, the checkpoints a resumed sweep would load; its folder."""
     sweep, base = prepared.sweep, prepared.base
     if sweep.replay is not None:
-        replay.check(sweep)
+        replay.check(sweep, [t.cfg for t in prepared.all_trials()])
     run_life.resolve_paths(base)
     run_life.resolve_calibration(base)  # read here, once: the trials' processes resolve against its value
     prepared.unvalidated.batch.calibration = base.batch.calibration

@@ -186,7 +186,7 @@ def _serve_recorded(opened: OpenedRun, sweep: Sweep) -> None:
 
     cfg, run_id, store = opened.cfg, opened.run_id, opened.store
     logged = store.last_steps(run_id) if opened.reopened else {}
-    values = dict(zip(replay.KEY, (cfg.batch.tokens_per_update, cfg.optim.lr, cfg.train.seed, cfg.train.total_tokens)))
+    values = replay.values_of(cfg)
     error = None
     try:
         served = replay.serve(

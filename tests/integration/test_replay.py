@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from orchestrator.analysis import tables
+from orchestrator.core import config
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.sweep_schema import ReplayConfig, Sweep
 from orchestrator.driver import replay
@@ -133,47 +134,74 @@ def test_tables_of_several_model_sizes_replay_the_one_named(tmp_path):
         replay.check(sweep())
     assert replay.find(key(512, LRS[1]), sweep(8000)).run.name.startswith("big ")
     assert not replay.find(key(512, LRS[1]), sweep(1000)).run.name.startswith("big ")
-    with pytest.raises(ConfigError, match="no run of model.params 4,000"):
+    with pytest.raises(ConfigError, match="replay.params: no run of model.params 4,000"):
         replay.check(sweep(4000))
+    # Without replay.params, each trial serves its own size (a ladder's rungs), 8,000 over 1,000.
+    assert replay.find({**key(512, LRS[1]), replay.PARAMS: 8000}, sweep()).run.name.startswith("big ")
+    assert not replay.find({**key(512, LRS[1]), replay.PARAMS: 1000}, sweep()).run.name.startswith("big ")
+    assert replay.find({**key(512, LRS[1]), replay.PARAMS: 1000}, sweep(8000)).run.name.startswith("big ")
+    with pytest.raises(ConfigError, match="model.params: no run of model.params 16 "):
+        replay.check(sweep(), [config.load(ROOT / "conf" / "train" / "linreg.yaml")])  # its model.dim, 16
 
 
-def test_the_shipped_moe_replay_serves_its_first_round_from_converted_tables(tmp_path, monkeypatch, capsys):
-    """conf/sweep/replay_moe.yaml over tables that benchmarks/steplaw_tables.py converts from a grid
-    in the published format (a few rows of our own, as CI has no ../shared): every trial of its
-    first round is served the recorded final loss of its batch and lr, as one report at the budget;
-    its dry run says that nothing trains."""
+def published_grid(path, rungs, batches, lrs):
+    """A grid in the published format (../shared/data/README.md) over `rungs` (Na, D) x batches x
+    lrs, its smoothed loss 2.4 + the point's index / 100 per rung, and one run of another size."""
+    header = ["seq_len", "Na", "D", "bs", "ti", "lr", "loss", "smooth loss"]
+    points = [(b, lr) for b in batches for lr in lrs]
+    rows = [
+        [2048, n, d, b // 2048, d // b, lr, 2.5 + i / 100, 2.4 + i / 100]
+        for n, d in rungs
+        for i, (b, lr) in enumerate(points)
+    ]
+    n, d = rungs[0]
+    rows.append([2048, n // 3, d, batches[0] // 2048, d // batches[0], lrs[0], 2.9, 2.8])
+    path.write_text("\n".join(",".join(map(str, r)) for r in [header, *rows]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("shipped", ["replay_moe.yaml", "replay_moe_ladder.yaml"])
+def test_the_shipped_moe_replays_serve_their_first_round_from_converted_tables(shipped, tmp_path, monkeypatch, capsys):
+    """conf/sweep/replay_moe.yaml (one rung) and replay_moe_ladder.yaml (15 rungs of 4 model
+    sizes) over tables that benchmarks/steplaw_tables.py converts from a grid in the published
+    format (rows of our own, as CI has no ../shared): every trial of the first round is served the
+    recorded final loss of its own rung, batch and lr, as one report at the budget; the dry run
+    says that nothing trains."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import steplaw_tables
 
     from orchestrator.studies import kinds
 
-    body = yaml.safe_load((ROOT / "conf" / "sweep" / "replay_moe.yaml").read_text())
-    size, budget = body["replay"]["params"], body["base"]["overrides"]["train.total_tokens"]
+    body = yaml.safe_load((ROOT / "conf" / "sweep" / shipped).read_text())
+    if "ladder" in body:
+        rungs = [(r["overrides"]["model.dim"], r["total_tokens"]) for r in body["ladder"]["rungs"]]
+    else:
+        rungs = [(body["replay"]["params"], body["base"]["overrides"]["train.total_tokens"])]
     batches, lrs = body["space"]["batch.tokens_per_update"]["grid"], body["space"]["optim.lr"]["grid"]
-    header = ["seq_len", "Na", "D", "bs", "ti", "lr", "loss", "smooth loss"]
-    rows = [
-        [2048, size, budget, b // 2048, budget // b, lr, 2.5 + i / 100, 2.4 + i / 100]
-        for i, (b, lr) in enumerate((b, lr) for b in batches for lr in lrs)
-    ]
-    rows.append([2048, size // 2, budget, batches[0] // 2048, budget // batches[0], lrs[0], 2.9, 2.8])  # another size
-    data = tmp_path / "grid.csv"
-    data.write_text("\n".join(",".join(map(str, r)) for r in [header, *rows]) + "\n")
+    data = published_grid(tmp_path / "grid.csv", rungs, batches, lrs)
     assert steplaw_tables.main([str(tmp_path / "tables"), "--data", str(data)]) == 0
     body["replay"]["tables"] = str(tmp_path / "tables")
     body["base"]["config"] = str(ROOT / "conf" / "train" / "linreg.yaml")
-    (tmp_path / "replay_moe.yaml").write_text(yaml.safe_dump(body))
+    (tmp_path / shipped).write_text(yaml.safe_dump(body))
 
-    code, out, err = run_main(capsys, "sweep", tmp_path / "replay_moe.yaml", "--dry-run")
+    code, out, err = run_main(capsys, "sweep", tmp_path / shipped, "--dry-run")
     assert code == 0, err
     assert f"replay: every trial is served from {tmp_path / 'tables'} and trains nothing" in out
-    prepared = kinds.prepare(str(tmp_path / "replay_moe.yaml"), [])
-    replay.check(prepared.sweep)
-    first_round = [(b, lr) for b in batches for lr in lrs]
-    for i, (b, lr) in enumerate(first_round):
-        values = dict(zip(replay.KEY, (b, lr, 0, budget)))
+    prepared = kinds.prepare(str(tmp_path / shipped), [])
+    first_round = [t.cfg for t in prepared.all_trials()]
+    assert len(first_round) == len(rungs) * len(batches) * len(lrs)
+    replay.check(prepared.sweep, first_round)
+    points = [(b, lr) for b in batches for lr in lrs]
+    for cfg in first_round:
+        values = replay.values_of(cfg)
         logged, reported = [], []
+        served = replay.find(values, prepared.sweep)
+        assert served.run.params["model.params"] == str(values[replay.PARAMS] if "ladder" in body else rungs[0][0])
         assert replay.serve(values, prepared.sweep, logged.append, reported.append).startswith("recorded run")
-        assert [(r["tokens"], r["eval_loss"]) for r in reported] == [(budget, pytest.approx(2.4 + i / 100))]
+        i = points.index((cfg.batch.tokens_per_update, cfg.optim.lr))
+        assert [(r["tokens"], r["eval_loss"]) for r in reported] == [
+            (cfg.train.total_tokens, pytest.approx(2.4 + i / 100))
+        ]
 
 
 @pytest.mark.slow
