@@ -52,6 +52,8 @@ def finish(
         return _stopped_by_the_store(sweep, uri, store, parent, error)
     runs = report_inputs.trial_runs(uri, parent)  # and the finished runs it reused
     inputs = report_inputs.read_mlflow(uri, sweep.name, parent, sweep_tables.METRICS, runs)
+    if runs:  # what a later `report` of the sweep reads, in one file
+        store.write_sweep_curves(parent, runs, inputs.curves)
     trials = inputs.trials
     _close_unfinished_runs(store, trials, stopped_at or {})  # the records too: the report reads them as closed
     finished = [t for t in trials if t.outcome == "finished"]

@@ -219,7 +219,7 @@ def read_mlflow(
     """A sweep's (or a single run's) runs from MLflow with the curves of METRICS and `metrics`:
     `runs`, or sweep_runs(uri, run_id)."""
     runs = sweep_runs(uri, run_id) if runs is None else runs
-    curves = read_curves(uri, runs, metrics)
+    curves = read_curves(uri, runs, metrics, sweep_run=run_id)
     trials = trials_of(uri, runs, curves)
     kind = "single" if trials and trials[0].run_id == run_id else "sweep"
     source = Source(config.redact_uri(uri), run_id, kind)  # report.json is shared: no password in it
@@ -248,9 +248,12 @@ def analyse(
     return replace(answer, source=replace(inputs.source, settings=origin))
 
 
-def read_curves(uri: str, runs: Sequence[RunRecord], metrics: Sequence[str] = ()) -> Dict[str, Dict[str, Curve]]:
-    """{run id: {metric: [(tokens, value)] sorted by tokens}} of METRICS and `metrics` (absent ones: [])."""
-    return Store(uri).histories(runs, dict.fromkeys([*METRICS, *metrics]))
+def read_curves(
+    uri: str, runs: Sequence[RunRecord], metrics: Sequence[str] = (), sweep_run: Optional[str] = None
+) -> Dict[str, Dict[str, Curve]]:
+    """{run id: {metric: [(tokens, value)] sorted by tokens}} of METRICS and `metrics` (absent ones:
+    []); with `sweep_run`, from its one table of the sweep's curves where it holds them."""
+    return Store(uri).histories(runs, dict.fromkeys([*METRICS, *metrics]), sweep_run=sweep_run)
 
 
 def trials_of(uri: str, runs: Sequence[RunRecord], curves: Optional[Dict[str, Dict[str, Curve]]] = None) -> List[Trial]:

@@ -51,8 +51,10 @@ def run_filter(uri: str, source_run_id: str, run_ids: Sequence[str]) -> str:
     """The runs search filter that lists `run_ids`: the sweep's child runs by their parent when
     they are all of them (a trial that starts later then shows up too), else by id (a sweep that
     reused earlier sweeps' runs, a single run); past MAX_LISTED ids, the child runs only."""
+    if len(run_ids) > MAX_LISTED:  # not searched again: at thousands of runs, seconds of MLflow's
+        return f"tags.`{PARENT_TAG}` = {quoted(source_run_id)}"
     children = {r.run_id for r in Store(uri).child_runs(source_run_id)}
-    if children and (children == set(run_ids) or len(run_ids) > MAX_LISTED):
+    if children and children == set(run_ids):
         return f"tags.`{PARENT_TAG}` = {quoted(source_run_id)}"
     return f"attributes.run_id IN ({', '.join(quoted(r) for r in run_ids)})"
 

@@ -30,6 +30,8 @@ class RunRecord:
     tags: Dict[str, str]
     metrics: Dict[str, float]
     """Each metric's latest value (its whole history: Store.metric_history)."""
+    artifact_uri: str = ""
+    """Where its artifacts are (the store reads one from there without looking the run up again)."""
 
     @classmethod
     def of(cls, run: Any) -> "RunRecord":
@@ -45,6 +47,7 @@ class RunRecord:
             params=dict(data.params),
             tags=dict(data.tags),
             metrics=dict(data.metrics),
+            artifact_uri=info.artifact_uri or "",
         )
 
 

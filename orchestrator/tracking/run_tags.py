@@ -24,6 +24,7 @@ REUSED_BY_PREFIX = (
     "orchestrator.reused_by."  # + a later sweep's parent run id, = its trial id: a finished run it reused
 )
 CURVES_TAG = "orchestrator.curves"  # the metrics the run's curves.parquet artifact holds, comma-joined
+SWEEP_CURVES_TAG = "orchestrator.sweep_curves"  # a sweep's: the metrics its sweep_curves.parquet holds, comma-joined
 CHECKPOINTS_TAG = "orchestrator.checkpoints"  # where a run's checkpoint_* folders live (path or URI)
 ONLINE_CALIBRATION_METRIC = (
     "answer/online_calibration"  # a branch study's batch.calibration (its report's), read by batch.calibration_from

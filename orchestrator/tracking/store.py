@@ -30,6 +30,7 @@ from orchestrator.tracking.run_tags import (
     PARENT_TAG,
     REUSED_BY_PREFIX,
     ROLE_TAG,
+    SWEEP_CURVES_TAG,
     SWEEP_ROLE,
     SWEEP_TAG,
     TRIAL_TAG,
@@ -57,6 +58,9 @@ CURVES_STORED = (
 """The curves a run's CURVES_ARTIFACT holds: what `report` and `load_sweep` read by default (the
 analysis' and curves.csv's; tests/unit/test_report.py holds them equal)."""
 CURVES_ARTIFACT = "curves.parquet"
+SWEEP_CURVES = "sweep_curves.parquet"
+"""A sweep's parent run's: every trial's curves in one table (write_sweep_curves), so a report of a
+sweep of thousands of trials reads one file (the trials' own runs keep theirs, for the UI)."""
 """A finished run's curves once more, as one columnar artifact (metric, step, value): MLflow has no
 bulk history call, and one `get_metric_history` per run and metric dominates reading a study of
 hundreds of runs (docs/mlflow.md, docs/benchmarks.md#history_read)."""
@@ -327,73 +331,142 @@ class Store:
         return {k: max(m.step for m in c.get_metric_history(run_id, k)) for k in keys}
 
     def histories(
-        self, runs: Sequence[RunRecord], keys: Iterable[str], workers: Optional[int] = None
+        self,
+        runs: Sequence[RunRecord],
+        keys: Iterable[str],
+        workers: Optional[int] = None,
+        sweep_run: Optional[str] = None,
     ) -> Dict[str, Dict[str, History]]:
         """{run id: {key: [(step, value)] sorted by step}} of the runs (their latest metrics say
-        which keys each has; absent ones map to []). A run that ended with its curves artifact
-        (write_curves; the tag says which keys it holds) is read from it, one download a run; the
-        other keys one `get_metric_history` each. From a tracking server 8 run at a time (each is
-        a round trip; 3.5x faster on the demo's runs, docs/benchmarks.md), from a store this
-        process opens (SQLite) one at a time, as threads only contend there (`workers` overrides)."""
+        which keys each has; absent ones map to []). With `sweep_run`, the runs its SWEEP_CURVES
+        table holds as they ended are read from it, in one download (write_sweep_curves). A run
+        that ended with its curves artifact (write_curves; the tag says which keys it holds) is
+        read from it, one download a run; the other keys one `get_metric_history` each. From a
+        tracking server 8 run at a time (each is a round trip; 3.5x faster on the demo's runs,
+        docs/benchmarks.md), from a store this process opens (SQLite) one at a time, as threads
+        only contend there (`workers` overrides)."""
         keys, c = list(keys), self._client()
-        bulk = {r.run_id: [k for k in keys if k in r.metrics and k in _curves_held(r)] for r in runs}
-        jobs = [(r.run_id, [k for k in keys if k in r.metrics and k not in bulk[r.run_id]]) for r in runs]
+        found = self._sweep_curves(sweep_run, runs, keys) if sweep_run else {}
+        rest = [r for r in runs if r.run_id not in found]
+        bulk = {r.run_id: [k for k in keys if k in r.metrics and k in _curves_held(r)] for r in rest}
+        jobs = [(r.run_id, [k for k in keys if k in r.metrics and k not in bulk[r.run_id]]) for r in rest]
         from orchestrator.tracking.metric_logger import is_local  # it loads MLflow: on first use
+
+        where = {r.run_id: r.artifact_uri for r in rest}
 
         def read(job) -> Dict[str, History]:
             run_id, singles = job
-            out = self._read_curves(run_id, bulk[run_id]) if bulk[run_id] else {}
+            table = self._read_table(run_id, CURVES_ARTIFACT, bulk[run_id], where[run_id]) if bulk[run_id] else {}
+            out = table.get("", {})
             for key in singles:
                 out[key] = sorted((m.step, m.value) for m in c.get_metric_history(run_id, key))
             return out
 
         workers = workers or (1 if is_local(self.uri) else 8)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            read_runs = list(pool.map(read, jobs))
-        return {r.run_id: {k: got.get(k, []) for k in keys} for r, got in zip(runs, read_runs)}
+            found.update(zip([r.run_id for r in rest], pool.map(read, jobs)))
+        return {r.run_id: {k: found[r.run_id].get(k, []) for k in keys} for r in runs}
 
     def write_curves(self, run_id: str, curves: Dict[str, History]) -> None:
         """The run's curves as CURVES_ARTIFACT, and the tag that says which keys it holds: written
         once the run has ended, from what MLflow holds then (so a resumed run's points are each in
         it once), and read instead of one history call per key (`histories`)."""
+        self._log_table(run_id, CURVES_ARTIFACT, {"": curves})
+        self.set_tags(run_id, {CURVES_TAG: ",".join(curves)})
+
+    def write_sweep_curves(
+        self, sweep_run: str, runs: Sequence[RunRecord], curves: Dict[str, Dict[str, History]]
+    ) -> None:
+        """A sweep's curves (`curves`, as `histories` read them for `runs`) as one SWEEP_CURVES
+        artifact on its parent run, each run's with the time it ended, and the tag that says which
+        keys it holds: a later report of the sweep reads one file instead of one per run. A run that
+        ends again (a resumed sweep) is read from its own run, until the sweep's end writes anew."""
+        ended = {r.run_id: r.end_ms for r in runs if r.status != "RUNNING" and r.run_id in curves}
+        self._log_table(sweep_run, SWEEP_CURVES, {run_id: curves[run_id] for run_id in ended}, {"ended": ended})
+        keys = dict.fromkeys(k for by_key in curves.values() for k in by_key)
+        self.set_tags(sweep_run, {SWEEP_CURVES_TAG: ",".join(keys)})
+
+    def _sweep_curves(
+        self, sweep_run: str, runs: Sequence[RunRecord], keys: Sequence[str]
+    ) -> Dict[str, Dict[str, History]]:
+        """The runs' curves the sweep's SWEEP_CURVES table holds as each run ended ({} without one,
+        or when it lacks a key asked for)."""
+        run = self._client().get_run(sweep_run)
+        held = run.data.tags.get(SWEEP_CURVES_TAG)
+        if held is None or not set(keys) <= set(held.split(",")):
+            return {}
+        table, ended = self._read_table(sweep_run, SWEEP_CURVES, keys, run.info.artifact_uri, with_meta="ended")
+        same = {r.run_id for r in runs if r.status != "RUNNING" and ended.get(r.run_id, -1) == r.end_ms}
+        return {run_id: table.get(run_id, {}) for run_id in same}
+
+    def _log_table(
+        self, run_id: str, name: str, curves: Dict[str, Dict[str, History]], meta: Optional[Dict[str, Any]] = None
+    ) -> None:
+        """Curves by run ("" for a run's own) as one parquet artifact of columns (run, metric, step,
+        value), `meta` as JSON in its schema's metadata."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        metric = [k for k, points in curves.items() for _ in points]
-        table = pa.table(
-            {
-                "metric": pa.array(metric, pa.string()).dictionary_encode(),
-                "step": pa.array([s for points in curves.values() for s, _ in points], pa.int64()),
-                "value": pa.array([v for points in curves.values() for _, v in points], pa.float64()),
+        rows = [(run, key, points) for run, by_key in curves.items() for key, points in by_key.items()]
+        column = {
+            "metric": pa.array([k for _, k, points in rows for _ in points], pa.string()).dictionary_encode(),
+            "step": pa.array([s for *_, points in rows for s, _ in points], pa.int64()),
+            "value": pa.array([v for *_, points in rows for _, v in points], pa.float64()),
+        }
+        if set(curves) != {""}:
+            column = {
+                "run": pa.array([r for r, _, points in rows for _ in points], pa.string()).dictionary_encode(),
+                **column,
             }
-        )
+        table = pa.table(column, metadata={k: json.dumps(v) for k, v in (meta or {}).items()})
         with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / CURVES_ARTIFACT
+            path = Path(folder) / name
             pq.write_table(table, path)
             self._client().log_artifact(run_id, str(path))
-        self.set_tags(run_id, {CURVES_TAG: ",".join(curves)})
 
-    def _read_curves(self, run_id: str, keys: Sequence[str]) -> Dict[str, History]:
+    def _read_table(
+        self, run_id: str, name: str, keys: Sequence[str], artifact_uri: str = "", with_meta: Optional[str] = None
+    ):
+        """What _log_table wrote: {run ("" for a run's own): {key: History sorted by step}} of
+        `keys`, and with `with_meta` also that entry of its metadata. Downloaded from the run's
+        `artifact_uri` where it is known: through the run's id, MLflow looks the run up twice more
+        (most of a read, 28 of 31 ms a run from SQLite)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
+        from mlflow.artifacts import download_artifacts
         from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as PROGRESS_BAR
 
         os.environ.setdefault(PROGRESS_BAR.name, "false")  # else a bar for each run's download
         with tempfile.TemporaryDirectory() as folder:
-            table = pq.read_table(self._client().download_artifacts(run_id, CURVES_ARTIFACT, folder))
-        metric = table["metric"].combine_chunks()
-        if not pa.types.is_dictionary(metric.type):
-            metric = metric.dictionary_encode()
-        codes, labels = metric.indices.to_numpy(zero_copy_only=False), metric.dictionary.to_pylist()
+            if artifact_uri:
+                path = download_artifacts(f"{artifact_uri.rstrip('/')}/{name}", dst_path=folder, tracking_uri=self.uri)
+            else:
+                path = self._client().download_artifacts(run_id, name, folder)
+            table = pq.read_table(path)
+
+        def codes(column: str):
+            cells = table[column].combine_chunks() if column in table.column_names else pa.array([""] * len(table))
+            cells = cells if pa.types.is_dictionary(cells.type) else cells.dictionary_encode()
+            return cells.indices.to_numpy(zero_copy_only=False), cells.dictionary.to_pylist()
+
+        (metric, metrics), (run, run_names) = codes("metric"), codes("run")
         steps, values = table["step"].to_numpy(), table["value"].to_numpy()
-        out: Dict[str, History] = {k: [] for k in keys}
-        for code, key in enumerate(labels):
-            if key in out:
-                mine = codes == code
-                order = np.argsort(steps[mine], kind="stable")
-                out[key] = list(zip(steps[mine][order].tolist(), values[mine][order].tolist()))
-        return out
+        wanted = {m: i for i, m in enumerate(metrics) if m in keys}
+        order = np.lexsort((steps, metric, run))  # by run, then metric, then step: each curve one slice
+        run, metric, steps, values = run[order], metric[order], steps[order], values[order]
+        out: Dict[str, Dict[str, History]] = {}
+        starts = np.flatnonzero(np.r_[True, (run[1:] != run[:-1]) | (metric[1:] != metric[:-1])])
+        for start, end in zip(starts, np.r_[starts[1:], len(order)]):
+            key = metrics[metric[start]]
+            if key in wanted:
+                out.setdefault(run_names[run[start]], {})[key] = list(
+                    zip(steps[start:end].tolist(), values[start:end].tolist())
+                )
+        if with_meta is None:
+            return out
+        meta = (table.schema.metadata or {}).get(with_meta.encode())
+        return out, (json.loads(meta) if meta else {})
 
     # ---------------------------------------------------------------- finding runs
 

@@ -22,7 +22,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.reporting import report, report_files, report_inputs, report_render, sweep_tables
 from orchestrator.tracking import metric_logger, run_tags
 from orchestrator.tracking import store as store_module
-from orchestrator.tracking.store import Store
+from orchestrator.tracking.store import SWEEP_CURVES, Store
 from tests.conftest import run_main, sqlite_store
 from tests.known_truth import World, factor_grid
 
@@ -524,6 +524,49 @@ def test_runs_that_ended_with_their_curves_artifact_are_read_from_it_in_one_call
     runs = Store(uri).child_runs(store["parent"])
     assert Store(uri).histories(runs, keys[:2]) == {r: {k: direct[r][k] for k in keys[:2]} for r in direct}
     assert len(calls) == sum(k in reopened.metrics for k in keys[:2]) > 0, "the reopened run is read from MLflow"
+
+
+def test_a_sweeps_curves_are_read_from_its_one_table_but_a_run_that_ended_again(store, tmp_path, monkeypatch):
+    """Store.write_sweep_curves (what a sweep's closing report writes on its parent run) and
+    Store.histories(sweep_run=...): every run's curves from the one table, in one download and no
+    history call, the same as read run by run; a run that training resumed into and that ended
+    again is read from its own run (its new point in), the others still from the table; a key the
+    table lacks reads every run as before."""
+    from mlflow.tracking import MlflowClient as Client
+
+    shutil.copyfile(Path(store["uri"].removeprefix("sqlite:///")), tmp_path / "mlflow.db")
+    uri, parent = f"sqlite:///{tmp_path / 'mlflow.db'}", store["parent"]
+    runs = Store(uri).child_runs(parent)
+    keys = ["train/loss", "eval/loss"]
+    direct = Store(uri).histories(runs, keys)
+    Store(uri).write_sweep_curves(parent, runs, direct)
+    assert Store(uri).get_run(parent).tags[run_tags.SWEEP_CURVES_TAG] == ",".join(keys)
+    import mlflow.artifacts
+
+    calls, downloads = [], []
+    history, download = Client.get_metric_history, mlflow.artifacts.download_artifacts
+    monkeypatch.setattr(Client, "get_metric_history", lambda self, *a: calls.append(a) or history(self, *a))
+    monkeypatch.setattr(
+        mlflow.artifacts, "download_artifacts", lambda uri, **k: downloads.append(uri) or download(uri, **k)
+    )
+    assert Store(uri).histories(runs, keys, sweep_run=parent) == direct
+    assert len(downloads) == 1 and downloads[0].endswith(SWEEP_CURVES) and calls == [], "one file, no history call"
+    again = runs[0]
+    Store(uri).reopen_run(again.run_id)
+    Store(uri).log_history(again.run_id, {"train/loss": [(10**9, 0.5)]})
+    Store(uri).finish_run(again.run_id)
+    calls.clear()
+    runs = Store(uri).child_runs(parent)
+    read = Store(uri).histories(runs, keys, sweep_run=parent)
+    assert read[again.run_id]["train/loss"] == direct[again.run_id]["train/loss"] + [(10**9, 0.5)]
+    assert {r: c for r, c in read.items() if r != again.run_id} == {
+        r: c for r, c in direct.items() if r != again.run_id
+    }
+    assert {run_id for run_id, _ in calls} == {again.run_id}
+    downloads.clear()
+    more = [*keys, "gns/b_simple"]
+    assert Store(uri).histories(runs, more, sweep_run=parent) == Store(uri).histories(runs, more)
+    assert not any(d.endswith(SWEEP_CURVES) for d in downloads), "a key the table lacks: every run read as before"
 
 
 def test_whole_curves_logged_in_batches_read_back_as_logged(tmp_path):
