@@ -200,9 +200,10 @@ def main(argv: List[str] | None = None) -> int:
             "s per trial",
             "x the first",
             "driver peak (MB)",
-            "MB per trial",
+            "x the first",
             "metric points",
-            "report CPU (s)",
+            "closing report CPU (s)",
+            "`report` again CPU (s)",
         ]
     ]
     for r in results:

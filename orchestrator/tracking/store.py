@@ -475,7 +475,7 @@ class Store:
         c = self._client()
         exp_id = c.get_run(parent_run_id).info.experiment_id
         query = f"tags.`{PARENT_TAG}` = {quoted(parent_run_id)}"
-        return [RunRecord.of(r) for r in c.search_runs([exp_id], filter_string=query, max_results=10000)]
+        return self._every_run(exp_id, query)
 
     def reused_runs(self, parent_run_id: str) -> List[RunRecord]:
         """Finished runs of earlier sweeps that this sweep reused instead of running them again
@@ -483,7 +483,21 @@ class Store:
         c = self._client()
         exp_id = c.get_run(parent_run_id).info.experiment_id
         query = f"tags.`{REUSED_BY_PREFIX}{parent_run_id}` != ''"
-        return [RunRecord.of(r) for r in c.search_runs([exp_id], filter_string=query, max_results=10000)]
+        return self._every_run(exp_id, query)
+
+    SEARCH_PAGE = 500
+    """Runs a search asks MLflow for at once: it builds every run of a page as objects first (from
+    SQLite about 100 kB a run of this project's), so a sweep of thousands is read in pages."""
+
+    def _every_run(self, experiment_id: str, query: str) -> List[RunRecord]:
+        """Every run of the experiment that `query` finds, page by page, as records."""
+        c, found, token = self._client(), [], None
+        while True:
+            page = c.search_runs([experiment_id], filter_string=query, max_results=self.SEARCH_PAGE, page_token=token)
+            found += [RunRecord.of(r) for r in page]
+            token = page.token
+            if not token:
+                return found
 
     def find_finished(self, tags: Dict[str, str]) -> Optional[RunRecord]:
         """The oldest FINISHED run of the experiment carrying all these tags."""
