@@ -1,8 +1,9 @@
 """A replay sweep (`replay: {tables: DIR}`, orchestrator/driver/replay.py): every trial serves a
 recorded run of a known-truth world's tables (tests/known_truth.py) through Ray Tune and MLflow
 instead of training, and the sweep's report says what `report DIR` says of the same tables, to the
-printed digits. How a trial serves its run (exactly, step by step; refused off the tables) is
-tested without Ray below it."""
+printed digits (and so does a later `report` of the sweep, from its one table of curves). How a
+trial serves its run (exactly, step by step; refused off the tables) is tested without Ray below
+it."""
 
 from __future__ import annotations
 
@@ -243,7 +244,12 @@ def test_a_replay_sweep_reports_what_the_tables_say(ray_session, tmp_path, monke
         return [re.sub(r"B=\S+ lr=\S+ (wu=\S+%|seed=\d+)", "<run>", line).split() for line in kept]
 
     assert answer(out) == answer(direct) and len(answer(direct)) > 5
-    runs = Store(uri).child_runs(Store(uri, "orchestrator").find_sweep_run("replayed"))
+    parent = Store(uri, "orchestrator").find_sweep_run("replayed")
+    assert Store(uri).get_run(parent).tags[run_tags.SWEEP_CURVES_TAG], "the sweep's curves as one table"
+    code, again, err = run_main(capsys, "report", "replayed", f"tracking.uri={uri}", "--out", tmp_path / "again")
+    assert code == 0, err
+    assert answer(again) == answer(out), "the report read from the sweep's one table says the same"
+    runs = Store(uri).child_runs(parent)
     assert sorted(r.status for r in runs) == sorted(t.status for t in recorded)
     (failed,) = [r for r in runs if r.status == "FAILED"]
     assert "ended FAILED" in failed.tags[run_tags.FAILURE_TAG]
