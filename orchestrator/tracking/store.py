@@ -58,12 +58,12 @@ CURVES_STORED = (
 """The curves a run's CURVES_ARTIFACT holds: what `report` and `load_sweep` read by default (the
 analysis' and curves.csv's; tests/unit/test_report.py holds them equal)."""
 CURVES_ARTIFACT = "curves.parquet"
-SWEEP_CURVES = "sweep_curves.parquet"
-"""A sweep's parent run's: every trial's curves in one table (write_sweep_curves), so a report of a
-sweep of thousands of trials reads one file (the trials' own runs keep theirs, for the UI)."""
 """A finished run's curves once more, as one columnar artifact (metric, step, value): MLflow has no
 bulk history call, and one `get_metric_history` per run and metric dominates reading a study of
 hundreds of runs (docs/mlflow.md, docs/benchmarks.md#history_read)."""
+SWEEP_CURVES = "sweep_curves.parquet"
+"""A sweep's parent run's: every trial's curves in one table (write_sweep_curves), so a report of a
+sweep of thousands of trials reads one file (the trials' own runs keep theirs, for the UI)."""
 
 
 def quoted(value: str) -> str:
@@ -452,7 +452,7 @@ class Store:
 
         (metric, metrics), (run, run_names) = codes("metric"), codes("run")
         steps, values = table["step"].to_numpy(), table["value"].to_numpy()
-        wanted = {m: i for i, m in enumerate(metrics) if m in keys}
+        wanted = set(keys)
         order = np.lexsort((steps, metric, run))  # by run, then metric, then step: each curve one slice
         run, metric, steps, values = run[order], metric[order], steps[order], values[order]
         out: Dict[str, Dict[str, History]] = {}

@@ -537,6 +537,8 @@ def test_a_sweeps_curves_are_read_from_its_one_table_but_a_run_that_ended_again(
     shutil.copyfile(Path(store["uri"].removeprefix("sqlite:///")), tmp_path / "mlflow.db")
     uri, parent = f"sqlite:///{tmp_path / 'mlflow.db'}", store["parent"]
     runs = Store(uri).child_runs(parent)
+    monkeypatch.setattr(Store, "SEARCH_PAGE", 2)  # the runs searched in pages, every one found
+    assert len(runs) > 2 and [r.run_id for r in Store(uri).child_runs(parent)] == [r.run_id for r in runs]
     keys = ["train/loss", "eval/loss"]
     direct = Store(uri).histories(runs, keys)
     Store(uri).write_sweep_curves(parent, runs, direct)
