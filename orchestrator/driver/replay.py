@@ -72,8 +72,7 @@ def folder(sweep: Sweep) -> Path:
 
 def values_of(cfg: Config) -> Dict[str, object]:
     """What picks the run a trial of `cfg` serves: KEY's values and its model.params."""
-    c = cfg
-    key = (c.batch.tokens_per_update, c.optim.lr, c.train.seed, c.train.total_tokens)
+    key = (cfg.batch.tokens_per_update, cfg.optim.lr, cfg.train.seed, cfg.train.total_tokens)
     return {**dict(zip(KEY, key)), PARAMS: workload_paths.compute_params(cfg)}
 
 
@@ -113,14 +112,13 @@ def _of_size(sweep: Sweep, params: Optional[float] = None) -> Dict[Key, Trial]:
     sets it); ConfigError when the tables hold none of that size, or several sizes and no size is
     named."""
     by_size = recorded(str(folder(sweep)))
-    sizes = ", ".join(f"{s:,}" for s in sorted(s for s in by_size if s is not None)) or "none"
     wanted = sweep.replay.params
     if wanted is None and len(by_size) <= 1:
         return next(iter(by_size.values()), {})
     if wanted is None and not params:
         raise ConfigError(
             "replay.params",
-            f"the tables hold runs of several model sizes ({sizes}); name one, or give each trial its own "
+            f"the tables hold runs of several model sizes ({_sizes(by_size)}); name one, or give each trial its own "
             "(a ladder's rungs, whose workload counts their model.params)",
         )
     wanted = wanted or params
@@ -128,7 +126,11 @@ def _of_size(sweep: Sweep, params: Optional[float] = None) -> Dict[Key, Trial]:
         if size is not None and math.isclose(size, wanted, rel_tol=1e-6):
             return runs
     key = "replay.params" if sweep.replay.params else "model.params"
-    raise ConfigError(key, f"no run of model.params {wanted:,.0f} in the tables; they hold {sizes}")
+    raise ConfigError(key, f"no run of model.params {wanted:,.0f} in the tables; they hold {_sizes(by_size)}")
+
+
+def _sizes(by_size: Mapping[Optional[int], object]) -> str:
+    return ", ".join(f"{s:,}" for s in sorted(s for s in by_size if s is not None)) or "none"
 
 
 def check(sweep: Sweep, configs: Sequence[Config] = ()) -> None:

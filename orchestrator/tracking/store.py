@@ -19,7 +19,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from orchestrator.core.config import redact_uri
 from orchestrator.tracking.records import History, MetricPoint, RunRecord
@@ -348,23 +348,18 @@ class Store:
         keys, c = list(keys), self._client()
         found = self._sweep_curves(sweep_run, runs, keys) if sweep_run else {}
         rest = [r for r in runs if r.run_id not in found]
-        bulk = {r.run_id: [k for k in keys if k in r.metrics and k in _curves_held(r)] for r in rest}
-        jobs = [(r.run_id, [k for k in keys if k in r.metrics and k not in bulk[r.run_id]]) for r in rest]
         from orchestrator.tracking.metric_logger import is_local  # it loads MLflow: on first use
 
-        where = {r.run_id: r.artifact_uri for r in rest}
-
-        def read(job) -> Dict[str, History]:
-            run_id, singles = job
-            table = self._read_table(run_id, CURVES_ARTIFACT, bulk[run_id], where[run_id]) if bulk[run_id] else {}
-            out = table.get("", {})
-            for key in singles:
-                out[key] = sorted((m.step, m.value) for m in c.get_metric_history(run_id, key))
+        def read(run: RunRecord) -> Dict[str, History]:
+            held = [k for k in keys if k in run.metrics and k in _curves_held(run)]
+            out = self._read_table(run.run_id, CURVES_ARTIFACT, held, run.artifact_uri)[0].get("", {}) if held else {}
+            for key in (k for k in keys if k in run.metrics and k not in held):
+                out[key] = sorted((m.step, m.value) for m in c.get_metric_history(run.run_id, key))
             return out
 
         workers = workers or (1 if is_local(self.uri) else 8)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            found.update(zip([r.run_id for r in rest], pool.map(read, jobs)))
+            found.update(zip([r.run_id for r in rest], pool.map(read, rest)))
         return {r.run_id: {k: found[r.run_id].get(k, []) for k in keys} for r in runs}
 
     def write_curves(self, run_id: str, curves: Dict[str, History]) -> None:
@@ -395,7 +390,8 @@ class Store:
         held = run.data.tags.get(SWEEP_CURVES_TAG)
         if held is None or not set(keys) <= set(held.split(",")):
             return {}
-        table, ended = self._read_table(sweep_run, SWEEP_CURVES, keys, run.info.artifact_uri, with_meta="ended")
+        table, meta = self._read_table(sweep_run, SWEEP_CURVES, keys, run.info.artifact_uri)
+        ended = json.loads(meta.get("ended", "{}"))
         same = {r.run_id for r in runs if r.status != "RUNNING" and ended.get(r.run_id, -1) == r.end_ms}
         return {run_id: table.get(run_id, {}) for run_id in same}
 
@@ -425,12 +421,12 @@ class Store:
             self._client().log_artifact(run_id, str(path))
 
     def _read_table(
-        self, run_id: str, name: str, keys: Sequence[str], artifact_uri: str = "", with_meta: Optional[str] = None
-    ):
+        self, run_id: str, name: str, keys: Sequence[str], artifact_uri: str = ""
+    ) -> Tuple[Dict[str, Dict[str, History]], Dict[str, Any]]:
         """What _log_table wrote: {run ("" for a run's own): {key: History sorted by step}} of
-        `keys`, and with `with_meta` also that entry of its metadata. Downloaded from the run's
-        `artifact_uri` where it is known: through the run's id, MLflow looks the run up twice more
-        (most of a read, 28 of 31 ms a run from SQLite)."""
+        `keys`, and its metadata (as text). Downloaded from the run's `artifact_uri` where it is
+        known: through the run's id, MLflow looks the run up twice more (most of a read, 28 of
+        31 ms a run from SQLite)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -446,7 +442,9 @@ class Store:
             table = pq.read_table(path)
 
         def codes(column: str):
-            cells = table[column].combine_chunks() if column in table.column_names else pa.array([""] * len(table))
+            if column not in table.column_names:  # a run's own table: every row is the run's
+                return np.zeros(len(table), np.int64), [""]
+            cells = table[column].combine_chunks()
             cells = cells if pa.types.is_dictionary(cells.type) else cells.dictionary_encode()
             return cells.indices.to_numpy(zero_copy_only=False), cells.dictionary.to_pylist()
 
@@ -456,17 +454,16 @@ class Store:
         order = np.lexsort((steps, metric, run))  # by run, then metric, then step: each curve one slice
         run, metric, steps, values = run[order], metric[order], steps[order], values[order]
         out: Dict[str, Dict[str, History]] = {}
-        starts = np.flatnonzero(np.r_[True, (run[1:] != run[:-1]) | (metric[1:] != metric[:-1])])
+        changes = np.r_[True, (run[1:] != run[:-1]) | (metric[1:] != metric[:-1])] if len(order) else []
+        starts = np.flatnonzero(changes)
         for start, end in zip(starts, np.r_[starts[1:], len(order)]):
             key = metrics[metric[start]]
             if key in wanted:
                 out.setdefault(run_names[run[start]], {})[key] = list(
                     zip(steps[start:end].tolist(), values[start:end].tolist())
                 )
-        if with_meta is None:
-            return out
-        meta = (table.schema.metadata or {}).get(with_meta.encode())
-        return out, (json.loads(meta) if meta else {})
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        return out, meta
 
     # ---------------------------------------------------------------- finding runs
 
