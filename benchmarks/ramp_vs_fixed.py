@@ -70,7 +70,7 @@ def train(uri: str, folder: Path, name: str, overrides: List[str]) -> Dict[str, 
 
 ARMS = ("fixed", "ramp", "ramp_2x", "adaptive")
 ADAPTIVE_GROWTH = 8
-"""The adaptive arm's cap: the base batch times this (180,224 tokens are whole updates of 2,048)."""
+"""The adaptive arm's cap: the base batch times this (262,144 tokens are whole updates of 2,048)."""
 
 
 def arm_overrides(report: Dict[str, Any]) -> Dict[str, List[str]]:

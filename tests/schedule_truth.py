@@ -190,10 +190,10 @@ def regret(schedule: Schedule, world: ScheduleWorld = ScheduleWorld(), batches: 
 
 # ---------------------------------------------------------------- a branch study of the world
 
-STUDY_SHARES = (16384 / 180224, 65536 / 180224, 163840 / 180224)
+STUDY_SHARES = (16384 / 262144, 65536 / 262144, 180224 / 262144)
 """conf/sweep/branches.yaml's branch points as shares of its budget."""
 STUDY_FACTORS = (1, 2, 4, 8, 16)
-STUDY_BRANCH_SHARE = 16384 / 180224
+STUDY_BRANCH_SHARE = 81920 / 262144
 """Its branches' length as a share of its budget."""
 FIXED_SEED_SPREAD = 0.016 / 2.470
 """The fixed arm's seed spread in ramp_vs_fixed (docs/benchmarks.md) as a share of its final loss:

@@ -122,8 +122,8 @@ stays between an eighth and a quarter of it: a safety factor of 4 over Merrill e
 the schedule world (tests/schedule_truth.py, McCandlish's model with exact B_crit(t), branch tables
 laid out as conf/sweep/branches.yaml's): a step at B costs 1 + B / B_crit times the fewest tokens,
 so at 2x (B up to B_crit) a ramp pays up to twice the tokens and ended 0.044 above the best fixed
-batch's loss (3 x the seed spread of ramp_vs_fixed's fixed arm), at 4x 0.018, at 6x 0.014, at 8x
-0.006 in 39 % fewer steps; reading resolved points at the lower end of their 90 % interval instead
+batch's loss (3 x the seed spread of ramp_vs_fixed's fixed arm), at 4x 0.018, at 6x 0.009, at 8x
+0.007 in 37 % fewer steps; reading resolved points at the lower end of their 90 % interval instead
 of at their value did less than the next threshold up (docs/benchmarks.md, "schedule_ramp_rules")."""
 
 

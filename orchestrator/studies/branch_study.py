@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from orchestrator.core.derived import adamw_constants
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.schema import Config
 from orchestrator.core.sweep_schema import BranchConfig, Sweep
@@ -28,9 +29,22 @@ BASE_ROLE = "branch-base"
 """orchestrator.role (run_tags.ROLE_TAG) of a branch study's base run, a child of the study's parent run."""
 
 
+def settling_updates(beta2: float) -> int:
+    """The updates a branch needs at its largest batch before its end loss measures that batch
+    rather than the change to it, under AdamW: 1 / (1 - beta2), rounded up. Adam's second moment
+    is an average with weight 1 - beta2 per update, so n updates after the batch grows the base
+    batch's larger gradient noise still makes up beta2^n of it (e^-1 at n = 1 / (1 - beta2)), and
+    the update is divided by that stale, too large a scale: on a shorter branch the large batch
+    mostly trains at a smaller step than its own, and its excess loss measures that transient
+    (issue 54's Adam world, beta2 0.95: doubling a branch of fewer than about 20 updates doubled
+    the critical batch it measured)."""
+    return math.ceil(1 / (1 - beta2) - 1e-9)
+
+
 def check(branch: BranchConfig, base: Config) -> None:
     """What the base config must allow: branch points at its update boundaries, a budget that
-    holds the last branch, and branches of whole updates at every factor."""
+    holds the last branch, branches of whole updates at every factor, and, under AdamW, long
+    enough at the largest factor for its second moment to settle (settling_updates)."""
     if base.batch.ramp and len(base.batch.ramp) > 1:
         raise ConfigError("branch", "the base config has a batch.ramp; branch from a fixed batch size")
     B = base.batch.tokens_per_update
@@ -54,6 +68,22 @@ def check(branch: BranchConfig, base: Config) -> None:
             "branch.tokens",
             f"got {branch.tokens:,}; every branch must be whole updates of its batch (factors x {B:,}): "
             f"use a multiple of {unit:,}",
+        )
+    if base.optim.name == "adamw":
+        _long_enough_for_adam(branch, B, adamw_constants(base).beta2, unit)
+
+
+def _long_enough_for_adam(branch: BranchConfig, B: int, beta2: float, unit: int) -> None:
+    largest = max(branch.factors) * B
+    need = settling_updates(beta2)
+    if branch.tokens < need * largest:
+        shortest = -(-need * largest // unit) * unit
+        raise ConfigError(
+            "branch.tokens",
+            f"got {branch.tokens:,}: {branch.tokens // largest} updates at factor {max(branch.factors)} "
+            f"({largest:,} tokens each), fewer than the {need} AdamW's second moment takes to forget the base's "
+            f"batch (1 / (1 - beta2), beta2 {beta2:.4g}); a shorter branch measures that change, not the critical "
+            f"batch: use at least {shortest:,}, or smaller factors",
         )
 
 

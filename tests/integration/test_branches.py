@@ -26,8 +26,10 @@ AT, TOKENS, B = [8192, 32768], 8192, 256
 def study(tmp_path):
     body = yaml.safe_load((ROOT / "conf" / "sweep" / "branches.yaml").read_text())
     body["base"]["config"] = str(ROOT / "conf" / "train" / "tiny.yaml")
+    # beta2 0.875: AdamW's second moment settles in 1 / (1 - beta2) = 8 updates, the branches' 8 at
+    # factor 4 (branch_study.settling_updates), so the study stays this short
     body["base"]["overrides"].update(
-        {"train.total_tokens": 49152, "train.eval_every_tokens": 8192, "train.eval_tokens": 16384}
+        {"train.total_tokens": 49152, "train.eval_every_tokens": 8192, "train.eval_tokens": 16384, "optim.beta2": 0.875}
     )
     body["branch"].update({"at_tokens": AT, "factors": [1, 2, 4], "tokens": TOKENS})
     path = tmp_path / "branches.yaml"

@@ -142,7 +142,7 @@ def test_bad_input_is_refused_in_one_line_before_anything_starts(args, key, host
     assert tree(nothing_starts.parent) == before, "nothing written or removed"
 
 
-BRANCH = {"at_tokens": [16384, 65536], "factors": [1, 2, 4], "tokens": 16384}
+BRANCH = {"at_tokens": [16384, 65536], "factors": [1, 2, 4], "tokens": 20480}
 SWEEP_FILES = [  # (sections of a sweep file, the key the one line names)
     # a sweep's name is one plain folder name (validation.plain_name), as a run's is
     ({"name": "/elsewhere/abs-study"}, "name"),

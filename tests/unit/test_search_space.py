@@ -396,7 +396,10 @@ def test_bad_bracket_sweep_files_exit_2_with_one_line(tmp_path, capsys, search, 
 
 # ---------------------------------------------------------------- branch studies
 
-BRANCH_BASE = {"config": TINY, "overrides": {"train.total_tokens": 131072, "batch.tokens_per_update": 4096}}
+BRANCH_BASE = {  # SGD: branches of a few updates are a layout, not the measurement AdamW needs them long for
+    "config": TINY,
+    "overrides": {"train.total_tokens": 131072, "batch.tokens_per_update": 4096, "optim.name": "sgd"},
+}
 
 
 def test_a_branch_study_lays_out_a_branch_per_point_and_factor(tmp_path):
@@ -454,6 +457,35 @@ def test_a_branch_study_that_cannot_run_names_its_key(tmp_path, branch, base, ke
     with pytest.raises(ConfigError) as info:
         kinds.expand(kinds.load(write(tmp_path, base=BRANCH_BASE, branch={**good, **branch}, **base)))
     assert info.value.key == key and says in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "optim, tokens, refused",
+    [
+        ({}, 16384 * 19, "19 updates at factor 4 (16,384 tokens each), fewer than the 20"),
+        ({}, 16384 * 20, None),
+        ({"optim.beta2": 0.9}, 16384 * 10, None),  # 1 / (1 - 0.9) = 10 updates
+        ({"optim.beta2": 0.9}, 16384 * 9, "use at least 163,840"),
+        # the half-life form: beta2 = 0.5 ** (4,096 / 28,385) = 0.905, 10.5 updates -> 11
+        ({"optim.beta2_half_life_tokens": 28385}, 16384 * 10, "fewer than the 11"),
+        ({"optim.name": "sgd"}, 16384, None),  # no second moment: any whole number of updates
+    ],
+)
+def test_an_adamw_branch_is_long_enough_for_its_second_moment_to_settle(tmp_path, optim, tokens, refused):
+    """AdamW's second moment forgets the base's batch over 1 / (1 - beta2) updates (beta2 0.95:
+    20); a branch shorter than that at its largest factor measures the change, and is refused."""
+    from orchestrator.studies.branch_study import settling_updates
+
+    assert [settling_updates(b) for b in (0.95, 0.9, 0.5 ** (4096 / 28385), 0.5)] == [20, 10, 11, 2]
+    base = {"config": TINY, "overrides": {"train.total_tokens": 524288, "batch.tokens_per_update": 4096, **optim}}
+    branch = {"at_tokens": [16384], "factors": [1, 2, 4], "tokens": tokens}
+    expand = lambda: kinds.expand(kinds.load(write(tmp_path, base=base, branch=branch)))  # noqa: E731
+    if refused is None:
+        assert len(expand()) == 3
+        return
+    with pytest.raises(ConfigError) as info:
+        expand()
+    assert info.value.key == "branch.tokens" and refused in str(info.value), str(info.value)
 
 
 def test_a_trial_name_states_its_warmup_as_it_is(tmp_path):
