@@ -13,6 +13,8 @@ config's extra sinks (`tracking.sinks`: sinks.py).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import tempfile
@@ -490,7 +492,10 @@ class Store:
         """Every run of the experiment that `query` finds, page by page, as records."""
         c, found, token = self._client(), [], None
         while True:
-            page = c.search_runs([experiment_id], filter_string=query, max_results=self.SEARCH_PAGE, page_token=token)
+            with _cyclic_gc_paused():
+                page = c.search_runs(
+                    [experiment_id], filter_string=query, max_results=self.SEARCH_PAGE, page_token=token
+                )
             found += [RunRecord.of(r) for r in page]
             token = page.token
             if not token:
@@ -593,3 +598,19 @@ class Store:
             except Exception:  # MLflow raises its own errors (or OSError) for a missing artifact
                 return None
             return Path(local).read_text() if Path(local).is_file() else None
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """Python's cyclic collector paused while MLflow builds a page of runs: SQLAlchemy makes an
+    object per param, tag and metric row (about 80 a run here), and every few hundred of them a
+    collection walks all that is alive, so a page of 500 runs cost twice its time in collections
+    (docs/benchmarks.md, "sweep_scale"). What the page leaves unreachable is freed at the next
+    collection once it runs again."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()

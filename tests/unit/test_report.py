@@ -526,6 +526,29 @@ def test_runs_that_ended_with_their_curves_artifact_are_read_from_it_in_one_call
     assert len(calls) == sum(k in reopened.metrics for k in keys[:2]) > 0, "the reopened run is read from MLflow"
 
 
+def test_the_cyclic_collector_pauses_while_mlflow_builds_a_page_of_runs(store, monkeypatch):
+    """A page of runs is thousands of ORM objects, and collections while they are built cost
+    twice the search's own time at 2,000 runs: the collector is off during each page's search and
+    on again after it, also when the search fails."""
+    import gc
+
+    seen, search = [], MlflowClient.search_runs
+    monkeypatch.setattr(Store, "SEARCH_PAGE", 2)
+    monkeypatch.setattr(
+        MlflowClient, "search_runs", lambda self, *a, **k: seen.append(gc.isenabled()) or search(self, *a, **k)
+    )
+    runs = Store(store["uri"]).child_runs(store["parent"])
+    assert len(seen) >= len(runs) // 2 >= 1 and not any(seen) and gc.isenabled()
+
+    def refused(self, *a, **k):
+        raise RuntimeError("the store is gone")
+
+    monkeypatch.setattr(MlflowClient, "search_runs", refused)
+    with pytest.raises(RuntimeError):
+        Store(store["uri"]).child_runs(store["parent"])
+    assert gc.isenabled()
+
+
 def test_a_sweeps_curves_are_read_from_its_one_table_but_a_run_that_ended_again(store, tmp_path, monkeypatch):
     """Store.write_sweep_curves (what a sweep's closing report writes on its parent run) and
     Store.histories(sweep_run=...): every run's curves from the one table, in one download and no
