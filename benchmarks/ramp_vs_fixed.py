@@ -10,7 +10,10 @@ and lr schedule, the real `orchestrator train`.
    or runs it in a temporary folder, and takes its report (`report.json`): the suggested ramp
    (branch_ramp.THRESHOLD, 8x), its points and power law.
 2. Trains the study's base config per arm, `--seeds` seeds each (the issue asks for 3), in one
-   SQLite store: `fixed` (its batch), `ramp` (the suggested ramp, the study's lr scaling),
+   SQLite store: `fixed` (its batch), `fixed_end` and `fixed_mid` (a fixed batch from the start at
+   the batch the suggested ramp ends at, and at the power of 2 x the base halfway to it in log B,
+   each with the lr the ramp trains that batch at: the study's lr scaling), `ramp` (the suggested
+   ramp, the study's lr scaling),
    `ramp_2x` (suggested_ramp at threshold 2 from the same points: the rule before the schedule
    world's measurement), `adaptive` (doubling from its own B_simple up to 8 x the base, at the
    calibration `batch.calibration_from` gives, branch_ramp.online_calibration: the study's median
@@ -18,13 +21,16 @@ and lr schedule, the real `orchestrator train`.
    the batch, as the suggested ramp does).
 3. Reports per arm: optimizer steps (mean over seeds: an adaptive run's vary), tokens, final eval
    loss (mean and spread over seeds), the steps saved against `fixed` and whether the arm reaches
-   the fixed runs' final eval loss within their seed spread in fewer steps.
+   the fixed runs' final eval loss within their seed spread in fewer steps; and the best fixed
+   batch (issue 54): of the fixed arms, the one with the fewest steps whose loss is within the
+   base's seed spread of the lowest fixed loss, with every schedule's loss and steps against it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -68,7 +74,8 @@ def train(uri: str, folder: Path, name: str, overrides: List[str]) -> Dict[str, 
     }
 
 
-ARMS = ("fixed", "ramp", "ramp_2x", "adaptive")
+ARMS = ("fixed", "fixed_mid", "fixed_end", "ramp", "ramp_2x", "adaptive")
+FIXED_ARMS = ("fixed", "fixed_mid", "fixed_end")
 ADAPTIVE_GROWTH = 8
 """The adaptive arm's cap: the base batch times this (262,144 tokens are whole updates of 2,048)."""
 
@@ -91,8 +98,16 @@ def arm_overrides(report: Dict[str, Any]) -> Dict[str, List[str]]:
     calibration = online.value if online else branch_ramp.ONLINE_FACTOR
     if online and not online.resolved:
         print(f"the adaptive arm's calibration is not resolved ({online.why_not()}); calibration_from refuses it")
+    end = int(branch["ramp"][-1]["tokens_per_update"])
+    mid = first * 2 ** math.ceil(math.log2(end / first) / 2)
+    alpha, lr = float(branch["lr_scaling"]), float(base["optim.lr"])
+    fixed = {"fixed": []}  # the fixed batches the ramp passes through, each once
+    if mid not in (first, end):
+        fixed["fixed_mid"] = fixed_at(mid, first, alpha, lr)
+    if end != first:
+        fixed["fixed_end"] = fixed_at(end, first, alpha, lr)
     return {
-        "fixed": [],
+        **fixed,
         "ramp": [branch["ramp_override"], *scaling],
         "ramp_2x": [branch_ramp.ramp_override(at_2x), *scaling],
         "adaptive": [
@@ -102,6 +117,20 @@ def arm_overrides(report: Dict[str, Any]) -> Dict[str, List[str]]:
             *scaling,
         ],
     }
+
+
+def fixed_at(batch: int, base_batch: int, alpha: float, lr: float) -> List[str]:
+    """A fixed batch from the start at `batch`, with the lr the study's scaling gives it (the lr
+    the ramp trains that batch at)."""
+    return [f"batch.tokens_per_update={batch}", f"optim.lr={lr * (batch / base_batch) ** alpha:.6g}"]
+
+
+def best_fixed(out: Dict[str, Any], fixed_arms: List[str]) -> str:
+    """Of the fixed arms, the one with the fewest steps whose mean loss is within the base's seed
+    spread of the lowest fixed loss (the base arm's spread: the noise any fixed arm's mean has)."""
+    lowest = min(out[a]["final_eval_loss"] for a in fixed_arms)
+    near = [a for a in fixed_arms if out[a]["final_eval_loss"] <= lowest + max(out["fixed"]["spread"], 1e-9)]
+    return min(near, key=lambda a: out[a]["steps"])
 
 
 def main() -> None:
@@ -120,6 +149,7 @@ def main() -> None:
         study_uri = uri
     report = study_report(study_uri, folder)
     overrides = arm_overrides(report)
+    chosen = [a for a in chosen if a in overrides]  # a ramp that ends where it starts has no fixed_end
     arms: Dict[str, List[Dict[str, float]]] = {arm: [] for arm in chosen}
     for seed in range(args.seeds):  # seeds outermost: a load that drifts hits every arm alike
         for arm in chosen:
@@ -144,6 +174,15 @@ def main() -> None:
             result["final_eval_loss"] <= fixed["final_eval_loss"] + max(fixed["spread"], 1e-9)
             and result["steps"] < fixed["steps"]
         )
+    fixed_arms = [a for a in chosen if a in FIXED_ARMS]
+    best = best_fixed(out, fixed_arms)
+    out["best_fixed"] = best
+    for arm in chosen:
+        if arm not in FIXED_ARMS:
+            out[arm]["vs_best_fixed"] = {
+                "loss_difference": out[arm]["final_eval_loss"] - out[best]["final_eval_loss"],
+                "steps_saved": 1 - out[arm]["steps"] / out[best]["steps"],
+            }
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

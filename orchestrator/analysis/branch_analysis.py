@@ -128,8 +128,9 @@ def study(
             f"({tolerance.words()}): eval noise can move a branch across it; raise train.eval_tokens from "
             f"{eval_tokens:,} to at least {needed:,}"
         )
-    if not any(e.loss_se > 0 for e in ends):
-        notes.append("no eval/loss_se was logged: the interval holds only the spread over seeds")
+    notes += _interval_notes(
+        one_seed=all(n <= 1 for p in along for n in p["seeds"]), eval_se=any(e.loss_se > 0 for e in ends)
+    )
     return BranchStudy(
         loss="eval/loss at the end of each branch",
         tolerance=tolerance.value,
@@ -148,3 +149,19 @@ def study(
         compared_with=scratch_name if scratch else None,
         notes=tuple(notes),
     )
+
+
+def _interval_notes(one_seed: bool, eval_se: bool) -> List[str]:
+    """What the critical batch's interval leaves out: a branch's own training noise with one seed
+    per branch (several times the eval's standard error, issue 54), everything but the factors'
+    gap without an eval standard error either."""
+    held = ["the eval loss's standard error"] if eval_se else []
+    held += [] if one_seed else ["the spread over seeds"]
+    held.append("the gap between the factors")
+    words = ("no eval/loss_se was logged: " if not eval_se else "") + "the interval holds " + " and ".join(held)
+    if one_seed:
+        return [
+            f"every branch ran one seed; {words}, not a branch's own training noise, which can be several times "
+            "the eval's (12x on issue 54's Adam world, as large as a 1 % tolerance): search.seeds 2 or more measures it"
+        ]
+    return [] if eval_se else [words]

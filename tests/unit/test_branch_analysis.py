@@ -113,12 +113,25 @@ def test_an_eval_set_too_small_for_the_tolerance_is_named_with_the_size_it_needs
     """The standard error falls as 1 / sqrt(eval tokens): 0.4 % of the loss at 65,536 tokens is
     1/2.5 of a 1 % tolerance, and three standard errors need 65,536 x (3 x 0.4 / 1)^2 tokens."""
     noisy = sweep_analysis.analyse(study_trials(eval_se=0.004)).branch
-    (note,) = noisy.notes
+    note, one_seed = noisy.notes
     assert f"from 65,536 to at least {math.ceil(65536 * 1.2**2):,}" in note
     assert any(note in line for line in report_branch.lines(noisy))
-    assert sweep_analysis.analyse(study_trials(eval_se=0.003)).branch.notes == ()  # 3.3 standard errors
+    assert sweep_analysis.analyse(study_trials(eval_se=0.003)).branch.notes == (one_seed,)  # 3.3 standard errors
     (none,) = sweep_analysis.analyse(study_trials()).branch.notes
-    assert "no eval/loss_se" in none
+    assert "no eval/loss_se" in none and "holds the gap between the factors, not a branch's own" in none
+
+
+def test_one_seed_per_branch_is_named_as_what_the_interval_leaves_out():
+    """With one seed a branch's own training noise is in no part of the interval (issue 54's Adam
+    world: 12x the eval's standard error); with two seeds their spread is, and no note says so."""
+    (alone,) = sweep_analysis.analyse(study_trials(eval_se=0.003)).branch.notes
+    assert alone.startswith("every branch ran one seed; the interval holds the eval loss's standard error")
+    assert "search.seeds 2 or more" in alone
+    second = [
+        dataclasses.replace(t, params={**t.params, "train.seed": 1}, eval=[(s, v * 1.002) for s, v in t.eval])
+        for t in study_trials(eval_se=0.003)[1:]
+    ]
+    assert sweep_analysis.analyse([*study_trials(eval_se=0.003), *second]).branch.notes == ()
 
 
 def test_a_plateau_is_reported_as_one_and_the_ramp_stops_at_the_points():
