@@ -120,7 +120,8 @@ class BranchConfig:
     factors: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     """Branch batch = factor x the base's tokens per update; 1 (the base's own continuation) is needed."""
     tokens: int = 0
-    """Tokens each branch trains (needed)."""
+    """Tokens each branch trains (needed): whole updates of every branch batch and, under AdamW, at
+    least 1 / (1 - beta2) updates of the largest (20 at beta2 0.95; docs/branches.md)."""
     lr_scaling: Any = "sqrt"
     """The base's lr x factor^alpha: sqrt (0.5), linear (1), a number, 0 for none."""
     tolerance: float = 0.01

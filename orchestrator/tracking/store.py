@@ -607,10 +607,10 @@ def _cyclic_gc_paused():
     collection walks all that is alive, so a page of 500 runs cost twice its time in collections
     (docs/benchmarks.md, "sweep_scale"). What the page leaves unreachable is freed at the next
     collection once it runs again."""
-    paused = gc.isenabled()
+    enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if paused:
+        if enabled:
             gc.enable()
