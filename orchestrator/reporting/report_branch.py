@@ -99,11 +99,22 @@ def lines(branch: BranchStudy) -> List[str]:
     """A branch study's answer: the table, the power law, the suggested ramp."""
     header, cells = table(table_rows(branch.points), columns(branch))[1:]
     out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
+    if len(branch.ramp) < 2:
+        return out + [no_ramp(branch)]
     out += [
         f"Suggested batch ramp (doubles where the critical batch size passes {branch_ramp.THRESHOLD:g} x the batch):"
     ]
     out += ["  " + line for line in branch.ramp_yaml.splitlines()]
     return out + [f"  or: {command(branch)}"]
+
+
+def no_ramp(branch: BranchStudy) -> str:
+    """Why no ramp is suggested: the measurement never supports a doubling."""
+    return (
+        f"No batch ramp suggested: the measured critical batch size (a resolved point read at the lower end of its "
+        f"90% interval) does not pass {branch_ramp.THRESHOLD:g} x the batch early enough to double within the budget; "
+        f"train at the base's {branch.base_batch:,} tokens per update."
+    )
 
 
 def command(branch: BranchStudy) -> str:
@@ -117,5 +128,7 @@ def blocks(branch: BranchStudy) -> List[tuple]:
     out = [("h2", "Critical batch size along training (branches)")]
     out += [("p", sentence) for sentence in sentences(branch)]
     out += [table(table_rows(branch.points), columns(branch))]
+    if len(branch.ramp) < 2:
+        return out + [("p", no_ramp(branch))]
     out += [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch.ramp_yaml)]
     return out + [("p", "or on the command line:"), ("code", command(branch))]

@@ -43,7 +43,8 @@ def test_a_branch_study_measures_the_critical_batch_size_along_training(ray_sess
     path = study(tmp_path)
     code, out, err = run_main(capsys, "sweep", path, f"tracking.uri={uri}")
     assert code == 0, out[-3000:] + err[-3000:]
-    assert "Critical batch size along training:" in out and "Suggested batch ramp" in out
+    # factors up to 4 x 256 never reach 8 x 256: the report says no ramp, and why
+    assert "Critical batch size along training:" in out and "No batch ramp suggested" in out
 
     parent = Store(uri, "orchestrator").find_sweep_run("branches")
     runs = Store(uri).child_runs(parent)

@@ -198,8 +198,8 @@ def test_the_loss_figure_draws_every_branch_in_the_colour_of_its_own_batch():
 def test_the_pasteable_command_sets_every_key_of_the_yaml_snippet(tmp_path):
     """Parsed, the one-liner and the YAML give the same config: the ramp and its lr scaling (without
     which a pasted ramp would keep the base's lr at every change)."""
-    branch = sweep_analysis.analyse(study_trials()).branch
-    assert branch.lr_scaling == 0.5
+    branch = sweep_analysis.analyse(study_trials(rates=(0.001, 0.001, 0.001))).branch  # every factor within
+    assert branch.lr_scaling == 0.5 and len(branch.ramp) == 2
     words = shlex.split(report_branch.command(branch))
     assert words[:3] == ["orchestrator", "train", "CONFIG"]
     overrides = words[3:]
@@ -214,6 +214,10 @@ def test_the_pasteable_command_sets_every_key_of_the_yaml_snippet(tmp_path):
     ]
     assert f"  or: {report_branch.command(branch)}" in report_branch.lines(branch)
     assert ("code", report_branch.command(branch)) in report_branch.blocks(branch)
+    flat = sweep_analysis.analyse(study_trials()).branch  # 724 tokens at every point: under 8 x 256
+    assert len(flat.ramp) == 1 and report_branch.no_ramp(flat) in report_branch.lines(flat)
+    assert ("p", report_branch.no_ramp(flat)) in report_branch.blocks(flat)
+    assert not any(line.startswith("  or: ") for line in report_branch.lines(flat)), "no ramp to paste"
 
 
 def test_an_exponent_interval_that_holds_zero_says_the_growth_is_not_resolved():

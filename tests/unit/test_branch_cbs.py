@@ -438,6 +438,27 @@ def test_without_a_fit_the_ramp_follows_the_points_in_log_log_and_reads_bounds_l
     assert ramp_at_2x(along, falling, B0, total, SEQ, WORKERS) == steps
 
 
+def test_a_resolved_point_is_read_at_the_lower_end_of_its_interval():
+    """conf/sweep/branches.yaml's study as measured on 2026-12-07 (one seed per branch): at
+    65,536 tokens 3,334 with an interval reaching down to 1,261. Read at its value the ramp doubled
+    to 512 at 44,800 tokens, and on 3 seeds that lost 1.2 % of the loss against the fixed 256
+    (ramp_vs_fixed, docs/benchmarks.md); at the lower end no point passes 8 x 256, and nothing is
+    suggested beyond the base. A point without a lower end counts at its value."""
+    along = [
+        {"tokens": 16384, "cbs": 551.0, "cbs_interval": [None, 907.3], "status": "resolved"},
+        {"tokens": 65536, "cbs": 3334.0, "cbs_interval": [1261.4, None], "status": "resolved"},
+        {"tokens": 180224, "cbs": 1638.0, "cbs_interval": [None, 3091.9], "status": "resolved"},
+    ]
+    plateau = br.power_law_fit(along)
+    assert plateau["growth"] == "plateau"
+    assert br.suggested_ramp(along, plateau, 256, 262144, 64, 1) == [{"from_tokens": 0, "tokens_per_update": 256}]
+    at_values = [{k: v for k, v in p.items() if k != "cbs_interval"} for p in along]
+    doubled = br.suggested_ramp(at_values, plateau, 256, 262144, 64, 1)
+    assert doubled == [{"from_tokens": 0, "tokens_per_update": 256}, {"from_tokens": 44800, "tokens_per_update": 512}]
+    tighter = [dict(p, cbs_interval=[2100.0, 5000.0]) if p["tokens"] == 65536 else p for p in along]
+    assert [s["tokens_per_update"] for s in br.suggested_ramp(tighter, plateau, 256, 262144, 64, 1)] == [256, 512]
+
+
 def test_the_ramp_refuses_a_base_batch_that_does_not_split():
     with pytest.raises(ValueError, match="multiple of seq_len x num_workers"):
         ramp_at_2x([], None, B0 + 128, 10**8, SEQ, WORKERS)
