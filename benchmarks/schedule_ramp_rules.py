@@ -35,14 +35,10 @@ BASE = 256
 THRESHOLDS = (2.0, 4.0, 6.0, 8.0)
 
 
-def read_at_lower_end(along: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The points with each resolved one at the lower end of its interval (where it has one)."""
-    return [
-        dict(p, cbs=p["cbs_interval"][0])
-        if p["status"] == branch_cbs.RESOLVED and p.get("cbs_interval") and p["cbs_interval"][0]
-        else p
-        for p in along
-    ]
+def read_at_values(along: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The points without their intervals: suggested_ramp reads each resolved one at its value
+    (it reads a point that has an interval at the interval's lower end)."""
+    return [{k: v for k, v in p.items() if k != "cbs_interval"} for p in along]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -60,7 +56,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"branch point {point['tokens']:,}: {point['status']} {point['cbs']:,.0f} (B_crit there {truth:,.0f})")
     header = ("rule", "batches", "steps", "loss - best fixed", "steps to oracle's loss - oracle's")
     rows, out = [header], []
-    for reading, points in (("value", along), ("lower end", read_at_lower_end(along))):
+    for reading, points in (("value", read_at_values(along)), ("lower end", along)):
         for threshold in THRESHOLDS:
             ramp = branch_ramp.suggested_ramp(points, fit, BASE, int(world.total_tokens), 1, 1, threshold)
             r = regret([(s["from_tokens"], s["tokens_per_update"]) for s in ramp], world, tried)
