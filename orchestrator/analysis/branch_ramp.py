@@ -133,7 +133,7 @@ steps on real runs (ramp_vs_fixed, 2026-12-07)."""
 def _points_curve(along: Sequence[Mapping[str, Any]]) -> Callable[[float, float], Optional[float]]:
     """first(level, after) on the measured points, read conservatively (the ramp should not
     outrun the measurement): a resolved point counts at the lower end of its 90 % interval (at its
-    value where the interval has no lower end or it has none), an `above` one at its lower bound
+    value where it has no interval, or one unbounded below), an `above` one at its lower bound
     (the largest batch tried), a `below` one at its smallest batch (the base batch: the
     critical batch is under factor 2, so no reason to grow there), a `not resolved` one not at
     all. Between points the curve is linear in log-log; before the first point it is unknown, so
