@@ -297,6 +297,10 @@ class BranchStudy(Record):
     """The from-scratch sweep of branch.compare_with, when named."""
     notes: Tuple[str, ...]
     """What makes the study less trustworthy (an eval set too small for the tolerance, ...)."""
+    schedules: Optional[Dict[str, Any]] = None
+    """The ramp against the fixed batches, each predicted from the branches' gaps, and the one to
+    train with (branch_schedule.compare): arms, best_fixed, chosen, chosen_ramp, tolerance, why;
+    chosen_lr, the peak lr the chosen schedule starts at. None without the base run's curve."""
 
 
 @dataclass(frozen=True)

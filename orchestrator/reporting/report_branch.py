@@ -95,12 +95,68 @@ def sentences(branch: BranchStudy) -> List[str]:
     return words
 
 
+SCHEDULE_COLUMNS = [
+    ("schedule", "name", S),
+    ("batches", "batches", S),
+    ("updates", "updates", TOK),
+    ("predicted loss vs the base", "excess_shown", S),
+    ("upper end", "high_shown", S),
+]
+
+
+def schedule_rows(schedules: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One row per arm of the comparison (branch_schedule.compare), its cells as the report shows them."""
+
+    def pct(x: Optional[float]) -> str:
+        return "- (not measured)" if x is None else f"{x:+.2%}"
+
+    rows = []
+    for arm in schedules["arms"]:
+        mark = " (chosen)" if arm["name"] == schedules["chosen"] else ""
+        batches = " -> ".join(f"{b:,}" for _, b in arm["ramp"])
+        rows.append(
+            {**arm, "name": arm["name"] + mark, "batches": batches}
+            | {"excess_shown": pct(arm["excess"]), "high_shown": pct(arm["excess_high"])}
+        )
+    return rows
+
+
+def schedule_sentence(branch: BranchStudy) -> str:
+    """How the schedules are compared, and the choice with its reason."""
+    sched = branch.schedules or {}
+    return (
+        f"Schedules against the fixed batches: each predicted at the budget from the branches' gaps (a stretch at "
+        f"k x B costs the factor-k branch's excess there, times its length over the branch's, never less than one "
+        f"branch's; gains are not counted; before the first branch point a larger batch is taken to make no more "
+        f"progress per update than the base); the upper end adds 1.645 standard errors to every gap. Chosen, the "
+        f"fewest updates whose upper end is within {sched.get('tolerance', 0):.1%} of the best fixed batch "
+        f"({sched.get('best_fixed')}): {sched.get('chosen')}; {sched.get('why')}."
+    )
+
+
+def _chosen(branch: BranchStudy) -> str:
+    """What the report advises: `ramp`, `fixed` (a larger fixed batch) or `base`."""
+    sched = branch.schedules
+    if sched is None:
+        return "ramp" if len(branch.ramp) > 1 else "base"
+    if len(sched["chosen_ramp"]) > 1:
+        return "ramp"
+    return "base" if sched["chosen_ramp"][0][1] == branch.base_batch else "fixed"
+
+
 def lines(branch: BranchStudy) -> List[str]:
-    """A branch study's answer: the table, the power law, the suggested ramp."""
+    """A branch study's answer: the table, the power law, the schedules against the fixed batches, the
+    one to train with."""
     header, cells = table(table_rows(branch.points), columns(branch))[1:]
     out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
-    if len(branch.ramp) < 2:
+    if branch.schedules:
+        header, cells = table(schedule_rows(branch.schedules), SCHEDULE_COLUMNS)[1:]
+        out += [schedule_sentence(branch), *aligned(header, cells)]
+    chosen = _chosen(branch)
+    if chosen == "base":
         return out + [no_ramp(branch)]
+    if chosen == "fixed":
+        return out + [f"Train at a fixed {_fixed_batch(branch):,} tokens per update: {command(branch)}"]
     out += [
         f"Suggested batch ramp (doubles where the critical batch size passes {branch_ramp.THRESHOLD:g} x the batch):"
     ]
@@ -108,18 +164,31 @@ def lines(branch: BranchStudy) -> List[str]:
     return out + [f"  or: {command(branch)}"]
 
 
+def _fixed_batch(branch: BranchStudy) -> int:
+    return int((branch.schedules or {})["chosen_ramp"][0][1])
+
+
 def no_ramp(branch: BranchStudy) -> str:
-    """Why no ramp is suggested: the measurement never supports a doubling."""
-    return (
-        f"No batch ramp suggested: the measured critical batch size (a resolved point read at the lower end of its "
-        f"90% interval) does not pass {branch_ramp.THRESHOLD:g} x the batch early enough to double within the budget; "
-        f"train at the base's {branch.base_batch:,} tokens per update."
-    )
+    """Why neither a ramp nor a larger fixed batch is suggested."""
+    if len(branch.ramp) > 1:  # the comparison chose the base over it
+        reason = (
+            "the ramp the critical batch size suggests is not predicted within the tolerance of the best fixed batch"
+        )
+    else:
+        reason = (
+            f"the measured critical batch size (a resolved point read at the lower end of its 90% interval) does "
+            f"not pass {branch_ramp.THRESHOLD:g} x the batch early enough to double within the budget"
+        )
+    return f"No batch ramp suggested: {reason}; train at the base's {branch.base_batch:,} tokens per update."
 
 
 def command(branch: BranchStudy) -> str:
-    """The suggested ramp as one command to paste: every key of the YAML snippet, each override
+    """The advice as one command to paste: the ramp's keys, or a fixed batch and its lr, each override
     quoted for the shell."""
+    if _chosen(branch) == "fixed":
+        lr = (branch.schedules or {}).get("chosen_lr")
+        keys = [f"batch.tokens_per_update={_fixed_batch(branch)}"] + ([f"optim.lr={lr:.4g}"] if lr else [])
+        return "orchestrator train CONFIG " + shlex.join(keys)
     return "orchestrator train CONFIG " + shlex.join(branch.ramp_overrides)
 
 
@@ -128,7 +197,12 @@ def blocks(branch: BranchStudy) -> List[tuple]:
     out = [("h2", "Critical batch size along training (branches)")]
     out += [("p", sentence) for sentence in sentences(branch)]
     out += [table(table_rows(branch.points), columns(branch))]
-    if len(branch.ramp) < 2:
+    if branch.schedules:
+        out += [("p", schedule_sentence(branch)), table(schedule_rows(branch.schedules), SCHEDULE_COLUMNS)]
+    chosen = _chosen(branch)
+    if chosen == "base":
         return out + [("p", no_ramp(branch))]
+    if chosen == "fixed":
+        return out + [("p", f"Train at a fixed {_fixed_batch(branch):,} tokens per update:"), ("code", command(branch))]
     out += [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch.ramp_yaml)]
     return out + [("p", "or on the command line:"), ("code", command(branch))]

@@ -156,13 +156,15 @@ def test_a_plateau_is_reported_as_one_and_the_ramp_stops_at_the_points():
 def test_branch_runs_are_read_as_branches_and_no_table_is_empty():
     """The branches are the study's measurement, not runs skipped; a run with no curve still is.
     One base run answers no from-scratch question: none of those tables (each of one row or
-    `not resolved`) is in the summary, and no table there is without rows."""
+    `not resolved`) is in the summary, and no table there is without rows: the branch points', then
+    the schedules against the fixed batches (one row per factor and the ramp, if any)."""
     lost = Trial("lost", "lost", "FAILED", {"batch.tokens_per_update": B0}, [])
     result = sweep_analysis.analyse([*study_trials(), lost])
     assert result.skipped == ("lost",)
     doc = report_render.document(result, "branches", ["loss_vs_tokens.png", "branch_cbs.png"])
     tables = [block for block in doc if block[0] == "table"]
-    assert len(tables) == 1 and tables[0][1][0] == "branch point (tokens)" and len(tables[0][2]) == len(AT)
+    assert [t[1][0] for t in tables] == ["branch point (tokens)", "schedule"] and len(tables[0][2]) == len(AT)
+    assert len(tables[1][2]) == len(result.branch.schedules["arms"]) >= 2
     text = report_format.to_markdown(doc)
     assert "Skipped (no batch.tokens_per_update or no train/loss): lost" in text
     assert not any(name in text for name in ("b16384-1", "Cost to reach", "Best configuration", "B_crit needs"))

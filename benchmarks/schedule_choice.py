@@ -1,0 +1,88 @@
+"""The schedule a branch study advises (orchestrator/analysis/branch_schedule.py), judged exactly
+against the best fixed batch on issue 54's worlds (tests/schedule_worlds.py): SGD on a noisy
+quadratic with the branches' lr scaled linearly and as its square root, a world where no schedule
+pays, and Adam on an anisotropic quadratic; 5 draws each, conf/sweep/branches.yaml's layout.
+
+    python benchmarks/schedule_choice.py [--draws 5] [--worlds sgd-linear,sgd-sqrt,no-pay,adam] [--json PATH]
+
+Per draw: the advice (a fixed batch or the suggested ramp), its exact loss over the best fixed
+batch's (of the factors 1 to 16 from the start, the lr times k^alpha), its updates against that
+batch's, the suggested ramp's own excess; per world, how many draws hold (at most 0.1 % above at no
+more updates) and the branched critical batch's interval coverage of the exact one. No Ray, no
+MLflow; about a minute and a half, most of it the Adam world's bisections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import _common as common  # noqa: E402
+from orchestrator.analysis import branch_cbs, branch_schedule  # noqa: E402
+from tests.schedule_worlds import AdamWorld, SGDWorld, judge, true_critical_batch  # noqa: E402
+
+WORLDS = {
+    "sgd-linear": lambda d: SGDWorld(d, alpha=1.0),
+    "sgd-sqrt": lambda d: SGDWorld(d, alpha=0.5),
+    "no-pay": lambda d: SGDWorld(d, alpha=0.5, no_pay=True),
+    "adam": lambda d: AdamWorld(d),
+}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--draws", type=int, default=5)
+    p.add_argument("--worlds", default=",".join(WORLDS))
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    load_before, started = os.getloadavg()[0], time.perf_counter()
+    tol = branch_schedule.SCHEDULE_TOLERANCE
+    rows = [("world", "draw", "advice", "vs best fixed", "updates (best fixed's)", "best fixed", "ramp's own")]
+    out = []
+    for name in args.worlds.split(","):
+        held = covered = points = 0
+        for draw in range(args.draws):
+            world = WORLDS[name](draw)
+            j = judge(world)
+            held += j.holds(tol)
+            for point in branch_cbs.critical_batch_along(world.study().ends):
+                truth = true_critical_batch(world, point["tokens"])
+                low, high = point["cbs_interval"] or (None, None)
+                covered += (low is None or truth >= low) and (high is None or truth <= high)
+                points += 1
+            ramp_excess = j.ramp_loss / j.best_fixed_loss - 1 if len(j.ramp) > 1 else None
+            rows.append(
+                (
+                    name,
+                    str(draw),
+                    j.chosen,
+                    f"{j.excess:+.3%}",
+                    f"{j.chosen_updates:,} ({j.best_fixed_updates:,})",
+                    f"{j.best_fixed_batch:,}",
+                    "-" if ramp_excess is None else f"{ramp_excess:+.3%}",
+                )
+            )
+            out.append(
+                {"world": name, "draw": draw, "chosen": j.chosen, "excess": j.excess, "holds": j.holds(tol)}
+                | {"updates": j.chosen_updates, "best_fixed_batch": j.best_fixed_batch, "ramp_excess": ramp_excess}
+            )
+        rows.append((name, "all", f"{held} of {args.draws} hold", "", "", "", f"coverage {covered}/{points}"))
+    common.print_table(rows)
+    result = {
+        "benchmark": "schedule_choice",
+        "tolerance": tol,
+        "draws": out,
+        "wall_s": time.perf_counter() - started,
+        "machine": common.machine(load_before),
+    }
+    return common.finish(result, args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

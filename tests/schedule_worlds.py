@@ -1,0 +1,294 @@
+"""Worlds for judging a branch study's choice of batch schedule (orchestrator/analysis/branch_schedule.py)
+against the best fixed batch, every schedule's final loss known: issue 54's acceptance worlds.
+
+Each world is a noisy quadratic, L(w) = 1/2 sum_i h_i e_i^2 (e = w - w*), whose minibatch of B
+examples (tokens) sees the exact gradient H e plus Gaussian noise of variance s_i^2 / B along
+eigenvector i. A schedule is batch.ramp's [(from_tokens, tokens_per_update), ...]; each stretch
+trains at the base lr times (B / B0)^alpha, as the branch study's branches and its suggested ramp do.
+A world lays out conf/sweep/branches.yaml's study (branch points at 1/16, 1/4 and 11/16 of the
+budget, branches 5/16 of it long, factors 1 to 16) and hands the analysis what the report reads:
+the base run's train-loss curve and each branch's end loss with an eval standard error (drawn).
+
+- `SGDWorld`: SGD; its expected loss is the exact second-moment recursion (tests/branch_truth.py's:
+  m_i -> (1 - lr h_i)^2 m_i + lr^2 s_i^2 / B, in closed form for any real number of steps), so every
+  schedule's loss is exact. s_i^2 = noise x h_i (a Fisher-like noise). The base lr is the best of a
+  grid for the base batch at the budget. With alpha 1 the branches scale the lr linearly, with 0.5
+  as its square root. `no_pay` has almost no noise (B_noise far under the base batch), so the base's
+  best lr is at the stiffest direction's stability edge already: a larger batch cannot raise the
+  lr, buys nothing per update and costs tokens.
+- `AdamWorld`: Adam (beta1 0.9, beta2 0.95, bias corrections, a 5 % linear warmup then a constant
+  lr) over 32 directions with curvatures across 3.5 decades and noise drawn log-uniformly over 2
+  decades independently of them (not proportional to curvature). Its second moment v is an EMA of
+  the gradient's expected square, so v lags a change of batch by its 1 / (1 - beta2) updates as
+  Adam's does, but is not itself random (the mean-field Adam of SDE analyses, e.g. Malladi et al.
+  2022); given v the update is linear, so the second moments of (e, m) follow an exact recursion
+  and every schedule's expected loss is exact. A simulation over seeds cannot judge 0.1 %: its
+  standard error at 1,024 seeds was about 1 % of the loss.
+
+Branches end at their exact expected loss plus the eval noise; a branch's own training noise is
+not in these worlds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from orchestrator.analysis.branch_cbs import BranchEnd
+
+Schedule = Sequence[Tuple[float, float]]
+
+SHARES = (1 / 16, 1 / 4, 11 / 16)
+"""conf/sweep/branches.yaml's branch points as shares of its budget (16k, 64k, 176k of 256k)."""
+BRANCH_SHARE = 5 / 16
+"""Its branches' length as a share of the budget (80k of 256k)."""
+FACTORS = (1, 2, 4, 8, 16)
+EVAL_SE = 0.003
+"""A branch end's eval standard error, relative to its loss: the shipped study's (about 0.3 %)."""
+
+
+def stretches(schedule: Schedule, total: float) -> List[Tuple[float, float, float]]:
+    """(start, end, batch) of each stretch of the schedule before `total`."""
+    steps = sorted((float(t), float(b)) for t, b in schedule)
+    ends = [t for t, _ in steps[1:]] + [total]
+    return [(t, min(end, total), b) for (t, b), end in zip(steps, ends) if t < total]
+
+
+@dataclass(frozen=True)
+class Study:
+    """What the report reads of a branch study in a world."""
+
+    ends: List[BranchEnd]
+    branch_tokens: Dict[int, int]
+    curve: Tuple[np.ndarray, np.ndarray]
+    """The base run's train loss: (tokens, loss)."""
+
+
+@dataclass(frozen=True)
+class SGDWorld:
+    draw: int
+    alpha: float = 1.0
+    no_pay: bool = False
+    base_batch: int = 16
+    total_tokens: int = 16 * 4096
+    dims: int = 48
+    lr: float = field(init=False)
+    h: np.ndarray = field(init=False, repr=False)
+    s2: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng([self.draw, 54])
+        decades = rng.uniform(2.5, 3.5)
+        h = np.logspace(-decades, 0, self.dims)
+        noise = 10 ** rng.uniform(-5, -4) if self.no_pay else 10 ** rng.uniform(-0.5, 0.5)
+        object.__setattr__(self, "h", h)
+        object.__setattr__(self, "s2", noise * h)
+        grid = 2.0 ** np.arange(-8, 1, 0.25)
+        losses = [self._run_with(lr, [(0, self.base_batch)]) for lr in grid]
+        object.__setattr__(self, "lr", float(grid[int(np.argmin(losses))]))
+
+    def _moments(self, m: np.ndarray, lr: float, batch: float, steps: float) -> np.ndarray:
+        a = (1 - lr * self.h) ** 2
+        c = lr * lr * self.s2 / batch
+        decay = a**steps
+        with np.errstate(divide="ignore", invalid="ignore"):
+            floor = np.where(a == 1, c * steps, c * (1 - decay) / (1 - a))
+        return decay * m + floor
+
+    def _run_with(self, lr0: float, schedule: Schedule, tokens: float = None) -> float:
+        m = np.ones(self.dims)
+        for start, end, batch in stretches(schedule, self.total_tokens if tokens is None else tokens):
+            lr = lr0 * (batch / self.base_batch) ** self.alpha
+            if lr * self.h.max() >= 2:
+                return math.inf
+            m = self._moments(m, lr, batch, (end - start) / batch)
+        return float(0.5 * (self.h * m).sum())
+
+    def loss(self, schedule: Schedule, tokens: float = None) -> float:
+        """The exact expected loss after `tokens` (default the budget)."""
+        return self._run_with(self.lr, schedule, tokens)
+
+    def study(self) -> Study:
+        rng = np.random.default_rng([self.draw, 55])
+        base = [(0, self.base_batch)]
+        grid = np.arange(0, self.total_tokens + 1, self.total_tokens // 64)[1:]
+        curve = (grid.astype(float), np.array([self.loss(base, t) for t in grid]))
+        length = int(BRANCH_SHARE * self.total_tokens)
+        ends, tokens = [], {}
+        for share in SHARES:
+            at = int(share * self.total_tokens)
+            tokens[at] = length
+            for k in FACTORS:
+                branch = [(0, self.base_batch), (at, k * self.base_batch)]
+                true = self.loss(branch, at + length)
+                se = EVAL_SE * true if math.isfinite(true) else 0.0
+                ends.append(BranchEnd(at, k * self.base_batch, true + se * rng.standard_normal(), se))
+        return Study(ends, tokens, curve)
+
+
+BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
+WARMUP_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class AdamWorld:
+    draw: int
+    alpha: float = 0.5
+    base_batch: int = 16
+    total_tokens: int = 16 * 2048
+    dims: int = 32
+    noise: float = 1.0
+    """The per-example noise's scale: s_i^2 is `noise` x 10^U(0, 2)."""
+    lr: float = field(init=False)
+    h: np.ndarray = field(init=False, repr=False)
+    s2: np.ndarray = field(init=False, repr=False)
+    e0: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng([self.draw, 56])
+        object.__setattr__(self, "h", np.logspace(-3.5, 0, self.dims))
+        object.__setattr__(self, "s2", self.noise * 10.0 ** rng.uniform(0, 2, self.dims))
+        object.__setattr__(self, "e0", rng.standard_normal(self.dims))
+        grid = 1e-3 * 2.0 ** np.arange(0, 10.25, 0.25)
+        losses = [self._run(lr, [(0, self.base_batch)]) for lr in grid]
+        object.__setattr__(self, "lr", float(grid[int(np.argmin(losses))]))
+
+    def _run(self, lr0: float, schedule: Schedule, until: float = None, every: float = None):
+        """The expected loss at `until` (default the budget), or with `every` the (tokens, loss)
+        after each update: the second moments of (e, m) per direction, updated exactly given v."""
+        h, s2 = self.h, self.s2
+        ee, em, mm, v = self.e0**2, np.zeros(self.dims), np.zeros(self.dims), np.zeros(self.dims)
+        tokens, t, curve = 0.0, 0, []
+        a = 1 - BETA1
+        for _, end, batch in stretches(schedule, self.total_tokens if until is None else until):
+            peak = lr0 * (batch / self.base_batch) ** self.alpha
+            noise = s2 / batch
+            while tokens < end - 1e-9:
+                lr = peak * min(1.0, (tokens + batch) / (WARMUP_SHARE * self.total_tokens))
+                t += 1
+                v = BETA2 * v + (1 - BETA2) * (h * h * ee + noise)  # E g^2, the second moment's mean
+                c = lr / (1 - BETA1**t) / (np.sqrt(v / (1 - BETA2**t)) + EPS)
+                keep = 1 - c * a * h  # e' = keep e - c beta1 m - c a xi;  m' = a h e + beta1 m + a xi
+                ee, em, mm = (
+                    keep**2 * ee + (c * BETA1) ** 2 * mm - 2 * keep * c * BETA1 * em + (c * a) ** 2 * noise,
+                    keep * (a * h * ee + BETA1 * em) - c * BETA1 * (a * h * em + BETA1 * mm) - c * a * a * noise,
+                    (a * h) ** 2 * ee + BETA1**2 * mm + 2 * a * h * BETA1 * em + a * a * noise,
+                )
+                tokens += batch
+                if every is not None:
+                    curve.append((tokens, float(0.5 * (h * ee).sum())))
+        return curve if every is not None else float(0.5 * (h * ee).sum())
+
+    def loss(self, schedule: Schedule, tokens: float = None) -> float:
+        """The exact expected loss at `tokens` (default the budget)."""
+        loss = self._run(self.lr, schedule, tokens)
+        return loss if math.isfinite(loss) else math.inf
+
+    def study(self) -> Study:
+        rng = np.random.default_rng([self.draw, 57])
+        base = [(0, self.base_batch)]
+        curve = np.array(self._run(self.lr, base, every=self.base_batch))
+        length = int(BRANCH_SHARE * self.total_tokens)
+        ends, tokens = [], {}
+        for share in SHARES:
+            at = int(share * self.total_tokens)
+            tokens[at] = length
+            for k in FACTORS:
+                true = self.loss([(0, self.base_batch), (at, k * self.base_batch)], at + length)
+                se = EVAL_SE * true if math.isfinite(true) else 0.0
+                ends.append(BranchEnd(at, k * self.base_batch, true + se * rng.standard_normal(), se))
+        return Study(ends, tokens, (curve[:, 0], curve[:, 1]))
+
+
+# ---------------------------------------------------------------- the study's choice, judged
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A world's study, its choice, and that choice's true loss against the best fixed batch."""
+
+    chosen: str
+    chosen_ramp: List[Tuple[int, int]]
+    chosen_updates: int
+    chosen_loss: float
+    best_fixed_batch: int
+    best_fixed_loss: float
+    best_fixed_updates: int
+    ramp: List[Tuple[int, int]]
+    """The suggested ramp (branch_ramp.suggested_ramp), chosen or not."""
+    ramp_loss: float
+    choice: dict
+    """branch_schedule.compare's record."""
+
+    @property
+    def excess(self) -> float:
+        """The choice's true loss over the best fixed batch's, relative."""
+        return self.chosen_loss / self.best_fixed_loss - 1
+
+    def holds(self, tolerance: float) -> bool:
+        """Within `tolerance` of the best fixed batch's loss at no more updates."""
+        return self.excess <= tolerance and self.chosen_updates <= self.best_fixed_updates
+
+
+def judge(world) -> Judged:
+    """The branch study of `world` analysed as the report does, and its choice judged exactly."""
+    from orchestrator.analysis import branch_cbs, branch_ramp, branch_schedule
+
+    study = world.study()
+    along = branch_cbs.critical_batch_along(study.ends)
+    fit = branch_ramp.power_law_fit(along)
+    ramp = branch_ramp.suggested_ramp(along, fit, world.base_batch, world.total_tokens, 1, 1)
+    pairs = [(s["from_tokens"], s["tokens_per_update"]) for s in ramp]
+    curve = np.interp
+    t, y = study.curve
+    from orchestrator.analysis.critical_batch import monotone
+
+    knots = monotone(t, y)
+
+    def base_loss(tokens: float) -> float:
+        return float(curve(tokens, *knots))
+
+    measured = branch_schedule.gaps(study.ends, study.branch_tokens)
+    choice = branch_schedule.compare(measured, pairs, base_loss, world.base_batch, world.total_tokens)
+    fixed = {k: world.loss([(0, k * world.base_batch)]) for k in FACTORS}
+    best = min(fixed, key=lambda k: fixed[k])
+    chosen = [tuple(s) for s in choice["chosen_ramp"]]
+    return Judged(
+        chosen=choice["chosen"],
+        chosen_ramp=chosen,
+        chosen_updates=branch_schedule.updates(chosen, world.total_tokens),
+        chosen_loss=world.loss(chosen),
+        best_fixed_batch=best * world.base_batch,
+        best_fixed_loss=fixed[best],
+        best_fixed_updates=world.total_tokens // (best * world.base_batch),
+        ramp=pairs,
+        ramp_loss=world.loss(pairs),
+        choice=choice,
+    )
+
+
+def true_critical_batch(world, at: int, tolerance: float = 0.01) -> float:
+    """The critical batch size at branch point `at` in tokens per update, as the study defines it
+    but on exact losses: the smallest real factor up to the largest branched whose branch ends more
+    than `tolerance` (relative) above the factor-1 branch, by bisection in log k after a scan for the
+    first crossing; infinite when none does."""
+    length = int(BRANCH_SHARE * world.total_tokens)
+    reference = world.loss([(0, world.base_batch)], at + length)
+
+    def beyond(log_k: float) -> bool:
+        end = world.loss([(0, world.base_batch), (at, math.exp(log_k) * world.base_batch)], at + length)
+        return end - reference > tolerance * reference
+
+    grid = np.linspace(0.0, math.log(FACTORS[-1]), 41)
+    hits = [x for x in grid[1:] if beyond(x)]
+    if not hits:
+        return math.inf
+    hi = hits[0]
+    lo = grid[int(np.searchsorted(grid, hi)) - 1]
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if beyond(mid) else (mid, hi)
+    return world.base_batch * math.exp(0.5 * (lo + hi))

@@ -1,0 +1,113 @@
+"""The schedule a branch study advises, judged exactly against the best fixed batch (issue 54's
+acceptance) on worlds whose every schedule's loss is known (tests/schedule_worlds.py), and the
+rule of orchestrator/analysis/branch_schedule.py on tables in memory."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.analysis import branch_cbs, branch_schedule
+from orchestrator.analysis.branch_cbs import BranchEnd
+from tests.schedule_worlds import SGDWorld, judge, true_critical_batch
+
+WORLDS = {
+    "sgd, linear lr scaling": lambda draw: SGDWorld(draw, alpha=1.0),
+    "sgd, sqrt lr scaling": lambda draw: SGDWorld(draw, alpha=0.5),
+    "no schedule pays": lambda draw: SGDWorld(draw, alpha=0.5, no_pay=True),
+}
+DRAWS = range(5)
+
+
+@pytest.mark.parametrize("name", WORLDS)
+def test_the_advised_schedule_is_within_the_tolerance_of_the_best_fixed_batch_at_no_more_updates(name):
+    """In every draw the advice ends at most SCHEDULE_TOLERANCE (0.1 %) above the best fixed batch's
+    exact loss in no more updates (the issue asks 4 of 5; these worlds give 5), and where it keeps
+    the base batch the reason names what the closest alternative would have cost."""
+    for draw in DRAWS:
+        judged = judge(WORLDS[name](draw))
+        assert judged.holds(branch_schedule.SCHEDULE_TOLERANCE), (draw, judged.chosen, judged.excess)
+        if judged.chosen == judged.choice["best_fixed"]:
+            assert "nothing with fewer updates" in judged.choice["why"] or "nothing measured" in judged.choice["why"]
+
+
+def test_where_the_ramp_pays_it_is_chosen_and_where_it_does_not_it_is_not():
+    """sqrt scaling on SGD: the larger batch's lower noise floor makes the ramp beat every fixed
+    batch, and it is chosen; linear scaling and the no-pay world: no ramp, and nothing larger than
+    the base."""
+    sqrt = [judge(WORLDS["sgd, sqrt lr scaling"](d)) for d in DRAWS]
+    assert all(
+        j.chosen == "suggested ramp" and j.excess < -0.05 and j.chosen_updates < j.best_fixed_updates for j in sqrt
+    )
+    for name in ("sgd, linear lr scaling", "no schedule pays"):
+        assert all(judge(WORLDS[name](d)).chosen_ramp == [(0, 16)] for d in DRAWS), name
+
+
+def test_the_branched_critical_batch_interval_covers_the_truth_in_at_least_80_percent():
+    """Every branch point of every draw of the three worlds: the 90 % interval of the branched
+    critical batch holds the exact one (found by bisection on the worlds' exact losses)."""
+    held = total = 0
+    for make in WORLDS.values():
+        for draw in DRAWS:
+            world = make(draw)
+            for point in branch_cbs.critical_batch_along(world.study().ends):
+                truth = true_critical_batch(world, point["tokens"])
+                low, high = point["cbs_interval"] or (None, None)
+                held += (low is None or truth >= low) and (high is None or truth <= high)
+                total += 1
+    assert total == 45 and held / total >= 0.8
+
+
+def _ends(at, gaps, se=0.0, base=1.0):
+    return [BranchEnd(at, 100 * 2**i, base + g, se) for i, g in enumerate(gaps)]
+
+
+def _flat_after(tokens: float) -> float:
+    """A base curve: 2 at the start, falling linearly to 1 at 1,000 tokens, flat after."""
+    return max(1.0, 2.0 - tokens / 1000)
+
+
+def test_a_stretch_costs_its_gap_times_its_length_over_the_branch_and_gains_count_nothing():
+    """One branch point at 1,000 tokens, branches of 500: factor 2 ends 0.01 above factor 1, factor
+    4 0.02 below. A ramp to factor 2 at 1,000 until 3,000 costs 0.01 x 2000 / 500 = 0.04; one to
+    factor 4 costs nothing (a gain is not counted); a stretch shorter than a branch costs one
+    branch's gap."""
+    measured = branch_schedule.gaps(_ends(1000, [0.0, 0.01, -0.02]), {1000: 500})
+    gap = branch_schedule.predicted_gap
+    assert gap(measured, [(0, 100), (1000, 200)], 100, 3000, _flat_after) == pytest.approx(0.04)
+    assert gap(measured, [(0, 100), (1000, 400)], 100, 3000, _flat_after) == 0.0
+    assert gap(measured, [(0, 100), (2900, 200)], 100, 3000, _flat_after) == pytest.approx(0.01)
+
+
+def test_a_fixed_batch_before_the_first_branch_point_is_priced_at_its_worst():
+    """Fixed factor 2 from 0: before the first point (1,000) it falls 1,000 x (1 - 1/2) = 500 base
+    tokens behind, which at the end of a curve still falling (budget 800 here, slope 1/1000) costs
+    0.5; on a curve already flat at the budget, nothing."""
+    measured = branch_schedule.gaps(_ends(1000, [0.0, 0.0, 0.0]), {1000: 500})
+    falling = lambda t: 3.0 - t / 1000  # noqa: E731
+    assert branch_schedule.predicted_gap(measured, [(0, 200)], 100, 1000, falling) == pytest.approx(0.5)
+    assert branch_schedule.predicted_gap(measured, [(0, 200)], 100, 3000, _flat_after) == pytest.approx(0.0)
+
+
+def test_the_choice_is_the_fewest_updates_within_the_tolerance_at_the_upper_end():
+    """Three arms: the base (0), factor 2 at +0.05 % with an upper end of +0.08 % (within 0.1 %), a
+    ramp at +0.02 % with an upper end of +0.15 % (not): factor 2 is chosen; with its upper end at
+    +0.12 %, the base, and the reason names the closest."""
+    arm = branch_schedule.Arm
+    base = arm("fixed 100", ((0, 100),), 40, 0.0, 0.0)
+    double = arm("fixed 200", ((0, 200),), 20, 0.0005, 0.0008)
+    ramp = arm("suggested ramp", ((0, 100), (2000, 200)), 30, 0.0002, 0.0015)
+    assert branch_schedule.choose([base, double, ramp]) == (base, double)
+    worse = arm("fixed 200", ((0, 200),), 20, 0.0005, 0.0012)
+    best, chosen = branch_schedule.choose([base, worse, ramp])
+    assert chosen is base
+    words = branch_schedule.why([base, worse, ramp], best, chosen, branch_schedule.SCHEDULE_TOLERANCE)
+    assert "fixed 200, saves 50% of the updates at +0.05% (+0.12% at the upper end)" in words
+
+
+def test_a_diverged_branch_makes_its_factor_and_every_larger_one_unpredicted():
+    measured = branch_schedule.gaps(_ends(1000, [0.0, 0.001, math.inf]), {1000: 500})
+    assert branch_schedule.gap_at(measured, 1500, 2) == pytest.approx(0.001)
+    assert math.isinf(branch_schedule.gap_at(measured, 1500, 4))
+    assert math.isinf(branch_schedule.gap_at(measured, 1500, 8))  # past the largest factor branched
