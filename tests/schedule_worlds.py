@@ -131,6 +131,14 @@ class SGDWorld:
 
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
 WARMUP_SHARE = 0.05
+REWARM = math.ceil(1 / (1 - BETA2))
+"""`rewarm`'s updates: the second moment's settling time (studies/branch_study.settling_updates)."""
+CHANGES = ("jump", "rewarm", "half_life", "restart_v", "rescale_v")
+"""How a change of batch is made: `jump` the lr steps to its new peak, Adam's state carried (the
+trainer's); `rewarm` the lr moves linearly from the old peak to the new over REWARM updates;
+`half_life` beta2 re-resolved at the change to keep its memory in tokens (0.95^(B / B0));
+`restart_v` the second moment zeroed and its bias correction counted from the change; `rescale_v`
+the second moment times B_old / B_new, as its noise part scales."""
 
 
 @dataclass(frozen=True)
@@ -156,21 +164,39 @@ class AdamWorld:
         losses = [self._run(lr, [(0, self.base_batch)]) for lr in grid]
         object.__setattr__(self, "lr", float(grid[int(np.argmin(losses))]))
 
-    def _run(self, lr0: float, schedule: Schedule, until: float = None, every: float = None):
+    def _run(
+        self, lr0: float, schedule: Schedule, until: float = None, every: float = None, way: str = "jump", trace=None
+    ):
         """The expected loss at `until` (default the budget), or with `every` the (tokens, loss)
-        after each update: the second moments of (e, m) per direction, updated exactly given v."""
+        after each update: the second moments of (e, m) per direction, updated exactly given v.
+        `way`: how a change of batch is made (CHANGES); `trace`: a list that receives v after each
+        update."""
+        if way not in CHANGES:
+            raise ValueError(f"way is one of {', '.join(CHANGES)}, got {way!r}")
         h, s2 = self.h, self.s2
         ee, em, mm, v = self.e0**2, np.zeros(self.dims), np.zeros(self.dims), np.zeros(self.dims)
-        tokens, t, curve = 0.0, 0, []
-        a = 1 - BETA1
+        tokens, t1, t2, curve = 0.0, 0, 0, []
+        a, beta2, previous, changed = 1 - BETA1, BETA2, None, 0
         for _, end, batch in stretches(schedule, self.total_tokens if until is None else until):
             peak = lr0 * (batch / self.base_batch) ** self.alpha
-            noise = s2 / batch
+            if previous is not None:
+                changed, old_peak = t1, lr0 * (previous / self.base_batch) ** self.alpha
+                if way == "restart_v":
+                    v, t2 = np.zeros(self.dims), 0
+                elif way == "rescale_v":
+                    v = v * previous / batch
+                elif way == "half_life":
+                    beta2 = BETA2 ** (batch / self.base_batch)
+            previous, noise = batch, s2 / batch
             while tokens < end - 1e-9:
                 lr = peak * min(1.0, (tokens + batch) / (WARMUP_SHARE * self.total_tokens))
-                t += 1
-                v = BETA2 * v + (1 - BETA2) * (h * h * ee + noise)  # E g^2, the second moment's mean
-                c = lr / (1 - BETA1**t) / (np.sqrt(v / (1 - BETA2**t)) + EPS)
+                if way == "rewarm" and changed and t1 - changed < REWARM:
+                    lr = old_peak + (lr - old_peak) * (t1 - changed + 1) / REWARM
+                t1, t2 = t1 + 1, t2 + 1
+                v = beta2 * v + (1 - beta2) * (h * h * ee + noise)  # E g^2, the second moment's mean
+                if trace is not None:
+                    trace.append(v)
+                c = lr / (1 - BETA1**t1) / (np.sqrt(v / (1 - beta2**t2)) + EPS)
                 keep = 1 - c * a * h  # e' = keep e - c beta1 m - c a xi;  m' = a h e + beta1 m + a xi
                 ee, em, mm = (
                     keep**2 * ee + (c * BETA1) ** 2 * mm - 2 * keep * c * BETA1 * em + (c * a) ** 2 * noise,
@@ -182,9 +208,9 @@ class AdamWorld:
                     curve.append((tokens, float(0.5 * (h * ee).sum())))
         return curve if every is not None else float(0.5 * (h * ee).sum())
 
-    def loss(self, schedule: Schedule, tokens: float = None) -> float:
-        """The exact expected loss at `tokens` (default the budget)."""
-        loss = self._run(self.lr, schedule, tokens)
+    def loss(self, schedule: Schedule, tokens: float = None, way: str = "jump") -> float:
+        """The exact expected loss at `tokens` (default the budget), each change of batch made `way`."""
+        loss = self._run(self.lr, schedule, tokens, way=way)
         return loss if math.isfinite(loss) else math.inf
 
     def study(self) -> Study:

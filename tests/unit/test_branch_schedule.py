@@ -111,3 +111,49 @@ def test_a_diverged_branch_makes_its_factor_and_every_larger_one_unpredicted():
     assert branch_schedule.gap_at(measured, 1500, 2) == pytest.approx(0.001)
     assert math.isinf(branch_schedule.gap_at(measured, 1500, 4))
     assert math.isinf(branch_schedule.gap_at(measured, 1500, 8))  # past the largest factor branched
+
+
+def _adam_by_hand(world, schedule, seeds, v_of=None):
+    """Adam run update by update on `seeds` sampled paths (a plain loop, independent of the
+    recursion); with `v_of`, the second moment is that deterministic sequence instead of the EMA
+    of the sampled squares (what the mean-field world assumes)."""
+    import numpy as np
+
+    from tests import schedule_worlds as sw
+
+    rng = np.random.default_rng(3)
+    e = np.tile(world.e0, (seeds, 1))
+    m, v, tokens, t = np.zeros_like(e), np.zeros_like(e), 0.0, 0
+    for _, end, batch in sw.stretches(schedule, world.total_tokens):
+        peak = world.lr * (batch / world.base_batch) ** world.alpha
+        while tokens < end - 1e-9:
+            lr = peak * min(1.0, (tokens + batch) / (sw.WARMUP_SHARE * world.total_tokens))
+            g = world.h * e + rng.standard_normal(e.shape) * np.sqrt(world.s2 / batch)
+            t += 1
+            m = sw.BETA1 * m + (1 - sw.BETA1) * g
+            v = v_of[t - 1] if v_of is not None else sw.BETA2 * v + (1 - sw.BETA2) * g * g
+            e = e - lr * (m / (1 - sw.BETA1**t)) / (np.sqrt(v / (1 - sw.BETA2**t)) + sw.EPS)
+            tokens += batch
+    return (0.5 * world.h * e * e).sum(-1)
+
+
+def test_the_adam_world_s_recursion_is_adam_given_its_second_moment():
+    """Without noise the world's exact loss is a plain Adam loop's to float precision; with noise,
+    sampled paths driven by the world's own deterministic second moment average to its loss within
+    four standard errors (the recursion's noise terms), across a ramp's changes too."""
+    import dataclasses
+
+    import numpy as np
+
+    from tests.schedule_worlds import AdamWorld
+
+    world = AdamWorld(0, total_tokens=16 * 256)
+    ramp = [(0, 16), (1024, 32), (2048, 64)]
+    quiet = dataclasses.replace(world)
+    object.__setattr__(quiet, "s2", np.zeros(world.dims))
+    assert quiet.loss(ramp) == pytest.approx(float(_adam_by_hand(quiet, ramp, 1)[0]), rel=1e-9)
+    second_moments: list = []
+    exact = world._run(world.lr, ramp, trace=second_moments)
+    sampled = _adam_by_hand(world, ramp, 8000, second_moments)
+    assert len(second_moments) == 64 + 32 + 32
+    assert abs(sampled.mean() - exact) < 4 * sampled.std() / np.sqrt(len(sampled))
