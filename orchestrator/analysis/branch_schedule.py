@@ -259,11 +259,16 @@ def why(arms: Sequence[Arm], best: Arm, chosen: Arm, tolerance: float) -> str:
     if not fewer:
         return f"{best.name} is the best fixed batch and nothing measured takes fewer updates"
     closest = min(fewer, key=lambda a: a.excess_high)
-    return (
+    words = (
         f"nothing with fewer updates is predicted within {tolerance:.1%} of {best.name}'s loss, the best fixed "
         f"batch: the closest, {closest.name}, saves {1 - closest.updates / best.updates:.0%} of the updates at "
         f"{_pct(closest.excess - best.excess)} ({_pct(closest.excess_high - best.excess)} at the upper end)"
     )
+    if closest.excess - best.excess <= tolerance:  # only the measurement's noise holds it back
+        words += (
+            "; within the tolerance on its value: a lower eval standard error (more eval tokens, seeds) may resolve it"
+        )
+    return words
 
 
 def _pct(x: float) -> str:

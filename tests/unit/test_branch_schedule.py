@@ -104,6 +104,9 @@ def test_the_choice_is_the_fewest_updates_within_the_tolerance_at_the_upper_end(
     assert chosen is base
     words = branch_schedule.why([base, worse, ramp], best, chosen, branch_schedule.SCHEDULE_TOLERANCE)
     assert "fixed 200, saves 50% of the updates at +0.05% (+0.12% at the upper end)" in words
+    assert "a lower eval standard error" in words  # within on its value: the noise alone holds it back
+    far = arm("fixed 200", ((0, 200),), 20, 0.0015, 0.002)
+    assert "lower eval standard error" not in branch_schedule.why([base, far], base, base, 0.001)
 
 
 def test_a_diverged_branch_makes_its_factor_and_every_larger_one_unpredicted():
