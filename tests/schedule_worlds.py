@@ -37,6 +37,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from orchestrator.analysis.answer import ScheduleChoice
 from orchestrator.analysis.branch_cbs import BranchEnd
 
 Schedule = Sequence[Tuple[float, float]]
@@ -246,7 +247,7 @@ class Judged:
     ramp: List[Tuple[int, int]]
     """The suggested ramp (branch_ramp.suggested_ramp), chosen or not."""
     ramp_loss: float
-    choice: dict
+    choice: ScheduleChoice
     """branch_schedule.compare's record."""
 
     @property
@@ -281,9 +282,9 @@ def judge(world) -> Judged:
     choice = branch_schedule.compare(measured, pairs, base_loss, world.base_batch, world.total_tokens)
     fixed = {k: world.loss([(0, k * world.base_batch)]) for k in FACTORS}
     best = min(fixed, key=lambda k: fixed[k])
-    chosen = [tuple(s) for s in choice["chosen_ramp"]]
+    chosen = [tuple(s) for s in choice.chosen_ramp]
     return Judged(
-        chosen=choice["chosen"],
+        chosen=choice.chosen,
         chosen_ramp=chosen,
         chosen_updates=branch_schedule.updates(chosen, world.total_tokens),
         chosen_loss=world.loss(chosen),

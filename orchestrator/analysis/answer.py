@@ -259,6 +259,49 @@ class TrialRow(Record):
 
 
 @dataclass(frozen=True)
+class ScheduleArm(Record):
+    """One schedule a branch study can advise and what its branches predict of it at the budget
+    (analysis/branch_schedule.py)."""
+
+    name: str
+    """`fixed <B>` or `suggested ramp`."""
+    ramp: Tuple[Tuple[int, int], ...]
+    """(from_tokens, tokens_per_update) from 0; one pair for a fixed batch."""
+    updates: int
+    excess: Optional[float]
+    """Predicted final loss over the base fixed batch's, relative; None where nothing measured
+    reaches (a factor past the largest branched, or a diverged branch on its way)."""
+    excess_high: Optional[float]
+    """The same with every gap at its upper 95 % bound."""
+
+
+@dataclass(frozen=True)
+class ScheduleChoice(Record):
+    """The schedule to train with: the arm with the fewest updates whose upper end is within the
+    tolerance of the best fixed batch's prediction, or the best fixed batch itself."""
+
+    arms: Tuple[ScheduleArm, ...]
+    """The base first, then each branch factor as a fixed batch from the start, then the ramp."""
+    best_fixed: str
+    """The fixed arm with the lowest predicted loss."""
+    chosen: str
+    chosen_ramp: Tuple[Tuple[int, int], ...]
+    chosen_lr: Optional[float]
+    """The peak lr the chosen schedule starts at (the base's x its first factor^alpha); None when the
+    base's lr is not known."""
+    tolerance: float
+    why: str
+    """The choice in words: what it saves, or what the closest alternative would have cost."""
+
+    @property
+    def advice(self) -> str:
+        """`ramp`, `fixed` (a fixed batch larger than the base) or `base`."""
+        if len(self.chosen_ramp) > 1:
+            return "ramp"
+        return "base" if self.chosen_ramp == self.arms[0].ramp else "fixed"
+
+
+@dataclass(frozen=True)
 class BranchStudy(Record):
     """The critical batch size along training from a branch study's runs (branch_analysis.study).
     Its points and power law are branch_cbs's and branch_ramp's records, as report.json holds them."""
@@ -297,10 +340,9 @@ class BranchStudy(Record):
     """The from-scratch sweep of branch.compare_with, when named."""
     notes: Tuple[str, ...]
     """What makes the study less trustworthy (an eval set too small for the tolerance, ...)."""
-    schedules: Optional[Dict[str, Any]] = None
+    schedule_choice: Optional[ScheduleChoice] = None
     """The ramp against the fixed batches, each predicted from the branches' gaps, and the one to
-    train with (branch_schedule.compare): arms, best_fixed, chosen, chosen_ramp, tolerance, why;
-    chosen_lr, the peak lr the chosen schedule starts at. None without the base run's curve."""
+    train with (branch_schedule.compare); None without the base run's curve."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 
 from orchestrator.analysis import branch_cbs, branch_ramp, branch_schedule, steps_to_target
 from orchestrator.analysis import critical_batch as cb
-from orchestrator.analysis.answer import BranchStudy, TargetFit
+from orchestrator.analysis.answer import BranchStudy, ScheduleChoice, TargetFit
 from orchestrator.analysis.trials import RAMP_CHANGE_KEY, Trial, in_one_order, swept_axes
 
 BRANCH_AT_KEY = "batch.ramp.1.from_tokens"
@@ -148,18 +148,18 @@ def study(
         ramp_overrides=branch_ramp.ramp_overrides(ramp, alpha),
         compared_with=scratch_name if scratch else None,
         notes=tuple(notes),
-        schedules=_schedules(trials, ends, ramp, base_batch, total, alpha),
+        schedule_choice=_schedule_choice(trials, ends, ramp, base_batch, total, alpha),
     )
 
 
-def _schedules(
+def _schedule_choice(
     trials: Sequence[Trial],
     ends: Sequence[branch_cbs.BranchEnd],
     ramp: Sequence[Dict[str, int]],
     base_batch: int,
     total: int,
     alpha: float,
-) -> Optional[Dict[str, Any]]:
+) -> Optional[ScheduleChoice]:
     """The ramp against the fixed batches (branch_schedule.compare), on the base run's train-loss
     curve; None without the base run in the study (branch.from) or its curve."""
     base = base_of(trials)
@@ -177,12 +177,7 @@ def _schedules(
     }
     pairs = [(s["from_tokens"], s["tokens_per_update"]) for s in ramp]
     measured = branch_schedule.gaps(ends, lengths)
-    choice = branch_schedule.compare(measured, pairs, base_loss, base_batch, total)
-    if choice is None:
-        return None
-    first = choice["chosen_ramp"][0][1] / base_batch
-    lr = base.number("optim.lr")
-    return choice | {"chosen_lr": None if lr is None else lr * first**alpha}
+    return branch_schedule.compare(measured, pairs, base_loss, base_batch, total, base.number("optim.lr"), alpha)
 
 
 def _interval_notes(one_seed: bool, eval_se: bool) -> List[str]:

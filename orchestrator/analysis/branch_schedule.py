@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from orchestrator.analysis.answer import ScheduleArm, ScheduleChoice
 from orchestrator.analysis.branch_cbs import BranchEnd
 
 SCHEDULE_TOLERANCE = 0.001
@@ -216,11 +217,14 @@ def compare(
     base_loss: Callable[[float], float],
     base_batch: int,
     total_tokens: int,
+    base_lr: Optional[float] = None,
+    alpha: float = 0.0,
     tolerance: float = SCHEDULE_TOLERANCE,
-) -> Optional[Dict[str, Any]]:
-    """The report's `schedules`: every arm (the fixed batches at the branches' factors, the ramp
-    when it changes at all) with its updates and predicted excess, the best fixed batch, the choice
-    and why. None without a measured branch point."""
+) -> Optional[ScheduleChoice]:
+    """Every arm (the fixed batches at the branches' factors, the ramp when it changes at all) with
+    its updates and predicted excess, the best fixed batch, the choice and why; `base_lr` and
+    `alpha` (the branches' lr x k^alpha) give the chosen schedule's starting lr. None without a
+    measured branch point."""
     if not measured:
         return None
     factors = sorted({k for p in measured for k in p.factors})
@@ -229,18 +233,16 @@ def compare(
     if len(ramp) > 1:
         arms.append(predict("suggested ramp", ramp, measured, base_loss, base_batch, total_tokens))
     best, chosen = choose(arms, tolerance)
-    return {
-        "arms": [
-            {"name": a.name, "ramp": [list(s) for s in a.ramp], "updates": a.updates}
-            | {"excess": _finite(a.excess), "excess_high": _finite(a.excess_high)}
-            for a in arms
-        ],
-        "best_fixed": best.name,
-        "chosen": chosen.name,
-        "chosen_ramp": [list(s) for s in chosen.ramp],
-        "tolerance": tolerance,
-        "why": why(arms, best, chosen, tolerance),
-    }
+    first = chosen.ramp[0][1] / base_batch
+    return ScheduleChoice(
+        arms=tuple(ScheduleArm(a.name, a.ramp, a.updates, _finite(a.excess), _finite(a.excess_high)) for a in arms),
+        best_fixed=best.name,
+        chosen=chosen.name,
+        chosen_ramp=chosen.ramp,
+        chosen_lr=None if base_lr is None else base_lr * first**alpha,
+        tolerance=tolerance,
+        why=why(arms, best, chosen, tolerance),
+    )
 
 
 def _finite(x: float) -> Optional[float]:

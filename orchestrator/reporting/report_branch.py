@@ -8,7 +8,7 @@ import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.analysis import branch_ramp
-from orchestrator.analysis.answer import BranchStudy
+from orchestrator.analysis.answer import BranchStudy, ScheduleChoice
 from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, table
 
 BRANCH_COLUMNS = [
@@ -104,44 +104,46 @@ SCHEDULE_COLUMNS = [
 ]
 
 
-def schedule_rows(schedules: Dict[str, Any]) -> List[Dict[str, Any]]:
+def schedule_rows(choice: ScheduleChoice) -> List[Dict[str, Any]]:
     """One row per arm of the comparison (branch_schedule.compare), its cells as the report shows them."""
 
     def pct(x: Optional[float]) -> str:
         return "- (not measured)" if x is None else f"{x:+.2%}"
 
-    rows = []
-    for arm in schedules["arms"]:
-        mark = " (chosen)" if arm["name"] == schedules["chosen"] else ""
-        batches = " -> ".join(f"{b:,}" for _, b in arm["ramp"])
-        rows.append(
-            {**arm, "name": arm["name"] + mark, "batches": batches}
-            | {"excess_shown": pct(arm["excess"]), "high_shown": pct(arm["excess_high"])}
-        )
-    return rows
+    return [
+        {
+            "name": arm.name + (" (chosen)" if arm.name == choice.chosen else ""),
+            "batches": " -> ".join(f"{b:,}" for _, b in arm.ramp),
+            "updates": arm.updates,
+            "excess_shown": pct(arm.excess),
+            "high_shown": pct(arm.excess_high),
+        }
+        for arm in choice.arms
+    ]
 
 
-def schedule_sentence(branch: BranchStudy) -> str:
+def schedule_sentence(choice: ScheduleChoice) -> str:
     """How the schedules are compared, and the choice with its reason."""
-    sched = branch.schedules or {}
     return (
-        f"Schedules against the fixed batches: each predicted at the budget from the branches' gaps (a stretch at "
-        f"k x B costs the factor-k branch's excess there, times its length over the branch's, never less than one "
-        f"branch's; gains are not counted; before the first branch point a larger batch is taken to make no more "
-        f"progress per update than the base); the upper end adds 1.645 standard errors to every gap. Chosen, the "
-        f"fewest updates whose upper end is within {sched.get('tolerance', 0):.1%} of the best fixed batch "
-        f"({sched.get('best_fixed')}): {sched.get('chosen')}; {sched.get('why')}."
+        "Schedules against the fixed batches: each predicted at the budget from the branches' gaps (a stretch at "
+        "k x B costs the factor-k branch's excess there, times its length over the branch's, never less than one "
+        "branch's; gains are not counted; before the first branch point a larger batch is taken to make no more "
+        "progress per update than the base); the upper end adds 1.645 standard errors to every gap. Chosen, the "
+        f"fewest updates whose upper end is within {choice.tolerance:.1%} of the best fixed batch "
+        f"({choice.best_fixed}): {choice.chosen}; {choice.why}."
     )
 
 
-def _chosen(branch: BranchStudy) -> str:
+def _advice(branch: BranchStudy) -> str:
     """What the report advises: `ramp`, `fixed` (a larger fixed batch) or `base`."""
-    sched = branch.schedules
-    if sched is None:
+    if branch.schedule_choice is None:  # no base run's curve to compare on: the ramp as measured
         return "ramp" if len(branch.ramp) > 1 else "base"
-    if len(sched["chosen_ramp"]) > 1:
-        return "ramp"
-    return "base" if sched["chosen_ramp"][0][1] == branch.base_batch else "fixed"
+    return branch.schedule_choice.advice
+
+
+def _comparison(branch: BranchStudy) -> List[tuple]:
+    choice = branch.schedule_choice
+    return [] if choice is None else [("p", schedule_sentence(choice)), table(schedule_rows(choice), SCHEDULE_COLUMNS)]
 
 
 def lines(branch: BranchStudy) -> List[str]:
@@ -149,13 +151,12 @@ def lines(branch: BranchStudy) -> List[str]:
     one to train with."""
     header, cells = table(table_rows(branch.points), columns(branch))[1:]
     out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
-    if branch.schedules:
-        header, cells = table(schedule_rows(branch.schedules), SCHEDULE_COLUMNS)[1:]
-        out += [schedule_sentence(branch), *aligned(header, cells)]
-    chosen = _chosen(branch)
-    if chosen == "base":
+    for kind, *rest in _comparison(branch):
+        out += [rest[0]] if kind == "p" else aligned(*rest)
+    advice = _advice(branch)
+    if advice == "base":
         return out + [no_ramp(branch)]
-    if chosen == "fixed":
+    if advice == "fixed":
         return out + [f"Train at a fixed {_fixed_batch(branch):,} tokens per update: {command(branch)}"]
     out += [
         f"Suggested batch ramp (doubles where the critical batch size passes {branch_ramp.THRESHOLD:g} x the batch):"
@@ -165,7 +166,7 @@ def lines(branch: BranchStudy) -> List[str]:
 
 
 def _fixed_batch(branch: BranchStudy) -> int:
-    return int((branch.schedules or {})["chosen_ramp"][0][1])
+    return int(branch.schedule_choice.chosen_ramp[0][1]) if branch.schedule_choice else branch.base_batch
 
 
 def no_ramp(branch: BranchStudy) -> str:
@@ -185,8 +186,8 @@ def no_ramp(branch: BranchStudy) -> str:
 def command(branch: BranchStudy) -> str:
     """The advice as one command to paste: the ramp's keys, or a fixed batch and its lr, each override
     quoted for the shell."""
-    if _chosen(branch) == "fixed":
-        lr = (branch.schedules or {}).get("chosen_lr")
+    if _advice(branch) == "fixed":
+        lr = branch.schedule_choice.chosen_lr if branch.schedule_choice else None
         keys = [f"batch.tokens_per_update={_fixed_batch(branch)}"] + ([f"optim.lr={lr:.4g}"] if lr else [])
         return "orchestrator train CONFIG " + shlex.join(keys)
     return "orchestrator train CONFIG " + shlex.join(branch.ramp_overrides)
@@ -196,13 +197,11 @@ def blocks(branch: BranchStudy) -> List[tuple]:
     """The same as document blocks, for summary.md and summary.html."""
     out = [("h2", "Critical batch size along training (branches)")]
     out += [("p", sentence) for sentence in sentences(branch)]
-    out += [table(table_rows(branch.points), columns(branch))]
-    if branch.schedules:
-        out += [("p", schedule_sentence(branch)), table(schedule_rows(branch.schedules), SCHEDULE_COLUMNS)]
-    chosen = _chosen(branch)
-    if chosen == "base":
+    out += [table(table_rows(branch.points), columns(branch)), *_comparison(branch)]
+    advice = _advice(branch)
+    if advice == "base":
         return out + [("p", no_ramp(branch))]
-    if chosen == "fixed":
+    if advice == "fixed":
         return out + [("p", f"Train at a fixed {_fixed_batch(branch):,} tokens per update:"), ("code", command(branch))]
     out += [("p", "Suggested batch ramp, to paste into a train config:"), ("pre", branch.ramp_yaml)]
     return out + [("p", "or on the command line:"), ("code", command(branch))]

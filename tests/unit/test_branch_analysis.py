@@ -164,7 +164,7 @@ def test_branch_runs_are_read_as_branches_and_no_table_is_empty():
     doc = report_render.document(result, "branches", ["loss_vs_tokens.png", "branch_cbs.png"])
     tables = [block for block in doc if block[0] == "table"]
     assert [t[1][0] for t in tables] == ["branch point (tokens)", "schedule"] and len(tables[0][2]) == len(AT)
-    assert len(tables[1][2]) == len(result.branch.schedules["arms"]) >= 2
+    assert len(tables[1][2]) == len(result.branch.schedule_choice.arms) >= 2
     text = report_format.to_markdown(doc)
     assert "Skipped (no batch.tokens_per_update or no train/loss): lost" in text
     assert not any(name in text for name in ("b16384-1", "Cost to reach", "Best configuration", "B_crit needs"))
@@ -279,3 +279,24 @@ def test_a_branch_study_read_in_another_order_gets_the_same_answer():
     answer = branch_analysis.study(trials, scratch=scratch, scratch_name="scratch")
     other = branch_analysis.study(trials[::-1], scratch=scratch[::-1], scratch_name="scratch")
     assert other == answer
+
+
+def test_the_advice_follows_the_schedule_choice_a_ramp_a_larger_fixed_batch_or_the_base():
+    """The report prints the ramp only when the comparison chose it; a larger fixed batch as its
+    override with the lr the branches ran it at (the base's x k^alpha); else the base and why."""
+    branch = sweep_analysis.analyse(study_trials()).branch
+    choice = branch.schedule_choice
+    base, double = choice.arms[0], choice.arms[1]
+    as_fixed = dataclasses.replace(
+        choice, chosen=double.name, chosen_ramp=double.ramp, chosen_lr=1e-3 * 2**0.5, why="it saves half"
+    )
+    text = "\n".join(report_branch.lines(dataclasses.replace(branch, schedule_choice=as_fixed)))
+    assert f"Train at a fixed {2 * B0:,} tokens per update: orchestrator train CONFIG " in text
+    assert f"batch.tokens_per_update={2 * B0} optim.lr=0.001414" in text and "Suggested batch ramp" not in text
+    ramp = ((0, B0), (32768, 2 * B0))
+    as_ramp = dataclasses.replace(choice, chosen="suggested ramp", chosen_ramp=ramp)
+    ramped = dataclasses.replace(branch, schedule_choice=as_ramp, ramp=({"from_tokens": 0, "tokens_per_update": B0},))
+    assert "Suggested batch ramp" in "\n".join(report_branch.lines(ramped))
+    as_base = dataclasses.replace(choice, chosen=base.name, chosen_ramp=base.ramp)
+    kept = "\n".join(report_branch.lines(dataclasses.replace(branch, schedule_choice=as_base)))
+    assert f"train at the base's {B0:,} tokens per update" in kept and "Suggested batch ramp" not in kept

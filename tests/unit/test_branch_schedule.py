@@ -28,8 +28,8 @@ def test_the_advised_schedule_is_within_the_tolerance_of_the_best_fixed_batch_at
     for draw in DRAWS:
         judged = judge(WORLDS[name](draw))
         assert judged.holds(branch_schedule.SCHEDULE_TOLERANCE), (draw, judged.chosen, judged.excess)
-        if judged.chosen == judged.choice["best_fixed"]:
-            assert "nothing with fewer updates" in judged.choice["why"] or "nothing measured" in judged.choice["why"]
+        if judged.chosen == judged.choice.best_fixed:
+            assert "nothing with fewer updates" in judged.choice.why or "nothing measured" in judged.choice.why
 
 
 def test_where_the_ramp_pays_it_is_chosen_and_where_it_does_not_it_is_not():
