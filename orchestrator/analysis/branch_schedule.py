@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from orchestrator.analysis.answer import ScheduleArm, ScheduleChoice
 from orchestrator.analysis.branch_cbs import BranchEnd
+from orchestrator.analysis.critical_batch import INTERVAL_LEVEL
 
 SCHEDULE_TOLERANCE = 0.001
 """How far above the best fixed batch's predicted loss (relative) a schedule may be predicted to end,
@@ -43,8 +45,8 @@ at the upper end of its prediction, and be chosen for its fewer updates: 0.1 %, 
 branches' 1 % tolerance, since a schedule pays its excess at the end of the whole run, not of one
 branch."""
 
-Z_UPPER = 1.645
-"""The one-sided 95 % normal quantile: an arm's upper end."""
+Z_UPPER = NormalDist().inv_cdf(0.5 + INTERVAL_LEVEL / 2)
+"""1.645: an arm's upper end is the upper end of the project's 90 % interval (one-sided 95 %)."""
 
 Schedule = Sequence[Tuple[int, int]]
 """[(from_tokens, tokens_per_update), ...] from 0: batch.ramp's form."""
