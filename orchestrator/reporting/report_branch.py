@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator.analysis import branch_ramp
+from orchestrator.analysis import branch_ramp, branch_schedule
 from orchestrator.analysis.answer import BranchStudy, ScheduleChoice
 from orchestrator.reporting.report_format import TOK, G, S, aligned, cell, table
 
@@ -128,9 +128,9 @@ def schedule_sentence(choice: ScheduleChoice) -> str:
         "Schedules against the fixed batches: each predicted at the budget from the branches' gaps (a stretch at "
         "k x B costs the factor-k branch's excess there, times its length over the branch's, never less than one "
         "branch's; gains are not counted; before the first branch point a larger batch is taken to make no more "
-        "progress per update than the base); the upper end adds 1.645 standard errors to every gap. Chosen, the "
-        f"fewest updates whose upper end is within {choice.tolerance:.1%} of the best fixed batch "
-        f"({choice.best_fixed}): {choice.chosen}; {choice.why}."
+        f"progress per update than the base); the upper end adds {branch_schedule.Z_UPPER:.4g} standard errors to "
+        f"every gap. Chosen, the fewest updates whose upper end is within {choice.tolerance:.1%} of the best fixed "
+        f"batch ({choice.best_fixed}): {choice.chosen}; {choice.why}."
     )
 
 
