@@ -131,6 +131,7 @@ def study(
     notes += _interval_notes(
         one_seed=all(n <= 1 for p in along for n in p["seeds"]), eval_se=any(e.loss_se > 0 for e in ends)
     )
+    notes += _unplaced(along)
     return BranchStudy(
         loss="eval/loss at the end of each branch",
         tolerance=tolerance.value,
@@ -178,6 +179,20 @@ def _schedule_choice(
     pairs = [(s["from_tokens"], s["tokens_per_update"]) for s in ramp]
     measured = branch_schedule.gaps(ends, lengths)
     return branch_schedule.compare(measured, pairs, base_loss, base_batch, total, base.number("optim.lr"), alpha)
+
+
+def _unplaced(along: Sequence[Dict[str, Any]]) -> List[str]:
+    """Points whose 90 % interval is unbounded on both sides: their value is read (the ramp, the
+    power law), but the study cannot place them."""
+    lost = [p["tokens"] for p in along if p["cbs_interval"] and p["cbs_interval"] == [None, None]]
+    if not lost:
+        return []
+    where = ", ".join(f"{t:,}" for t in lost[:-1]) + (" and " if len(lost) > 1 else "") + f"{lost[-1]:,}"
+    return [
+        f"the study cannot place the critical batch size at {where} tokens: the 90% interval is unbounded on "
+        "both sides (the branches' noise is as large as their excess); more train.eval_tokens or search.seeds "
+        "would narrow it"
+    ]
 
 
 def _interval_notes(one_seed: bool, eval_se: bool) -> List[str]:

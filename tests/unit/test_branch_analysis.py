@@ -134,6 +134,18 @@ def test_one_seed_per_branch_is_named_as_what_the_interval_leaves_out():
     assert sweep_analysis.analyse([*study_trials(eval_se=0.003), *second]).branch.notes == ()
 
 
+def test_a_point_the_study_cannot_place_is_named_with_what_would_resolve_it():
+    """A point whose 90 % interval is unbounded on both sides is read as a value but bounds nothing:
+    the report names it and the eval tokens or seeds that would narrow it; a point bounded on one
+    side is not named."""
+    noisy = sweep_analysis.analyse(study_trials(eval_se=0.02)).branch
+    (note,) = [n for n in noisy.notes if "cannot place" in n]
+    assert note.startswith("the study cannot place the critical batch size at 16,384, 65,536 and 163,840 tokens")
+    assert "train.eval_tokens" in note and "search.seeds" in note
+    one_sided = sweep_analysis.analyse(study_trials(eval_se=0.01)).branch
+    assert not [n for n in one_sided.notes if "cannot place" in n]
+
+
 def test_a_plateau_is_reported_as_one_and_the_ramp_stops_at_the_points():
     """Merrill et al.'s plateau: the excess per doubling barely changes along training, so the
     power law's exponent is a hair above 0 with an interval that holds it. The report says the
