@@ -3,13 +3,16 @@ against the best fixed batch on issue 54's worlds (tests/schedule_worlds.py): SG
 quadratic with the branches' lr scaled linearly and as its square root, a world where no schedule
 pays, and Adam on an anisotropic quadratic; 5 draws each, conf/sweep/branches.yaml's layout.
 
-    python benchmarks/schedule_choice.py [--draws 5] [--worlds sgd-linear,sgd-sqrt,no-pay,adam] [--json PATH]
+    python benchmarks/schedule_choice.py [--draws 5] [--worlds sgd-linear,sgd-sqrt,no-pay,adam]
+        [--branch-noise 0.003] [--json PATH]
 
 Per draw: the advice (a fixed batch or the suggested ramp), its exact loss over the best fixed
 batch's (of the factors 1 to 16 from the start, the lr times k^alpha), its updates against that
 batch's, the suggested ramp's own excess; per world, how many draws hold (at most 0.1 % above at no
-more updates) and the branched critical batch's interval coverage of the exact one. No Ray, no
-MLflow; about a minute and a half, most of it the Adam world's bisections.
+more updates) and the branched critical batch's interval coverage of the exact one. With
+--branch-noise every branch also carries a training noise of its own that no standard error holds
+(one seed per branch). No Ray, no MLflow; about a minute and a half, most of it the Adam world's
+bisections.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from orchestrator.analysis import branch_cbs, branch_schedule  # noqa: E402
 from tests.schedule_worlds import AdamWorld, SGDWorld, judge, true_critical_batch  # noqa: E402
 
 WORLDS = {
-    "sgd-linear": lambda d: SGDWorld(d, alpha=1.0),
-    "sgd-sqrt": lambda d: SGDWorld(d, alpha=0.5),
-    "no-pay": lambda d: SGDWorld(d, alpha=0.5, no_pay=True),
-    "adam": lambda d: AdamWorld(d),
+    "sgd-linear": lambda d, noise: SGDWorld(d, alpha=1.0, branch_noise=noise),
+    "sgd-sqrt": lambda d, noise: SGDWorld(d, alpha=0.5, branch_noise=noise),
+    "no-pay": lambda d, noise: SGDWorld(d, alpha=0.5, no_pay=True, branch_noise=noise),
+    "adam": lambda d, noise: AdamWorld(d, branch_noise=noise),
 }
 
 
@@ -39,6 +42,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--draws", type=int, default=5)
     p.add_argument("--worlds", default=",".join(WORLDS))
+    p.add_argument(
+        "--branch-noise", type=float, default=0.0, help="a branch's own training noise, relative (0.003: the eval's)"
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     load_before, started = os.getloadavg()[0], time.perf_counter()
@@ -48,7 +54,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for name in args.worlds.split(","):
         held = covered = points = 0
         for draw in range(args.draws):
-            world = WORLDS[name](draw)
+            world = WORLDS[name](draw, args.branch_noise)
             j = judge(world)
             held += j.holds(tol)
             for point in branch_cbs.critical_batch_along(world.study().ends):
@@ -77,6 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = {
         "benchmark": "schedule_choice",
         "tolerance": tol,
+        "branch_noise": args.branch_noise,
         "draws": out,
         "wall_s": time.perf_counter() - started,
         "machine": common.machine(load_before),

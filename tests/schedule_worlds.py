@@ -25,8 +25,9 @@ the base run's train-loss curve and each branch's end loss with an eval standard
   and every schedule's expected loss is exact. A simulation over seeds cannot judge 0.1 %: its
   standard error at 1,024 seeds was about 1 % of the loss.
 
-Branches end at their exact expected loss plus the eval noise; a branch's own training noise is
-not in these worlds.
+Branches end at their exact expected loss plus the eval noise and, with `branch_noise`, a training
+noise of their own that no standard error holds (one seed per branch; on branches.yaml's study it
+was about the eval's standard error, docs/branches.md).
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ EVAL_SE = 0.003
 """A branch end's eval standard error, relative to its loss: the shipped study's (about 0.3 %)."""
 
 
+def measured_end(at: int, batch: int, true: float, branch_noise: float, rng: np.random.Generator) -> BranchEnd:
+    """A branch's end as the report reads it: its exact loss plus the eval's noise (its standard
+    error given) and, with `branch_noise`, a training noise of its own the standard error does not
+    hold (a branch of one seed)."""
+    if not math.isfinite(true):
+        return BranchEnd(at, batch, true, 0.0)
+    eval_noise, training_noise = rng.standard_normal(2)
+    se = EVAL_SE * true
+    return BranchEnd(at, batch, true + se * eval_noise + branch_noise * true * training_noise, se)
+
+
 def stretches(schedule: Schedule, total: float) -> List[Tuple[float, float, float]]:
     """(start, end, batch) of each stretch of the schedule before `total`."""
     steps = sorted((float(t), float(b)) for t, b in schedule)
@@ -73,6 +85,8 @@ class SGDWorld:
     draw: int
     alpha: float = 1.0
     no_pay: bool = False
+    branch_noise: float = 0.0
+    """A branch's own training noise (sd, relative to its loss), in no standard error: one seed."""
     base_batch: int = 16
     total_tokens: int = 16 * 4096
     dims: int = 48
@@ -125,8 +139,7 @@ class SGDWorld:
             for k in FACTORS:
                 branch = [(0, self.base_batch), (at, k * self.base_batch)]
                 true = self.loss(branch, at + length)
-                se = EVAL_SE * true if math.isfinite(true) else 0.0
-                ends.append(BranchEnd(at, k * self.base_batch, true + se * rng.standard_normal(), se))
+                ends.append(measured_end(at, k * self.base_batch, true, self.branch_noise, rng))
         return Study(ends, tokens, curve)
 
 
@@ -151,6 +164,8 @@ class AdamWorld:
     dims: int = 32
     noise: float = 1.0
     """The per-example noise's scale: s_i^2 is `noise` x 10^U(0, 2)."""
+    branch_noise: float = 0.0
+    """As SGDWorld's."""
     lr: float = field(init=False)
     h: np.ndarray = field(init=False, repr=False)
     s2: np.ndarray = field(init=False, repr=False)
@@ -225,8 +240,7 @@ class AdamWorld:
             tokens[at] = length
             for k in FACTORS:
                 true = self.loss([(0, self.base_batch), (at, k * self.base_batch)], at + length)
-                se = EVAL_SE * true if math.isfinite(true) else 0.0
-                ends.append(BranchEnd(at, k * self.base_batch, true + se * rng.standard_normal(), se))
+                ends.append(measured_end(at, k * self.base_batch, true, self.branch_noise, rng))
         return Study(ends, tokens, (curve[:, 0], curve[:, 1]))
 
 

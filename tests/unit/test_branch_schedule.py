@@ -13,20 +13,25 @@ from orchestrator.analysis.branch_cbs import BranchEnd
 from tests.schedule_worlds import SGDWorld, judge, true_critical_batch
 
 WORLDS = {
-    "sgd, linear lr scaling": lambda draw: SGDWorld(draw, alpha=1.0),
-    "sgd, sqrt lr scaling": lambda draw: SGDWorld(draw, alpha=0.5),
-    "no schedule pays": lambda draw: SGDWorld(draw, alpha=0.5, no_pay=True),
+    "sgd, linear lr scaling": lambda draw, noise=0.0: SGDWorld(draw, alpha=1.0, branch_noise=noise),
+    "sgd, sqrt lr scaling": lambda draw, noise=0.0: SGDWorld(draw, alpha=0.5, branch_noise=noise),
+    "no schedule pays": lambda draw, noise=0.0: SGDWorld(draw, alpha=0.5, no_pay=True, branch_noise=noise),
 }
 DRAWS = range(5)
+MEASURED_BRANCH_NOISE = 0.003
+"""A branch's own training noise on branches.yaml's study, between two seeds (docs/branches.md):
+about the eval's standard error, and in no standard error with one seed."""
 
 
+@pytest.mark.parametrize("noise", [0.0, MEASURED_BRANCH_NOISE])
 @pytest.mark.parametrize("name", WORLDS)
-def test_the_advised_schedule_is_within_the_tolerance_of_the_best_fixed_batch_at_no_more_updates(name):
+def test_the_advised_schedule_is_within_the_tolerance_of_the_best_fixed_batch_at_no_more_updates(name, noise):
     """In every draw the advice ends at most SCHEDULE_TOLERANCE (0.1 %) above the best fixed batch's
-    exact loss in no more updates (the issue asks 4 of 5; these worlds give 5), and where it keeps
-    the base batch the reason names what the closest alternative would have cost."""
+    exact loss in no more updates (the issue asks 4 of 5; these worlds give 5), also with a branch
+    training noise that no standard error holds; where it keeps the base batch the reason names
+    what the closest alternative would have cost."""
     for draw in DRAWS:
-        judged = judge(WORLDS[name](draw))
+        judged = judge(WORLDS[name](draw, noise))
         assert judged.holds(branch_schedule.SCHEDULE_TOLERANCE), (draw, judged.chosen, judged.excess)
         if judged.chosen == judged.choice.best_fixed:
             assert "nothing with fewer updates" in judged.choice.why or "nothing measured" in judged.choice.why
@@ -44,13 +49,15 @@ def test_where_the_ramp_pays_it_is_chosen_and_where_it_does_not_it_is_not():
         assert all(judge(WORLDS[name](d)).chosen_ramp == [(0, 16)] for d in DRAWS), name
 
 
-def test_the_branched_critical_batch_interval_covers_the_truth_in_at_least_80_percent():
+@pytest.mark.parametrize("noise", [0.0, MEASURED_BRANCH_NOISE])
+def test_the_branched_critical_batch_interval_covers_the_truth_in_at_least_80_percent(noise):
     """Every branch point of every draw of the three worlds: the 90 % interval of the branched
-    critical batch holds the exact one (found by bisection on the worlds' exact losses)."""
+    critical batch holds the exact one (found by bisection on the worlds' exact losses), with or
+    without a branch training noise outside the standard error."""
     held = total = 0
     for make in WORLDS.values():
         for draw in DRAWS:
-            world = make(draw)
+            world = make(draw, noise)
             for point in branch_cbs.critical_batch_along(world.study().ends):
                 truth = true_critical_batch(world, point["tokens"])
                 low, high = point["cbs_interval"] or (None, None)
