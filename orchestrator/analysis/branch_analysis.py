@@ -184,7 +184,7 @@ def _schedule_choice(
 def _unplaced(along: Sequence[Dict[str, Any]]) -> List[str]:
     """Points whose 90 % interval is unbounded on both sides: their value is read (the ramp, the
     power law), but the study cannot place them."""
-    lost = [p["tokens"] for p in along if p["cbs_interval"] and p["cbs_interval"] == [None, None]]
+    lost = [p["tokens"] for p in along if p["cbs_interval"] == [None, None]]
     if not lost:
         return []
     where = ", ".join(f"{t:,}" for t in lost[:-1]) + (" and " if len(lost) > 1 else "") + f"{lost[-1]:,}"
