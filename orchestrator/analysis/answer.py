@@ -344,6 +344,14 @@ class BranchStudy(Record):
     """The ramp against the fixed batches, each predicted from the branches' gaps, and the one to
     train with (branch_schedule.compare); None without the base run's curve."""
 
+    @property
+    def advice(self) -> str:
+        """What the study advises training with: `ramp`, `fixed` (a fixed batch larger than the base)
+        or `base`; without a comparison (no base run's curve), the ramp as measured."""
+        if self.schedule_choice is None:
+            return "ramp" if len(self.ramp) > 1 else "base"
+        return self.schedule_choice.advice
+
 
 @dataclass(frozen=True)
 class Source(Record):

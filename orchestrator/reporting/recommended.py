@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -118,10 +118,10 @@ def write(path: Path, params: Mapping[str, Any], overrides: Mapping[str, Any], w
 
 def for_answer(trials: Sequence[Trial], answer: Answer) -> Optional[Recommended]:
     """What a sweep's report recommends: the template run's config with the recommended batch size
-    and lr on top, or a branch study's batch ramp on its base run; None when there is nothing to
+    and lr on top, or a branch study's advised schedule on its base run; None when there is nothing to
     recommend or the runs logged no train config of this project (tables of another trainer)."""
     if answer.branch:
-        return _ramp(trials, answer.branch)
+        return _advised(trials, answer.branch)
     rec = answer.recommendation
     template = next((t for t in trials if rec and rec.launchable and t.run_id == rec.template_run), None)
     if template is None:
@@ -129,21 +129,34 @@ def for_answer(trials: Sequence[Trial], answer: Answer) -> Optional[Recommended]
     return of(template.params, rec.overrides(), rec.rule)
 
 
-def _ramp(trials: Sequence[Trial], study: BranchStudy) -> Optional[Recommended]:
-    """The base run's config with the suggested batch.ramp and its lr scaling (the keys of the
-    study's pasteable YAML), when the base run logged this project's config."""
+def _advised(trials: Sequence[Trial], study: BranchStudy) -> Optional[Recommended]:
+    """The base run's config with the schedule the study advises (BranchStudy.advice): its batch.ramp
+    and lr scaling (the keys of the study's pasteable YAML), a larger fixed batch and its lr, or the
+    base's own batch; None when the base run logged no config of this project."""
     base = branch_analysis.base_of(trials)
-    if base is None or not study.ramp or base.number("data.seq_len") is None:
+    if base is None or base.number("data.seq_len") is None:
         return None
+    choice, advice = study.schedule_choice, study.advice
+    reason = f" ({choice.why})" if choice else ""
+    if advice == "fixed" and choice is not None:
+        batch = choice.chosen_ramp[0][1]
+        overrides: Dict[str, Any] = {"batch.ramp": None, "batch.tokens_per_update": batch}
+        if choice.chosen_lr:
+            overrides["optim.lr"] = choice.chosen_lr
+        why = f"The branch study of {base.name} advises a fixed {choice.chosen}{reason}"
+        return of(base.params, overrides, [why + ", at the lr its branches ran it at."])
+    if advice == "base":
+        why = f"The branch study of {base.name} advises its base batch, {study.base_batch:,} tokens per update{reason}."
+        return of(base.params, {"batch.ramp": None}, [why])
     overrides = {"batch.ramp": [dict(step) for step in study.ramp], "batch.ramp_lr_scaling": study.lr_scaling}
-    why: List[str] = [
+    why = (
         f"The batch ramp the branch study suggests from its base run {base.name}: "
         + ", ".join(
             f"{s['tokens_per_update']:,} tokens per update from {s['from_tokens']:,} tokens" for s in study.ramp
         )
-        + f"; each change scales the lr by k^{study.lr_scaling:g} (batch.ramp_lr_scaling).",
-    ]
-    return of(base.params, overrides, why)
+        + f"; each change scales the lr by k^{study.lr_scaling:g} (batch.ramp_lr_scaling){reason}."
+    )
+    return of(base.params, overrides, [why])
 
 
 def _wrap(sentence: str, width: int = 98) -> list:

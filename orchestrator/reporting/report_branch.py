@@ -134,13 +134,6 @@ def schedule_sentence(choice: ScheduleChoice) -> str:
     )
 
 
-def _advice(branch: BranchStudy) -> str:
-    """What the report advises: `ramp`, `fixed` (a larger fixed batch) or `base`."""
-    if branch.schedule_choice is None:  # no base run's curve to compare on: the ramp as measured
-        return "ramp" if len(branch.ramp) > 1 else "base"
-    return branch.schedule_choice.advice
-
-
 def _comparison(branch: BranchStudy) -> List[tuple]:
     choice = branch.schedule_choice
     return [] if choice is None else [("p", schedule_sentence(choice)), table(schedule_rows(choice), SCHEDULE_COLUMNS)]
@@ -153,7 +146,7 @@ def lines(branch: BranchStudy) -> List[str]:
     out = ["Critical batch size along training:", *sentences(branch), *aligned(header, cells)]
     for kind, *rest in _comparison(branch):
         out += [rest[0]] if kind == "p" else aligned(*rest)
-    advice = _advice(branch)
+    advice = branch.advice
     if advice == "base":
         return out + [no_ramp(branch)]
     if advice == "fixed":
@@ -186,7 +179,7 @@ def no_ramp(branch: BranchStudy) -> str:
 def command(branch: BranchStudy) -> str:
     """The advice as one command to paste: the ramp's keys, or a fixed batch and its lr, each override
     quoted for the shell."""
-    if _advice(branch) == "fixed":
+    if branch.advice == "fixed":
         lr = branch.schedule_choice.chosen_lr if branch.schedule_choice else None
         keys = [f"batch.tokens_per_update={_fixed_batch(branch)}"] + ([f"optim.lr={lr:.4g}"] if lr else [])
         return "orchestrator train CONFIG " + shlex.join(keys)
@@ -198,7 +191,7 @@ def blocks(branch: BranchStudy) -> List[tuple]:
     out = [("h2", "Critical batch size along training (branches)")]
     out += [("p", sentence) for sentence in sentences(branch)]
     out += [table(table_rows(branch.points), columns(branch)), *_comparison(branch)]
-    advice = _advice(branch)
+    advice = branch.advice
     if advice == "base":
         return out + [("p", no_ramp(branch))]
     if advice == "fixed":

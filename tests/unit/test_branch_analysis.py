@@ -245,15 +245,11 @@ def test_an_exponent_interval_that_holds_zero_says_the_growth_is_not_resolved():
     assert "grows along training" in " ".join(report_branch.sentences(dataclasses.replace(branch, fit=rising)))
 
 
-def test_a_branch_study_whose_base_logged_its_config_writes_the_ramp_as_recommended_yaml(tmp_path):
-    """What a branch study recommends is its ramp on its base run: recommended.yaml is the base
-    run's config with the suggested batch.ramp and batch.ramp_lr_scaling (the keys of the YAML to
-    paste), and `orchestrator plan` takes it."""
-    from orchestrator import cli
-    from orchestrator.reporting import recommended
+def _with_logged_config(trials):
+    """The study's trials with its base run's params a full train config of this project's (as a
+    real base run logs them), and that config."""
     from tests.unit.test_recommend import params_of
 
-    trials = study_trials()
     base = next(t for t in trials if t.name == "base")
     run = config.load(
         TINY,
@@ -263,18 +259,60 @@ def test_a_branch_study_whose_base_logged_its_config_writes_the_ramp_as_recommen
             f"batch.tokens_per_update={B0}",
             "train.total_tokens=180224",
             f"train.checkpoint_at_tokens=[{','.join(map(str, AT))}]",
+            "optim.lr=0.001",
         ],
     )
     base.params = {**params_of(run), **base.params}
+    return trials, run
+
+
+def test_recommended_yaml_is_the_advised_schedule_not_a_declined_ramp(tmp_path):
+    """recommended.yaml holds what the report advises: a ramp the comparison with the fixed
+    batches declined is not in it (the base batch is), and an advised larger fixed batch is, with
+    the lr the branches ran it at."""
+    from orchestrator.reporting import recommended
+
+    trials, _ = _with_logged_config(study_trials())
     answer = sweep_analysis.analyse(trials)
+    choice = answer.branch.schedule_choice
+    declined = ({"from_tokens": 0, "tokens_per_update": B0}, {"from_tokens": 32768, "tokens_per_update": 2 * B0})
+    as_base = dataclasses.replace(choice, chosen=choice.arms[0].name, chosen_ramp=choice.arms[0].ramp)
+    kept = dataclasses.replace(
+        answer, branch=dataclasses.replace(answer.branch, ramp=declined, schedule_choice=as_base)
+    )
+    cfg = recommended.for_answer(trials, kept).config
+    assert cfg.batch.tokens_per_update == B0 and [s.tokens_per_update for s in cfg.batch.ramp or []] in ([], [B0])
+    double = choice.arms[1]
+    as_fixed = dataclasses.replace(choice, chosen=double.name, chosen_ramp=double.ramp, chosen_lr=0.001 * 2**0.5)
+    fixed = dataclasses.replace(answer, branch=dataclasses.replace(answer.branch, schedule_choice=as_fixed))
+    rec = recommended.for_answer(trials, fixed)
+    cfg = rec.config
+    assert (
+        cfg.batch.tokens_per_update == 2 * B0 and not cfg.batch.ramp and cfg.optim.lr == pytest.approx(0.001414, 1e-3)
+    )
+    assert any("fixed 512" in line for line in rec.why)
+
+
+def test_a_branch_study_whose_base_logged_its_config_writes_the_ramp_as_recommended_yaml(tmp_path):
+    """When a branch study advises its ramp, recommended.yaml is the base run's config with the
+    suggested batch.ramp and batch.ramp_lr_scaling (the keys of the YAML to paste), and
+    `orchestrator plan` takes it."""
+    from orchestrator import cli
+    from orchestrator.reporting import recommended
+
+    trials, run = _with_logged_config(study_trials())
+    answer = sweep_analysis.analyse(trials)
+    ramp = ({"from_tokens": 0, "tokens_per_update": B0}, {"from_tokens": 32768, "tokens_per_update": 2 * B0})
+    advised = dataclasses.replace(
+        answer.branch.schedule_choice, chosen="suggested ramp", chosen_ramp=((0, B0), (32768, 2 * B0))
+    )
+    answer = dataclasses.replace(answer, branch=dataclasses.replace(answer.branch, ramp=ramp, schedule_choice=advised))
     written = report_files.write_report(trials, answer, "branches", tmp_path)
     path = tmp_path / recommended.FILE
     assert path in written
     assert cli.main(["plan", str(path)]) == 0
     cfg = config.load(path)
-    assert [(s.from_tokens, s.tokens_per_update) for s in cfg.batch.ramp] == [
-        (s["from_tokens"], s["tokens_per_update"]) for s in answer.branch.ramp
-    ]
+    assert [(s.from_tokens, s.tokens_per_update) for s in cfg.batch.ramp] == [(0, B0), (32768, 2 * B0)]
     assert cfg.batch.ramp_lr_scaling == answer.branch.lr_scaling and cfg.train.checkpoint_at_tokens == []
     assert cfg.model == run.model and cfg.data == run.data
 
