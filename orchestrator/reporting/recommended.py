@@ -1,5 +1,5 @@
 """`recommended.yaml`: a train config to launch, written by a report that recommends a run (a
-sweep's B and lr, a branch study's ramp, a ladder's target). It is the config of a run the sweep
+sweep's B and lr, a branch study's advised schedule, a ladder's target). It is the config of a run the sweep
 trained (its model, data, schedule, tracking and storage, read back from its params), with what
 the report recommends set on top and what belonged to that one run (its name, a branch's
 checkpoint and stop, the derived micro-batch split) reset, so `orchestrator plan` and `train`
