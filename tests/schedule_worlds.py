@@ -52,6 +52,20 @@ EVAL_SE = 0.003
 """A branch end's eval standard error, relative to its loss: the shipped study's (about 0.3 %)."""
 
 
+def branch_study(world, rng: np.random.Generator, curve: Tuple[np.ndarray, np.ndarray]) -> Study:
+    """branches.yaml's layout on `world` (its `loss(schedule, tokens)`): at each of SHARES a branch
+    at every factor for BRANCH_SHARE of the budget, each end measured (measured_end)."""
+    length = int(BRANCH_SHARE * world.total_tokens)
+    ends, tokens = [], {}
+    for share in SHARES:
+        at = int(share * world.total_tokens)
+        tokens[at] = length
+        for k in FACTORS:
+            true = world.loss([(0, world.base_batch), (at, k * world.base_batch)], at + length)
+            ends.append(measured_end(at, k * world.base_batch, true, world.branch_noise, rng))
+    return Study(ends, tokens, curve)
+
+
 def measured_end(at: int, batch: int, true: float, branch_noise: float, rng: np.random.Generator) -> BranchEnd:
     """A branch's end as the report reads it: its exact loss plus the eval's noise (its standard
     error given) and, with `branch_noise`, a training noise of its own the standard error does not
@@ -127,20 +141,9 @@ class SGDWorld:
         return self._run_with(self.lr, schedule, tokens)
 
     def study(self) -> Study:
-        rng = np.random.default_rng([self.draw, 55])
-        base = [(0, self.base_batch)]
         grid = np.arange(0, self.total_tokens + 1, self.total_tokens // 64)[1:]
-        curve = (grid.astype(float), np.array([self.loss(base, t) for t in grid]))
-        length = int(BRANCH_SHARE * self.total_tokens)
-        ends, tokens = [], {}
-        for share in SHARES:
-            at = int(share * self.total_tokens)
-            tokens[at] = length
-            for k in FACTORS:
-                branch = [(0, self.base_batch), (at, k * self.base_batch)]
-                true = self.loss(branch, at + length)
-                ends.append(measured_end(at, k * self.base_batch, true, self.branch_noise, rng))
-        return Study(ends, tokens, curve)
+        curve = (grid.astype(float), np.array([self.loss([(0, self.base_batch)], t) for t in grid]))
+        return branch_study(self, np.random.default_rng([self.draw, 55]), curve)
 
 
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
@@ -230,18 +233,8 @@ class AdamWorld:
         return loss if math.isfinite(loss) else math.inf
 
     def study(self) -> Study:
-        rng = np.random.default_rng([self.draw, 57])
-        base = [(0, self.base_batch)]
-        curve = np.array(self._run(self.lr, base, every=self.base_batch))
-        length = int(BRANCH_SHARE * self.total_tokens)
-        ends, tokens = [], {}
-        for share in SHARES:
-            at = int(share * self.total_tokens)
-            tokens[at] = length
-            for k in FACTORS:
-                true = self.loss([(0, self.base_batch), (at, k * self.base_batch)], at + length)
-                ends.append(measured_end(at, k * self.base_batch, true, self.branch_noise, rng))
-        return Study(ends, tokens, (curve[:, 0], curve[:, 1]))
+        curve = np.array(self._run(self.lr, [(0, self.base_batch)], every=self.base_batch))
+        return branch_study(self, np.random.default_rng([self.draw, 57]), (curve[:, 0], curve[:, 1]))
 
 
 # ---------------------------------------------------------------- the study's choice, judged
@@ -283,17 +276,9 @@ def judge(world) -> Judged:
     fit = branch_ramp.power_law_fit(along)
     ramp = branch_ramp.suggested_ramp(along, fit, world.base_batch, world.total_tokens, 1, 1)
     pairs = [(s["from_tokens"], s["tokens_per_update"]) for s in ramp]
-    curve = np.interp
-    t, y = study.curve
-    from orchestrator.analysis.critical_batch import monotone
-
-    knots = monotone(t, y)
-
-    def base_loss(tokens: float) -> float:
-        return float(curve(tokens, *knots))
-
-    measured = branch_schedule.gaps(study.ends, study.branch_tokens)
-    choice = branch_schedule.compare(measured, pairs, base_loss, world.base_batch, world.total_tokens)
+    choice = branch_schedule.choice_of(
+        study.ends, study.branch_tokens, study.curve, pairs, world.base_batch, world.total_tokens
+    )
     fixed = {k: world.loss([(0, k * world.base_batch)]) for k in FACTORS}
     best = min(fixed, key=lambda k: fixed[k])
     chosen = [tuple(s) for s in choice.chosen_ramp]

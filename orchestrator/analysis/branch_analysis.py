@@ -166,19 +166,14 @@ def _schedule_choice(
     base = base_of(trials)
     if base is None or not base.train:
         return None
-    knots = cb.monotone(*map(np.asarray, zip(*base.train)))
-
-    def base_loss(tokens: float) -> float:
-        return float(np.interp(tokens, *knots))
-
     lengths = {
         t.number(BRANCH_AT_KEY, int): t.number("train.stop_at_tokens", int) - t.number(BRANCH_AT_KEY, int)
         for t in trials
         if is_branch(t)
     }
     pairs = [(s["from_tokens"], s["tokens_per_update"]) for s in ramp]
-    measured = branch_schedule.gaps(ends, lengths)
-    return branch_schedule.compare(measured, pairs, base_loss, base_batch, total, base.number("optim.lr"), alpha)
+    curve = tuple(zip(*base.train))
+    return branch_schedule.choice_of(ends, lengths, curve, pairs, base_batch, total, base.number("optim.lr"), alpha)
 
 
 def _unplaced(along: Sequence[Dict[str, Any]]) -> List[str]:

@@ -37,7 +37,7 @@ import numpy as np
 
 from orchestrator.analysis.answer import ScheduleArm, ScheduleChoice
 from orchestrator.analysis.branch_cbs import BranchEnd
-from orchestrator.analysis.critical_batch import INTERVAL_LEVEL
+from orchestrator.analysis.critical_batch import INTERVAL_LEVEL, monotone
 
 SCHEDULE_TOLERANCE = 0.001
 """How far above the best fixed batch's predicted loss (relative) a schedule may be predicted to end,
@@ -245,6 +245,26 @@ def compare(
         tolerance=tolerance,
         why=why(arms, best, chosen, tolerance),
     )
+
+
+def choice_of(
+    ends: Sequence[BranchEnd],
+    branch_tokens: Mapping[int, int],
+    base_curve: Tuple[Sequence[float], Sequence[float]],
+    ramp: Schedule,
+    base_batch: int,
+    total_tokens: int,
+    base_lr: Optional[float] = None,
+    alpha: float = 0.0,
+) -> Optional[ScheduleChoice]:
+    """`compare` on a study's measurements: its branches' ends, each point's branch length and the
+    base run's train loss (tokens, loss), read through its monotone fit."""
+    knots = monotone(*map(np.asarray, base_curve))
+
+    def base_loss(tokens: float) -> float:
+        return float(np.interp(tokens, *knots))
+
+    return compare(gaps(ends, branch_tokens), ramp, base_loss, base_batch, total_tokens, base_lr, alpha)
 
 
 def _finite(x: float) -> Optional[float]:
