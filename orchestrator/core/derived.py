@@ -39,11 +39,17 @@ class AdamWConstants(NamedTuple):
     weight_decay: float
 
 
-def adamw_constants(cfg: Config) -> AdamWConstants:
+def adamw_constants(cfg: Config, tokens_per_update: Optional[int] = None, lr_factor: float = 1.0) -> AdamWConstants:
     """The beta2 and weight decay a run uses: the per-step value given, else the one its token
     form gives, else the default. The one place they are resolved: the torch optimizer
-    (workloads/train/engine.py), the DeepSpeed config (ds_config.py), `plan` and the MLflow params read it."""
-    o, tokens_per_update = cfg.optim, cfg.batch.tokens_per_update
+    (workloads/train/engine.py), the DeepSpeed config (ds_config.py), `plan` and the MLflow params read it.
+
+    A token form holds in tokens along a batch.ramp: it is resolved at `tokens_per_update` and the
+    peak lr times `lr_factor` (a segment's; default the run's first batch and its lr), and the
+    trainer sets it at every update as it sets the lr. Per-step values stay as given."""
+    o = cfg.optim
+    tokens_per_update = tokens_per_update or cfg.batch.tokens_per_update
+    lr = o.lr * lr_factor
     if o.beta2 is not None:
         beta2 = o.beta2
     elif o.beta2_half_life_tokens is not None:  # an old gradient's weight halves every N tokens
@@ -55,7 +61,7 @@ def adamw_constants(cfg: Config) -> AdamWConstants:
     elif o.weight_decay_timescale_share is not None:
         # AdamW shrinks weights by (1 - lr x wd) per update: a timescale of 1 / (lr x wd) updates,
         # B / (lr x wd) tokens, here a share of the run (validation refuses it with lr = 0).
-        weight_decay = tokens_per_update / (o.lr * o.weight_decay_timescale_share * cfg.train.total_tokens)
+        weight_decay = tokens_per_update / (lr * o.weight_decay_timescale_share * cfg.train.total_tokens)
     else:
         weight_decay = DEFAULT_WEIGHT_DECAY
     return AdamWConstants(float(beta2), float(weight_decay))

@@ -69,8 +69,8 @@ def check(branch: BranchConfig, base: Config) -> None:
             f"got {branch.tokens:,}; every branch must be whole updates of its batch (factors x {B:,}): "
             f"use a multiple of {unit:,}",
         )
-    if base.optim.name == "adamw":
-        _long_enough_for_adam(branch, B, adamw_constants(base).beta2, unit)
+    if base.optim.name == "adamw":  # beta2 at the largest branch's batch: given in tokens, it moves with the batch
+        _long_enough_for_adam(branch, B, adamw_constants(base, max(branch.factors) * B).beta2, unit)
 
 
 def _long_enough_for_adam(branch: BranchConfig, B: int, beta2: float, unit: int) -> None:

@@ -466,14 +466,17 @@ def test_a_branch_study_that_cannot_run_names_its_key(tmp_path, branch, base, ke
         ({}, 16384 * 20, None),
         ({"optim.beta2": 0.9}, 16384 * 10, None),  # 1 / (1 - 0.9) = 10 updates
         ({"optim.beta2": 0.9}, 16384 * 9, "use at least 163,840"),
-        # the half-life form: beta2 = 0.5 ** (4,096 / 28,385) = 0.905, 10.5 updates -> 11
-        ({"optim.beta2_half_life_tokens": 28385}, 16384 * 10, "fewer than the 11"),
+        # the half-life form holds in tokens, so the branch at factor 4 trains at beta2 =
+        # 0.5 ** (16,384 / 28,385) = 0.670: 3.03 updates -> 4 (at the base's 0.905 it would be 11)
+        ({"optim.beta2_half_life_tokens": 28385}, 16384 * 3, "fewer than the 4"),
+        ({"optim.beta2_half_life_tokens": 28385}, 16384 * 4, None),
         ({"optim.name": "sgd"}, 16384, None),  # no second moment: any whole number of updates
     ],
 )
 def test_an_adamw_branch_is_long_enough_for_its_second_moment_to_settle(tmp_path, optim, tokens, refused):
     """AdamW's second moment forgets the base's batch over 1 / (1 - beta2) updates (beta2 0.95:
-    20); a branch shorter than that at its largest factor measures the change, and is refused."""
+    20) of the largest factor's beta2; a branch shorter than that at its largest factor measures the
+    change, and is refused."""
     from orchestrator.studies.branch_study import settling_updates
 
     assert [settling_updates(b) for b in (0.95, 0.9, 0.5 ** (4096 / 28385), 0.5)] == [20, 10, 11, 2]

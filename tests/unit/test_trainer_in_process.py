@@ -32,7 +32,7 @@ from tests.worker_here import FakeRay
 from workloads import workload as workloads
 from workloads.builtin.linreg import LinRegData
 from workloads.train import train_loop
-from workloads.train.engine import build_engine, ensure_process_group, release_process_group
+from workloads.train.engine import build_engine, ensure_process_group, release_process_group, set_adamw_constants
 from workloads.train.handoff import FaultInjection, WorkerPayload
 from workloads.workload import LinRegWorkload
 
@@ -293,7 +293,7 @@ def test_zero_3_asked_of_one_worker_runs_as_zero_0_and_trains_as_zero_3_would(ur
 RAMP = [(0, 8), (16, 16), (48, 32)]  # (from_tokens, tokens_per_update): 2 updates at each
 
 
-def ramp_config(uri, tmp_path, stage):
+def ramp_config(uri, tmp_path, stage, *overrides):
     steps = ", ".join(f"{{from_tokens: {t}, tokens_per_update: {b}}}" for t, b in RAMP)
     return linreg(
         uri,
@@ -308,17 +308,31 @@ def ramp_config(uri, tmp_path, stage):
         "schedule.warmup_tokens=24",
         "optim.lr=0.05",
         *zero_stage(stage),
+        *overrides,
     )
 
 
-@pytest.mark.parametrize("stage", [0, 2])
-def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri, tmp_path, stage):
+HALF_LIFE = 40.0
+"""optim.beta2_half_life_tokens of the token-form case: beta2 0.5^(B / 40), 0.87 at 8 tokens per update, 0.57 at 32."""
+
+
+@pytest.mark.parametrize("stage, tokens_form", [(0, False), (2, False), (2, True)])
+def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri, tmp_path, stage, tokens_form):
     """batch.ramp 8 -> 16 -> 32 tokens per update (b and A change: 4x2, 8x2, 8x4) with sqrt lr
     scaling: the run is a plain AdamW loop over consecutive examples of the one stream, each
     update at the schedule's lr times sqrt(B / 8); train/tokens_per_update and
     train/optimizer_step are logged per update. A run killed at 40 tokens and resumed from its
-    checkpoint at 32 (within the second segment) gives the same curve, each step once."""
-    cfg = ramp_config(uri, tmp_path, stage)
+    checkpoint at 32 (within the second segment) gives the same curve, each step once. With beta2
+    given in tokens (optim.beta2_half_life_tokens) it holds in tokens: each segment's updates use
+    0.5^(B / half-life), the resumed one too; the weight decay given in tokens leaves a parameter
+    group's own (linreg's 0) alone."""
+    tokens_form_keys = (
+        ["optim.beta2=null", f"optim.beta2_half_life_tokens={HALF_LIFE}"]
+        + ["optim.weight_decay=null", "optim.weight_decay_timescale_share=0.5"]
+        if tokens_form
+        else []
+    )
+    cfg = ramp_config(uri, tmp_path, stage, *tokens_form_keys)
     assert cfg.batch.tokens_per_update == 8, "the ramp's first batch size"
     segments = derived.batch_segments(cfg)
     plans = [(s.plan.micro_batch_size, s.plan.grad_accum_steps) for s in segments]
@@ -339,6 +353,7 @@ def test_a_ramp_trains_as_a_plain_loop_and_resumes_within_its_second_segment(uri
             lr = lr_at(tokens + B, peak=0.05, total_tokens=112, warmup_tokens=24, decay="constant") * (B / 8) ** 0.5
             for group in opt.param_groups:
                 group["lr"] = lr
+                group["betas"] = (0.9, 0.5 ** (B / HALF_LIFE) if tokens_form else 0.95)
             opt.step()
             for key, value in zip(expected, (loss.item(), lr, B)):
                 expected[key].append((tokens, value))
@@ -458,12 +473,17 @@ class PassThrough(LinRegWorkload):
 
 
 def test_the_engines_adamw_and_the_deepspeed_config_use_the_resolved_constants(uri, tmp_path):
+    """Given in tokens, beta2 and the run's weight decay are resolved at the first batch for the
+    engine and the DeepSpeed config, and at a later batch.ramp segment's batch and lr factor
+    (4x the batch, sqrt: 2x the lr) for the trainer to set there."""
     cfg = linreg(
         uri,
         tmp_path,
         "optim.weight_decay=null",
         "optim.beta2_half_life_tokens=2560",
         "optim.weight_decay_timescale_share=0.5",
+        "batch.ramp=[{from_tokens: 0, tokens_per_update: 256}, {from_tokens: 25600, tokens_per_update: 1024}]",
+        "batch.ramp_lr_scaling=sqrt",
     )
     plan = derived.batch_plan(cfg)
     B, T = cfg.batch.tokens_per_update, cfg.train.total_tokens
@@ -475,6 +495,12 @@ def test_the_engines_adamw_and_the_deepspeed_config_use_the_resolved_constants(u
     )
     adamw = ds_config.build(cfg, plan)["optimizer"]["params"]
     assert adamw["betas"][1] == group["betas"][1] and adamw["weight_decay"] == group["weight_decay"]
+
+    later = derived.batch_segments(cfg)[-1]
+    assert (later.plan.tokens_per_update, later.lr_factor) == (4 * B, 2.0)
+    set_adamw_constants(engine, derived.adamw_constants(cfg, later.plan.tokens_per_update, later.lr_factor))
+    assert group["betas"] == (cfg.optim.beta1, pytest.approx(0.5 ** (4 * B / 2560)))
+    assert group["weight_decay"] == pytest.approx(4 * B / (2 * cfg.optim.lr * 0.5 * T))
 
 
 @pytest.mark.parametrize("stage, momentum", [(0, 0.0), (0, 0.9), (2, 0.0), (2, 0.9), (3, 0.9)])

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.core import ds_config
-from orchestrator.core.derived import adamw_constants, compile_enabled, sgd_weight_decay
+from orchestrator.core.derived import AdamWConstants, adamw_constants, compile_enabled, sgd_weight_decay
 from orchestrator.core.schema import Config
 from orchestrator.formulas import noise
 from workloads.train.gns_probe import GradNormProbe, grad_squared_norm
@@ -71,7 +71,8 @@ def _optimizer(cfg: Config, param_groups: List[Dict]) -> torch.optim.Optimizer:
         return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=decay)
     adamw = adamw_constants(cfg)
     groups = [
-        {**g, "weight_decay": adamw.weight_decay} if g.get("weight_decay", 0.0) is None else g for g in param_groups
+        {**g, "weight_decay": adamw.weight_decay, RUNS_DECAY: True} if g.get("weight_decay", 0.0) is None else g
+        for g in param_groups
     ]
     return torch.optim.AdamW(
         groups,
@@ -111,9 +112,23 @@ def build_engine(cfg: Config, plan, work):
     return engine
 
 
+RUNS_DECAY = "runs_weight_decay"
+"""Marks an AdamW parameter group that takes the run's weight decay (the workload left it None),
+so set_adamw_constants moves it with the batch and leaves a group's own (0 for norms, say) alone."""
+
+
 def set_lr(engine, lr: float) -> None:
     for group in engine.optimizer.param_groups:
         group["lr"] = lr
+
+
+def set_adamw_constants(engine, constants: AdamWConstants) -> None:
+    """beta2 and the run's weight decay as derived.adamw_constants resolves them for the current
+    batch.ramp segment (unchanged along a ramp unless given in tokens)."""
+    for group in engine.optimizer.param_groups:
+        group["betas"] = (group["betas"][0], constants.beta2)
+        if group.get(RUNS_DECAY):
+            group["weight_decay"] = constants.weight_decay
 
 
 def set_plan(engine, plan) -> None:

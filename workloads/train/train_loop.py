@@ -23,6 +23,7 @@ import torch.distributed as dist
 from orchestrator.core import logs, workload_paths
 from orchestrator.core.config import from_dict
 from orchestrator.core.derived import (
+    adamw_constants,
     adaptive_rule,
     batch_segments,
     gns_ema_tokens,
@@ -46,6 +47,7 @@ from workloads.train.engine import (
     ensure_process_group,
     evaluate,
     release_process_group,
+    set_adamw_constants,
     set_lr,
     set_plan,
     train_update,
@@ -331,6 +333,8 @@ def _update(run: Run, update: int):
         set_plan(run.engine, run.plan)
     lr = scheduled_lr(cfg, before + run.plan.tokens_per_update, run.segments)
     set_lr(run.engine, lr)
+    if cfg.optim.name == "adamw":  # beta2 and weight decay given in tokens hold in tokens along a ramp
+        set_adamw_constants(run.engine, adamw_constants(cfg, segment.plan.tokens_per_update, segment.lr_factor))
     naive = cfg.train.loss_normalization == "micro_batch"
     # Every sequence has S tokens, so the stream position is the tokens seen over S.
     first = before // run.plan.seq_len
