@@ -138,7 +138,12 @@ def _updates_ending_by(segments: List[batching.Segment], tokens: float) -> int:
 
 def _ramp(cfg: Config, segments: List[batching.Segment]) -> List[Dict[str, Any]]:
     """Each batch.ramp segment (`segments`: batch_segments(cfg)): where it starts, its split, its
-    updates and the lr right after the change."""
+    updates, the lr right after the change and, where AdamW's beta2 or weight decay is given in
+    tokens (so it moves with the batch), the segment's."""
+    o = cfg.optim
+    in_tokens = o.name == "adamw" and (
+        o.beta2_half_life_tokens is not None or o.weight_decay_timescale_share is not None
+    )
     return [
         {
             "from_tokens": s.start_tokens,
@@ -148,6 +153,7 @@ def _ramp(cfg: Config, segments: List[batching.Segment]) -> List[Dict[str, Any]]
             "updates": s.updates,
             "lr_factor": s.lr_factor,
             "lr_after_change": scheduled_lr(cfg, s.start_tokens + s.plan.tokens_per_update, segments),
+            "adamw": adamw_constants(cfg, s.plan.tokens_per_update, s.lr_factor)._asdict() if in_tokens else None,
         }
         for s in segments
     ]
@@ -277,7 +283,12 @@ def format_table(info: Dict[str, Any]) -> str:
             (
                 f"ramp from {s['from_tokens']:,} tokens",
                 f"B {s['tokens_per_update']:,} (b {s['micro_batch_size']} x A {s['grad_accum_steps']}), "
-                f"{s['updates']:,} updates, lr x {s['lr_factor']:.3g}: {s['lr_after_change']:.3g} after the change",
+                f"{s['updates']:,} updates, lr x {s['lr_factor']:.3g}: {s['lr_after_change']:.3g} after the change"
+                + (
+                    f"; beta2 {s['adamw']['beta2']:.6g}, weight decay {s['adamw']['weight_decay']:.6g}"
+                    if s["adamw"]
+                    else ""
+                ),
             )
         )
     rows += against_fixed_rows(info["against_fixed"])

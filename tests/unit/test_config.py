@@ -207,16 +207,14 @@ def test_beta2_and_weight_decay_from_their_token_forms():
     assert default.optim.beta2 is None and default.optim.weight_decay is None
     assert derived.adamw_constants(default) == (0.95, 0.1)
     B, T, lr = 4096, 262144, 3e-3
-    cfg = config.load(
-        TINY,
-        [
-            f"batch.tokens_per_update={B}",
-            f"train.total_tokens={T}",
-            f"optim.lr={lr}",
-            "optim.beta2_half_life_tokens=40960",
-            "optim.weight_decay_timescale_share=0.5",
-        ],
-    )
+    given = [
+        f"batch.tokens_per_update={B}",
+        f"train.total_tokens={T}",
+        f"optim.lr={lr}",
+        "optim.beta2_half_life_tokens=40960",
+        "optim.weight_decay_timescale_share=0.5",
+    ]
+    cfg = config.load(TINY, given)
     beta2, weight_decay = derived.adamw_constants(cfg)
     assert beta2 == pytest.approx(0.5**0.1) and beta2**10 == pytest.approx(0.5)  # halves every 10 updates
     assert weight_decay == pytest.approx(B / (lr * 0.5 * T))
@@ -229,6 +227,22 @@ def test_beta2_and_weight_decay_from_their_token_forms():
     table = plan.format_table(plan.describe(cfg))
     assert f"AdamW beta2                  {beta2:.6g}  (optim.beta2_half_life_tokens=40960)" in table
     assert derived.adamw_constants(config.load(TINY, ["optim.beta2=0.99", "optim.weight_decay=0"])) == (0.99, 0.0)
+
+    # Along a batch.ramp they hold in tokens: at 4 B with the lr x 2 (sqrt), beta2 halves every
+    # 2.5 updates and the weight decay doubles (4 B over 2 lr); `plan` prints each segment's.
+    ramp = "batch.ramp=[{from_tokens: 0, tokens_per_update: 4096}, {from_tokens: 65536, tokens_per_update: 16384}]"
+    ramped = config.load(TINY, [*given, ramp, "batch.ramp_lr_scaling=sqrt"])
+    later = derived.batch_segments(ramped)[-1]
+    assert derived.adamw_constants(ramped, later.plan.tokens_per_update, later.lr_factor) == (
+        pytest.approx(0.5**0.4),
+        pytest.approx(2 * weight_decay),
+    )
+    table = plan.format_table(plan.describe(ramped))
+    (row,) = [line for line in table.splitlines() if line.startswith("ramp from 65,536 tokens")]
+    assert row.endswith(f"after the change; beta2 {0.5**0.4:.6g}, weight decay {2 * weight_decay:.6g}"), row
+    assert "after the change; beta2" not in plan.format_table(plan.describe(config.load(TINY, [ramp]))), (
+        "per-step constants do not move: nothing to print"
+    )
 
 
 @pytest.mark.parametrize(
