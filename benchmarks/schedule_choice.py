@@ -4,7 +4,7 @@ quadratic with the branches' lr scaled linearly and as its square root, a world 
 pays, and Adam on an anisotropic quadratic; 5 draws each, conf/sweep/branches.yaml's layout.
 
     python benchmarks/schedule_choice.py [--draws 5] [--worlds sgd-linear,sgd-sqrt,no-pay,adam]
-        [--branch-noise 0.003] [--json PATH]
+        [--branch-noise 0.003] [--trained] [--json PATH]
 
 Per draw: the advice (a fixed batch or the suggested ramp), its exact loss over the best fixed
 batch's (of the factors 1 to 16 from the start, the lr times k^alpha), its updates against that
@@ -13,8 +13,10 @@ more updates), how many advise a ramp only where it pays (the acceptance's other
 ramp ends within 0.1 % of the best fixed batch, none advised; where one does, the draw holds) and
 the branched critical batch's interval coverage of the exact one. With
 --branch-noise every branch also carries a training noise of its own that no standard error holds
-(one seed per branch). No Ray, no MLflow; about a minute and a half, most of it the Adam world's
-bisections.
+(one seed per branch). With --trained the study is compared with a sweep of every factor trained
+from the start to the budget (branch.compare_with), each run's final loss measured with the eval's
+noise in place of the prediction at its batch. No Ray, no MLflow; about a minute and a half, most of
+it the Adam world's bisections.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument(
         "--branch-noise", type=float, default=0.0, help="a branch's own training noise, relative (0.003: the eval's)"
     )
+    p.add_argument("--trained", action="store_true", help="compared with the factors trained to the budget")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     load_before, started = os.getloadavg()[0], time.perf_counter()
@@ -57,7 +60,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         held = ramp_right = covered = points = 0
         for draw in range(args.draws):
             world = WORLDS[name](draw, args.branch_noise)
-            j = judge(world)
+            j = judge(world, trained=args.trained)
             held += j.holds(tol)
             for point in branch_cbs.critical_batch_along(world.study().ends):
                 truth = true_critical_batch(world, point["tokens"])
@@ -91,6 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "benchmark": "schedule_choice",
         "tolerance": tol,
         "branch_noise": args.branch_noise,
+        "trained": args.trained,
         "draws": out,
         "wall_s": time.perf_counter() - started,
         "machine": common.machine(load_before),

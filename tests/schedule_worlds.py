@@ -267,8 +267,10 @@ class Judged:
         return self.excess <= tolerance and self.chosen_updates <= self.best_fixed_updates
 
 
-def judge(world) -> Judged:
-    """The branch study of `world` analysed as the report does, and its choice judged exactly."""
+def judge(world, trained: bool = False) -> Judged:
+    """The branch study of `world` analysed as the report does, and its choice judged exactly.
+    `trained`: the study compared with a sweep of every factor trained from the start to the budget
+    (branch.compare_with), each run's and the base's final loss measured with the eval's noise."""
     from orchestrator.analysis import branch_cbs, branch_ramp, branch_schedule
 
     study = world.study()
@@ -276,10 +278,11 @@ def judge(world) -> Judged:
     fit = branch_ramp.power_law_fit(along)
     ramp = branch_ramp.suggested_ramp(along, fit, world.base_batch, world.total_tokens, 1, 1)
     pairs = [(s["from_tokens"], s["tokens_per_update"]) for s in ramp]
-    choice = branch_schedule.choice_of(
-        study.ends, study.branch_tokens, study.curve, pairs, world.base_batch, world.total_tokens
-    )
     fixed = {k: world.loss([(0, k * world.base_batch)]) for k in FACTORS}
+    runs = trained_runs(world, fixed, np.random.default_rng([world.draw, 58])) if trained else ()
+    choice = branch_schedule.choice_of(
+        study.ends, study.branch_tokens, study.curve, pairs, world.base_batch, world.total_tokens, trained=runs
+    )
     best = min(fixed, key=lambda k: fixed[k])
     chosen = [tuple(s) for s in choice.chosen_ramp]
     return Judged(
@@ -294,6 +297,21 @@ def judge(world) -> Judged:
         ramp_loss=world.loss(pairs),
         choice=choice,
     )
+
+
+def trained_runs(world, fixed: Dict[int, float], rng: np.random.Generator) -> list:
+    """Every factor above 1 trained from the start to the budget at the lr x k^alpha, its final loss
+    and the base's measured as the study reads them (branch_analysis.trained_fixed)."""
+    from orchestrator.analysis.branch_schedule import Trained
+
+    l0 = fixed[1] * (1 + EVAL_SE * rng.standard_normal())
+    runs = []
+    for k in FACTORS[1:]:
+        loss = fixed[k] * (1 + EVAL_SE * rng.standard_normal())
+        ratio = loss / l0
+        se = math.hypot(EVAL_SE * loss, ratio * EVAL_SE * l0) / l0
+        runs.append(Trained(k * world.base_batch, world.lr * k**world.alpha, ratio - 1, se))
+    return runs
 
 
 def true_critical_batch(world, at: int, tolerance: float = 0.01) -> float:

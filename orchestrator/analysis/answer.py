@@ -272,7 +272,12 @@ class ScheduleArm(Record):
     """Predicted final loss over the base fixed batch's, relative; None where nothing measured
     reaches (a factor past the largest branched, or a diverged branch on its way)."""
     excess_high: Optional[float]
-    """The same with every gap at its upper 95 % bound."""
+    """The same with every gap at its upper 95 % bound (trained: 1.645 standard errors above)."""
+    lr: Optional[float] = None
+    """A trained arm's peak lr; None where the arm starts at the base's x k^alpha."""
+    trained: bool = False
+    """Measured, not predicted: a fixed batch of branch.compare_with's sweep trained to the budget
+    (its best run there), its final eval loss over the base run's."""
 
 
 @dataclass(frozen=True)
@@ -281,24 +286,25 @@ class ScheduleChoice(Record):
     tolerance of the best fixed batch's prediction, or the best fixed batch itself."""
 
     arms: Tuple[ScheduleArm, ...]
-    """The base first, then each branch factor as a fixed batch from the start, then the ramp."""
+    """The base first, then each branch factor as a fixed batch from the start (trained ones beside,
+    or in place of, the prediction at their batch), by batch, then the ramp."""
     best_fixed: str
     """The fixed arm with the lowest predicted loss."""
     chosen: str
     chosen_ramp: Tuple[Tuple[int, int], ...]
     chosen_lr: Optional[float]
-    """The peak lr the chosen schedule starts at (the base's x its first factor^alpha); None when the
-    base's lr is not known."""
+    """The peak lr the chosen schedule starts at (the base's x its first factor^alpha, or a trained
+    arm's own); None when the base's lr is not known."""
     tolerance: float
     why: str
     """The choice in words: what it saves, or what the closest alternative would have cost."""
 
     @property
     def advice(self) -> str:
-        """`ramp`, `fixed` (a fixed batch larger than the base) or `base`."""
+        """`ramp`, `fixed` (a fixed batch other than the base run's) or `base`."""
         if len(self.chosen_ramp) > 1:
             return "ramp"
-        return "base" if self.chosen_ramp == self.arms[0].ramp else "fixed"
+        return "base" if self.chosen == self.arms[0].name else "fixed"
 
 
 @dataclass(frozen=True)

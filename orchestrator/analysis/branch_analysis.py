@@ -1,11 +1,13 @@
 """A branch study's runs as the measurement of orchestrator/analysis/branch_cbs.py: which runs are
 branches (their batch.ramp switches at the branch point and they stop at train.stop_at_tokens),
 their end losses with the eval's standard error, B_simple of the base run at each branch point,
-the from-scratch B_crit at the base's loss there (`branch.compare_with`), and the report's
-`branch_cbs`, `branch_fit` and suggested ramp. Pure: reads Trials, no MLflow."""
+the from-scratch B_crit at the base's loss there (`branch.compare_with`, whose fixed batches trained
+to the study's budget are measured arms of the schedule choice), and the report's `branch_cbs`,
+`branch_fit` and suggested ramp. Pure: reads Trials, no MLflow."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -149,7 +151,7 @@ def study(
         ramp_overrides=branch_ramp.ramp_overrides(ramp, alpha),
         compared_with=scratch_name if scratch else None,
         notes=tuple(notes),
-        schedule_choice=_schedule_choice(trials, ends, ramp, base_batch, total, alpha),
+        schedule_choice=_schedule_choice(trials, ends, ramp, base_batch, total, alpha, scratch),
     )
 
 
@@ -160,9 +162,11 @@ def _schedule_choice(
     base_batch: int,
     total: int,
     alpha: float,
+    scratch: Sequence[Trial] = (),
 ) -> Optional[ScheduleChoice]:
     """The ramp against the fixed batches (branch_schedule.compare), on the base run's train-loss
-    curve; None without the base run in the study (branch.from) or its curve."""
+    curve, with the fixed batches `scratch` (branch.compare_with's sweep) trained to the budget
+    measured (trained_fixed); None without the base run in the study (branch.from) or its curve."""
     base = base_of(trials)
     if base is None or not base.train:
         return None
@@ -173,7 +177,37 @@ def _schedule_choice(
     }
     pairs = [(s["from_tokens"], s["tokens_per_update"]) for s in ramp]
     curve = tuple(zip(*base.train))
-    return branch_schedule.choice_of(ends, lengths, curve, pairs, base_batch, total, base.number("optim.lr"), alpha)
+    lr, trained = base.number("optim.lr"), trained_fixed(base, scratch, total)
+    return branch_schedule.choice_of(ends, lengths, curve, pairs, base_batch, total, lr, alpha, trained)
+
+
+def trained_fixed(base: Trial, scratch: Sequence[Trial], total: int) -> List[branch_schedule.Trained]:
+    """The fixed batches of `scratch` trained from the start to the study's budget: at each batch its
+    run with the lowest final eval loss (the sweep's answer there, as a user would take it), over the
+    base run's final eval loss, with the two evaluations' standard errors combined; none without the
+    base's evaluation at the budget."""
+    reference = _final_eval(base, total)
+    if reference is None:
+        return []
+    best: Dict[int, tuple] = {}
+    for t in scratch:
+        if t.outcome != "finished" or t.ramped or not t.batch or t.number("train.total_tokens", int) != total:
+            continue
+        end = _final_eval(t, total)
+        if end is not None and (t.batch not in best or end[0] < best[t.batch][1][0]):
+            best[int(t.batch)] = (t, end)
+    (l0, se0), out = reference, []
+    for batch, (t, (loss, se)) in sorted(best.items()):
+        ratio = loss / l0
+        out.append(branch_schedule.Trained(batch, t.number("optim.lr"), ratio - 1, math.hypot(se, ratio * se0) / l0))
+    return out
+
+
+def _final_eval(t: Trial, total: int) -> Optional[tuple]:
+    """(eval loss, its standard error) at `total` tokens, the run's last evaluation; None without one there."""
+    if not t.eval or t.eval[-1][0] != total:
+        return None
+    return t.eval[-1][1], dict(t.eval_se).get(total, 0.0)
 
 
 def _unplaced(along: Sequence[Dict[str, Any]]) -> List[str]:

@@ -19,11 +19,16 @@ makes (the noise-dominated limit), so it falls t1 (1 - 1/k) base tokens behind, 
 of the run L(T - lost) - L(T) on the base's own curve. The upper end adds 1.645 standard errors
 to every gap.
 
-The arms: a fixed batch at each branch factor from the start and the suggested ramp. The best
-fixed batch is the fixed arm with the lowest predicted loss (the base's is its own, a gap of 0). An
-arm is within the tolerance when its upper end is at most SCHEDULE_TOLERANCE above the best fixed
-batch's prediction; the choice is the one of those with the fewest updates, or the best fixed batch
-when none is within.
+The arms: a fixed batch at each branch factor from the start and the suggested ramp. A fixed batch
+that was trained from the start to the budget (`Trained`: the runs of `branch.compare_with`'s sweep)
+is measured instead: its final loss over the base's, with the standard error of that difference,
+replaces the prediction at its batch, since a branch from a checkpoint cannot see what a whole run
+at the larger batch does (on Adam a run at 16x from the start ended 2 % below the base while every
+16x branch ended above its factor-1 branch: docs/benchmarks.md, schedule_choice). The best fixed
+batch is the fixed arm with the lowest loss, predicted or measured (the base's is its own, a gap of
+0). An arm is within the tolerance when its upper end is at most SCHEDULE_TOLERANCE above the best
+fixed batch's; the choice is the one of those with the fewest updates, or the best fixed batch when
+none is within.
 """
 
 from __future__ import annotations
@@ -167,8 +172,20 @@ def _stretches(schedule: Schedule, total_tokens: int) -> List[Tuple[Tuple[int, i
 
 
 @dataclass(frozen=True)
+class Trained:
+    """A fixed batch trained from the start to the budget: its final loss over the base run's, measured."""
+
+    batch: int
+    lr: float
+    excess: float
+    """Final eval loss over the base run's, relative."""
+    excess_se: float
+    """Its standard error: the two final evaluations', combined."""
+
+
+@dataclass(frozen=True)
 class Arm:
-    """One schedule and what the branches predict of it at the budget."""
+    """One schedule and what the branches predict of it at the budget (or, trained, what it measured)."""
 
     name: str
     ramp: Tuple[Tuple[int, int], ...]
@@ -179,10 +196,23 @@ class Arm:
     measured, or a diverged branch on its way)."""
     excess_high: float
     """The same with every gap at its upper 95 % bound."""
+    lr: Optional[float] = None
+    """A trained arm's peak lr (the others start at the base's x k^alpha)."""
 
     @property
     def fixed(self) -> bool:
         return len(self.ramp) == 1
+
+    @property
+    def trained(self) -> bool:
+        return self.lr is not None
+
+
+def trained_arm(run: Trained, total_tokens: int) -> Arm:
+    """A trained fixed batch as an arm: its measured excess, the upper end Z_UPPER standard errors above."""
+    name = f"fixed {run.batch:,} (trained, lr {run.lr:.3g})"
+    ramp = ((0, int(run.batch)),)
+    return Arm(name, ramp, updates(ramp, total_tokens), run.excess, run.excess + Z_UPPER * run.excess_se, run.lr)
 
 
 def predict(
@@ -222,26 +252,38 @@ def compare(
     base_lr: Optional[float] = None,
     alpha: float = 0.0,
     tolerance: float = SCHEDULE_TOLERANCE,
+    trained: Sequence[Trained] = (),
 ) -> Optional[ScheduleChoice]:
     """Every arm (the fixed batches at the branches' factors, the ramp when it changes at all) with
     its updates and predicted excess, the best fixed batch, the choice and why; `base_lr` and
-    `alpha` (the branches' lr x k^alpha) give the chosen schedule's starting lr. None without a
-    measured branch point."""
+    `alpha` (the branches' lr x k^alpha) give the chosen schedule's starting lr. `trained`: fixed
+    batches trained to the budget, measured in place of the prediction at theirs (the base's own
+    arm stays, the reference). None without a measured branch point."""
     if not measured:
         return None
     factors = sorted({k for p in measured for k in p.factors})
-    fixed = [(f"fixed {int(k * base_batch):,}", [(0, int(k * base_batch))]) for k in factors]
+    runs = {int(r.batch) for r in trained}
+    fixed = [
+        (f"fixed {int(k * base_batch):,}", [(0, int(k * base_batch))])
+        for k in factors
+        if k == 1 or int(k * base_batch) not in runs
+    ]
     arms = [predict(name, steps, measured, base_loss, base_batch, total_tokens) for name, steps in fixed]
+    arms += [trained_arm(r, total_tokens) for r in sorted(trained, key=lambda r: r.batch)]
+    arms = arms[:1] + sorted(arms[1:], key=lambda a: (a.ramp[0][1], a.trained))
     if len(ramp) > 1:
         arms.append(predict("suggested ramp", ramp, measured, base_loss, base_batch, total_tokens))
     best, chosen = choose(arms, tolerance)
     first = chosen.ramp[0][1] / base_batch
     return ScheduleChoice(
-        arms=tuple(ScheduleArm(a.name, a.ramp, a.updates, _finite(a.excess), _finite(a.excess_high)) for a in arms),
+        arms=tuple(
+            ScheduleArm(a.name, a.ramp, a.updates, _finite(a.excess), _finite(a.excess_high), a.lr, a.trained)
+            for a in arms
+        ),
         best_fixed=best.name,
         chosen=chosen.name,
         chosen_ramp=chosen.ramp,
-        chosen_lr=None if base_lr is None else base_lr * first**alpha,
+        chosen_lr=chosen.lr if chosen.trained else (None if base_lr is None else base_lr * first**alpha),
         tolerance=tolerance,
         why=why(arms, best, chosen, tolerance),
     )
@@ -256,15 +298,17 @@ def choice_of(
     total_tokens: int,
     base_lr: Optional[float] = None,
     alpha: float = 0.0,
+    trained: Sequence[Trained] = (),
 ) -> Optional[ScheduleChoice]:
     """`compare` on a study's measurements: its branches' ends, each point's branch length and the
-    base run's train loss (tokens, loss), read through its monotone fit."""
+    base run's train loss (tokens, loss), read through its monotone fit; `trained` as compare's."""
     knots = monotone(*map(np.asarray, base_curve))
 
     def base_loss(tokens: float) -> float:
         return float(np.interp(tokens, *knots))
 
-    return compare(gaps(ends, branch_tokens), ramp, base_loss, base_batch, total_tokens, base_lr, alpha)
+    measured = gaps(ends, branch_tokens)
+    return compare(measured, ramp, base_loss, base_batch, total_tokens, base_lr, alpha, trained=trained)
 
 
 def _finite(x: float) -> Optional[float]:

@@ -137,7 +137,8 @@ class BranchConfig:
     """`from` in the file: an existing run (id or name) to branch from instead of training the base here."""
     compare_with: Optional[str] = None
     """A from-scratch sweep's name in the same store: `report` gives its B_crit at the base's loss
-    at each branch point, beside the branched critical batch size."""
+    at each branch point, beside the branched critical batch size, and measures the fixed batches
+    it trained to the study's budget in place of their predictions (docs/branches.md)."""
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,9 @@ def _advised(trials: Sequence[Trial], study: BranchStudy) -> Optional[Recommende
         if choice.chosen_lr:
             overrides["optim.lr"] = choice.chosen_lr
         why = f"The branch study of {base.name} advises a fixed {choice.chosen}{reason}"
-        return of(base.params, overrides, [why + ", at the lr its branches ran it at."])
+        chosen = next(a for a in choice.arms if a.name == choice.chosen)
+        at = "the lr of its trained run" if chosen.trained else "the lr its branches ran it at"
+        return of(base.params, overrides, [f"{why}, at {at}."])
     if advice == "base":
         why = f"The branch study of {base.name} advises its base batch, {study.base_batch:,} tokens per update{reason}."
         return of(base.params, {"batch.ramp": None}, [why])

@@ -129,7 +129,15 @@ def schedule_sentence(choice: ScheduleChoice) -> str:
         "k x B costs the factor-k branch's excess there, times its length over the branch's, never less than one "
         "branch's; gains are not counted; before the first branch point a larger batch is taken to make no more "
         f"progress per update than the base); the upper end adds {branch_schedule.Z_UPPER:.4g} standard errors to "
-        f"every gap. Chosen, the fewest updates whose upper end is within {choice.tolerance:.1%} of the best fixed "
+        f"every gap."
+        + (
+            " A fixed batch marked trained is measured instead: branch.compare_with's best run at that batch and the "
+            "budget, its final eval loss over the base run's, the upper end "
+            f"{branch_schedule.Z_UPPER:.4g} standard errors of that difference above."
+            if any(a.trained for a in choice.arms)
+            else ""
+        )
+        + f" Chosen, the fewest updates whose upper end is within {choice.tolerance:.1%} of the best fixed "
         f"batch ({choice.best_fixed}): {choice.chosen}; {choice.why}."
     )
 

@@ -293,6 +293,50 @@ def test_recommended_yaml_is_the_advised_schedule_not_a_declined_ramp(tmp_path):
     assert any("fixed 512" in line for line in rec.why)
 
 
+def test_a_compared_sweep_trained_to_the_budget_is_measured_and_its_best_fixed_batch_advised():
+    """branch.compare_with names a sweep whose runs trained fixed batches from the start to the
+    study's budget: at 512 its best lr (of two) ended 0.8 % below the base's final eval loss, at
+    1,024 1.5 % above; the study's branches predict 512 above the base (its factor 2 costs
+    nothing past 2x, the pre-branch lag still costs). The 512 run is measured in place of the
+    prediction and advised, at its own lr, in the report, the command and recommended.yaml; runs of
+    another budget, ramped or failed count for nothing."""
+    from orchestrator.reporting import recommended
+
+    total, l0 = 180224, 2.5
+    trials, _ = _with_logged_config(study_trials(eval_se=0.002))
+    base = next(t for t in trials if t.name == "base")
+    base.eval, base.eval_se = [(total, l0)], [(total, 0.002 * l0)]
+
+    def run(name, batch, lr, loss, status="FINISHED", budget=total, **extra):
+        params = {"batch.tokens_per_update": batch, "optim.lr": lr, "train.total_tokens": budget, **extra}
+        curve, end = [(0, 5.0), (budget, loss)], [(budget, loss)]
+        return Trial(name, name, status, params, curve, end, eval_se=[(budget, 0.002 * loss)])
+
+    scratch = [
+        run("s512-a", 512, 0.0014, l0 * 0.992),
+        run("s512-b", 512, 0.0028, l0 * 0.997),
+        run("s1024", 1024, 0.002, l0 * 1.015),
+        run("s2048-short", 2048, 0.002, l0 * 0.9, budget=total // 2),
+        run("s4096-failed", 4096, 0.002, l0 * 0.9, status="FAILED"),
+        run("s256-ramped", 256, 0.002, l0 * 0.9, **{"batch.schedule": "adaptive"}),
+    ]
+    answer = sweep_analysis.analyse(trials, compare_with=("scratch", scratch))
+    choice = answer.branch.schedule_choice
+    trained = {a.name: a for a in choice.arms if a.trained}
+    assert set(trained) == {"fixed 512 (trained, lr 0.0014)", "fixed 1,024 (trained, lr 0.002)"}
+    assert "fixed 512" not in [a.name for a in choice.arms], "the prediction at 512 is replaced"
+    measured = trained["fixed 512 (trained, lr 0.0014)"]
+    assert measured.excess == pytest.approx(-0.008)
+    assert measured.excess_high - measured.excess == pytest.approx(1.645 * math.hypot(0.002, 0.002) * 0.992, rel=1e-3)
+    assert (choice.chosen, answer.branch.advice, choice.chosen_lr) == (measured.name, "fixed", 0.0014)
+    lines = report_branch.lines(answer.branch)
+    assert "orchestrator train CONFIG batch.tokens_per_update=512 optim.lr=0.0014" in lines[-1]
+    assert any("A fixed batch marked trained is measured instead" in line for line in lines)
+    rec = recommended.for_answer(trials, answer)
+    assert (rec.config.batch.tokens_per_update, rec.config.optim.lr) == (512, 0.0014)
+    assert any("the lr of its trained run" in line for line in rec.why)
+
+
 def test_a_branch_study_whose_base_logged_its_config_writes_the_ramp_as_recommended_yaml(tmp_path):
     """When a branch study advises its ramp, recommended.yaml is the base run's config with the
     suggested batch.ramp and batch.ramp_lr_scaling (the keys of the YAML to paste), and
