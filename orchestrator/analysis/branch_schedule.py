@@ -307,8 +307,9 @@ def choice_of(
     def base_loss(tokens: float) -> float:
         return float(np.interp(tokens, *knots))
 
-    measured = gaps(ends, branch_tokens)
-    return compare(measured, ramp, base_loss, base_batch, total_tokens, base_lr, alpha, trained=trained)
+    return compare(
+        gaps(ends, branch_tokens), ramp, base_loss, base_batch, total_tokens, base_lr, alpha, trained=trained
+    )
 
 
 def _finite(x: float) -> Optional[float]:
@@ -320,7 +321,8 @@ def why(arms: Sequence[Arm], best: Arm, chosen: Arm, tolerance: float) -> str:
     if chosen is not best:
         return (
             f"{chosen.name} takes {1 - chosen.updates / best.updates:.0%} fewer updates than {best.name}, the best "
-            f"fixed batch, and is predicted to end within {tolerance:.1%} of its loss even at the upper end "
+            f"fixed batch, and is {'measured' if chosen.trained else 'predicted'} to end within {tolerance:.1%} of "
+            "its loss even at the upper end "
             f"({_pct(chosen.excess_high - best.excess)})"
         )
     fewer = [a for a in arms if a.updates < best.updates and math.isfinite(a.excess)]
