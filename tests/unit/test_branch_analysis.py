@@ -303,7 +303,7 @@ def test_a_compared_sweep_trained_to_the_budget_is_measured_and_its_best_fixed_b
     from orchestrator.reporting import recommended
 
     total, l0 = 180224, 2.5
-    trials, _ = _with_logged_config(study_trials(eval_se=0.002))
+    trials, _ = _with_logged_config(study_trials())
     base = next(t for t in trials if t.name == "base")
     base.eval, base.eval_se = [(total, l0)], [(total, 0.002 * l0)]
 
