@@ -308,9 +308,7 @@ def trained_runs(world, fixed: Dict[int, float], rng: np.random.Generator) -> li
     runs = []
     for k in FACTORS[1:]:
         loss = fixed[k] * (1 + EVAL_SE * rng.standard_normal())
-        ratio = loss / l0
-        se = math.hypot(EVAL_SE * loss, ratio * EVAL_SE * l0) / l0
-        runs.append(Trained(k * world.base_batch, world.lr * k**world.alpha, ratio - 1, se))
+        runs.append(Trained.of(k * world.base_batch, world.lr * k**world.alpha, loss, EVAL_SE * loss, l0, EVAL_SE * l0))
     return runs
 
 

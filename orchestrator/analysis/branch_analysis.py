@@ -7,7 +7,6 @@ to the study's budget are measured arms of the schedule choice), and the report'
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -196,11 +195,10 @@ def trained_fixed(base: Trial, scratch: Sequence[Trial], total: int) -> List[bra
         end = _final_eval(t, total)
         if end is not None and (t.batch not in best or end[0] < best[t.batch][1][0]):
             best[int(t.batch)] = (t, end)
-    (l0, se0), out = reference, []
-    for batch, (t, (loss, se)) in sorted(best.items()):
-        ratio = loss / l0
-        out.append(branch_schedule.Trained(batch, t.number("optim.lr"), ratio - 1, math.hypot(se, ratio * se0) / l0))
-    return out
+    return [
+        branch_schedule.Trained.of(batch, t.number("optim.lr"), loss, se, *reference)
+        for batch, (t, (loss, se)) in sorted(best.items())
+    ]
 
 
 def _final_eval(t: Trial, total: int) -> Optional[tuple]:

@@ -182,6 +182,13 @@ class Trained:
     excess_se: float
     """Its standard error: the two final evaluations', combined."""
 
+    @classmethod
+    def of(cls, batch: int, lr: float, loss: float, loss_se: float, base: float, base_se: float) -> "Trained":
+        """From the run's final eval loss and the base's, each with its standard error: the ratio's
+        excess, its standard error to first order."""
+        ratio = loss / base
+        return cls(int(batch), lr, ratio - 1, math.hypot(loss_se, ratio * base_se) / base)
+
 
 @dataclass(frozen=True)
 class Arm:
