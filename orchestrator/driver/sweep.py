@@ -215,12 +215,12 @@ def _open_or_resume(prepared: Prepared, folder: str, resume: bool) -> None:
 def _tune(prepared: Prepared, folder: str, resume: bool, scheduler) -> Optional[BaseException]:
     """The kind's phases before Tune (a branch study's base run), then the study's Tune run; the
     error that ended it, if any (StoreRefusedWrites when the store refused the trials' writes)."""
-    from orchestrator.driver import store_watch
+    from orchestrator.driver import store_watch, tune_settings
 
     error = None
     with store_watch.watching() as watch:
         try:
-            with _only_our_progress():
+            with tune_settings.quiet_tune():
 
                 def tune_phase(trials: List[Trial], tags: Dict[str, str], phase: str) -> None:
                     _tuner(prepared, trials, folder, resume, None, tags, phase, watch).fit()
@@ -232,22 +232,6 @@ def _tune(prepared: Prepared, folder: str, resume: bool, scheduler) -> Optional[
     if watch.refused:  # every trial stopped at the first that failed for it: the store is the reason
         error = StoreRefusedWrites(watch.refused)
     return error
-
-
-@contextlib.contextmanager
-def _only_our_progress():
-    """Ray Tune's output engine prints its configuration box and a TensorBoard hint into the
-    sweep's output even at verbose=0; its legacy engine at verbose=0 prints nothing, so the
-    progress table is the sweep's one account of its trials."""
-    saved = os.environ.get("RAY_AIR_NEW_OUTPUT")
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
-        else:
-            os.environ["RAY_AIR_NEW_OUTPUT"] = saved
 
 
 def _mend_tune_state(phase_folder: str) -> None:
@@ -267,6 +251,7 @@ def _tuner(prepared: Prepared, trials, folder: str, resume: bool, scheduler, tag
     from ray import tune
 
     from orchestrator.driver.progress_table import ProgressTable
+    from orchestrator.driver.tune_settings import ForgetEndedTrialStatistics
 
     sweep, base, study = prepared.sweep, prepared.base, prepared.study
     setup = TrialSetup(
@@ -324,7 +309,7 @@ def _tuner(prepared: Prepared, trials, folder: str, resume: bool, scheduler, tag
             checkpoint_config=tune.CheckpointConfig(
                 num_to_keep=trials[0].cfg.train.keep_checkpoints if trials else base.train.keep_checkpoints
             ),
-            callbacks=[ProgressTable(sweep, study=study, base=prepared.unvalidated)],
+            callbacks=[ProgressTable(sweep, study=study, base=prepared.unvalidated), ForgetEndedTrialStatistics()],
             verbose=0,
         ),
     )

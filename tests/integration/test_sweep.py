@@ -43,6 +43,21 @@ def variant(tmp_path, name, **changes):
     return path
 
 
+def assert_tune_keeps_no_copy_of_the_results(tune_folder, trials):
+    """MLflow holds a sweep's results: Tune writes no result files of its own per trial, and its
+    state keeps no running statistics of an ended trial's metrics (what grew with the trial count)."""
+    copies = [
+        p.name
+        for pattern in ("result.json", "progress.csv", "events.out.tfevents*")
+        for p in tune_folder.rglob(pattern)
+    ]
+    assert copies == []
+    (state,) = tune_folder.glob("experiment_state-*.json")
+    ended = [json.loads(metadata) for _, metadata in json.loads(state.read_text())["trial_data"]]
+    assert len(ended) == trials and all(m["last_result"]["done"] for m in ended)
+    assert [(m["metric_analysis"], m["metric_n_steps"]) for m in ended] == [({}, {})] * trials
+
+
 def test_smoke_sweep_with_a_fault_in_every_trial(ray_session, tmp_path, monkeypatch, capsys):
     """4 trials; each fails once after its second checkpoint and is retried from it. Their
     micro-batch is `auto`: probed once for their one shape, against an artificial 12 MiB device.
@@ -67,7 +82,9 @@ def test_smoke_sweep_with_a_fault_in_every_trial(ray_session, tmp_path, monkeypa
     assert answer["method"] == "probe" and sweep_out.count("batch.micro_batch_size auto:") == 1, "one probe"
     assert 8 < answer["micro_batch_size"] < 32, answer  # not the config's 8: b below follows the probe
     # single-worker trials ran in Ray Train's local mode: their checkpoints are Tune's
-    assert len({p.parent for p in (tmp_path / "runs" / "sweeps" / "smoke").glob("*/tune/*/checkpoint_*")}) == 4
+    tune_folder = next((tmp_path / "runs" / "sweeps" / "smoke").glob("*/tune"))
+    assert len({p.parent for p in tune_folder.glob("*/checkpoint_*")}) == 4
+    assert_tune_keeps_no_copy_of_the_results(tune_folder, trials=4)
     for run in runs:
         assert run.tags[run_tags.PARENT_TAG] == parent and run.status == "FINISHED"
         assert run.name.startswith("B=")
