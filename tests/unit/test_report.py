@@ -549,6 +549,23 @@ def test_the_cyclic_collector_pauses_while_mlflow_builds_a_page_of_runs(store, m
     assert gc.isenabled()
 
 
+def test_a_sweeps_runs_share_their_config_strings_and_read_as_mlflow_has_them(store):
+    """A report of thousands of runs holds every run's params and tags: the records of one search
+    share each name and each value they have in common (one string object, not one per run) and
+    still read, key for key, what MLflow holds."""
+    runs = Store(store["uri"]).child_runs(store["parent"])
+    first, *others = runs
+    assert len(others) >= 20 and all(r.params.keys() == first.params.keys() for r in others)
+    client = MlflowClient(store["uri"])
+    assert all(r.params == client.get_run(r.run_id).data.params for r in (first, others[-1]))
+    for key, value in first.params.items():
+        same = [r.params[key] for r in others if r.params[key] == value]
+        assert all(v is first.params[key] for v in same), key
+        assert all(k is key for r in others for k in r.params if k == key), key
+    parent = run_tags.PARENT_TAG
+    assert all(r.tags[parent] is first.tags[parent] for r in others)
+
+
 def test_a_sweeps_curves_are_read_from_its_one_table_but_a_run_that_ended_again(store, tmp_path, monkeypatch):
     """Store.write_sweep_curves (what a sweep's closing report writes on its parent run) and
     Store.histories(sweep_run=...): every run's curves from the one table, in one download and no
