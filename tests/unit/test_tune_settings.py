@@ -27,6 +27,9 @@ def test_the_settings_hold_inside_and_the_missing_result_files_warning_alone_is_
     monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "1")
     monkeypatch.delenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", raising=False)
     analysis, caught = logging.getLogger(tune_settings.ANALYSIS_LOGGER), Caught()
+    # Set its own level: an earlier test in the same process may have quietened "ray" (ray_jobs does).
+    level = analysis.level
+    analysis.setLevel(logging.WARNING)
     analysis.addHandler(caught)
     try:
         with tune_settings.quiet_tune():
@@ -36,6 +39,7 @@ def test_the_settings_hold_inside_and_the_missing_result_files_warning_alone_is_
         analysis.warning("Failed to fetch metrics for 1 trial(s)")  # outside a sweep's Tune run: shown
     finally:
         analysis.removeHandler(caught)
+        analysis.setLevel(level)
     assert caught.messages == ["Could not find best trial", "Failed to fetch metrics for 1 trial(s)"]
     assert os.environ["RAY_AIR_NEW_OUTPUT"] == "1" and "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS" not in os.environ
 
