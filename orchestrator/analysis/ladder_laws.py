@@ -78,7 +78,8 @@ class Design:
         d = np.log(np.asarray(tokens, np.float64))
         n = np.log(np.asarray(params, np.float64)) if {"N", "C"} & set(self.variables) else None
         b = np.log(np.asarray(batch, np.float64)) if "B" in self.variables else None
-        columns = {"N": n, "D": d, "C": (n + d + math.log(6.0)) if n is not None else None, "B": b}
+        log_c = n + d + math.log(cost.training_compute(1.0, 1.0)) if n is not None else None  # C's own formula, in logs
+        columns = {"N": n, "D": d, "C": log_c, "B": b}
         shape = np.broadcast_shapes(*(np.shape(c) for c in columns.values() if c is not None))
         if not self.variables:  # a constant law: pooled over the rungs
             return np.zeros((*shape, 0))
