@@ -218,7 +218,7 @@ def test_a_replay_sweep_reports_what_the_tables_say(ray_session, tmp_path, monke
         "name": "replayed",
         "base": {"config": str(ROOT / "conf" / "train" / "linreg.yaml"), "overrides": overrides},
         "space": {"batch.tokens_per_update": {"grid": list(BATCHES)}, "optim.lr": {"grid": list(LRS)}},
-        "search": {"max_concurrent": 2},  # the cores there are: each new trial process imports torch and MLflow
+        "search": {"max_concurrent": 2},  # as many as CI's cores: each new trial process imports torch and MLflow
         "replay": {"tables": "tables"},
     }
     (tmp_path / "replayed.yaml").write_text(yaml.safe_dump(sweep))
