@@ -425,6 +425,11 @@ class LrNear:
         )
 
     @property
+    def slope(self) -> float:
+        """d log lr / d log B through the batch sizes near B_opt (0 with fewer than two)."""
+        return self.sxy_point / self.sxx if self.sxx else 0.0
+
+    @property
     def near_batches(self) -> np.ndarray:
         return self.batches[self.near]
 
@@ -448,7 +453,7 @@ class LrNear:
             )
         x = np.log(self.batches[self.near])
         centre = x.mean()
-        point = self.log_lr[self.near].mean() + self.sxy_point / self.sxx * (math.log(b_point) - centre)
+        point = self.log_lr[self.near].mean() + self.slope * (math.log(b_point) - centre)
         draws = self.log_lr_draws[..., self.near].mean(-1) + self.sxy_draws / self.sxx * (np.log(b_draws) - centre)
         return float(point), draws, False
 

@@ -12,7 +12,9 @@ diverged, non-finite or early-stopped trial scores +inf):
               best and its two neighbours, per criterion, unless within step^(1/4) of a tried lr
               (a neighbour that scored +inf: the log midpoint towards it instead);
     done      after the refinement round, or when nothing is left to refine, or when
-              max_lrs lrs are tried (at an edge: `why` says so, and the analysis flags the edge).
+              max_lrs lrs are tried (at an edge: `why` says so, and the analysis flags the edge);
+              with `refine` off, as soon as the best is interior (a ladder's rungs: the analysis
+              reads the same parabola's vertex, and the laws pool the rungs' lrs).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Bracket:
     criteria: Tuple[str, ...] = ("final_loss",)
     step: float = 2.0
     max_lrs: int = 7
+    refine: bool = True
+    """Whether an interior best gets the refinement round."""
     lrs: List[float] = field(default_factory=list)
     """Every lr proposed, in the order proposed."""
     results: Dict[Tuple[float, int], Dict[str, float]] = field(default_factory=dict)
@@ -157,6 +161,8 @@ class Bracket:
                 side = " and ".join(sorted({"low" if x < tried[0] else "high" for x in edges}))
                 return self._finish(f"best at the {side} edge after {len(self.lrs)} lrs (search.max_lrs_per_batch)")
             return self._propose(new[:room])
+        if not self.refine:
+            return self._finish("interior")
         vertices: List[float] = []
         for c in self.criteria:
             v = self.vertex(c)
@@ -197,6 +203,7 @@ class Bracket:
             "criteria": list(self.criteria),
             "step": self.step,
             "max_lrs": self.max_lrs,
+            "refine": self.refine,
             "lrs": self.lrs,
             "results": [
                 [lr, k, {c: v if math.isfinite(v) else None for c, v in s.items()}]
@@ -216,6 +223,7 @@ class Bracket:
             criteria=tuple(data["criteria"]),
             step=float(data["step"]),
             max_lrs=int(data["max_lrs"]),
+            refine=bool(data.get("refine", True)),  # a state saved before the flag: refined
             lrs=[float(x) for x in data["lrs"]],
             results={(float(lr), int(k)): {c: finite_or_inf(v) for c, v in s.items()} for lr, k, s in data["results"]},
             queue=[(float(lr), int(k)) for lr, k in data["queue"]],

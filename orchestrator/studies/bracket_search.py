@@ -134,11 +134,14 @@ class LadderSearch(BracketSearch):
     sweep's space at once; each later rung waits until every smaller rung's brackets are done,
     then its first round is placed from what those rungs predict (analysis/ladder_placement.py:
     its batch sizes around the predicted B_opt and B_crit, the others skipped; its lrs around the
-    predicted best lr), and bracketed as today. While the finished rungs fit no law, a rung keeps
-    the space's first round."""
+    predicted best lr), and bracketed as today. While the finished rungs predict nothing, a rung
+    keeps the space's first round. No bracket gets the refinement round: the laws pool every rung's
+    best lrs, each read from the parabola through its best lr and neighbours, so a rung's
+    refinement costs a trial per batch size for a precision the laws average away
+    (benchmarks/replay_search.py measures what the ladder's answer loses against the full grid)."""
 
-    PLACE_AFTER = 3
-    """Rungs that start at once: the fewest a law in D alone can be fitted to and checked on."""
+    PLACE_AFTER = 1
+    """Rungs that start at once: the first; every later one is placed from the finished ones."""
 
     def __init__(
         self,
@@ -157,6 +160,8 @@ class LadderSearch(BracketSearch):
         `finished`: the sweep's trials so far as analysis records (default: read from its MLflow
         runs, `runs`)."""
         super().__init__(groups, seeds, criterion, step, max_lrs, runs)
+        for b in self.brackets:
+            b.refine = False
         self.rungs = [(float(n), float(d)) for n, d in rungs]
         self.rung_of = [int(r) for r in rung_of]
         self.released = [r < self.PLACE_AFTER for r in range(len(self.rungs))]
@@ -198,7 +203,7 @@ class LadderSearch(BracketSearch):
             old, batch = self.brackets[i], int(self.values[i]["batch.tokens_per_update"])
             if batch in placement.lrs:
                 self.brackets[i] = lr_bracket.Bracket(
-                    placement.lrs[batch], old.seeds, old.criteria, old.step, old.max_lrs
+                    placement.lrs[batch], old.seeds, old.criteria, old.step, old.max_lrs, refine=False
                 )
             else:
                 old.skip(f"outside the placed batch sizes {list(placement.batches)}")

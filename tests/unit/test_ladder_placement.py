@@ -44,10 +44,22 @@ def test_the_first_round_brackets_the_true_optima_with_fewer_batch_sizes(name):
         assert p.lr_batch_exponent == 0.0
 
 
-def test_no_placement_until_the_finished_rungs_fit_the_laws():
+def test_before_the_laws_fit_the_nearest_finished_rung_stands_in():
+    """Two finished rungs fit no law: the larger (nearest in compute) is read as the prediction, its
+    own B_opt, B_crit and best lr; its lrs still hold the world's best lr at the new rung."""
+    from orchestrator.analysis import ladder
+
     world = WORLDS["power-law"]
     rungs = sorted(world.rungs(), key=lambda r: r[0] * r[1])
-    assert ladder_placement.place(world.trials(rungs[:2]), *rungs[2], GRID) is None
+    finished = world.trials(rungs[:2])
+    p = ladder_placement.place(finished, *rungs[2], GRID)
+    assert ladder.analyse(finished, rungs[2]).recommendation.tokens_per_update is None  # no law yet
+    nearest = ladder.analyse(finished).rungs[1]
+    assert (nearest.params, nearest.tokens) == rungs[1] and p.rungs == 1
+    assert (p.b_opt, p.b_crit, p.lr_opt) == (nearest.b_opt.value, nearest.b_crit.value, nearest.lr_opt.value)
+    for b in p.batches:
+        low, _, high = p.lrs[b]
+        assert low < world.lr_law(*rungs[2], b) < high
     assert ladder_placement.place([], *rungs[0], GRID) is None
     narrow = ladder_placement.place(world.trials(rungs[:4]), *rungs[4], [4096, 8192, 16384, 32768])
     assert narrow.batches == (4096, 8192, 16384)  # the window holds none: the 3 nearest B_opt
@@ -56,8 +68,9 @@ def test_no_placement_until_the_finished_rungs_fit_the_laws():
 
 def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_places_it(tmp_path):
     """LadderSearch on the four smallest rungs of a known-truth ladder, each trial scored by the
-    world's noise-free final loss: the first three rungs run from the space at once, the fourth
-    only once they are done, at the placed batch sizes and lrs; its state survives save/restore."""
+    world's noise-free final loss: the first rung runs from the space, each later one only once the
+    smaller ones are done, at the placed batch sizes and lrs, with fewer trials; its state survives
+    save/restore."""
     from orchestrator.studies.bracket_search import LadderSearch
 
     world = WORLDS["power-law"]
@@ -70,8 +83,8 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
     ]
     rung_of = [r for r in range(len(rungs)) for _ in grid]
     reads = []
-    search = LadderSearch(
-        groups, rungs, rung_of, max_lrs=5, finished=lambda: reads.append(1) or world.trials(rungs[:3])
+    search = LadderSearch(  # the k-th read places rung k: the world's own tables of the k before it
+        groups, rungs, rung_of, max_lrs=5, finished=lambda: reads.append(1) or world.trials(rungs[: len(reads)])
     )
     ran, n = [], 0
 
@@ -87,9 +100,11 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
 
     run_all()
     last = rungs[3]
-    first_of_last = next(i for i, (rung, _, _) in enumerate(ran) if rung == last)
-    assert {rung for rung, _, _ in ran[:first_of_last]} == set(rungs[:3])  # smallest first
-    assert len(reads) == 1 and 3 in search.placed
+    order = [rungs.index(rung) for rung, _, _ in ran]
+    assert order == sorted(order)  # smallest first, one rung at a time
+    assert len(reads) == 3 and set(search.placed) == {1, 2, 3}
+    # the nearest finished rung stands in until the laws fit (from three rungs here)
+    assert [search.placed[k]["from_rungs"] for k in (1, 2, 3)] == [1, 1, 3]
     placed = search.placed[3]
     truth = world.truth(*rungs[3])
     assert placed["b_opt"] == pytest.approx(truth.b_opt, rel=0.3)
@@ -98,11 +113,12 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
     search.save(str(state))
     again = LadderSearch(groups, rungs, rung_of, finished=lambda: [])
     again.restore(str(state))
-    assert again.released == [True] * 4 and again.placed == {3: placed}
+    assert again.released == [True] * 4 and again.placed == search.placed
     assert [b.to_json() for b in again.brackets] == [b.to_json() for b in search.brackets]
     assert search.suggest("end") == LadderSearch.FINISHED
     per_rung = {rung: sum(1 for x in ran if x[0] == rung) for rung in rungs}
-    assert per_rung[last] < min(per_rung[r] for r in rungs[:3])  # fewer trials than the space's rungs
+    assert max(per_rung[r] for r in rungs[1:]) < per_rung[rungs[0]]  # fewer trials than the space's rung
+    assert not any(b.refine for b in search.brackets)
 
 
 def test_a_ladder_sweeps_searcher_knows_each_groups_rung(tmp_path):
@@ -124,8 +140,8 @@ def test_a_ladder_sweeps_searcher_knows_each_groups_rung(tmp_path):
 def test_where_the_loss_rises_on_both_sides_the_first_round_holds_both_sides_of_b_star():
     """A ladder whose rungs have a loss-optimal batch B* (tests/basin_truth.py): the placement
     reads the recommendation's tolerance point (about 2.4 B*) as it reads B_opt, so its batch sizes
-    run from below B* / 2 to past 2 B* (a surface needs both sides of its basin), and each one's
-    three lrs hold the world's best lr there."""
+    run from below B* / 2 to past 1.5 B* (a surface needs both sides of its basin; the window ends
+    at 0.9 B_opt, about 2.2 B*), and each one's three lrs hold the world's best lr there."""
     from tests.basin_truth import WORLDS as BASINS
 
     world = BASINS["basin"]
@@ -134,7 +150,8 @@ def test_where_the_loss_rises_on_both_sides_the_first_round_holds_both_sides_of_
     grid = [2**k for k in range(14, 24)]
     p = ladder_placement.place(world.trials(finished), params, tokens, grid, step=math.sqrt(2))
     b_star = world.b_star(params, tokens)
-    assert min(p.batches) <= b_star / 2 and max(p.batches) >= 2 * b_star
+    assert min(p.batches) <= b_star / 2 and max(p.batches) >= 1.5 * b_star
+    assert len(p.batches) == 3
     for b in p.batches:
         low, _, high = p.lrs[b]
         assert low < world.lr_star(params, tokens, b) < high

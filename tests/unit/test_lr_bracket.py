@@ -38,6 +38,17 @@ def test_extends_past_the_high_edge_then_refines_at_the_vertex():
     assert b.best("final_loss") == 0.02 and b.why == "interior, refined"
 
 
+def test_without_refinement_it_extends_to_an_interior_best_and_stops_there():
+    b = Bracket([1e-3, 2e-3, 4e-3], refine=False)
+    assert drive(b, bowl(0.02)) == [[1e-3, 2e-3, 4e-3], [8e-3], [0.016], [0.032]]
+    assert b.best("final_loss") == 0.016 and b.why == "interior"
+    again = Bracket.from_json(json.loads(json.dumps(Bracket([1e-3], refine=False).to_json())))
+    assert again.refine is False
+    old = Bracket([1e-3]).to_json()
+    del old["refine"]  # a state saved before the flag existed refines, as it did then
+    assert Bracket.from_json(old).refine is True
+
+
 def test_extends_past_the_low_edge():
     b = Bracket([1e-3, 2e-3])
     rounds = drive(b, bowl(1e-4))
