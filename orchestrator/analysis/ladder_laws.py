@@ -327,9 +327,10 @@ def calibration(points: Sequence[Point], design: Design, seed: Any, floor: bool 
                 continue
             predicted, boots = refit.prediction(p.params or 1.0, p.tokens, p.batch)
             own = _draws(p, len(boots))
-            spread = np.nanvar(np.log(boots)) + max(
-                float(np.nanvar(own)) if np.isfinite(own).any() else 0.0, SD_FLOOR**2
-            )
+            with np.errstate(divide="ignore"):  # a resample far out predicts 0 or inf: no resample
+                log_boots = np.log(boots)
+            log_boots[~np.isfinite(log_boots)] = np.nan
+            spread = np.nanvar(log_boots) + max(float(np.nanvar(own)) if np.isfinite(own).any() else 0.0, SD_FLOOR**2)
             errors.append((math.log(p.value) - math.log(predicted)) / math.sqrt(spread))
     if len(errors) < 3:
         return 1.0, None

@@ -135,13 +135,17 @@ class LadderSearch(BracketSearch):
     then its first round is placed from what those rungs predict (analysis/ladder_placement.py:
     its batch sizes around the predicted B_opt and B_crit, the others skipped; its lrs around the
     predicted best lr), and bracketed as today. While the finished rungs predict nothing, a rung
-    keeps the space's first round. No bracket gets the refinement round: the laws pool every rung's
-    best lrs, each read from the parabola through its best lr and neighbours, so a rung's
-    refinement costs a trial per batch size for a precision the laws average away
-    (benchmarks/replay_search.py measures what the ladder's answer loses against the full grid)."""
+    keeps the space's first round. At an lr step of at most REFINE_ABOVE_STEP no bracket gets the
+    refinement round: the laws pool every rung's best lrs, each read from the parabola through its
+    best lr and neighbours, and three lrs that close put the parabola's vertex where the refinement
+    would (benchmarks/replay_search.py: the held-out answer no worse for a quarter fewer trials). At
+    a coarser step the vertex of three lrs a factor 2 apart is worth its refinement (the shipped CPU
+    ladder's lr law, docs/benchmarks.md "ladder_run")."""
 
     PLACE_AFTER = 1
     """Rungs that start at once: the first; every later one is placed from the finished ones."""
+    REFINE_ABOVE_STEP = 1.5
+    """The lr step above which a ladder's brackets keep the refinement round (sqrt 2 does not)."""
 
     def __init__(
         self,
@@ -161,7 +165,7 @@ class LadderSearch(BracketSearch):
         runs, `runs`)."""
         super().__init__(groups, seeds, criterion, step, max_lrs, runs)
         for b in self.brackets:
-            b.refine = False
+            b.refine = step > self.REFINE_ABOVE_STEP
         self.rungs = [(float(n), float(d)) for n, d in rungs]
         self.rung_of = [int(r) for r in rung_of]
         self.released = [r < self.PLACE_AFTER for r in range(len(self.rungs))]
@@ -203,7 +207,7 @@ class LadderSearch(BracketSearch):
             old, batch = self.brackets[i], int(self.values[i]["batch.tokens_per_update"])
             if batch in placement.lrs:
                 self.brackets[i] = lr_bracket.Bracket(
-                    placement.lrs[batch], old.seeds, old.criteria, old.step, old.max_lrs, refine=False
+                    placement.lrs[batch], old.seeds, old.criteria, old.step, old.max_lrs, old.refine
                 )
             else:
                 old.skip(f"outside the placed batch sizes {list(placement.batches)}")

@@ -287,6 +287,38 @@ def test_the_weighted_fit_recovers_an_exact_power_law_and_its_intervals_shrink_w
     assert narrow[0] <= -0.7 <= narrow[1] and wide[1] - wide[0] > 3 * (narrow[1] - narrow[0])
 
 
+def test_a_refit_resample_that_underflows_or_overflows_leaves_the_calibration_finite(monkeypatch):
+    """Leaving a rung out can leave a resample whose prediction is 0 or inf (an exponent far out,
+    exp under- or overflowing): it counts as no resample, as a NaN row does, not as a NaN factor."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(3)
+    grid = [(n, n * r) for n in (1e5, 3e5, 1e6) for r in (2.0, 6.0, 20.0)]
+    points = [
+        Point(n, d, v, math.log(v) + 0.05 * rng.standard_normal(400))
+        for n, d in grid
+        for v in [3e-3 * (n / 1e5) ** -0.7 * (d / 1e6) ** 0.3 * math.exp(0.1 * rng.standard_normal())]
+    ]
+    design = ladder_laws.Design(("N", "D"))
+    real_fit = ladder_laws.fit
+
+    def with_rows(value):
+        def fit(*args, **kwargs):
+            result = real_fit(*args, **kwargs)
+            draws = result.draws.copy()
+            draws[:3, 0] = value  # three resamples predict 0 (or inf, or nothing)
+            return replace(result, draws=draws)
+
+        return fit
+
+    factors = {}
+    for name, value in [("underflow", -1e4), ("overflow", 1e4), ("none", np.nan)]:
+        monkeypatch.setattr(ladder_laws, "fit", with_rows(value))
+        factors[name] = ladder_laws.calibration(points, design, seed=0)[0]
+    assert math.isfinite(factors["none"]) and factors["none"] > 1.0
+    assert factors["underflow"] == factors["overflow"] == factors["none"]
+
+
 # ---------------------------------------------------------------- the B_opt rule
 
 

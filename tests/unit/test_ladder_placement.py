@@ -118,7 +118,16 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
     assert search.suggest("end") == LadderSearch.FINISHED
     per_rung = {rung: sum(1 for x in ran if x[0] == rung) for rung in rungs}
     assert max(per_rung[r] for r in rungs[1:]) < per_rung[rungs[0]]  # fewer trials than the space's rung
-    assert not any(b.refine for b in search.brackets)
+    # At step 2 every bracket keeps its refinement round; at sqrt 2 none has one.
+    assert all(b.refine for b in search.brackets)
+    fine = LadderSearch(groups, rungs, rung_of, step=math.sqrt(2), finished=lambda: world.trials(rungs[:1]))
+    while (suggested := fine.suggest(str(n))) not in (None, LadderSearch.FINISHED):
+        values = suggested["trial"]
+        rung = (values["model.params"], values["train.total_tokens"])
+        loss = world.final_loss_at(*rung, values["batch.tokens_per_update"], values["optim.lr"])
+        fine.on_trial_complete(str(n), {"eval_loss": loss})
+        n += 1
+    assert set(fine.placed) == {1, 2, 3} and not any(b.refine for b in fine.brackets)
 
 
 def test_a_ladder_sweeps_searcher_knows_each_groups_rung(tmp_path):
