@@ -17,8 +17,8 @@ such a rung runs the sweep's own space.
 (ladder.tolerance). Where the rungs' loss surfaces resolve a loss-optimal batch B*, that is the
 tolerance point of the trade-off (about 2.4 B* at 0.5 % on the published runs and the basin
 worlds), so the window runs from about B* / 3 to 2.2 B*: both sides of the basin the new rung's
-surface needs, and no more (on the published runs a window to 2 B_opt, about 5 B*, cost a fifth
-more trials; docs/benchmarks.md "replay_search" compares the edges).
+surface needs, and no more (docs/benchmarks.md "replay_search" compares the window's edges on the
+published runs).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ diverged, non-finite or early-stopped trial scores +inf):
               (a neighbour that scored +inf: the log midpoint towards it instead);
     done      after the refinement round, or when nothing is left to refine, or when
               max_lrs lrs are tried (at an edge: `why` says so, and the analysis flags the edge);
-              with `refine` off, as soon as the best is interior (a ladder's rungs: the analysis
-              reads the same parabola's vertex, and the laws pool the rungs' lrs).
+              with `refine` off, as soon as the best is interior (a placed ladder's rungs at a fine
+              lr step: the analysis reads the same parabola's vertex, and the laws pool the rungs).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class LadderSearch(BracketSearch):
     keeps the space's first round. At an lr step of at most REFINE_ABOVE_STEP no bracket gets the
     refinement round: the laws pool every rung's best lrs, each read from the parabola through its
     best lr and neighbours, and three lrs that close put the parabola's vertex where the refinement
-    would (benchmarks/replay_search.py: the held-out answer no worse for a quarter fewer trials). At
+    would (benchmarks/replay_search.py: the held-out answer no worse without it). At
     a coarser step the vertex of three lrs a factor 2 apart is worth its refinement (the shipped CPU
     ladder's lr law, docs/benchmarks.md "ladder_run")."""
 
