@@ -15,8 +15,8 @@ fits a sweep) recommends its loss-optimal point for the held-out rung, read off 
 - bracket: the bracket search of the lr per batch size on every rung (BracketSearch; first-round
   lrs two grid steps apart, drawn per seed; step sqrt(2), the grid's spacing; at most 7 lrs).
 - ladder: the same with placement (LadderSearch: every rung after the first placed from the
-  finished ones, with no refinement round, as `ladder.predict` does), its finished rungs read from
-  the trials it ran.
+  finished ones, as `ladder.predict` does; at this step of sqrt(2), no refinement round), its
+  finished rungs read from the trials it ran.
 - random, tpe: per rung as many trials as the ladder search ran there, drawn uniformly from the
   rung's grid, or proposed by Optuna's TPE sampler (seeded), each over the rung's (B, lr) grid.
 

@@ -53,8 +53,9 @@ def test_before_the_laws_fit_the_nearest_finished_rung_stands_in():
     rungs = sorted(world.rungs(), key=lambda r: r[0] * r[1])
     finished = world.trials(rungs[:2])
     p = ladder_placement.place(finished, *rungs[2], GRID)
-    assert ladder.analyse(finished, rungs[2]).recommendation.tokens_per_update is None  # no law yet
-    nearest = ladder.analyse(finished).rungs[1]
+    fitted = ladder.analyse(finished, rungs[2])
+    assert fitted.recommendation.tokens_per_update is None  # no law yet
+    nearest = fitted.rungs[1]
     assert (nearest.params, nearest.tokens) == rungs[1] and p.rungs == 1
     assert (p.b_opt, p.b_crit, p.lr_opt) == (nearest.b_opt.value, nearest.b_crit.value, nearest.lr_opt.value)
     for b in p.batches:
@@ -86,19 +87,19 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
     search = LadderSearch(  # the k-th read places rung k: the world's own tables of the k before it
         groups, rungs, rung_of, max_lrs=5, finished=lambda: reads.append(1) or world.trials(rungs[: len(reads)])
     )
-    ran, n = [], 0
 
-    def run_all() -> None:
-        nonlocal n
-        while (suggested := search.suggest(str(n))) not in (None, LadderSearch.FINISHED):
+    def run_all(search) -> list:
+        """Every trial the search hands out, scored at once: [(rung, batch, lr)] in order."""
+        ran = []
+        while (suggested := search.suggest(str(len(ran)))) not in (None, LadderSearch.FINISHED):
             values = suggested["trial"]
             rung = (values["model.params"], values["train.total_tokens"])
             b, lr = values["batch.tokens_per_update"], values["optim.lr"]
             ran.append((rung, b, lr))
-            search.on_trial_complete(str(n), {"eval_loss": world.final_loss_at(*rung, b, lr)})
-            n += 1
+            search.on_trial_complete(str(len(ran) - 1), {"eval_loss": world.final_loss_at(*rung, b, lr)})
+        return ran
 
-    run_all()
+    ran = run_all(search)
     last = rungs[3]
     order = [rungs.index(rung) for rung, _, _ in ran]
     assert order == sorted(order)  # smallest first, one rung at a time
@@ -121,12 +122,7 @@ def test_the_ladder_search_holds_a_rung_until_the_smaller_ones_are_done_then_pla
     # At step 2 every bracket keeps its refinement round; at sqrt 2 none has one.
     assert all(b.refine for b in search.brackets)
     fine = LadderSearch(groups, rungs, rung_of, step=math.sqrt(2), finished=lambda: world.trials(rungs[:1]))
-    while (suggested := fine.suggest(str(n))) not in (None, LadderSearch.FINISHED):
-        values = suggested["trial"]
-        rung = (values["model.params"], values["train.total_tokens"])
-        loss = world.final_loss_at(*rung, values["batch.tokens_per_update"], values["optim.lr"])
-        fine.on_trial_complete(str(n), {"eval_loss": loss})
-        n += 1
+    run_all(fine)
     assert set(fine.placed) == {1, 2, 3} and not any(b.refine for b in fine.brackets)
 
 
