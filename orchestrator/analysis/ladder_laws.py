@@ -187,7 +187,7 @@ class Fit:
         """k in y = k x1^a1 ...: the value at x = 1 (a long extrapolation: its interval is wide)."""
         logs = self.theta[0] - self.theta[1:] @ self.reference
         boots = self.draws[:, 0] - self.draws[:, 1:] @ self.reference
-        return Value(float(np.exp(logs)), interval_of(np.exp(boots)))
+        return Value(float(np.exp(logs)), interval_of(_exp_of_draws(boots)))
 
     def prediction(self, params: float, tokens: float, batch: Any = None, batch_draws: Any = None):
         """(value, resamples [R]) at (N, D) (and B: a value, with its own resamples to pair)."""
@@ -195,8 +195,16 @@ class Fit:
         value = float(self.floor + np.exp(self.theta[0] + x @ self.theta[1:]))
         if batch_draws is not None:
             x = self.design.logs(params, tokens, np.asarray(batch_draws)) - self.reference  # [R, p - 1]
-            return value, self.floor_draws + np.exp(self.draws[:, 0] + (self.draws[:, 1:] * x).sum(-1))
-        return value, self.floor_draws + np.exp(self.draws[:, 0] + self.draws[:, 1:] @ x)
+            return value, self.floor_draws + _exp_of_draws(self.draws[:, 0] + (self.draws[:, 1:] * x).sum(-1))
+        return value, self.floor_draws + _exp_of_draws(self.draws[:, 0] + self.draws[:, 1:] @ x)
+
+
+def _exp_of_draws(logs: np.ndarray) -> np.ndarray:
+    """exp of resamples' logs, without numpy's console warning: a resample whose exponent runs far
+    out gives inf or 0, which its readers already handle (interval_of keeps the finite ones, the
+    calibration counts neither)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.exp(logs)
 
 
 def fit(
