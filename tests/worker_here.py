@@ -15,6 +15,7 @@ import torch
 from orchestrator.core import config
 from orchestrator.core.schema import Config
 from orchestrator.driver import run_life
+from orchestrator.tracking.store import Store
 from workloads.train import train_loop
 from workloads.train.engine import ensure_process_group
 from workloads.train.handoff import WorkerPayload
@@ -52,7 +53,7 @@ def train_here(cfg: Config, folder: Path) -> str:
     its id. The process group of size 1 stays (DeepSpeed keeps its groups, so every run here shares
     it); torch's thread count, which the worker sets, is put back."""
     run_life.ready(cfg)
-    run_id = run_life.open_run(cfg, cfg.train.run_name or "run")
+    run_id = run_life.open_run(Store.of(cfg), cfg, cfg.train.run_name or "run")
     payload = WorkerPayload(config=config.to_dict(cfg, redact=False), run_id=run_id)
     threads = torch.get_num_threads()
     ensure_process_group(cfg)

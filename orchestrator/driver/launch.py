@@ -67,16 +67,16 @@ def _show_worker_warnings(cfg: Config, tags: Dict[str, str], shown: Set[str]) ->
             log.warning("[%s] worker: %s", cfg.train.run_name, message)
 
 
-def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: float = 5.0) -> None:
+def _show_progress(cfg: Config, store: Store, run_id: str, worker: threading.Thread, every_s: float = 5.0) -> None:
     """Tokens, loss, tokens/s and ETA from what the run has logged, and the workers' warnings,
     until training ends."""
     budget, shown, started = rounded_budget(cfg), None, time.monotonic()
     # A resumed run's earlier warnings were shown by the command that ran it then.
-    warned = set(_run_tags(cfg, run_id))
+    warned = set(_run_tags(store, run_id))
     while worker.is_alive():
         worker.join(every_s)
         try:
-            run = Store.of(cfg).get_run(run_id)
+            run = store.get_run(run_id)
         except Exception:  # the store is busy or away: try again at the next tick
             continue
         _show_worker_warnings(cfg, run.tags, warned)
@@ -94,12 +94,12 @@ def _show_progress(cfg: Config, run_id: str, worker: threading.Thread, every_s: 
             f"({time.monotonic() - started:.0f} s)",
             flush=True,
         )
-    _show_worker_warnings(cfg, _run_tags(cfg, run_id), warned)  # those sent at the workers' teardown
+    _show_worker_warnings(cfg, _run_tags(store, run_id), warned)  # those sent at the workers' teardown
 
 
-def _run_tags(cfg: Config, run_id: str) -> Dict[str, str]:
+def _run_tags(store: Store, run_id: str) -> Dict[str, str]:
     try:
-        return Store.of(cfg).get_run(run_id).tags
+        return store.get_run(run_id).tags
     except Exception:  # the store is busy or away: the progress loop tries again
         return {}
 
@@ -171,21 +171,22 @@ def train(cfg: Config, resume: bool = False) -> int:
     ray_session.ray_init(cfg.cluster.address)
     ray_session.check_cluster(cfg, [shape_of(cfg)])
     micro_batch.resolve(cfg)
+    store = Store.of(cfg)
     try:
         with stopped_by_sigterm():
-            run_id = _open_run(cfg, name, folder, run_id, digest)
-            return _fit_and_finish(cfg, name, run_id)
+            run_id = _open_run(store, cfg, name, folder, run_id, digest)
+            return _fit_and_finish(store, cfg, name, run_id)
     except (Stopped, KeyboardInterrupt) as stop:  # close the run as KILLED: resumable, not RUNNING forever
-        _end_stopped(cfg, name, run_id, str(stop) or "Ctrl-C", 143 if isinstance(stop, Stopped) else 130)
+        _end_stopped(store, name, run_id, str(stop) or "Ctrl-C", 143 if isinstance(stop, Stopped) else 130)
 
 
-def _open_run(cfg: Config, name: str, folder: str, run_id: Optional[str], digest: str) -> str:
+def _open_run(store: Store, cfg: Config, name: str, folder: str, run_id: Optional[str], digest: str) -> str:
     """Reopen the run being resumed, or open a new one and record it beside its checkpoints."""
     if run_id:
-        Store.of(cfg).reopen_run(run_id)  # RUNNING again, so system metrics resume
+        store.reopen_run(run_id)  # RUNNING again, so system metrics resume
         print(f"resuming run {name!r} (MLflow run {run_id}) from its latest checkpoint in {redact_uri(folder)}")
     else:
-        run_id = run_life.open_run(cfg, name, {CHECKPOINTS_TAG: folder})  # for `orchestrator export`
+        run_id = run_life.open_run(store, cfg, name, {CHECKPOINTS_TAG: folder})  # for `orchestrator export`
         record = {
             "mlflow_run_id": run_id,
             "experiment": cfg.tracking.experiment,
@@ -198,7 +199,7 @@ def _open_run(cfg: Config, name: str, folder: str, run_id: Optional[str], digest
     return run_id
 
 
-def _fit_and_finish(cfg: Config, name: str, run_id: str) -> int:
+def _fit_and_finish(store: Store, cfg: Config, name: str, run_id: str) -> int:
     """Train on Ray Train in a thread while the progress is printed here, then close the run."""
     print(planning.format_table(planning.describe(cfg)), flush=True)
     fitted: List[Tuple[Optional[Dict[str, Any]], Optional[BaseException]]] = []
@@ -215,9 +216,9 @@ def _fit_and_finish(cfg: Config, name: str, run_id: str) -> int:
 
     worker = threading.Thread(target=fit, name="trainer-fit", daemon=True)
     worker.start()
-    _show_progress(cfg, run_id, worker)
+    _show_progress(cfg, store, run_id, worker)
     metrics, error = fitted[0] if fitted else (None, None)
-    outcome = run_life.finish(cfg, run_id, error)
+    outcome = run_life.finish(store, cfg, run_id, error)
     if outcome != "FINISHED":
         print(
             f"run {name!r} failed: {redact_uri(outcome)}\nMLflow run {run_id}: open with {_where_to_open(cfg, run_id)}",
@@ -231,13 +232,12 @@ def _fit_and_finish(cfg: Config, name: str, run_id: str) -> int:
     return 0
 
 
-def _end_stopped(cfg: Config, name: str, run_id: Optional[str], why: str, code: int) -> None:
+def _end_stopped(store: Store, name: str, run_id: Optional[str], why: str, code: int) -> None:
     """A stopped command: its run (if it has one yet) closed KILLED with the reason, one line on
     how to resume, and the process ended: the training thread is still inside Ray, and leaving Ray
     now would have its core worker abort the process (exit 1, with a C++ message); a local Ray's
     processes end with it."""
     if run_id:
-        store = Store.of(cfg)
         store.set_tags(run_id, {FAILURE_TAG: f"stopped by {why}"})
         run_life.close_run(store, run_id, "KILLED", title=name)
         print(

@@ -181,9 +181,8 @@ def own_batch(cfg: Config) -> int:
     return [s for s in cfg.batch.ramp if s.from_tokens <= at][-1].tokens_per_update
 
 
-def open_run(cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> str:
+def open_run(store: Store, cfg: Config, name: str, tags: Optional[Dict[str, str]] = None) -> str:
     """Create the MLflow run of a training run with its params and set-up artifacts."""
-    store = Store.of(cfg)
     run_id = store.create_run(name, tags)
     store.log_params(run_id, run_params(cfg))
     store.log_text(run_id, to_yaml(cfg), "config.yaml")
@@ -280,9 +279,8 @@ def fit(trainer) -> Tuple[Optional[Dict[str, Any]], Optional[BaseException]]:
     return result.metrics, result.error
 
 
-def finish(cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
+def finish(store: Store, cfg: Config, run_id: str, error: Optional[BaseException]) -> str:
     """Close the MLflow run: status, failure reason, loss plot. Returns the status."""
-    store = Store.of(cfg)
     status, reason = "FINISHED", None
     if error is not None:
         status, reason = "FAILED", failure_cause(error)
@@ -308,8 +306,8 @@ def failure_cause(error: BaseException) -> str:
 def close_run(store: Store, run_id: str, status: str, title: str = "") -> None:
     """The curves the analysis reads once more as one artifact (Store.write_curves: what a report
     of many runs reads instead of a history call per metric), the loss-versus-tokens plot, then the
-    final status; the seconds this took go in as `teardown/finish_s`. `store`: the run's config's
-    (Store.of), so that its extra sinks see the end too."""
+    final status; the seconds this took go in as `teardown/finish_s`. `store`: the run's own
+    (Store.of its config), so that its extra sinks see the end too."""
     from orchestrator.reporting import plots
 
     teardown = Phases("teardown")

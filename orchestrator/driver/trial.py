@@ -142,7 +142,7 @@ def _open(params: Dict[str, Any], setup: TrialSetup) -> Optional[OpenedRun]:
     if run_id:
         store.reopen_run(run_id)  # a retried trial: RUNNING again
         return OpenedRun(cfg, trial.name, run_id, store, True, startup)
-    run_id = run_life.open_run(cfg, trial.name, {**tags, **_colour(setup, cfg), DIGEST_TAG: digest})
+    run_id = run_life.open_run(store, cfg, trial.name, {**tags, **_colour(setup, cfg), DIGEST_TAG: digest})
     return OpenedRun(cfg, trial.name, run_id, store, False, startup)
 
 
@@ -171,7 +171,7 @@ def _train(opened: OpenedRun, setup: TrialSetup) -> None:
         fault_at_tokens=setup.fault_at_tokens,
     )
     _, error = run_life.fit(trainer)
-    run_life.finish(cfg, run_id, error)
+    run_life.finish(opened.store, cfg, run_id, error)
     if error is not None:
         raise RuntimeError(f"trial {opened.name} failed: {error}")  # Tune retries it from its checkpoint
 
@@ -198,7 +198,7 @@ def _serve_recorded(opened: OpenedRun, sweep: Sweep) -> None:
     except replay.NotRecorded as exc:
         error = exc
         tune.report({"tokens": 0, "eval_loss": math.inf, "refused": str(exc)})
-    run_life.finish(cfg, run_id, error)
+    run_life.finish(store, cfg, run_id, error)
 
 
 def _finished_result(run) -> Dict[str, Any]:

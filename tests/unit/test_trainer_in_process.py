@@ -767,7 +767,7 @@ def test_a_final_flush_that_fails_leaves_no_run_running(uri, tmp_path, monkeypat
     ) as failed:
         train(cfg, FakeRay(tmp_path / "ray"), run_id)
     monkeypatch.undo()
-    reason = run_life.finish(cfg, run_id, failed.value)
+    reason = run_life.finish(Store.of(cfg), cfg, run_id, failed.value)
     run = Store(cfg.tracking.uri).get_run(run_id)
     assert run.status == "FAILED" and reason.startswith("TrackingError: could not send")
     assert run.tags[run_tags.FAILURE_TAG] == reason

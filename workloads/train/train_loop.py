@@ -65,6 +65,7 @@ class Run:
 
     cfg: Config
     api: RayApi  # ray.train, or ray.tune in local mode (see `_ray`)
+    store: Store  # the run's tracker (MLflow and the config's extra sinks): rank 0 writes through it
     rank: int
     world: int
     segments: List[batching.Segment]  # the batch sizes along the budget (batch.ramp; one without)
@@ -139,7 +140,8 @@ def _set_up(cfg: Config, payload: WorkerPayload, api: RayApi, resources: context
         resources.callback(release_process_group)
     startup.mark("process_group")
     rank, world = dist.get_rank(), dist.get_world_size()  # Ray Train's world rank and size
-    collector = _capture_warnings(cfg, payload.run_id, resources) if rank == 0 else None
+    store = Store.of(cfg)
+    collector = _capture_warnings(store, payload.run_id, resources) if rank == 0 else None
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))  # the CPUs Ray gave this worker
     assert cfg.batch.micro_batch_size != AUTO, "the driver resolves batch.micro_batch_size: auto before launching"
     assert cfg.batch.calibration_from is None, "the driver reads batch.calibration_from before launching"
@@ -182,6 +184,7 @@ def _set_up(cfg: Config, payload: WorkerPayload, api: RayApi, resources: context
     run = Run(
         cfg=cfg,
         api=api,
+        store=store,
         rank=rank,
         world=world,
         segments=segments,
@@ -200,7 +203,7 @@ def _set_up(cfg: Config, payload: WorkerPayload, api: RayApi, resources: context
         budget=budget,
     )
     if rank == 0:
-        run.logger = _open_tracking(cfg, state, resources)
+        run.logger = _open_tracking(cfg, store, state, resources)
         _say_what_is_not_measured(cfg, plan, probe, state)
     startup.mark("tracking")
     if state.update == 0:  # the curve starts at the initial loss (ln 257 for bytes)
@@ -257,9 +260,8 @@ def _gns_probe(cfg: Config, segments, work) -> Optional[GradNormProbe]:
     return GradNormProbe(work.model) if cfg.gns.enabled and measurable else None
 
 
-def _capture_warnings(cfg: Config, run_id: str, resources: contextlib.ExitStack) -> worker_warnings.WarningCollector:
+def _capture_warnings(store: Store, run_id: str, resources: contextlib.ExitStack) -> worker_warnings.WarningCollector:
     """Warnings of this worker go to the run's MLflow tags, where the driver reads them."""
-    store = Store.of(cfg)
     collector = worker_warnings.WarningCollector(
         lambda messages: store.log_warnings(run_id, messages),
         already=store.run_warnings(run_id).values(),
@@ -268,9 +270,10 @@ def _capture_warnings(cfg: Config, run_id: str, resources: contextlib.ExitStack)
     return collector
 
 
-def _open_tracking(cfg: Config, state: TrainState, resources: contextlib.ExitStack) -> metric_logger.MetricLogger:
+def _open_tracking(
+    cfg: Config, store: Store, state: TrainState, resources: contextlib.ExitStack
+) -> metric_logger.MetricLogger:
     """Rank 0's MLflow logger (and system-metrics sampler), closed when the run ends."""
-    store = Store.of(cfg)
     # Resume watermark: what MLflow already holds wins over what the checkpoint remembers.
     held = store.last_steps(state.run_id)
     logger = metric_logger.MetricLogger(
@@ -346,7 +349,7 @@ def _update(run: Run, update: int):
 def _report_divergence(run: Run, stats: UpdateStats) -> None:
     if run.logger:
         reason = f"non-finite loss at {run.state.tokens:,} tokens"
-        Store.of(run.cfg).set_tags(run.state.run_id, {FAILURE_TAG: reason})
+        run.store.set_tags(run.state.run_id, {FAILURE_TAG: reason})
     run.api.report(
         {"tokens": run.state.tokens, "diverged": 1.0, "loss": stats.loss, "stable_loss": run.state.stable_loss}
     )
@@ -401,7 +404,7 @@ def _adapt(run: Run) -> None:
     override = batching.ramp_override(run.decided.ramp)
     log.info("batch.schedule=adaptive: %s tokens per update from %s tokens on", *run.decided.ramp[-1][::-1])
     if run.logger:
-        Store.of(run.cfg).set_tags(run.state.run_id, {REALISED_RAMP_TAG: override})
+        run.store.set_tags(run.state.run_id, {REALISED_RAMP_TAG: override})
 
 
 def _evaluate(run: Run) -> None:
