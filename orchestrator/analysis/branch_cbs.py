@@ -304,19 +304,7 @@ def critical_batch_at(
             drawn = np.stack([_draw_means(v, e, draws, gen) for v, e in zip(loss, se)], 1)
         else:
             drawn = np.broadcast_to(means, (draws, len(means)))
-        d_code, d_log, last = _crossings(log_b, tol.excess(drawn), tol.value)
-        left, right = log_b[last], log_b[np.clip(last + 1, None, len(log_b) - 1)]
-        mode = np.clip(np.nan_to_num(d_log, nan=0.0), left, right)
-        placed = np.where(right > left, gen.triangular(left, mode, np.where(right > left, right, left + 1.0)), left)
-        ranked = np.where(d_code == 1, np.inf, np.where(d_code == -1, -np.inf, np.exp(placed)))
-        valid = drawn[:, 0] > 0  # a drawn reference loss <= 0 (a far tail of few seeds) has no relative excess
-        ranked, d_code = ranked[valid], d_code[valid]
-        lo, hi = percentile_interval(ranked)
-        interval = [
-            None if lo == -np.inf else float(batches[-1]) if lo == np.inf else lo,
-            None if hi == np.inf else float(batches[1]) if hi == -np.inf else hi,
-        ]
-        shares = {name: float(np.mean(d_code == c)) for name, c in ((RESOLVED, 0), (ABOVE, 1), (BELOW, -1))}
+        interval, shares = _bootstrap_interval(batches, drawn, tol, gen)
     return {
         "tokens": tokens,
         "cbs": cbs,
@@ -337,6 +325,29 @@ def critical_batch_at(
         "interval_from": " and ".join(sources) if interval is not None else None,
         "interval_level": INTERVAL_LEVEL,
     }
+
+
+def _bootstrap_interval(
+    batches: Sequence[int], drawn: np.ndarray, tol: Tolerance, gen: np.random.Generator
+) -> Tuple[List[Optional[float]], Dict[str, float]]:
+    """The interval and the share of draws per status from `drawn` [draws, batches] mean losses
+    (the rule: critical_batch_at): each draw's crossing placed in its bracket, `above` and `below`
+    draws ranked past every resolved one."""
+    log_b = np.log(np.asarray(batches, np.float64))
+    d_code, d_log, last = _crossings(log_b, tol.excess(drawn), tol.value)
+    left, right = log_b[last], log_b[np.clip(last + 1, None, len(log_b) - 1)]
+    mode = np.clip(np.nan_to_num(d_log, nan=0.0), left, right)
+    placed = np.where(right > left, gen.triangular(left, mode, np.where(right > left, right, left + 1.0)), left)
+    ranked = np.where(d_code == 1, np.inf, np.where(d_code == -1, -np.inf, np.exp(placed)))
+    valid = drawn[:, 0] > 0  # a drawn reference loss <= 0 (a far tail of few seeds) has no relative excess
+    ranked, d_code = ranked[valid], d_code[valid]
+    lo, hi = percentile_interval(ranked)
+    interval = [
+        None if lo == -np.inf else float(batches[-1]) if lo == np.inf else lo,
+        None if hi == np.inf else float(batches[1]) if hi == -np.inf else hi,
+    ]
+    shares = {name: float(np.mean(d_code == c)) for name, c in ((RESOLVED, 0), (ABOVE, 1), (BELOW, -1))}
+    return interval, shares
 
 
 def _draw_means(values: np.ndarray, errors: np.ndarray, draws: int, gen: np.random.Generator) -> np.ndarray:
