@@ -145,7 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser, metavar="VERB")
+    _add_plan(verbs)
+    _add_train(verbs)
+    _add_sweep(verbs)
+    _add_report(verbs)
+    _add_submit(verbs)
+    _add_jobs(verbs)
+    _add_ui(verbs)
+    _add_prepare(verbs)
+    _add_export(verbs)
+    return parser
 
+
+def _add_plan(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(verbs, "plan", "resolve a train config: S, b, D, A, steps, warmup, LR (no Ray)")
     _config_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -156,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory of one worker's device for the memory model, e.g. 80GiB (default: the visible one)",
     )
 
+
+def _add_train(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(verbs, "train", "one run on Ray Train, logged to MLflow")
     _config_args(p)
     p.add_argument(
@@ -164,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the run train.run_name names, else the newest unfinished run of this config",
     )
 
+
+def _add_sweep(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(verbs, "sweep", "a Ray Tune sweep; one MLflow child run per trial")
     _config_args(p, "SWEEP")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
@@ -176,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=kind, default=None, help=f"--dry-run only: {what}")
     p.add_argument("--all", action="store_true", help="--dry-run only: list every trial (default: the first and last)")
 
+
+def _add_report(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(verbs, "report", "plots and critical-batch analysis from MLflow or from tables")
     p.add_argument(
         "target",
@@ -222,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         "ladder.tolerance, else 0.005); not branch.tolerance",
     )
 
+
+def _add_submit(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(
         verbs,
         "submit",
@@ -260,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="copy them into the job's runtime_env, where anyone holding the cluster's Ray token can read them",
     )
 
+
+def _add_jobs(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(verbs, "jobs", "status | logs | stop | list of submitted jobs")
     p.add_argument("action", choices=["status", "logs", "stop", "list"])
     p.add_argument("job_id", nargs="?", help="submission id (not for list)")
@@ -267,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true", help="logs: stream until the job ends (3: lost contact)")
     p.add_argument("--insecure", action="store_true", help="send the Ray auth token over plain http to another machine")
 
+
+def _add_ui(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(verbs, "ui", "MLflow UI on 127.0.0.1 over the project's tracking store")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
     p.add_argument("--port", type=_port, default=5000, help="1..65535, free on --host (default 5000)")
@@ -275,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep", default=None, help="the sweep whose trials its printed link compares (default: the newest)"
     )
 
+
+def _add_prepare(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(verbs, "prepare", "tokenize a config's corpus into reusable token shards")
     _config_args(p)
     p.add_argument("--out", type=_out_folder, required=True, help="shard folder (then use data.shard_dir=...)")
@@ -286,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="first train a byte-level BPE tokenizer of VOCAB tokens on the sources' training split, offline",
     )
 
+
+def _add_export(verbs: "argparse._SubParsersAction") -> None:
     p = _verb(verbs, "export", "a run's checkpoint as one fp32 safetensors state dict with its config")
     p.add_argument("target", metavar="RUN_OR_TRIAL", help="MLflow run id, run name or Tune trial id")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. tracking.uri=...")
@@ -297,7 +325,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a checkpoint folder, or a folder of checkpoint_* folders, instead of where the run keeps them",
     )
     p.add_argument("--tokens", type=int, default=None, metavar="N", help="the checkpoint at N tokens (default: last)")
-    return parser
 
 
 def _plan(args: argparse.Namespace) -> int:
