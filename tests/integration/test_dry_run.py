@@ -201,8 +201,8 @@ def test_bracket_shows_its_first_round_and_its_bound(dry_run, tmp_path):
 
 
 def test_a_ladders_first_round_is_listed_as_a_grids_is(capsys):
-    """conf/sweep/ladder.yaml's first round has 108 trials: listed as a grid's are (the first 55, a
-    line counting the rest, the last 5; --all lists every one), not all 108 (the README says so)."""
+    """conf/sweep/ladder.yaml's first round has 216 trials: listed as a grid's are (the first 55, a
+    line counting the rest, the last 5; --all lists every one), not all 216 (the README says so)."""
     from orchestrator.driver import dry_run
 
     ladder = ROOT / "conf" / "sweep" / "ladder.yaml"
@@ -210,7 +210,7 @@ def test_a_ladders_first_round_is_listed_as_a_grids_is(capsys):
     assert code == 0
     rows = [line for line in out.splitlines() if line.startswith("d_model=")]
     assert len(rows) == dry_run.LISTED
-    assert "... 48 trials more, counted in the totals below (--all lists every one)" in out
-    assert "first round total: 108 trials" in out
+    assert "... 156 trials more, counted in the totals below (--all lists every one)" in out
+    assert "first round total: 216 trials" in out
     code, out, _ = run_main(capsys, "sweep", ladder, "--dry-run", "--all")
-    assert code == 0 and len([line for line in out.splitlines() if line.startswith("d_model=")]) == 108
+    assert code == 0 and len([line for line in out.splitlines() if line.startswith("d_model=")]) == 216
