@@ -304,7 +304,7 @@ def critical_batch_at(
             drawn = np.stack([_draw_means(v, e, draws, gen) for v, e in zip(loss, se)], 1)
         else:
             drawn = np.broadcast_to(means, (draws, len(means)))
-        interval, shares = _bootstrap_interval(batches, drawn, tol, gen)
+        interval, shares = _bootstrap_interval(batches, log_b, drawn, tol, gen)
     return {
         "tokens": tokens,
         "cbs": cbs,
@@ -328,12 +328,11 @@ def critical_batch_at(
 
 
 def _bootstrap_interval(
-    batches: Sequence[int], drawn: np.ndarray, tol: Tolerance, gen: np.random.Generator
+    batches: Sequence[int], log_b: np.ndarray, drawn: np.ndarray, tol: Tolerance, gen: np.random.Generator
 ) -> Tuple[List[Optional[float]], Dict[str, float]]:
     """The interval and the share of draws per status from `drawn` [draws, batches] mean losses
-    (the rule: critical_batch_at): each draw's crossing placed in its bracket, `above` and `below`
-    draws ranked past every resolved one."""
-    log_b = np.log(np.asarray(batches, np.float64))
+    (the rule: critical_batch_at; `log_b` the batches' logs): each draw's crossing placed in its
+    bracket, `above` and `below` draws ranked past every resolved one."""
     d_code, d_log, last = _crossings(log_b, tol.excess(drawn), tol.value)
     left, right = log_b[last], log_b[np.clip(last + 1, None, len(log_b) - 1)]
     mode = np.clip(np.nan_to_num(d_log, nan=0.0), left, right)

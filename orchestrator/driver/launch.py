@@ -228,7 +228,7 @@ def _fit_and_finish(store: Store, cfg: Config, name: str, run_id: str) -> int:
     final = f"final eval loss {metrics['eval_loss']:.4f}, " if metrics and "eval_loss" in metrics else ""
     print(f"run {name!r} finished: {final}MLflow run {run_id}\nopen it with {_where_to_open(cfg, run_id)}")
     if cfg.batch.schedule == ADAPTIVE:
-        print(f"the batch sizes it took, to replay as a fixed ramp: '{realised_ramp(cfg, run_id)}'")
+        print(f"the batch sizes it took, to replay as a fixed ramp: '{realised_ramp(store, cfg, run_id)}'")
     return 0
 
 
@@ -256,8 +256,8 @@ def _where_to_open(cfg: Config, run_id: str) -> str:
     return f"`{mlflow_ui.ui_command(cfg.tracking.uri)}`, then {link}"
 
 
-def realised_ramp(cfg: Config, run_id: str) -> str:
+def realised_ramp(store: Store, cfg: Config, run_id: str) -> str:
     """An adaptive run's `batch.ramp` override, from its MLflow tag (the worker sets it at every
     doubling; without one the run kept its first batch)."""
-    tag = Store.of(cfg).get_run(run_id).tags.get(REALISED_RAMP_TAG)
+    tag = store.get_run(run_id).tags.get(REALISED_RAMP_TAG)
     return tag or batching.ramp_override([(0, cfg.batch.tokens_per_update)])

@@ -155,7 +155,7 @@ def test_the_realised_ramp_replays_as_a_fixed_ramp_to_the_same_curve(grown, tmp_
 
 def test_the_driver_prints_the_realised_ramp_from_the_runs_tag(grown):
     cfg, run_id, ramp = grown
-    assert launch.realised_ramp(cfg, run_id) == batching.ramp_override(ramp)
+    assert launch.realised_ramp(Store.of(cfg), cfg, run_id) == batching.ramp_override(ramp)
 
 
 def test_the_calibration_is_the_median_ratio_at_resolved_points_and_a_missing_study_is_named(uri, tmp_path):  # noqa: F811
